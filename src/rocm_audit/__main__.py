@@ -1,0 +1,3 @@
+from rocm_audit.cli import main
+
+raise SystemExit(main())

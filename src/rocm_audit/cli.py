@@ -1,0 +1,178 @@
+"""The typer CLI: parse, call one library function, render, exit. The only layer that prints.
+
+Exit codes, the same on every command: 0 no finding at or above --fail-on; 1 findings at or above
+it (or `dedup --check` found work); 2 usage or configuration error; 3 internal error.
+Heavy modules (pyelftools, lief, msgpack, zstandard, docker) are imported inside command bodies so
+`rocm-audit --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Annotated, Optional
+
+import typer
+
+from rocm_audit import __version__
+from rocm_audit.errors import RocmAuditError
+from rocm_audit.findings import Severity
+from rocm_audit.outcome import CommandOutcome
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+EPILOG = ("Exit codes: 0 clean; 1 findings at or above --fail-on (dedup --check: work to do); "
+          "2 usage or configuration error; 3 internal error.")
+
+
+class OutputFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
+
+
+class FailOn(str, enum.Enum):
+    error = "error"
+    warning = "warning"
+    info = "info"
+    never = "never"
+
+
+PathsOption = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option("-p", "--path", metavar="PATH",
+                 help="site-packages dir, _rocm_sdk_* tree, any dir or a single file; repeatable. "
+                      "Default: every site-packages dir of this interpreter."),
+]
+FormatOption = Annotated[OutputFormat, typer.Option("--format", help="Output format.")]
+OutputOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically) instead of stdout."),
+]
+FailOnOption = Annotated[
+    FailOn, typer.Option("--fail-on", help="Lowest severity that makes the exit code 1.")]
+QuietOption = Annotated[bool, typer.Option("-q", "--quiet", help="No progress line and no summary on stderr.")]
+
+
+class _State:
+    debug = False
+    verbose = 0
+
+
+app = typer.Typer(
+    name="rocm-audit",
+    help="Audit ROCm wheel-SDK trees and images: duplicate SDK libraries, GPU targets, LLVM option clashes.",
+    epilog=EPILOG,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"rocm-audit {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")] = False,
+    verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More log output on stderr.")] = 0,
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    _State.debug = debug
+    _State.verbose = verbose
+    if verbose:
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
+                            format="rocm-audit: %(name)s: %(message)s", stream=sys.stderr)
+
+
+def fail_on_severity(fail_on: FailOn) -> Severity | None:
+    return None if fail_on is FailOn.never else Severity(fail_on.value)
+
+
+def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on: FailOn) -> int:
+    """Render the outcome, write it, and return the exit code."""
+    if fmt is OutputFormat.json:
+        from rocm_audit.report import build_report, to_json
+
+        text = to_json(build_report(outcome.command, outcome.findings, inputs=outcome.inputs,
+                                    sections=outcome.sections))
+    else:
+        from rocm_audit.render import render_text
+
+        text = render_text(outcome)
+    if output:
+        from rocm_audit.report import write_atomic
+
+        write_atomic(output, text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    threshold = fail_on_severity(fail_on)
+    if threshold is None:
+        return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
+    return outcome.exit_code(threshold)
+
+
+def run(body: Callable[[], int]) -> None:
+    """Run a command body; map errors to exit codes (no traceback unless --debug)."""
+    try:
+        code = body()
+    except RocmAuditError as exc:
+        typer.echo(f"rocm-audit: error: {exc.message}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the one place internal errors are turned into exit 3
+        if _State.debug:
+            traceback.print_exc()
+        typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
+        raise typer.Exit(EXIT_INTERNAL) from None
+    raise typer.Exit(code)
+
+
+def _register() -> None:
+    from rocm_audit.commands import dedup as dedup_cmd
+
+    app.command("dedup", epilog=EPILOG, no_args_is_help=False)(dedup_cmd.command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point; returns the exit code."""
+    try:
+        app(args=argv, prog_name="rocm-audit", standalone_mode=False)
+    except typer.Exit as done:
+        return int(done.exit_code)
+    except SystemExit as done:  # click raises it for --help in some versions
+        return int(done.code or 0)
+    except KeyboardInterrupt:
+        typer.echo("rocm-audit: interrupted", err=True)
+        return 130
+    except Exception as exc:  # click usage errors when standalone_mode is False
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            return EXIT_USAGE
+        if isinstance(exc, click.exceptions.Abort):
+            return 130
+        if _State.debug:
+            traceback.print_exc()
+        typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {exc}", err=True)
+        return EXIT_INTERNAL
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

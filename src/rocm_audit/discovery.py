@@ -1,0 +1,94 @@
+"""Which directories to audit: the -p/--path arguments, or the interpreter's site-packages."""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocm_audit.errors import UsageError
+
+SDK_TREE_PREFIX = "_rocm_sdk_"
+
+
+def is_sdk_tree_name(name: str) -> bool:
+    """``_rocm_sdk_core``, ``_rocm_sdk_libraries[_<family>]``, ``_rocm_sdk_devel`` ... (formats.md 1.2)."""
+    return name.startswith(SDK_TREE_PREFIX) and len(name) > len(SDK_TREE_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRoot:
+    """One audited path. ``path`` is absolute and resolved; links inside are never followed out of it.
+
+    ``single_file`` is set when the user named a file rather than a directory. ``sdk_only`` limits
+    classification to files inside ``_rocm_sdk_*`` trees (dedup needs nothing else).
+    """
+
+    path: str
+    given: str
+    single_file: bool = False
+    sdk_only: bool = False
+
+
+def default_site_packages() -> list[str]:
+    """Every site-packages directory of the running interpreter, venv-aware, that exists."""
+    candidates: list[str] = []
+    try:
+        candidates.extend(site.getsitepackages())
+    except AttributeError:  # pragma: no cover - old virtualenv's site.py
+        pass
+    for key in ("purelib", "platlib"):
+        candidates.append(sysconfig.get_paths()[key])
+    if site.ENABLE_USER_SITE and sys.prefix == sys.base_prefix:
+        candidates.append(site.getusersitepackages())
+    seen: list[str] = []
+    for one in candidates:
+        resolved = os.path.realpath(one)
+        if os.path.isdir(resolved) and resolved not in seen:
+            seen.append(resolved)
+    return seen
+
+
+def enclosing_sdk_tree(path: str) -> str | None:
+    """The nearest ancestor (or the path itself) named ``_rocm_sdk_*``, or None."""
+    current = Path(path)
+    for candidate in (current, *current.parents):
+        if is_sdk_tree_name(candidate.name):
+            return str(candidate)
+    return None
+
+
+def resolve_roots(paths: list[str] | None, *, for_dedup: bool = False) -> tuple[list[AuditRoot], list[str]]:
+    """Turn -p arguments into audit roots. Returns (roots, where_we_looked). Raises UsageError.
+
+    For dedup, a path inside an SDK tree widens to the directory holding the trees, because the
+    runtime copy that a devel duplicate must link to lives in a sibling tree.
+    """
+    given = list(paths) if paths else default_site_packages()
+    looked = [os.path.abspath(p) for p in given]
+    roots: list[AuditRoot] = []
+    for raw in given:
+        if not os.path.lexists(raw):
+            raise UsageError(f"path does not exist: {raw}")
+        resolved = os.path.realpath(raw)
+        if not os.path.exists(resolved):
+            raise UsageError(f"path is a dangling link: {raw}")
+        single = not os.path.isdir(resolved)
+        if for_dedup:
+            tree = enclosing_sdk_tree(resolved)
+            if tree is not None:
+                resolved, single = os.path.dirname(tree), False
+            roots.append(AuditRoot(resolved, raw, single_file=single, sdk_only=True))
+        else:
+            roots.append(AuditRoot(resolved, raw, single_file=single))
+    unique: dict[str, AuditRoot] = {}
+    for root in roots:
+        unique.setdefault(root.path, root)
+    # A root nested in another would be walked twice; keep the outer one.
+    kept = [r for r in unique.values()
+            if not any(o.path != r.path and not o.single_file and r.path.startswith(o.path.rstrip("/") + "/")
+                       for o in unique.values())]
+    return sorted(kept, key=lambda r: r.path), looked

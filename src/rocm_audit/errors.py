@@ -1,0 +1,46 @@
+"""The error hierarchy. Library code raises these; only the CLI turns them into exit codes."""
+
+from __future__ import annotations
+
+
+class RocmAuditError(Exception):
+    """Base of every error rocm-audit reports to a user (never a traceback)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(RocmAuditError):
+    """Bad command line, bad rules file, missing input: exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A rules or policy file is invalid; names the file, line and key."""
+
+    def __init__(self, path: str, reason: str, *, line: int | None = None, key: str | None = None):
+        where = path if line is None else f"{path}:{line}"
+        if key:
+            where += f" [{key}]"
+        super().__init__(f"{where}: {reason}")
+        self.path, self.line, self.key, self.reason = path, line, key, reason
+
+
+class FormatError(RocmAuditError):
+    """A container or ELF structure is malformed at a given byte offset."""
+
+    def __init__(self, fmt: str, offset: int, reason: str) -> None:
+        super().__init__(f"{fmt}: {reason} (at offset {offset:#x})")
+        self.fmt, self.offset, self.reason = fmt, offset, reason
+
+
+class UnsafeChangeError(RocmAuditError):
+    """A re-check just before a change failed: the change was not made."""
+
+
+class ProbeError(RocmAuditError):
+    """A load probe could not be run."""

@@ -1,0 +1,94 @@
+"""Findings: data with a stable rule id, rendered by reporters (docs/style.md 4)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Severity(str, enum.Enum):
+    """Finding severity; ordered info < warning < error."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    def __ge__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank >= other.rank
+
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank > other.rank
+
+    def __le__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank <= other.rank
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank < other.rank
+
+
+_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem (or notable fact) about one file, under one rule."""
+
+    rule: str
+    severity: Severity
+    path: str
+    message: str
+    related_paths: tuple[str, ...] = ()
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def sort_key(self) -> tuple[str, str, str, tuple[str, ...]]:
+        return (self.path, self.rule, self.message, self.related_paths)
+
+
+def make_finding(
+    rule: str,
+    path: object,
+    message: str,
+    *,
+    related: Iterable[object] = (),
+    data: Mapping[str, Any] | None = None,
+    severity: Severity | None = None,
+) -> Finding:
+    """Build a finding whose severity defaults to the rule's default in the shipped catalogue."""
+    if severity is None:
+        from rocm_audit.rules_catalog import default_severity
+
+        severity = default_severity(rule)
+    return Finding(
+        rule=rule,
+        severity=severity,
+        path=str(path),
+        message=message,
+        related_paths=tuple(sorted(str(p) for p in related)),
+        data=dict(data or {}),
+    )
+
+
+def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
+    return sorted(findings, key=Finding.sort_key)
+
+
+def worst_severity(findings: Iterable[Finding]) -> Severity | None:
+    worst: Severity | None = None
+    for one in findings:
+        if worst is None or one.severity > worst:
+            worst = one.severity
+    return worst

@@ -1,0 +1,1 @@
+"""One parser per container format: bytes in, frozen dataclasses out, FormatError on bad input."""

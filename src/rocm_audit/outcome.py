@@ -1,0 +1,25 @@
+"""What every command returns to the CLI: findings, the JSON sections, and a text rendering."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_audit.findings import Finding, Severity
+
+
+@dataclass(slots=True)
+class CommandOutcome:
+    command: str
+    findings: list[Finding]
+    inputs: list[str] = field(default_factory=list)
+    sections: dict[str, Any] = field(default_factory=dict)
+    render_text: Callable[[CommandOutcome], str] | None = None
+    # Set by commands whose own contract decides failure (dedup --check: "anything would change").
+    force_failure: bool = False
+
+    def exit_code(self, fail_on: Severity) -> int:
+        if self.force_failure:
+            return 1
+        return 1 if any(f.severity >= fail_on for f in self.findings) else 0

@@ -1,0 +1,45 @@
+"""Text rendering of a command outcome: the command's own section, then the findings."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rocm_audit.findings import Severity, sorted_findings
+from rocm_audit.outcome import CommandOutcome
+
+_COLOURS = {Severity.ERROR: "\x1b[31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
+
+
+def use_colour() -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+
+
+def severity_label(severity: Severity, colour: bool) -> str:
+    label = severity.value.upper()
+    return f"{_COLOURS[severity]}{label}\x1b[0m" if colour else label
+
+
+def render_findings(outcome: CommandOutcome, colour: bool) -> list[str]:
+    lines = []
+    for one in sorted_findings(outcome.findings):
+        lines.append(f"{severity_label(one.severity, colour)} {one.rule} {one.path}: {one.message}")
+        lines.extend(f"    related: {p}" for p in one.related_paths)
+    return lines
+
+
+def render_text(outcome: CommandOutcome) -> str:
+    colour = use_colour()
+    parts: list[str] = []
+    if outcome.render_text is not None:
+        body = outcome.render_text(outcome)
+        if body:
+            parts.append(body.rstrip("\n"))
+    findings = render_findings(outcome, colour)
+    if findings:
+        parts.append("\n".join(findings))
+    counts = {s: sum(1 for f in outcome.findings if f.severity is s) for s in Severity}
+    parts.append(f"{outcome.command}: {counts[Severity.ERROR]} error(s), {counts[Severity.WARNING]} warning(s), "
+                 f"{counts[Severity.INFO]} info")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,89 @@
+"""The versioned JSON report: one encoder, one schema, atomic writes (docs/style.md 8-10)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import PurePath
+from typing import Any
+
+from rocm_audit import __version__
+from rocm_audit.findings import Finding, sorted_findings
+
+SCHEMA_VERSION = 1
+SCHEMA_RESOURCE = "schemas/report-v1.json"
+
+
+def _default(value: object) -> object:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def to_json(document: object, *, indent: int | None = 2) -> str:
+    return json.dumps(document, default=_default, indent=indent, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def finding_to_dict(one: Finding) -> dict[str, Any]:
+    return {
+        "rule": one.rule,
+        "severity": one.severity.value,
+        "path": one.path,
+        "related_paths": list(one.related_paths),
+        "message": one.message,
+        "data": dict(one.data),
+    }
+
+
+def build_report(command: str, findings: Iterable[Finding], *, inputs: Iterable[str] = (),
+                 sections: Mapping[str, object] | None = None) -> dict[str, Any]:
+    """The report document: fixed header, sorted findings, then command-specific sections."""
+    document: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "rocm-audit", "version": __version__},
+        "command": command,
+        "inputs": sorted(inputs),
+        "findings": [finding_to_dict(f) for f in sorted_findings(findings)],
+    }
+    for key, value in (sections or {}).items():
+        document[key] = value
+    # Round-trip so the document holds plain JSON types only (what a consumer will see).
+    return json.loads(to_json(document, indent=None))  # type: ignore[no-any-return]
+
+
+def load_schema() -> dict[str, Any]:
+    text = (resources.files("rocm_audit") / SCHEMA_RESOURCE).read_text(encoding="utf-8")
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write text to path atomically: temp file in the same directory, fsync, rename."""
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    fd, temp_path = tempfile.mkstemp(prefix=".rocm-audit-tmp.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp_path, path)
+    except BaseException:
+        try:
+            os.unlink(temp_path)
+        except FileNotFoundError:
+            pass
+        raise
