@@ -18,6 +18,8 @@ class CommandOutcome:
     render_text: Callable[[CommandOutcome], str] | None = None
     # Set by commands whose own contract decides failure (dedup --check: "anything would change").
     force_failure: bool = False
+    # One human line for stderr when the report itself goes to a file or is JSON.
+    summary: str | None = None
 
     def exit_code(self, fail_on: Severity) -> int:
         if self.force_failure:

@@ -52,9 +52,8 @@ def command(
                     progress.close()
         code = emit(outcome, fmt, output, fail_on)
         if not quiet and (fmt is not OutputFormat.text or output):
-            summary = outcome.sections.get("summary_line")
-            if summary:
-                typer.echo(summary, err=True)
+            if outcome.summary:
+                typer.echo(outcome.summary, err=True)
         return code
 
     run(body)
