@@ -90,9 +90,10 @@ class Inventory:
         return [r for r in self.files if r.kind in kinds]
 
 
-def read_dynamic_info(path: str) -> elfread.DynamicInfo:
+def read_dynamic_info(path: str, *, follow_symlinks: bool = False) -> elfread.DynamicInfo:
     """Read the dynamic facts of one ELF file. Raises FormatError or OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         size = os.fstat(fd).st_size
         head = os.pread(fd, HEAD_BYTES, 0)

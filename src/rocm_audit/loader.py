@@ -99,7 +99,9 @@ class LoaderModel:
             from rocm_audit.inventory import read_dynamic_info
 
             try:
-                self._dynamic_cache[path] = read_dynamic_info(path)
+                # The loader follows links, as ld.so does; only regular files are opened.
+                self._dynamic_cache[path] = (read_dynamic_info(path, follow_symlinks=True)
+                                             if os.path.isfile(path) else None)
             except (OSError, FormatError):
                 self._dynamic_cache[path] = None
         return self._dynamic_cache[path]

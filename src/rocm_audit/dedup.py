@@ -1,0 +1,665 @@
+"""`rocm-audit dedup`: replace byte-identical SDK shared libraries by relative symlinks.
+
+Why: glibc treats two paths as one library only when (st_dev, st_ino) match (formats.md 4), so
+byte-identical copies of an LLVM registrant are loaded twice and abort with ``Option ... registered
+more than once!`` (TheRock issue 7818, formats.md 1.5). A relative symlink to the runtime copy is
+one inode for the loader, survives every image-layer copy, and leaves ``$ORIGIN`` unchanged.
+
+Safety (peers.md 2): the plan records each file's stat; just before each replacement both files are
+re-stat'ed and byte-compared; the link is made under a temporary name in the same directory and
+renamed over the target, so the path never stops existing; links never cross filesystems or leave
+the audited root; every planned change is journalled (fsync'ed) in a manifest before the first
+change, so ``--revert`` works from any interrupted state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import fnmatch
+import json
+import os
+import secrets
+import shlex
+import stat
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_audit import __version__
+from rocm_audit.discovery import resolve_roots
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.identical import Candidate, CompareStats, ReadFailure, partition_identical, same_bytes
+from rocm_audit.inventory import TEMP_PREFIX, FileKind, FileRecord, Inventory, ProgressCallback, build_inventory
+from rocm_audit.loader import LoaderModel
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.rules_catalog import policy
+
+MANIFEST_DIR = ".rocm-audit"
+MANIFEST_NAME = "dedup-manifest.jsonl"
+MANIFEST_FORMAT = 1
+
+
+# --------------------------------------------------------------------------------------------
+# Plan
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedLink:
+    record: FileRecord  # the duplicate as the plan saw it
+    link_text: str  # relative symlink text, as `ln -sr` would write it
+    hardlink: bool  # shares the keeper's inode
+
+
+@dataclass(slots=True)
+class DedupGroup:
+    keeper: FileRecord
+    duplicates: list[PlannedLink]
+    reason: str  # "identical-content" or "hardlink"
+    status: dict[str, str] = field(default_factory=dict)  # duplicate path -> planned/replaced/...
+
+    @property
+    def size(self) -> int:
+        return self.keeper.size
+
+    def bytes_freed_if_done(self) -> int:
+        # Hardlinks already share blocks: turning them into symlinks frees nothing.
+        return sum(self.size for d in self.duplicates if not d.hardlink)
+
+
+@dataclass(slots=True)
+class DedupPlan:
+    inventory: Inventory
+    groups: list[DedupGroup]
+    findings: list[Finding]
+    stats: CompareStats
+
+
+def _owner_rank(record: FileRecord, owner_order: list[str]) -> int:
+    tree_name = os.path.basename(record.sdk_tree or "")
+    for rank, pattern in enumerate(owner_order):
+        if fnmatch.fnmatchcase(tree_name, pattern):
+            return rank
+    return len(owner_order)
+
+
+def keeper_sort_key(record: FileRecord, soname: str | None, owner_order: list[str]) -> tuple[Any, ...]:
+    """Lower is better: runtime owner, SONAME-named file, shorter path, byte-wise path order."""
+    return (
+        _owner_rank(record, owner_order),
+        0 if soname and os.path.basename(record.path) == soname else 1,
+        len(record.path),
+        os.fsencode(record.path),
+    )
+
+
+def relative_link_text(keeper_path: str, link_path: str) -> str:
+    """The text `ln -sr keeper link` writes: keeper relative to the link's real directory."""
+    return os.path.relpath(os.path.realpath(keeper_path), os.path.realpath(os.path.dirname(link_path)))
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def make_plan(inventory: Inventory) -> DedupPlan:
+    """Group byte-identical (and hardlinked) SDK shared libraries and choose each group's keeper."""
+    settings = policy("dedup")
+    owner_order: list[str] = list(settings.get("owner_order", []))
+    kinds = {FileKind(k) for k in settings.get("kinds", ["shared-library"])}
+    findings: list[Finding] = []
+    stats = CompareStats()
+
+    candidates = [r for r in inventory.files if r.sdk_tree is not None and r.kind in kinds]
+    paths_by_inode: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
+    for record in candidates:
+        paths_by_inode[(record.root, record.dev, record.ino)].append(record)
+
+    # Size buckets of distinct inodes; never read anything for a singleton (peers.md 1).
+    inodes_by_size: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
+    for key, records in paths_by_inode.items():
+        first = records[0]
+        inodes_by_size[(first.root, first.dev, first.size)].append(first)
+
+    content_classes: list[list[tuple[str, int, int]]] = []
+    grouped: set[tuple[str, int, int]] = set()
+    for (root, dev, size), representatives in sorted(inodes_by_size.items()):
+        if len(representatives) < 2:
+            continue
+        failures: list[ReadFailure] = []
+        by_path = {r.path: r for r in representatives}
+        classes = partition_identical(
+            [Candidate(r.path, r.size, r.head_digest) for r in sorted(representatives, key=lambda r: r.ino)],
+            stats, failures)
+        for failure in failures:
+            findings.append(make_finding("SCAN001", failure.path, f"cannot read: {failure.error.strerror}"))
+        for cls in classes:
+            keys = [(root, dev, by_path[c.path].ino) for c in cls]
+            content_classes.append(keys)
+            grouped.update(keys)
+    # A single inode with several paths in the trees is a hardlink group on its own.
+    for key, records in paths_by_inode.items():
+        if key not in grouped and len(records) > 1:
+            content_classes.append([key])
+
+    groups: list[DedupGroup] = []
+    for keys in content_classes:
+        records = [r for key in keys for r in paths_by_inode[key]]
+        group = _group_from(records, inventory, owner_order, findings)
+        if group is not None:
+            groups.append(group)
+    for key, records in paths_by_inode.items():
+        if records[0].nlink > len(records):
+            findings.append(make_finding(
+                "DUP009", records[0].path,
+                f"link count {records[0].nlink} but {len(records)} path(s) under the audited trees",
+                related=[r.path for r in records[1:]]))
+    groups.sort(key=lambda g: g.keeper.path)
+    return DedupPlan(inventory, groups, findings, stats)
+
+
+def _group_from(records: list[FileRecord], inventory: Inventory, owner_order: list[str],
+                findings: list[Finding]) -> DedupGroup | None:
+    soname = None
+    try:
+        soname = inventory.dynamic(records[0]).soname
+    except (OSError, Exception) as exc:  # noqa: BLE001 - a malformed dynamic section only loses the SONAME tie-break
+        findings.append(make_finding("SCAN002", records[0].path, f"cannot read the dynamic section: {exc}"))
+    ordered = sorted(records, key=lambda r: keeper_sort_key(r, soname, owner_order))
+    keeper = ordered[0]
+    keeper_real = os.path.realpath(keeper.path)
+    if not _inside(keeper_real, keeper.root):
+        findings.append(make_finding("DUP005", keeper.path, "keeper resolves outside the audited root; group left alone",
+                                     related=[r.path for r in ordered[1:]]))
+        return None
+    duplicates = []
+    for record in ordered[1:]:
+        link_text = relative_link_text(keeper.path, record.path)
+        duplicates.append(PlannedLink(record, link_text, hardlink=record.identity == keeper.identity))
+        if stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode) or (record.uid, record.gid) != (keeper.uid, keeper.gid):
+            findings.append(make_finding(
+                "DUP004", record.path,
+                f"mode {stat.S_IMODE(record.mode):o} owner {record.uid}:{record.gid} differs from the keeper's "
+                f"mode {stat.S_IMODE(keeper.mode):o} owner {keeper.uid}:{keeper.gid}",
+                related=[keeper.path]))
+    reason = "hardlink" if all(d.hardlink for d in duplicates) else "identical-content"
+    group = DedupGroup(keeper, duplicates, reason)
+    for planned in duplicates:
+        group.status[planned.record.path] = "planned"
+    return group
+
+
+# --------------------------------------------------------------------------------------------
+# Apply
+
+
+class _Skip(Exception):
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule, self.message = rule, message
+
+
+def _same_snapshot(current: os.stat_result, planned: FileRecord) -> bool:
+    # Not st_ctime: replacing one hardlink of an inode changes the inode's link count and ctime.
+    return (stat.S_ISREG(current.st_mode)
+            and (current.st_dev, current.st_ino) == planned.identity
+            and current.st_size == planned.size
+            and current.st_mtime_ns == planned.mtime_ns
+            and current.st_mode == planned.mode)
+
+
+def _replace_with_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) -> None:
+    """Re-check, then atomically replace planned.record.path by a symlink to the keeper. Raises _Skip."""
+    keeper, victim = group.keeper, planned.record
+    try:
+        keeper_now = os.lstat(keeper.path)
+        victim_now = os.lstat(victim.path)
+    except FileNotFoundError as exc:
+        raise _Skip("DUP003", f"{exc.filename} vanished since the plan") from None
+    if not _same_snapshot(keeper_now, keeper):
+        raise _Skip("DUP003", "the keeper changed since the plan")
+    if not stat.S_ISREG(victim_now.st_mode):
+        raise _Skip("DUP003", "no longer a regular file")
+    if not _same_snapshot(victim_now, victim):
+        raise _Skip("DUP003", "the file changed since the plan")
+    directory = os.path.dirname(victim.path)
+    if os.stat(directory).st_dev != keeper_now.st_dev:
+        raise _Skip("DUP005", "refusing to link across filesystems")
+    if not planned.hardlink:
+        try:
+            identical = same_bytes(keeper.path, victim.path, keeper.size, stats)
+        except ReadFailure as failure:
+            raise _Skip("DUP005", f"cannot re-read {failure.path}: {failure.error.strerror}") from None
+        if not identical:
+            raise _Skip("DUP003", "bytes differ from the keeper at apply time")
+    target = os.path.join(directory, planned.link_text)
+    try:
+        resolved = os.stat(target)
+    except OSError:
+        raise _Skip("DUP005", f"link text {planned.link_text!r} would not resolve") from None
+    if (resolved.st_dev, resolved.st_ino) != keeper.identity:
+        raise _Skip("DUP005", f"link text {planned.link_text!r} would not resolve to the keeper")
+    temp_path = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(6)}")
+    try:
+        os.symlink(planned.link_text, temp_path)
+    except OSError as exc:
+        raise _Skip("DUP005", f"cannot create a link in {directory}: {exc.strerror}") from None
+    try:
+        # Last look right before the rename: the window left is one syscall wide.
+        if not _same_snapshot(os.lstat(victim.path), victim) or not _same_snapshot(os.lstat(keeper.path), keeper):
+            raise _Skip("DUP003", "the file changed during the comparison")
+        os.replace(temp_path, victim.path)
+    except OSError as exc:
+        _unlink_quietly(temp_path)
+        raise _Skip("DUP005", f"cannot rename the link into place: {exc.strerror}") from None
+    except BaseException:
+        _unlink_quietly(temp_path)
+        raise
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+@contextlib.contextmanager
+def _tree_locks(trees: list[str]) -> Iterator[list[str]]:
+    """Hold an exclusive flock on each SDK tree directory; yield the trees already locked by others."""
+    held: list[int] = []
+    busy: list[str] = []
+    try:
+        for tree in sorted(trees):
+            fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                busy.append(tree)
+                continue
+            held.append(fd)
+        yield busy
+    finally:
+        for fd in held:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def default_manifest_path(plan: DedupPlan) -> str:
+    """`.rocm-audit/dedup-manifest.jsonl` in the directory holding the (first) SDK tree."""
+    trees = sorted({g.keeper.sdk_tree for g in plan.groups if g.keeper.sdk_tree})
+    base = os.path.dirname(trees[0]) if trees else plan.inventory.roots[0].path
+    return os.path.join(base, MANIFEST_DIR, MANIFEST_NAME)
+
+
+def _journal(manifest_path: str, plan: DedupPlan, run_id: str) -> None:
+    """Append every planned change to the manifest and fsync it before anything changes."""
+    os.makedirs(os.path.dirname(os.path.abspath(manifest_path)), exist_ok=True)
+    lines = [json.dumps({"rocm_audit_manifest": MANIFEST_FORMAT, "run": run_id, "tool_version": __version__,
+                         "created_unix": int(time.time())})]
+    for group in plan.groups:
+        keeper = group.keeper
+        for planned in group.duplicates:
+            victim = planned.record
+            lines.append(json.dumps({
+                "run": run_id, "path": victim.path, "keeper": keeper.path, "link_text": planned.link_text,
+                "hardlink": planned.hardlink, "mode": stat.S_IMODE(victim.mode), "uid": victim.uid,
+                "gid": victim.gid, "mtime_ns": victim.mtime_ns, "size": victim.size,
+                "keeper_dev": keeper.dev, "keeper_ino": keeper.ino, "keeper_size": keeper.size,
+                "keeper_mtime_ns": keeper.mtime_ns,
+            }, ensure_ascii=False))
+    with open(manifest_path, "a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _needed_snapshot(plan: DedupPlan, loader: LoaderModel) -> dict[str, dict[str, str | None]]:
+    snapshot: dict[str, dict[str, str | None]] = {}
+    for group in plan.groups:
+        for planned in group.duplicates:
+            dynamic = loader.dynamic_of(planned.record.path)
+            if dynamic is not None:
+                resolutions = loader.resolve_all(planned.record.path, dynamic)
+                snapshot[planned.record.path] = {name: r.path for name, r in resolutions.items()}
+    return snapshot
+
+
+def _verify(plan: DedupPlan, before: dict[str, dict[str, str | None]], findings: list[Finding]) -> bool:
+    """Every path still resolves to the same bytes; DT_NEEDED of replaced libraries resolve alike."""
+    ok = True
+    for group in plan.groups:
+        keeper = group.keeper
+        try:
+            keeper_now = os.stat(keeper.path)
+        except OSError as exc:
+            findings.append(make_finding("DUP006", keeper.path, f"keeper no longer resolves: {exc.strerror}"))
+            ok = False
+            continue
+        if (keeper_now.st_dev, keeper_now.st_ino) != keeper.identity or keeper_now.st_size != keeper.size:
+            findings.append(make_finding("DUP006", keeper.path, "keeper changed during the run"))
+            ok = False
+        for planned in group.duplicates:
+            path = planned.record.path
+            expected = keeper.identity if group.status[path] == "replaced" else planned.record.identity
+            try:
+                now = os.stat(path)
+            except OSError as exc:
+                findings.append(make_finding("DUP006", path, f"path no longer resolves: {exc.strerror}"))
+                ok = False
+                continue
+            if (now.st_dev, now.st_ino) != expected or now.st_size != planned.record.size:
+                findings.append(make_finding("DUP006", path, "path resolves to a different file than planned",
+                                             related=[keeper.path]))
+                ok = False
+    after_loader = LoaderModel()
+    for path, resolved_before in sorted(before.items()):
+        dynamic = after_loader.dynamic_of(path)
+        resolved_after = ({} if dynamic is None else
+                          {n: r.path for n, r in after_loader.resolve_all(path, dynamic).items()})
+        if resolved_after != resolved_before:
+            changed = sorted(n for n in set(resolved_before) | set(resolved_after)
+                             if resolved_before.get(n) != resolved_after.get(n))
+            findings.append(make_finding("DUP006", path, f"DT_NEEDED resolution changed for {', '.join(changed)}",
+                                         data={"before": resolved_before, "after": resolved_after}))
+            ok = False
+    return ok
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    replaced: int = 0
+    skipped: int = 0
+    bytes_freed: int = 0
+    verified: bool | None = None
+    manifest: str | None = None
+
+
+def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Finding]) -> ApplyResult:
+    """Carry out the plan; every skip or failure becomes a finding and the run goes on."""
+    result = ApplyResult()
+    if not plan.groups:
+        return result
+    trees = sorted({r.sdk_tree for g in plan.groups for r in (g.keeper, *(d.record for d in g.duplicates))
+                    if r.sdk_tree})
+    with _tree_locks(trees) as busy:
+        if busy:
+            for tree in busy:
+                findings.append(make_finding("DUP008", tree, "another rocm-audit run holds this tree; nothing changed"))
+            for group in plan.groups:
+                for planned in group.duplicates:
+                    group.status[planned.record.path] = "skipped"
+                    result.skipped += 1
+            return result
+        result.manifest = os.path.abspath(manifest_path or default_manifest_path(plan))
+        loader = LoaderModel()
+        before = _needed_snapshot(plan, loader)
+        _journal(result.manifest, plan, secrets.token_hex(8))
+        _remove_leftovers(plan.inventory, findings)
+        for group in plan.groups:
+            for planned in group.duplicates:
+                path = planned.record.path
+                try:
+                    _replace_with_link(group, planned, plan.stats)
+                except _Skip as skip:
+                    findings.append(make_finding(skip.rule, path, skip.message, related=[group.keeper.path]))
+                    group.status[path] = "skipped" if skip.rule == "DUP003" else "failed"
+                    result.skipped += 1
+                    continue
+                group.status[path] = "replaced"
+                result.replaced += 1
+                if not planned.hardlink:
+                    result.bytes_freed += group.size
+        result.verified = _verify(plan, before, findings)
+    return result
+
+
+def _remove_leftovers(inventory: Inventory, findings: list[Finding]) -> None:
+    """Remove temporary links and copies an interrupted run left (fixed prefix, inside SDK trees only)."""
+    leftovers = [r.path for r in inventory.files if r.sdk_tree and os.path.basename(r.path).startswith(TEMP_PREFIX)]
+    leftovers += [link.path for link in inventory.links
+                  if link.sdk_tree and os.path.basename(link.path).startswith(TEMP_PREFIX)]
+    for path in leftovers:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            findings.append(make_finding("SCAN004", path, f"cannot remove leftover: {exc.strerror}"))
+            continue
+    # The inventory reported them (SCAN004); once removed they are no longer a problem.
+    removed = set(leftovers)
+    inventory.findings[:] = [f for f in inventory.findings if not (f.rule == "SCAN004" and f.path in removed
+                                                                   and not os.path.lexists(f.path))]
+
+
+# --------------------------------------------------------------------------------------------
+# Command
+
+
+def _group_json(group: DedupGroup) -> dict[str, Any]:
+    return {
+        "keeper": group.keeper.path,
+        "duplicates": [{"path": d.record.path, "link_text": d.link_text, "hardlink": d.hardlink,
+                        "status": group.status[d.record.path]} for d in group.duplicates],
+        "size": group.size,
+        "reason": group.reason,
+    }
+
+
+def shell_preview(groups: list[DedupGroup]) -> list[str]:
+    """An equivalent shell script for --dry-run (without rocm-audit's re-checks)."""
+    lines = []
+    for group in groups:
+        for d in group.duplicates:
+            lines.append(f"cmp -s -- {shlex.quote(group.keeper.path)} {shlex.quote(d.record.path)} && "
+                         f"ln -sfn -- {shlex.quote(d.link_text)} {shlex.quote(d.record.path)}")
+    return lines
+
+
+def _human_bytes(count: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1000  # type: ignore[assignment]
+    raise AssertionError("unreachable")
+
+
+def run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None = None,
+              progress: ProgressCallback | None = None) -> CommandOutcome:
+    """Discover, plan, and (mode == "apply") apply. Returns the outcome for the CLI."""
+    started = time.monotonic()
+    roots, looked = resolve_roots(paths, for_dedup=True)
+    inventory = build_inventory(roots, progress)
+    findings = list(inventory.findings)
+    if not inventory.sdk_trees:
+        findings.append(make_finding(
+            "SCAN003", looked[0] if len(looked) == 1 else ", ".join(looked),
+            f"no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}",
+            data={"looked_in": looked}))
+    plan = make_plan(inventory)
+    findings.extend(plan.findings)
+    result = ApplyResult()
+    if mode == "apply":
+        result = apply_plan(plan, manifest_path, findings)
+        findings = [f for f in findings if not (f.rule == "SCAN004" and not os.path.lexists(f.path))]
+    elif mode == "check":
+        for group in plan.groups:
+            rule = "DUP002" if group.reason == "hardlink" else "DUP001"
+            findings.append(make_finding(
+                rule, group.keeper.path,
+                f"{len(group.duplicates)} other path(s) hold the same {group.size:,}-byte library"
+                + (" through hardlinks" if group.reason == "hardlink" else " under another inode"),
+                related=[d.record.path for d in group.duplicates],
+                data={"size": group.size}))
+    planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)
+    elapsed = time.monotonic() - started
+    replaced_or_planned = result.replaced if mode == "apply" else sum(len(g.duplicates) for g in plan.groups)
+    sections: dict[str, Any] = {
+        "sdk_trees": inventory.sdk_trees,
+        "dedup": {
+            "mode": mode,
+            "groups": [_group_json(g) for g in plan.groups],
+            "bytes_freed": result.bytes_freed if mode == "apply" else planned_freed,
+            "replaced": result.replaced,
+            "skipped": result.skipped,
+            "manifest": result.manifest,
+            "verified": result.verified,
+            "shell_preview": shell_preview(plan.groups) if mode == "dry-run" else [],
+            "files_scanned": len(inventory.files),
+            "bytes_compared": plan.stats.bytes_read,
+            "elapsed_s": round(elapsed, 3),
+        },
+    }
+    verb = {"apply": "replaced", "dry-run": "to be replaced", "check": "to be replaced"}[mode]
+    freed = result.bytes_freed if mode == "apply" else planned_freed
+    summary = (f"dedup ({mode}): {len(plan.groups)} group(s), {replaced_or_planned} file(s) {verb} by symlinks, "
+               f"{_human_bytes(freed)} {'freed' if mode == 'apply' else 'to free'}, "
+               f"{len(inventory.files)} files scanned in {elapsed:.2f} s")
+    if not inventory.sdk_trees:
+        summary = f"dedup: no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}"
+    return CommandOutcome(
+        command="dedup", findings=findings, inputs=[r.path for r in roots], sections=sections,
+        render_text=_render_text, force_failure=(mode == "check" and bool(plan.groups)), summary=summary)
+
+
+def _render_text(outcome: CommandOutcome) -> str:
+    section = outcome.sections["dedup"]
+    lines = []
+    mode = section["mode"]
+    for group in section["groups"]:
+        lines.append(f"keep {group['keeper']}  ({group['size']:,} bytes, {group['reason']})")
+        for d in group["duplicates"]:
+            mark = {"planned": "would link", "replaced": "linked", "skipped": "SKIPPED", "failed": "FAILED"}[d["status"]]
+            lines.append(f"  {mark:10} {d['path']} -> {d['link_text']}{'  (was a hardlink)' if d['hardlink'] else ''}")
+    if mode == "dry-run" and section["shell_preview"]:
+        lines.append("# equivalent shell (rocm-audit also re-checks each pair just before changing it):")
+        lines.extend(section["shell_preview"])
+    if section["manifest"]:
+        lines.append(f"revert manifest: {section['manifest']}")
+    if section["verified"] is False:
+        lines.append("VERIFICATION FAILED: see the DUP006 findings below")
+    lines.append(outcome.summary or "")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Revert
+
+
+def _read_manifest(path: str) -> list[dict[str, Any]]:
+    from rocm_audit.errors import UsageError
+
+    entries = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    # A run killed while appending leaves a partial last line: ignore only that one.
+                    if not handle.readline():
+                        break
+                    raise UsageError(f"{path}:{number}: not a rocm-audit manifest line: {exc.msg}") from None
+                if "rocm_audit_manifest" in entry:
+                    if entry["rocm_audit_manifest"] != MANIFEST_FORMAT:
+                        raise UsageError(f"{path}:{number}: unsupported manifest format {entry['rocm_audit_manifest']}")
+                    continue
+                if not {"path", "keeper", "link_text", "mode"} <= set(entry):
+                    raise UsageError(f"{path}:{number}: manifest entry lacks path/keeper/link_text/mode")
+                entries.append(entry)
+    except OSError as exc:
+        raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
+    return entries
+
+
+def _restore_one(entry: dict[str, Any]) -> str:
+    """Turn one manifest link back into a regular file. Returns "restored" or "original". Raises _Skip."""
+    path, keeper_path = entry["path"], entry["keeper"]
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        raise _Skip("DUP007", "path is missing") from None
+    if stat.S_ISREG(now.st_mode):
+        return "original"  # never replaced, or already reverted
+    if not stat.S_ISLNK(now.st_mode) or os.readlink(path) != entry["link_text"]:
+        raise _Skip("DUP007", "path is no longer the link rocm-audit made")
+    try:
+        keeper_now = os.stat(keeper_path)
+        through_link = os.stat(path)
+    except OSError as exc:
+        raise _Skip("DUP007", f"keeper does not resolve: {exc.strerror}") from None
+    if (through_link.st_dev, through_link.st_ino) != (keeper_now.st_dev, keeper_now.st_ino):
+        raise _Skip("DUP007", "link no longer resolves to the keeper")
+    if keeper_now.st_size != entry.get("keeper_size", entry.get("size")) or \
+            ("keeper_mtime_ns" in entry and keeper_now.st_mtime_ns != entry["keeper_mtime_ns"]):
+        raise _Skip("DUP007", "the keeper changed since dedup; its bytes are not the original bytes")
+    directory = os.path.dirname(path)
+    temp_path = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(6)}")
+    try:
+        if entry.get("hardlink") and (keeper_now.st_dev, keeper_now.st_ino) == (
+                entry.get("keeper_dev"), entry.get("keeper_ino")):
+            os.link(keeper_path, temp_path)  # it was a hardlink of the keeper: make it one again
+        else:
+            _copy_file(keeper_path, temp_path, entry)
+        os.replace(temp_path, path)
+    except OSError as exc:
+        _unlink_quietly(temp_path)
+        raise _Skip("DUP007", f"cannot restore: {exc.strerror}") from None
+    except BaseException:
+        _unlink_quietly(temp_path)
+        raise
+    return "restored"
+
+
+def _copy_file(source: str, destination: str, entry: dict[str, Any]) -> None:
+    with open(source, "rb") as src:
+        fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as dst:
+            remaining = os.fstat(src.fileno()).st_size
+            while remaining:
+                sent = os.sendfile(dst.fileno(), src.fileno(), None, min(remaining, 1 << 30))
+                if sent == 0:
+                    raise OSError(5, "short copy")
+                remaining -= sent
+            if os.geteuid() == 0:
+                os.fchown(dst.fileno(), entry.get("uid", -1), entry.get("gid", -1))
+            os.fchmod(dst.fileno(), entry["mode"])
+            dst.flush()
+            os.fsync(dst.fileno())
+    if "mtime_ns" in entry:
+        os.utime(destination, ns=(entry["mtime_ns"], entry["mtime_ns"]), follow_symlinks=False)
+    if os.path.getsize(destination) != entry.get("size", os.path.getsize(destination)):
+        raise OSError(5, "restored size differs from the recorded size")
+
+
+def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
+    """Undo the replacements recorded in the manifests, newest first."""
+    findings: list[Finding] = []
+    restored: list[str] = []
+    already = failed = 0
+    entries = [e for path in manifest_paths for e in _read_manifest(path)]
+    for entry in reversed(entries):
+        try:
+            outcome = _restore_one(entry)
+        except _Skip as skip:
+            findings.append(make_finding(skip.rule, entry["path"], skip.message, related=[entry["keeper"]]))
+            failed += 1
+            continue
+        if outcome == "restored":
+            restored.append(entry["path"])
+        else:
+            already += 1
+    summary = (f"dedup --revert: {len(restored)} file(s) restored, {already} already original, "
+               f"{failed} could not be restored")
+    return CommandOutcome(
+        command="dedup", findings=findings, inputs=[os.path.abspath(p) for p in manifest_paths],
+        sections={"revert": {"manifests": [os.path.abspath(p) for p in manifest_paths],
+                             "restored": sorted(restored), "already_original": already, "failed": failed}},
+        render_text=lambda o: "\n".join([*(f"restored {p}" for p in o.sections["revert"]["restored"]),
+                                         o.summary or ""]),
+        summary=summary)

@@ -1,0 +1,333 @@
+"""`rocm-audit dedup` on TheRock-shaped trees of real gcc-built ELF files."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from sdk_tree import resolved_bytes, snapshot
+
+from rocm_audit.dedup import apply_plan, make_plan, revert_manifests, run_dedup
+from rocm_audit.discovery import resolve_roots
+from rocm_audit.inventory import TEMP_PREFIX, build_inventory
+
+CORE_DUPLICATES = ("librocm_sysdeps_z.so.1", "libamd_comgr.so.3", "libamdhip64.so.7")
+
+
+def expected_links(sdk) -> dict[str, str]:
+    """Duplicate path -> the relative link text `ln -sr` would write."""
+    links = {str(sdk.devel / "lib" / n): f"../../_rocm_sdk_core/lib/{n}" for n in CORE_DUPLICATES}
+    links[str(sdk.devel / "lib" / "libhard.so.1")] = "../../_rocm_sdk_core/lib/libhard.so.1"
+    links[str(sdk.devel / "lib" / "llvm" / "lib" / "libLLVMdemo.so.1")] = \
+        "../../../../_rocm_sdk_core/lib/llvm/lib/libLLVMdemo.so.1"
+    links[str(sdk.devel / "lib" / "librocblas.so.5")] = \
+        "../../_rocm_sdk_libraries_gfx94X_dcgpu/lib/librocblas.so.5"
+    return links
+
+
+def test_dry_run_plans_exactly_the_duplicate_libraries_and_changes_nothing(sdk, run_cli):
+    before = snapshot(sdk.site)
+    result = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0)
+    assert snapshot(sdk.site) == before
+    section = result.report["dedup"]
+    planned = {d["path"]: d["link_text"] for g in section["groups"] for d in g["duplicates"]}
+    assert planned == expected_links(sdk)
+    keepers = {g["keeper"] for g in section["groups"]}
+    assert all("/_rocm_sdk_devel/" not in k for k in keepers)
+    assert all(d["status"] == "planned" for g in section["groups"] for d in g["duplicates"])
+    hard = [g for g in section["groups"] if g["reason"] == "hardlink"]
+    assert [d["path"] for g in hard for d in g["duplicates"]] == [str(sdk.devel / "lib" / "libhard.so.1")]
+    # Hardlinks share blocks already: only the five real copies count as freed bytes.
+    sizes = {g["keeper"]: g["size"] for g in section["groups"] if g["reason"] != "hardlink"}
+    assert section["bytes_freed"] == sum(sizes.values())
+    assert section["replaced"] == 0
+    assert len(section["shell_preview"]) == 6
+    assert section["manifest"] is None
+
+
+def test_never_plans_executables_data_files_lookalikes_or_files_outside_the_sdk(sdk, run_cli):
+    result = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0)
+    planned = {d["path"] for g in result.report["dedup"]["groups"] for d in g["duplicates"]}
+    planned |= {g["keeper"] for g in result.report["dedup"]["groups"]}
+    for untouchable in (sdk.devel / "bin" / "amd-tool", sdk.devel / "share" / "therock" / "dist_info.json",
+                        sdk.devel / "lib" / "libpair_b.so.1", sdk.libraries / "lib" / "libpair_a.so.1",
+                        sdk.libraries / "lib" / "libpair_b.so.1", sdk.site / "torch" / "lib" / "libamdhip64.so.7"):
+        assert str(untouchable) not in planned
+    # The fixture really has the traps: identical executables and data, same-size lookalikes.
+    assert (sdk.devel / "bin" / "amd-tool").read_bytes() == (sdk.core / "bin" / "amd-tool").read_bytes()
+    pair_a, pair_b = (sdk.libraries / "lib" / "libpair_a.so.1"), (sdk.libraries / "lib" / "libpair_b.so.1")
+    assert pair_a.stat().st_size == pair_b.stat().st_size and pair_a.read_bytes() != pair_b.read_bytes()
+    tail_a, tail_b = pair_b.read_bytes(), (sdk.devel / "lib" / "libpair_b.so.1").read_bytes()
+    assert len(tail_a) == len(tail_b) and tail_a[:-4096] == tail_b[:-4096] and tail_a != tail_b
+
+
+def test_check_changes_nothing_and_fails_until_dedup_ran(sdk, run_cli):
+    before = snapshot(sdk.site)
+    result = run_cli("dedup", "--check", "-p", str(sdk.site), "--format", "json", expect=1)
+    assert snapshot(sdk.site) == before
+    rules = sorted({f["rule"] for f in result.report["findings"]})
+    assert rules == ["DUP001", "DUP002"]
+    run_cli("dedup", "-p", str(sdk.site), "-q", expect=0)
+    result = run_cli("dedup", "--check", "-p", str(sdk.site), "--format", "json", expect=0)
+    assert result.report["dedup"]["groups"] == []
+
+
+def test_apply_makes_relative_symlinks_to_the_keeper_and_keeps_every_byte(sdk, run_cli):
+    contents_before = resolved_bytes(sdk.site)
+    keepers_before = {p: os.stat(p) for p in (sdk.core / "lib" / n for n in CORE_DUPLICATES)}
+    result = run_cli("dedup", "-p", str(sdk.site), "--format", "json", expect=0)
+    section = result.report["dedup"]
+    assert section["replaced"] == 6 and section["skipped"] == 0 and section["verified"] is True
+    for path, link_text in expected_links(sdk).items():
+        assert os.path.islink(path)
+        assert os.readlink(path) == link_text and not os.path.isabs(link_text)
+    for keeper, st in keepers_before.items():
+        now = os.lstat(keeper)
+        assert stat.S_ISREG(now.st_mode) and (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+        devel_path = sdk.devel / "lib" / keeper.name
+        assert os.stat(devel_path).st_ino == now.st_ino  # one inode for the loader
+    assert resolved_bytes(sdk.site) == contents_before  # every path resolves to its old bytes
+    assert not [p for p in sdk.site.rglob("*") if p.name.startswith(TEMP_PREFIX)]
+    manifest = Path(section["manifest"])
+    assert manifest == sdk.site / ".rocm-audit" / "dedup-manifest.jsonl" and manifest.is_file()
+    # Executables, data files and files outside the SDK trees are untouched regular files.
+    for path in (sdk.devel / "bin" / "amd-tool", sdk.devel / "share" / "therock" / "dist_info.json",
+                 sdk.site / "torch" / "lib" / "libamdhip64.so.7", sdk.devel / "lib" / "libpair_b.so.1"):
+        assert stat.S_ISREG(os.lstat(path).st_mode)
+    # Already-correct symlinks were left alone.
+    assert os.readlink(sdk.devel / "lib" / "libamdhip64.so") == "libamdhip64.so.7"
+
+
+def test_second_run_finds_nothing_to_do(sdk, run_cli):
+    run_cli("dedup", "-p", str(sdk.site), "-q", expect=0)
+    after_first = snapshot(sdk.site)
+    result = run_cli("dedup", "-p", str(sdk.site), "--format", "json", expect=0)
+    assert result.report["dedup"]["groups"] == [] and result.report["dedup"]["replaced"] == 0
+    without_manifest = {k: v for k, v in snapshot(sdk.site).items() if "/.rocm-audit" not in k}
+    assert without_manifest == {k: v for k, v in after_first.items() if "/.rocm-audit" not in k}
+
+
+def test_loading_both_paths_maps_one_inode_after_dedup(sdk):
+    """The loader-level effect: glibc maps the devel path onto the already loaded core copy."""
+    script = (
+        "import ctypes, os, sys\n"
+        "a = ctypes.CDLL(sys.argv[1], mode=os.RTLD_GLOBAL)\n"
+        "b = ctypes.CDLL(sys.argv[2])\n"
+        "maps = [l.split()[-1] for l in open('/proc/self/maps') if 'libamd_comgr' in l]\n"
+        "print(len(set(os.stat(m).st_ino for m in maps)))\n")
+    core, devel = sdk.core / "lib" / "libamd_comgr.so.3", sdk.devel / "lib" / "libamd_comgr.so.3"
+
+    def inodes_mapped() -> int:
+        done = subprocess.run(["python3", "-c", script, str(core), str(devel)], capture_output=True,
+                              text=True, timeout=60, check=True)
+        return int(done.stdout)
+
+    assert inodes_mapped() == 2
+    run_dedup([str(sdk.site)], mode="apply")
+    assert inodes_mapped() == 1
+
+
+def test_file_modified_between_plan_and_apply_is_skipped_and_reported(sdk):
+    roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
+    plan = make_plan(build_inventory(roots))
+    victim = sdk.devel / "lib" / "libamd_comgr.so.3"
+    data = bytearray(victim.read_bytes())
+    data[-100] ^= 0xFF  # same size, different bytes
+    victim.write_bytes(bytes(data))
+    findings = []
+    result = apply_plan(plan, str(sdk.site / "manifest.jsonl"), findings)
+    assert [(f.rule, f.path) for f in findings if f.rule.startswith("DUP0")] == [("DUP003", str(victim))]
+    assert stat.S_ISREG(os.lstat(victim).st_mode) and victim.read_bytes() == bytes(data)
+    assert result.replaced == 5 and result.skipped == 1
+
+
+def test_bytes_changed_without_stat_change_are_caught_by_the_final_compare(sdk):
+    """Same size and the same mtime restored: only the byte comparison can see it."""
+    roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
+    plan = make_plan(build_inventory(roots))
+    victim = sdk.devel / "lib" / "librocblas.so.5"
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    findings = []
+    apply_plan(plan, str(sdk.site / "manifest.jsonl"), findings)
+    assert [(f.rule, f.path) for f in findings if f.rule.startswith("DUP0")] == [("DUP003", str(victim))]
+    assert "bytes differ" in findings[0].message
+    assert victim.read_bytes() == bytes(data)
+
+
+def _make_unwritable(directory: Path) -> callable:
+    """A real kernel refusal: chattr +i as root (root ignores modes), mode 0555 otherwise."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(directory)], check=True, capture_output=True)
+        return lambda: subprocess.run(["chattr", "-i", str(directory)], check=True)
+    directory.chmod(0o555)
+    return lambda: directory.chmod(0o755)
+
+
+def test_permission_error_mid_run_is_reported_and_every_path_still_resolves(sdk, run_cli):
+    contents_before = resolved_bytes(sdk.site)
+    llvm_dir = sdk.devel / "lib" / "llvm" / "lib"
+    undo = _make_unwritable(llvm_dir)
+    try:
+        result = run_cli("dedup", "-p", str(sdk.site), "--format", "json", expect=1)
+    finally:
+        undo()
+    failed = [f for f in result.report["findings"] if f["rule"] == "DUP005"]
+    assert [f["path"] for f in failed] == [str(llvm_dir / "libLLVMdemo.so.1")]
+    assert result.report["dedup"]["replaced"] == 5
+    assert stat.S_ISREG(os.lstat(llvm_dir / "libLLVMdemo.so.1").st_mode)
+    assert resolved_bytes(sdk.site) == contents_before
+    assert not [p for p in sdk.site.rglob("*") if p.name.startswith(TEMP_PREFIX)]
+
+
+def test_revert_restores_bytes_mode_and_file_type(sdk, run_cli):
+    before = snapshot(sdk.site)
+    os.chmod(sdk.devel / "lib" / "libamdhip64.so.7", 0o640)  # differs from the keeper: restored as 0640
+    before = snapshot(sdk.site)
+    result = run_cli("dedup", "-p", str(sdk.site), "--format", "json", expect=0)
+    assert any(f["rule"] == "DUP004" for f in result.report["findings"])
+    manifest = result.report["dedup"]["manifest"]
+    result = run_cli("dedup", "--revert", manifest, "--format", "json", expect=0)
+    assert len(result.report["revert"]["restored"]) == 6
+    after = snapshot(sdk.site)
+    for path, state in before.items():
+        now = after[path]
+        if state[0] == "file":
+            assert now[0] == "file" and now[1] == state[1] and now[2] == state[2], path
+            assert now[4] == state[4], f"mtime of {path}"
+        else:
+            assert now[:2] == state[:2], path
+    # The hardlinked pair is a hardlink again, not a third copy.
+    assert os.stat(sdk.devel / "lib" / "libhard.so.1").st_ino == os.stat(sdk.core / "lib" / "libhard.so.1").st_ino
+    # Revert is idempotent: a second revert finds everything original.
+    again = revert_manifests([manifest])
+    assert again.sections["revert"]["already_original"] == 6 and not again.findings
+
+
+def test_revert_refuses_when_the_keeper_changed(sdk):
+    outcome = run_dedup([str(sdk.site)], mode="apply")
+    keeper = sdk.core / "lib" / "libamdhip64.so.7"
+    keeper.write_bytes(keeper.read_bytes() + b"\0")
+    outcome = revert_manifests([outcome.sections["dedup"]["manifest"]])
+    refused = [f for f in outcome.findings if f.rule == "DUP007"]
+    assert [f.path for f in refused] == [str(sdk.devel / "lib" / "libamdhip64.so.7")]
+    assert os.path.islink(sdk.devel / "lib" / "libamdhip64.so.7")
+
+
+def test_a_concurrent_run_is_refused_by_the_tree_lock(sdk, run_cli):
+    before = snapshot(sdk.site)
+    fd = os.open(sdk.devel, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        result = run_cli("dedup", "-p", str(sdk.site), "--format", "json", expect=1)
+    finally:
+        os.close(fd)
+    assert [f["rule"] for f in result.report["findings"]] == ["DUP008"]
+    assert snapshot(sdk.site) == before
+
+
+def test_leftover_temporary_link_is_reported_then_removed(sdk, run_cli):
+    leftover = sdk.devel / "lib" / f"{TEMP_PREFIX}deadbeef"
+    os.symlink("../../_rocm_sdk_core/lib/libamdhip64.so.7", leftover)
+    result = run_cli("dedup", "--check", "-p", str(sdk.site), "--format", "json", expect=1)
+    assert any(f["rule"] == "SCAN004" and f["path"] == str(leftover) for f in result.report["findings"])
+    result = run_cli("dedup", "-p", str(sdk.site), "--format", "json", expect=0)
+    assert not os.path.lexists(leftover)
+    assert not any(f["rule"] == "SCAN004" for f in result.report["findings"])
+
+
+def test_verification_reports_a_changed_dt_needed_resolution(sdk):
+    """_verify compares DT_NEEDED resolution before and after: break it and it must say so."""
+    from rocm_audit import dedup as dedup_module
+    from rocm_audit.loader import LoaderModel
+
+    roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
+    plan = make_plan(build_inventory(roots))
+    before = dedup_module._needed_snapshot(plan, LoaderModel())
+    comgr_devel = str(sdk.devel / "lib" / "libamd_comgr.so.3")
+    assert before[comgr_devel]["librocm_sysdeps_z.so.1"] == str(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
+    os.unlink(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
+    findings = []
+    assert dedup_module._verify(plan, before, findings) is False
+    assert any(f.rule == "DUP006" and f.path == comgr_devel and "librocm_sysdeps_z.so.1" in f.message
+               for f in findings)
+
+
+def test_sdk_tree_path_widens_to_its_siblings(sdk, run_cli):
+    """-p _rocm_sdk_devel still finds the core copies its duplicates must link to."""
+    result = run_cli("dedup", "--dry-run", "-p", str(sdk.devel), "--format", "json", expect=0)
+    planned = {d["path"] for g in result.report["dedup"]["groups"] for d in g["duplicates"]}
+    assert planned == set(expected_links(sdk))
+
+
+def test_no_sdk_tree_says_where_it_looked(tmp_path, run_cli):
+    (tmp_path / "somepkg").mkdir()
+    (tmp_path / "somepkg" / "mod.py").write_text("x = 1\n")
+    result = run_cli("dedup", "-p", str(tmp_path), expect=0)
+    assert "no ROCm SDK tree (_rocm_sdk_*) found" in result.stdout and str(tmp_path) in result.stdout
+    result = run_cli("dedup", "-p", str(tmp_path), "--format", "json", expect=0)
+    scan003 = [f for f in result.report["findings"] if f["rule"] == "SCAN003"]
+    assert scan003 and scan003[0]["data"]["looked_in"] == [str(tmp_path)]
+
+
+def test_malformed_elf_is_a_finding_with_an_offset_and_the_run_goes_on(sdk, run_cli):
+    broken = sdk.devel / "lib" / "libbroken.so.1"
+    good = (sdk.core / "lib" / "libamdhip64.so.7").read_bytes()
+    # A program header table that points past the end of the file.
+    patched = bytearray(good[:200])
+    patched[0x20:0x28] = (1 << 40).to_bytes(8, "little")
+    broken.write_bytes(bytes(patched))
+    result = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0)
+    scan002 = [f for f in result.report["findings"] if f["rule"] == "SCAN002"]
+    assert [f["path"] for f in scan002] == [str(broken)]
+    assert scan002[0]["data"]["offset"] == 1 << 40
+    assert len(result.report["dedup"]["groups"]) == 6
+
+
+def test_shuffled_directory_order_gives_the_same_plan(sdk, monkeypatch):
+    """rdfind's disorderfs idea: the plan must not depend on the order the OS lists entries in."""
+    import random
+
+    from rocm_audit import inventory
+
+    reference = run_dedup([str(sdk.site)], mode="dry-run").sections["dedup"]["groups"]
+    original_scandir = os.scandir
+
+    class Shuffled:
+        def __init__(self, path):
+            self._it = original_scandir(path)
+
+        def __enter__(self):
+            entries = list(self._it)
+            random.Random(len(entries)).shuffle(entries)
+            entries.reverse()
+            return iter(entries)
+
+        def __exit__(self, *exc):
+            self._it.close()
+
+    monkeypatch.setattr(inventory.os, "scandir", Shuffled)
+    assert run_dedup([str(sdk.site)], mode="dry-run").sections["dedup"]["groups"] == reference
+
+
+def test_json_report_written_to_a_file_atomically(sdk, run_cli, report_validator, tmp_path):
+    out = tmp_path / "report.json"
+    run_cli("dedup", "--check", "-p", str(sdk.site), "--format", "json", "-o", str(out), expect=1)
+    report = json.loads(out.read_text())
+    report_validator.validate(report)
+    assert report["command"] == "dedup" and report["dedup"]["mode"] == "check"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+@pytest.mark.parametrize("argv", [["--dry-run", "--check"], ["--check", "--revert", "x"]])
+def test_exclusive_modes_are_a_usage_error(sdk, run_cli, argv):
+    result = run_cli("dedup", "-p", str(sdk.site), *argv, expect=2)
+    assert "exclude each other" in result.output
