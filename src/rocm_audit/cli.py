@@ -151,7 +151,9 @@ _register()
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point; returns the exit code."""
     try:
-        app(args=argv, prog_name="rocm-audit", standalone_mode=False)
+        # Without standalone mode click returns the code of typer.Exit instead of exiting.
+        returned = app(args=argv, prog_name="rocm-audit", standalone_mode=False)
+        return returned if isinstance(returned, int) else EXIT_OK
     except typer.Exit as done:
         return int(done.exit_code)
     except SystemExit as done:  # click raises it for --help in some versions
@@ -160,18 +162,16 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("rocm-audit: interrupted", err=True)
         return 130
     except Exception as exc:  # click usage errors when standalone_mode is False
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        # typer >= 0.26 vendors click (typer._click), older typer uses click itself: duck-type.
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
+            exc.show()  # type: ignore[attr-defined]
             return EXIT_USAGE
-        if isinstance(exc, click.exceptions.Abort):
+        if type(exc).__name__ == "Abort":
             return 130
         if _State.debug:
             traceback.print_exc()
         typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {exc}", err=True)
         return EXIT_INTERNAL
-    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,90 @@
+"""The CLI contract shared by every command: entry points, exit codes, lazy imports, default paths."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from rocm_audit import cli
+
+HEAVY_MODULES = ("elftools", "lief", "msgpack", "zstandard", "docker", "jsonschema")
+
+
+def run(*argv: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def test_python_dash_m_and_the_console_script_both_answer_help():
+    by_module = run(sys.executable, "-m", "rocm_audit", "--help")
+    assert by_module.returncode == 0 and "dedup" in by_module.stdout and "Exit codes" in by_module.stdout
+    script = shutil.which("rocm-audit", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    assert script, "the rocm-audit console script is not installed"
+    by_script = run(script, "dedup", "--help")
+    assert by_script.returncode == 0 and "--dry-run" in by_script.stdout and "--revert" in by_script.stdout
+
+
+def test_importing_the_cli_loads_no_heavy_module():
+    probe = ("import sys, rocm_audit.cli\n"
+             f"print(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))")
+    done = run(sys.executable, "-c", probe)
+    assert done.returncode == 0 and done.stdout.strip() == ""
+
+
+def test_usage_errors_exit_2_with_one_line_and_no_traceback(tmp_path):
+    done = run(sys.executable, "-m", "rocm_audit", "dedup", "--check", "-p", str(tmp_path / "missing"))
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"rocm-audit: error: path does not exist: {tmp_path / 'missing'}"
+    unknown = run(sys.executable, "-m", "rocm_audit", "dedup", "--no-such-option")
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+    bad_choice = run(sys.executable, "-m", "rocm_audit", "dedup", "--format", "yaml")
+    assert bad_choice.returncode == 2 and "Traceback" not in bad_choice.stderr
+
+
+def test_internal_errors_exit_3_and_show_a_traceback_only_with_debug(monkeypatch, capsys, tmp_path):
+    from rocm_audit import dedup
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(dedup, "run_dedup", broken)
+    assert cli.main(["dedup", "-p", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert "internal error: RuntimeError: simulated bug" in err and "Traceback" not in err
+    assert cli.main(["--debug", "dedup", "-p", str(tmp_path)]) == 3
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_version():
+    done = run(sys.executable, "-m", "rocm_audit", "--version")
+    from rocm_audit import __version__
+
+    assert done.returncode == 0 and done.stdout.strip() == f"rocm-audit {__version__}"
+
+
+def test_default_path_is_this_interpreters_site_packages_and_an_empty_result_says_where_it_looked():
+    from rocm_audit.discovery import default_site_packages
+
+    looked = default_site_packages()
+    assert looked and all(os.path.isdir(p) for p in looked)
+    if any(name.startswith("_rocm_sdk_") for p in looked for name in os.listdir(p)):
+        pytest.fail("this test needs an interpreter without the ROCm wheel SDK installed")
+    done = run(sys.executable, "-m", "rocm_audit", "dedup", "--check")
+    assert done.returncode == 0
+    assert "no ROCm SDK tree (_rocm_sdk_*) found; looked in:" in done.stdout
+    for path in looked:
+        assert path in done.stdout
+
+
+@pytest.mark.parametrize("fail_on,expected", [("error", 0), ("warning", 1), ("never", 0)])
+def test_fail_on_sets_the_threshold(tmp_path, run_cli, fail_on, expected):
+    # An unreadable-as-ELF file gives a SCAN002 warning; nothing else is wrong.
+    tree = tmp_path / "_rocm_sdk_core" / "lib"
+    tree.mkdir(parents=True)
+    (tree / "libtruncated.so.1").write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 9)
+    result = run_cli("dedup", "--check", "-p", str(tmp_path), "--fail-on", fail_on)
+    assert result.exit_code == expected, result.output
+    assert "SCAN002" in result.output
