@@ -19,6 +19,7 @@ import fcntl
 import fnmatch
 import json
 import os
+import re
 import secrets
 import shlex
 import stat
@@ -40,6 +41,7 @@ from rocm_audit.rules_catalog import policy
 MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "dedup-manifest.jsonl"
 MANIFEST_FORMAT = 1
+_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]{12}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -637,12 +639,32 @@ def _copy_file(source: str, destination: str, entry: dict[str, Any]) -> None:
         raise OSError(5, "restored size differs from the recorded size")
 
 
+def _remove_temporaries_in(directories: set[str], findings: list[Finding]) -> None:
+    """Remove rocm-audit's own temporary names (TEMP_PREFIX + 12 hex digits) from directories."""
+    for directory in sorted(directories):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            if _TEMP_NAME.fullmatch(name):
+                path = os.path.join(directory, name)
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    findings.append(make_finding("SCAN004", path, f"cannot remove leftover: {exc.strerror}"))
+
+
 def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
     """Undo the replacements recorded in the manifests, newest first."""
     findings: list[Finding] = []
     restored: list[str] = []
     already = failed = 0
     entries = [e for path in manifest_paths for e in _read_manifest(path)]
+    # A run killed between creating a temporary name and renaming it leaves it behind.
+    _remove_temporaries_in({os.path.dirname(e["path"]) for e in entries}, findings)
     for entry in reversed(entries):
         try:
             outcome = _restore_one(entry)

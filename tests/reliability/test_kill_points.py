@@ -1,0 +1,164 @@
+"""Crash safety of `dedup` and `dedup --revert`: SIGKILL at every mutating system call.
+
+strace's fault injection delivers a real SIGKILL when the process enters the n-th call of a
+chosen system call (`-e inject=SYSCALL:signal=KILL:when=N`), so no test hook lives in the code.
+After each kill: every original path exists, resolves, and holds its original bytes; `--revert`
+from that state restores the original tree; a rerun finishes the job and leaves no temporary file.
+
+The default run samples kill points evenly; ROCM_AUDIT_SLOW=1 runs every kill point (>= 200).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "dedup"))
+
+from conftest import require_tool  # noqa: E402
+from sdk_tree import build_sdk_tree  # noqa: E402
+
+from rocm_audit.inventory import TEMP_PREFIX  # noqa: E402
+
+# Every system call through which dedup or revert changes the tree or its manifest.
+MUTATING_SYSCALLS = ("write", "fsync", "mkdir", "mkdirat", "flock", "symlink", "symlinkat", "link", "linkat",
+                     "rename", "renameat", "renameat2", "unlink", "unlinkat", "fchmod", "fchown", "utimensat",
+                     "sendfile")
+FULL = os.environ.get("ROCM_AUDIT_SLOW") == "1"
+SAMPLE_PER_SWEEP = 8
+EXTRA_DUPLICATES = 40 if FULL else 6
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """The dedup fixture tree plus extra devel duplicates, so a full sweep has >= 200 kill points."""
+    site = tmp_path_factory.mktemp("kill") / "site-packages"
+    tree = build_sdk_tree(site)
+    base = (tree.core / "lib" / "libamdhip64.so.7").read_bytes()
+    rng = random.Random(1)
+    for index in range(EXTRA_DUPLICATES):
+        name = f"libextra{index}.so.1"
+        # Trailing bytes keep a valid shared library and make each pair's content unique.
+        body = base + rng.randbytes(4096 + index * 512)
+        (tree.libraries / "lib" / name).write_bytes(body)
+        (tree.devel / "lib" / name).write_bytes(body)
+    return site
+
+
+def fresh_copy(pristine: Path, destination: Path) -> Path:
+    site = destination / "site-packages"
+    shutil.copytree(pristine, site, symlinks=True)
+    hard = site / "_rocm_sdk_devel" / "lib" / "libhard.so.1"
+    hard.unlink()
+    os.link(site / "_rocm_sdk_core" / "lib" / "libhard.so.1", hard)
+    return site
+
+
+def state(site: Path) -> dict[str, tuple]:
+    """Relative path -> (kind, bytes it resolves to, mode); the manifest directory excluded."""
+    out = {}
+    for dirpath, dirs, files in os.walk(site):
+        dirs[:] = [d for d in dirs if d != ".rocm-audit"]
+        for name in files:
+            path = os.path.join(dirpath, name)
+            kind = "link" if os.path.islink(path) else "file"
+            with open(path, "rb") as handle:  # follows links: what a loader would read
+                out[os.path.relpath(path, site)] = (kind, handle.read(), os.stat(path).st_mode)
+    return out
+
+
+def rocm_audit(*args: str, inject: tuple[str, int] | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "rocm_audit", *args, "-q"]
+    if inject is not None:
+        syscall, nth = inject
+        argv = [require_tool("strace"), "-f", "-qq", "-o", "/dev/null", "-e", f"trace={syscall}",
+                "-e", f"inject={syscall}:signal=KILL:when={nth}", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+
+def count_calls(args: list[str]) -> list[tuple[str, int]]:
+    """Run once under strace and list every (syscall, n) kill point of that run."""
+    log = subprocess.run([require_tool("strace"), "-f", "-qq", "-o", "/dev/stderr", "-e",
+                          "trace=" + ",".join(MUTATING_SYSCALLS), sys.executable, "-m", "rocm_audit", *args, "-q"],
+                         capture_output=True, text=True, timeout=300)
+    assert log.returncode == 0, log.stdout
+    counts: dict[str, int] = {}
+    for match in re.finditer(r"^(?:\d+\s+)?(\w+)\(", log.stderr, re.MULTILINE):
+        if match.group(1) in MUTATING_SYSCALLS:
+            counts[match.group(1)] = counts.get(match.group(1), 0) + 1
+    return [(name, n) for name in sorted(counts) for n in range(1, counts[name] + 1)]
+
+
+def pick(points: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    if FULL or len(points) <= SAMPLE_PER_SWEEP:
+        return points
+    step = len(points) / SAMPLE_PER_SWEEP
+    return [points[int(i * step)] for i in range(SAMPLE_PER_SWEEP)]
+
+
+def assert_original_bytes(site: Path, original: dict[str, tuple], point: tuple[str, int]) -> None:
+    """Every original path resolves to its original bytes; the only extra names are our temporaries."""
+    now = state(site)
+    for rel, (_kind, content, _mode) in original.items():
+        assert rel in now and now[rel][1] == content, (point, rel)
+    extra = [rel for rel in now if rel not in original]
+    assert all(os.path.basename(rel).startswith(TEMP_PREFIX) for rel in extra), (point, extra)
+
+
+def no_temporaries(site: Path) -> bool:
+    return not [p for p in site.rglob("*") if p.name.startswith(TEMP_PREFIX)]
+
+
+def test_sigkill_during_dedup_never_loses_a_byte_and_revert_or_rerun_recovers(pristine, tmp_path):
+    original = state(pristine)
+    probe_site = fresh_copy(pristine, tmp_path / "probe")
+    points = count_calls(["dedup", "-p", str(probe_site)])
+    assert sum(1 for name, _ in points if name in ("rename", "renameat", "renameat2")) >= 6
+    expected_final = state(probe_site)
+    if FULL:
+        assert len(points) >= 100, len(points)
+    for index, point in enumerate(pick(points)):
+        site = fresh_copy(pristine, tmp_path / f"kill{index}")
+        killed = rocm_audit("dedup", "-p", str(site), inject=point)
+        assert killed.returncode == -9, (point, killed.returncode, killed.stderr)
+        assert_original_bytes(site, original, point)
+        # Revert from the interrupted state gives back the original tree, file types included.
+        manifest = site / ".rocm-audit" / "dedup-manifest.jsonl"
+        if manifest.exists():
+            done = rocm_audit("dedup", "--revert", str(manifest))
+            assert done.returncode == 0, (point, done.stdout)
+        assert state(site) == original, point
+        # A rerun from there finishes the job with nothing left behind.
+        done = rocm_audit("dedup", "-p", str(site))
+        assert done.returncode == 0, (point, done.stdout)
+        assert state(site) == expected_final, point
+        assert no_temporaries(site), point
+
+
+def test_sigkill_during_revert_never_loses_a_byte_and_a_rerun_finishes(pristine, tmp_path):
+    original = state(pristine)
+    probe_site = fresh_copy(pristine, tmp_path / "probe")
+    assert rocm_audit("dedup", "-p", str(probe_site)).returncode == 0
+    deduplicated = state(probe_site)
+    manifest_rel = Path(".rocm-audit") / "dedup-manifest.jsonl"
+    points = count_calls(["dedup", "--revert", str(probe_site / manifest_rel)])
+    if FULL:
+        assert len(points) >= 100, len(points)
+    for index, point in enumerate(pick(points)):
+        site = fresh_copy(pristine, tmp_path / f"kill{index}")
+        assert rocm_audit("dedup", "-p", str(site)).returncode == 0
+        assert state(site) == deduplicated
+        killed = rocm_audit("dedup", "--revert", str(site / manifest_rel), inject=point)
+        assert killed.returncode == -9, (point, killed.returncode, killed.stderr)
+        assert_original_bytes(site, original, point)
+        done = rocm_audit("dedup", "--revert", str(site / manifest_rel))
+        assert done.returncode == 0, (point, done.stdout)
+        assert state(site) == original, point
+        assert no_temporaries(site), point
