@@ -80,7 +80,10 @@ class DedupPlan:
 
 
 def _owner_rank(record: FileRecord, owner_order: list[str]) -> int:
+    """Position of the tree in owner_order; an exact name beats a pattern that also matches."""
     tree_name = os.path.basename(record.sdk_tree or "")
+    if tree_name in owner_order:
+        return owner_order.index(tree_name)
     for rank, pattern in enumerate(owner_order):
         if fnmatch.fnmatchcase(tree_name, pattern):
             return rank

@@ -1,0 +1,40 @@
+"""The rule catalogue is a contract: every rule id the code can emit is defined, once, in rules/."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import rocm_audit
+from rocm_audit.rules_catalog import shipped_catalogue
+
+RULE_ID = re.compile(r"^[A-Z]{3,5}[0-9]{3}$")
+
+
+def rule_ids_in_source() -> dict[str, str]:
+    found = {}
+    for path in Path(rocm_audit.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and RULE_ID.match(node.value):
+                found.setdefault(node.value, str(path))
+    return found
+
+
+def test_every_rule_id_used_in_the_code_is_in_the_catalogue():
+    catalogue = shipped_catalogue()
+    missing = {rule: where for rule, where in rule_ids_in_source().items() if rule not in catalogue.rules}
+    assert not missing, f"rule ids used but not defined in rules/*.toml: {missing}"
+
+
+def test_every_rule_has_text_a_user_can_act_on():
+    for rule in shipped_catalogue().rules.values():
+        assert RULE_ID.match(rule.id)
+        assert len(rule.title) > 10 and len(rule.rationale) > 30 and len(rule.fix) > 10, rule.id
+
+
+def test_the_dedup_policy_puts_runtime_packages_before_devel():
+    order = shipped_catalogue().policy["dedup"]["owner_order"]
+    assert order.index("_rocm_sdk_core") < order.index("_rocm_sdk_devel")
+    assert order.index("_rocm_sdk_libraries*") < order.index("_rocm_sdk_devel")
+    assert shipped_catalogue().policy["dedup"]["kinds"] == ["shared-library"]
