@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import jsonschema
 import pytest
@@ -37,13 +36,6 @@ def run_cli(report_validator):
         return result
 
     return invoke
-
-
-def require_tool(name: str) -> str:
-    """A tool scripts/test installs; missing means a broken set-up, which is a failure, not a skip."""
-    path = shutil.which(name)
-    assert path, f"{name} not found: run ./scripts/test, which installs the suite's Debian packages"
-    return path
 
 
 @pytest.fixture(scope="session")

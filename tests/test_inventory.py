@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_tool
+from support.tools import require_tool
 from rocm_audit.discovery import AuditRoot, resolve_roots
 from rocm_audit.inventory import FileKind, build_inventory, read_dynamic_info
 

@@ -9,7 +9,6 @@ Heavy modules (pyelftools, lief, msgpack, zstandard, docker) are imported inside
 from __future__ import annotations
 
 import enum
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -31,6 +30,9 @@ EPILOG = ("Exit codes: 0 clean; 1 findings at or above --fail-on (dedup --check:
 class OutputFormat(str, enum.Enum):
     text = "text"
     json = "json"
+    sarif = "sarif"
+    junit = "junit"
+    github = "github"
 
 
 class FailOn(str, enum.Enum):
@@ -46,7 +48,8 @@ PathsOption = Annotated[
                  help="site-packages dir, _rocm_sdk_* tree, any dir or a single file; repeatable. "
                       "Default: every site-packages dir of this interpreter."),
 ]
-FormatOption = Annotated[OutputFormat, typer.Option("--format", help="Output format.")]
+FormatOption = Annotated[OutputFormat, typer.Option(
+    "--format", help="text, json (versioned schema), sarif (2.1.0), junit (XML) or github (Actions annotations).")]
 OutputOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically) instead of stdout."),
@@ -54,6 +57,11 @@ OutputOption = Annotated[
 FailOnOption = Annotated[
     FailOn, typer.Option("--fail-on", help="Lowest severity that makes the exit code 1.")]
 QuietOption = Annotated[bool, typer.Option("-q", "--quiet", help="No progress line and no summary on stderr.")]
+RulesOption = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option("--rules", metavar="FILE",
+                 help="TOML rules file: severity overrides, ignores (with a reason), policy settings; repeatable."),
+]
 
 
 class _State:
@@ -99,12 +107,28 @@ def fail_on_severity(fail_on: FailOn) -> Severity | None:
 
 
 def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on: FailOn) -> int:
-    """Render the outcome, write it, and return the exit code."""
+    """Apply the policy, render the outcome, write it, and return the exit code."""
+    from rocm_audit.policy import active_policy
+
+    outcome.findings, outcome.suppressed = active_policy().apply(outcome.findings)
+    threshold = fail_on_severity(fail_on)
     if fmt is OutputFormat.json:
         from rocm_audit.report import build_report, to_json
 
         text = to_json(build_report(outcome.command, outcome.findings, inputs=outcome.inputs,
-                                    sections=outcome.sections))
+                                    sections=outcome.sections, suppressed=outcome.suppressed))
+    elif fmt is OutputFormat.sarif:
+        from rocm_audit.reporters.sarif import render_sarif
+
+        text = render_sarif(outcome)
+    elif fmt is OutputFormat.junit:
+        from rocm_audit.reporters.junit import render_junit
+
+        text = render_junit(outcome, threshold)
+    elif fmt is OutputFormat.github:
+        from rocm_audit.reporters.github import render_github
+
+        text = render_github(outcome)
     else:
         from rocm_audit.render import render_text
 
@@ -116,16 +140,18 @@ def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
-    threshold = fail_on_severity(fail_on)
     if threshold is None:
         return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
     return outcome.exit_code(threshold)
 
 
-def run(body: Callable[[], int]) -> None:
-    """Run a command body; map errors to exit codes (no traceback unless --debug)."""
+def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
+    """Run a command body under the policy in force; map errors to exit codes (no traceback unless --debug)."""
     try:
-        code = body()
+        from rocm_audit.policy import load_policy, using_policy
+
+        with using_policy(load_policy(rules_files or [])):
+            code = body()
     except RocmAuditError as exc:
         typer.echo(f"rocm-audit: error: {exc.message}", err=True)
         raise typer.Exit(exc.exit_code) from None

@@ -20,6 +20,8 @@ class CommandOutcome:
     force_failure: bool = False
     # One human line for stderr when the report itself goes to a file or is JSON.
     summary: str | None = None
+    # Findings an ignore in the policy removed, with the reason (filled in by the CLI).
+    suppressed: list[dict[str, str]] = field(default_factory=list)
 
     def exit_code(self, fail_on: Severity) -> int:
         if self.force_failure:

@@ -51,7 +51,8 @@ def finding_to_dict(one: Finding) -> dict[str, Any]:
 
 
 def build_report(command: str, findings: Iterable[Finding], *, inputs: Iterable[str] = (),
-                 sections: Mapping[str, object] | None = None) -> dict[str, Any]:
+                 sections: Mapping[str, object] | None = None,
+                 suppressed: Iterable[Mapping[str, str]] = ()) -> dict[str, Any]:
     """The report document: fixed header, sorted findings, then command-specific sections."""
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -60,6 +61,9 @@ def build_report(command: str, findings: Iterable[Finding], *, inputs: Iterable[
         "inputs": sorted(inputs),
         "findings": [finding_to_dict(f) for f in sorted_findings(findings)],
     }
+    suppressed = list(suppressed)
+    if suppressed:
+        document["suppressed"] = [dict(s) for s in suppressed]
     for key, value in (sections or {}).items():
         document[key] = value
     # Round-trip so the document holds plain JSON types only (what a consumer will see).

@@ -109,4 +109,7 @@ def default_severity(rule_id: str) -> Severity:
 
 
 def policy(area: str) -> dict[str, Any]:
-    return dict(shipped_catalogue().policy.get(area, {}))
+    """Settings of one policy area in force: shipped defaults plus any --rules overrides."""
+    from rocm_audit.policy import active_policy
+
+    return active_policy().area(area)

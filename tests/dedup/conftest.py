@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from sdk_tree import SdkTree, build_sdk_tree  # noqa: E402
+from support.sdk_tree import SdkTree, build_sdk_tree
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sdk_tree import resolved_bytes, snapshot
+from support.sdk_tree import resolved_bytes, snapshot
 
 from rocm_audit.dedup import apply_plan, make_plan, revert_manifests, run_dedup
 from rocm_audit.discovery import resolve_roots

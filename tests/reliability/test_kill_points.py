@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "dedup"))
-
-from conftest import require_tool  # noqa: E402
-from sdk_tree import build_sdk_tree  # noqa: E402
+from support.tools import require_tool  # noqa: E402
+from support.sdk_tree import build_sdk_tree  # noqa: E402
 
 from rocm_audit.inventory import TEMP_PREFIX  # noqa: E402
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from rocm_audit.cli import (FailOn, FailOnOption, FormatOption, OutputFormat, OutputOption, PathsOption,
-                            QuietOption, emit, run)
+                            QuietOption, RulesOption, emit, run)
 
 
 def command(
@@ -23,6 +23,7 @@ def command(
     output: OutputOption = None,
     fail_on: FailOnOption = FailOn.error,
     quiet: QuietOption = False,
+    rules: RulesOption = None,
 ) -> None:
     """Replace byte-identical SDK shared libraries by relative symlinks to the runtime copy.
 
@@ -56,4 +57,4 @@ def command(
                 typer.echo(outcome.summary, err=True)
         return code
 
-    run(body)
+    run(body, rules)
