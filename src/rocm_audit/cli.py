@@ -169,6 +169,9 @@ def _register() -> None:
     from rocm_audit.commands import dedup as dedup_cmd
 
     app.command("dedup", epilog=EPILOG, no_args_is_help=False)(dedup_cmd.command)
+    from rocm_audit.commands import rules as rules_cmd
+
+    app.command("rules", epilog=EPILOG)(rules_cmd.command)
 
 
 _register()
