@@ -1,0 +1,122 @@
+"""Post-build checks on real gcc-built files, with the real dynamic loader as the oracle."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rocm_audit.discovery import resolve_roots
+from rocm_audit.inventory import build_inventory
+from rocm_audit.loader import LoaderModel
+from rocm_audit.postbuild import post_build_findings, site_python
+from support.sdk_tree import build_library
+
+
+def elf_hash(name: bytes) -> int:
+    """The SysV ELF hash that Vernaux.vna_hash holds (System V ABI)."""
+    value = 0
+    for byte in name:
+        value = (value << 4) + byte
+        high = value & 0xF0000000
+        if high:
+            value ^= high >> 24
+        value &= ~high
+    return value & 0xFFFFFFFF
+
+
+def require_newer_glibc(path: Path, old: bytes, new: bytes) -> None:
+    """Rewrite one needed GLIBC version of a real library (same length, hash fixed), as if built on a newer base."""
+    from elftools.elf.elffile import ELFFile
+
+    data = bytearray(path.read_bytes())
+    with open(path, "rb") as handle:
+        elf = ELFFile(handle)
+        dynstr = elf.get_section_by_name(".dynstr")
+        verneed = elf.get_section_by_name(".gnu.version_r")
+        dynstr_range = (dynstr["sh_offset"], dynstr["sh_offset"] + dynstr["sh_size"])
+        verneed_range = (verneed["sh_offset"], verneed["sh_offset"] + verneed["sh_size"])
+    where = data.find(old + b"\0", *dynstr_range)
+    assert where > 0, f"{old!r} not in .dynstr"
+    data[where:where + len(old)] = new
+    old_hash, new_hash = elf_hash(old).to_bytes(4, "little"), elf_hash(new).to_bytes(4, "little")
+    hash_at = data.find(old_hash, *verneed_range)
+    assert hash_at > 0
+    data[hash_at:hash_at + 4] = new_hash
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture()
+def site(tmp_path) -> Path:
+    """lib/python3.11/site-packages with an SDK-ish package of real libraries."""
+    root = tmp_path / "lib" / "python3.11" / "site-packages"
+    lib = root / "pkg" / "lib"
+    build_library(lib, "base", "libbase.so.1", value=1)
+    build_library(lib, "user", "libuser.so.1", value=2, needed=("libbase.so.1",), rpath="$ORIGIN")
+    # Uses memcpy -> needs a GLIBC version from libc.so.6.
+    source = lib / ".newglibc.c"
+    source.write_text("#include <string.h>\nvoid copy(char *d, const char *s, unsigned long n) { memcpy(d, s, n); }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O0", "-fno-builtin", "-o", str(lib / "libnewglibc.so.1"), str(source),
+                    "-Wl,-soname,libnewglibc.so.1"], check=True, capture_output=True)
+    source.unlink()
+    return root
+
+
+def findings_by_rule(root: Path) -> dict[str, list]:
+    inventory = build_inventory(resolve_roots([str(root)])[0])
+    grouped: dict[str, list] = {}
+    for finding in post_build_findings(inventory, LoaderModel()):
+        grouped.setdefault(finding.rule, []).append(finding)
+    return grouped
+
+
+def loader_error(path: Path) -> str:
+    done = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    return done.stderr if done.returncode else ""
+
+
+def test_clean_tree_has_no_post_build_finding(site):
+    assert findings_by_rule(site) == {}
+    assert loader_error(site / "pkg" / "lib" / "libuser.so.1") == ""
+
+
+def test_a_library_built_for_a_newer_glibc_is_an_error_the_loader_agrees(site):
+    target = site / "pkg" / "lib" / "libnewglibc.so.1"
+    from rocm_audit.elfversions import read_versions
+
+    needed = sorted(read_versions(str(target)).needed["libc.so.6"])
+    old = next(v for v in needed if v.startswith("GLIBC_2.")).encode()
+    new = b"GLIBC_2." + b"9" * (len(old) - len(b"GLIBC_2."))
+    require_newer_glibc(target, old, new)
+    found = findings_by_rule(site)
+    assert list(found) == ["POST001"]
+    (finding,) = found["POST001"]
+    assert finding.path == str(target) and new.decode() in finding.message
+    assert finding.data["needed"] == "libc.so.6" and finding.data["missing"] == [new.decode()]
+    assert "defines GLIBC up to 2." in finding.message
+    assert f"version `{new.decode()}' not found" in loader_error(target)  # the real loader's verdict
+
+
+def test_a_needed_library_that_no_search_path_finds(site):
+    os.unlink(site / "pkg" / "lib" / "libbase.so.1")
+    found = findings_by_rule(site)
+    assert [(f.path, f.data["needed"]) for f in found["POST002"]] == [(str(site / "pkg" / "lib" / "libuser.so.1"),
+                                                                        "libbase.so.1")]
+    assert "libbase.so.1: cannot open shared object file" in loader_error(site / "pkg" / "lib" / "libuser.so.1")
+
+
+def test_extension_modules_must_match_their_interpreter_and_machine(site):
+    lib = site / "pkg" / "lib" / "libbase.so.1"
+    good = site / "pkg" / "_ok.cpython-311-x86_64-linux-gnu.so"
+    wrong_python = site / "pkg" / "_old.cpython-312-x86_64-linux-gnu.so"
+    wrong_machine = site / "pkg" / "_arm.cpython-311-aarch64-linux-gnu.so"
+    for path in (good, wrong_python, wrong_machine):
+        path.write_bytes(lib.read_bytes())
+    found = findings_by_rule(site)
+    paths = sorted(f.path for f in found["POST003"])
+    assert paths == sorted([str(wrong_machine), str(wrong_python)])
+    assert site_python(str(good)) == (3, 11)
