@@ -471,6 +471,38 @@ def _human_bytes(count: int) -> str:
     raise AssertionError("unreachable")
 
 
+def dedup_section(plan: DedupPlan, mode: str, result: ApplyResult, elapsed_s: float) -> dict[str, Any]:
+    """The `dedup` section of the JSON report."""
+    planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)
+    return {
+        "mode": mode,
+        "groups": [_group_json(g) for g in plan.groups],
+        "bytes_freed": result.bytes_freed if mode == "apply" else planned_freed,
+        "replaced": result.replaced,
+        "skipped": result.skipped,
+        "manifest": result.manifest,
+        "verified": result.verified,
+        "shell_preview": shell_preview(plan.groups) if mode == "dry-run" else [],
+        "files_scanned": len(plan.inventory.files),
+        "bytes_compared": plan.stats.bytes_read,
+        "elapsed_s": round(elapsed_s, 3),
+    }
+
+
+def check_mode_findings(plan: DedupPlan) -> list[Finding]:
+    """DUP001/DUP002 for every group a plain run would change (what --check and `check` report)."""
+    findings = []
+    for group in plan.groups:
+        rule = "DUP002" if group.reason == "hardlink" else "DUP001"
+        findings.append(make_finding(
+            rule, group.keeper.path,
+            f"{len(group.duplicates)} other path(s) hold the same {group.size:,}-byte library"
+            + (" through hardlinks" if group.reason == "hardlink" else " under another inode"),
+            related=[d.record.path for d in group.duplicates],
+            data={"size": group.size}))
+    return findings
+
+
 def run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None = None,
               progress: ProgressCallback | None = None) -> CommandOutcome:
     """Discover, plan, and (mode == "apply") apply. Returns the outcome for the CLI."""
@@ -490,33 +522,12 @@ def run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None =
         result = apply_plan(plan, manifest_path, findings)
         findings = [f for f in findings if not (f.rule == "SCAN004" and not os.path.lexists(f.path))]
     elif mode == "check":
-        for group in plan.groups:
-            rule = "DUP002" if group.reason == "hardlink" else "DUP001"
-            findings.append(make_finding(
-                rule, group.keeper.path,
-                f"{len(group.duplicates)} other path(s) hold the same {group.size:,}-byte library"
-                + (" through hardlinks" if group.reason == "hardlink" else " under another inode"),
-                related=[d.record.path for d in group.duplicates],
-                data={"size": group.size}))
+        findings.extend(check_mode_findings(plan))
     planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)
     elapsed = time.monotonic() - started
     replaced_or_planned = result.replaced if mode == "apply" else sum(len(g.duplicates) for g in plan.groups)
-    sections: dict[str, Any] = {
-        "sdk_trees": inventory.sdk_trees,
-        "dedup": {
-            "mode": mode,
-            "groups": [_group_json(g) for g in plan.groups],
-            "bytes_freed": result.bytes_freed if mode == "apply" else planned_freed,
-            "replaced": result.replaced,
-            "skipped": result.skipped,
-            "manifest": result.manifest,
-            "verified": result.verified,
-            "shell_preview": shell_preview(plan.groups) if mode == "dry-run" else [],
-            "files_scanned": len(inventory.files),
-            "bytes_compared": plan.stats.bytes_read,
-            "elapsed_s": round(elapsed, 3),
-        },
-    }
+    sections: dict[str, Any] = {"sdk_trees": inventory.sdk_trees,
+                                "dedup": dedup_section(plan, mode, result, elapsed)}
     verb = {"apply": "replaced", "dry-run": "to be replaced", "check": "to be replaced"}[mode]
     freed = result.bytes_freed if mode == "apply" else planned_freed
     summary = (f"dedup ({mode}): {len(plan.groups)} group(s), {replaced_or_planned} file(s) {verb} by symlinks, "
