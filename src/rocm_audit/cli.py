@@ -138,7 +138,9 @@ def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on
 
         write_atomic(output, text)
     else:
-        sys.stdout.write(text)
+        # Renderers escape file names; backslashreplace is the net under anything they missed.
+        sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace")) if hasattr(sys.stdout, "buffer") \
+            else sys.stdout.write(text)
         sys.stdout.flush()
     if threshold is None:
         return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
@@ -170,6 +172,7 @@ def _register() -> None:
 
     app.command("dedup", epilog=EPILOG, no_args_is_help=False)(dedup_cmd.command)
     from rocm_audit.commands import rules as rules_cmd
+
 
     app.command("rules", epilog=EPILOG)(rules_cmd.command)
 

@@ -313,7 +313,7 @@ def _journal(manifest_path: str, plan: DedupPlan, run_id: str) -> None:
                 "gid": victim.gid, "mtime_ns": victim.mtime_ns, "size": victim.size,
                 "keeper_dev": keeper.dev, "keeper_ino": keeper.ino, "keeper_size": keeper.size,
                 "keeper_mtime_ns": keeper.mtime_ns,
-            }, ensure_ascii=False))
+            }))  # ASCII escapes keep undecodable file-name bytes exact (\udcXX round-trips)
     with open(manifest_path, "a", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
         handle.flush()
@@ -541,19 +541,22 @@ def run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None =
 
 
 def _render_text(outcome: CommandOutcome) -> str:
+    from rocm_audit.render import display
+
     section = outcome.sections["dedup"]
     lines = []
     mode = section["mode"]
     for group in section["groups"]:
-        lines.append(f"keep {group['keeper']}  ({group['size']:,} bytes, {group['reason']})")
+        lines.append(f"keep {display(group['keeper'])}  ({group['size']:,} bytes, {group['reason']})")
         for d in group["duplicates"]:
             mark = {"planned": "would link", "replaced": "linked", "skipped": "SKIPPED", "failed": "FAILED"}[d["status"]]
-            lines.append(f"  {mark:10} {d['path']} -> {d['link_text']}{'  (was a hardlink)' if d['hardlink'] else ''}")
+            lines.append(f"  {mark:10} {display(d['path'])} -> {display(d['link_text'])}"
+                         f"{'  (was a hardlink)' if d['hardlink'] else ''}")
     if mode == "dry-run" and section["shell_preview"]:
         lines.append("# equivalent shell (rocm-audit also re-checks each pair just before changing it):")
         lines.extend(section["shell_preview"])
     if section["manifest"]:
-        lines.append(f"revert manifest: {section['manifest']}")
+        lines.append(f"revert manifest: {display(section['manifest'])}")
     if section["verified"] is False:
         lines.append("VERIFICATION FAILED: see the DUP006 findings below")
     lines.append(outcome.summary or "")
@@ -562,6 +565,12 @@ def _render_text(outcome: CommandOutcome) -> str:
 
 # --------------------------------------------------------------------------------------------
 # Revert
+
+
+def _display(text: str) -> str:
+    from rocm_audit.render import display
+
+    return display(text)
 
 
 def _read_manifest(path: str) -> list[dict[str, Any]]:
@@ -696,6 +705,6 @@ def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
         command="dedup", findings=findings, inputs=[os.path.abspath(p) for p in manifest_paths],
         sections={"revert": {"manifests": [os.path.abspath(p) for p in manifest_paths],
                              "restored": sorted(restored), "already_original": already, "failed": failed}},
-        render_text=lambda o: "\n".join([*(f"restored {p}" for p in o.sections["revert"]["restored"]),
+        render_text=lambda o: "\n".join([*(f"restored {_display(p)}" for p in o.sections["revert"]["restored"]),
                                          o.summary or ""]),
         summary=summary)

@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from rocm_audit.findings import Severity, sorted_findings
 from rocm_audit.outcome import CommandOutcome
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f\udc80-\udcff]")
+
+
+def display(text: str, *, keep_newlines: bool = False) -> str:
+    """Text safe for a terminal or a log line: control characters and undecodable bytes of a file
+    name (held as surrogates by os.fsdecode) become backslash escapes, so one finding stays one line."""
+    def escape(match: re.Match[str]) -> str:
+        char = match.group()
+        if keep_newlines and char in "\r\n":
+            return char
+        if "\udc80" <= char <= "\udcff":
+            return f"\\x{ord(char) - 0xDC00:02x}"
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, f"\\x{ord(char):02x}")
+
+    return _UNPRINTABLE.sub(escape, text)
+
 
 _COLOURS = {Severity.ERROR: "\x1b[31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
 
@@ -24,8 +42,8 @@ def severity_label(severity: Severity, colour: bool) -> str:
 def render_findings(outcome: CommandOutcome, colour: bool) -> list[str]:
     lines = []
     for one in sorted_findings(outcome.findings):
-        lines.append(f"{severity_label(one.severity, colour)} {one.rule} {one.path}: {one.message}")
-        lines.extend(f"    related: {p}" for p in one.related_paths)
+        lines.append(f"{severity_label(one.severity, colour)} {one.rule} {display(one.path)}: {display(one.message)}")
+        lines.extend(f"    related: {display(p)}" for p in one.related_paths)
     return lines
 
 

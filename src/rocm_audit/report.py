@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from importlib import resources
@@ -35,8 +36,15 @@ def _default(value: object) -> object:
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def to_json(document: object, *, indent: int | None = 2) -> str:
-    return json.dumps(document, default=_default, indent=indent, sort_keys=False, ensure_ascii=False) + "\n"
+    """JSON text that is always valid UTF-8: a file name's undecodable bytes (held as lone
+    surrogates by os.fsdecode) are written as \\udcXX escapes, which json.loads and os.fsencode
+    turn back into the exact bytes."""
+    text = json.dumps(document, default=_default, indent=indent, sort_keys=False, ensure_ascii=False)
+    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
 
 
 def finding_to_dict(one: Finding) -> dict[str, Any]:
@@ -80,7 +88,7 @@ def write_atomic(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path)) or "."
     fd, temp_path = tempfile.mkstemp(prefix=".rocm-audit-tmp.", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from rocm_audit.findings import Severity
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.render import display
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 
 
 def _escape_data(text: str) -> str:
+    text = display(text, keep_newlines=True)  # the workflow-command escapes below carry newlines
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 

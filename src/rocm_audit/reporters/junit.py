@@ -8,6 +8,7 @@ from collections import defaultdict
 from rocm_audit.findings import Finding, Severity
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.policy import active_policy
+from rocm_audit.render import display
 from rocm_audit.reporters import rule_prefixes
 
 
@@ -29,14 +30,15 @@ def render_junit(outcome: CommandOutcome, fail_on: Severity | None) -> str:
             ET.SubElement(suite, "testcase", classname=rule_id, name="no findings")
             tests = 1
         for path, found in cases:
-            case = ET.SubElement(suite, "testcase", classname=rule_id, name=path)
+            case = ET.SubElement(suite, "testcase", classname=rule_id, name=display(path))
             tests += 1
             failing = [f for f in found if fail_on is not None and f.severity >= fail_on]
-            text = "\n".join(f"{f.severity.value}: {f.message}" + "".join(f"\n  related: {p}" for p in f.related_paths)
-                             for f in found)
+            text = "\n".join(f"{f.severity.value}: {display(f.message)}"
+                             + "".join(f"\n  related: {display(p)}" for p in f.related_paths) for f in found)
             if failing:
                 failures += 1
-                failure = ET.SubElement(case, "failure", message=failing[0].message, type=failing[0].severity.value)
+                failure = ET.SubElement(case, "failure", message=display(failing[0].message),
+                                        type=failing[0].severity.value)
                 failure.text = text
             else:
                 ET.SubElement(case, "system-out").text = text

@@ -10,6 +10,7 @@ from rocm_audit import __version__
 from rocm_audit.findings import Finding, Severity
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.policy import active_policy
+from rocm_audit.render import display
 from rocm_audit.report import to_json
 from rocm_audit.reporters import rule_prefixes
 
@@ -31,7 +32,7 @@ def _location(path: str, bases: dict[str, str], offset: int | None = None) -> di
             artifact = {"uri": "/".join(_quote(p) for p in relative.parts), "uriBaseId": base_id}
             break
     else:
-        artifact = {"uri": PurePosixPath(path).as_uri() if os.path.isabs(path) else _quote(path)}
+        artifact = {"uri": "file://" + _quote(path) if os.path.isabs(path) else _quote(path)}
     physical: dict[str, Any] = {"artifactLocation": artifact}
     if offset is not None and offset >= 0:
         physical["region"] = {"byteOffset": offset}
@@ -39,9 +40,10 @@ def _location(path: str, bases: dict[str, str], offset: int | None = None) -> di
 
 
 def _quote(part: str) -> str:
+    """Percent-encode the file name's bytes (undecodable ones included) for a URI."""
     from urllib.parse import quote
 
-    return quote(part, safe="/._-~+@")
+    return quote(os.fsencode(part), safe="/._-~+@")
 
 
 def render_sarif(outcome: CommandOutcome) -> str:
@@ -90,7 +92,7 @@ def _result(one: Finding, index_of: dict[str, int], bases: dict[str, str]) -> di
         "ruleId": one.rule,
         "ruleIndex": index_of[one.rule],
         "level": _LEVEL[one.severity],
-        "message": {"text": one.message},
+        "message": {"text": display(one.message)},
         "locations": [_location(one.path, bases, offset)],
     }
     if one.related_paths:

@@ -1,0 +1,81 @@
+"""Hostile trees: odd names, link loops, special files. Nothing hangs, nothing crashes, every report
+stays machine-readable, and dedup/revert stay exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.sdk_tree import build_library
+
+ODD_NAMES = [b"lib\xffodd.so.1", b"lib with spaces.so.1", b"lib\nnewline.so.1", "libünïcode.so.1".encode()]
+
+
+@pytest.fixture()
+def hostile(tmp_path) -> Path:
+    site = tmp_path / "site-packages"
+    core, devel = site / "_rocm_sdk_core" / "lib", site / "_rocm_sdk_devel" / "lib"
+    library = build_library(tmp_path / "build", "odd", "libodd.so.1", value=5)
+    body = library.read_bytes()
+    for directory in (core, devel):
+        directory.mkdir(parents=True)
+        for name in ODD_NAMES:  # distinct content per name: one core/devel pair each
+            with open(os.fsencode(directory) + b"/" + name, "wb") as handle:
+                handle.write(body + name)
+    os.symlink("loop-b", core / "loop-a")
+    os.symlink("loop-a", core / "loop-b")
+    os.symlink("/nonexistent/libgone.so.1", devel / "dangling.so.1")
+    os.symlink("../../../../..", devel / "up-and-out")  # a directory link out of the root
+    os.mkfifo(core / "libfifo.so.1")
+    if os.geteuid() == 0:
+        os.mknod(core / "libnull.so.1", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    return site
+
+
+def rocm_audit(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "rocm_audit", *args], capture_output=True, timeout=120)
+
+
+def test_reports_stay_valid_and_exact_whatever_the_file_names(hostile, report_validator):
+    done = rocm_audit("dedup", "--check", "-p", str(hostile), "--format", "json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout.decode("utf-8"))  # strict UTF-8: no raw undecodable bytes
+    report_validator.validate(report)
+    keepers = {os.fsencode(f["path"]) for f in report["findings"] if f["rule"] == "DUP001"}
+    assert keepers == {os.fsencode(hostile / "_rocm_sdk_core" / "lib") + b"/" + n for n in ODD_NAMES}
+    text = rocm_audit("dedup", "--check", "-p", str(hostile)).stdout.decode("utf-8")
+    finding_lines = [line for line in text.splitlines() if line.startswith("ERROR DUP001")]
+    assert len(finding_lines) == len(ODD_NAMES)  # a newline in a name does not split a finding
+    assert any("lib\\xffodd.so.1" in line for line in finding_lines)
+    assert any("lib\\nnewline.so.1" in line for line in finding_lines)
+    for fmt in ("sarif", "junit", "github"):
+        out = rocm_audit("dedup", "--check", "-p", str(hostile), "--format", fmt)
+        assert out.returncode == 1 and b"Traceback" not in out.stderr, (fmt, out.stderr)
+        out.stdout.decode("utf-8")
+
+
+def test_dedup_and_revert_are_exact_on_odd_names(hostile):
+    done = rocm_audit("dedup", "-p", str(hostile), "-q")
+    assert done.returncode == 0, done.stdout
+    devel = os.fsencode(hostile / "_rocm_sdk_devel" / "lib")
+    for name in ODD_NAMES:
+        path = devel + b"/" + name
+        assert os.path.islink(path) and os.readlink(path) == b"../../_rocm_sdk_core/lib/" + name
+    done = rocm_audit("dedup", "--revert", str(hostile / ".rocm-audit" / "dedup-manifest.jsonl"), "-q")
+    assert done.returncode == 0, done.stdout
+    for name in ODD_NAMES:
+        assert stat.S_ISREG(os.lstat(devel + b"/" + name).st_mode)
+
+
+def test_special_files_and_link_loops_are_never_opened_or_followed(hostile):
+    done = rocm_audit("dedup", "--check", "-p", str(hostile), "--format", "json")  # a FIFO read would hang
+    report = json.loads(done.stdout)
+    scanned = report["dedup"]["files_scanned"]
+    assert scanned == 2 * len(ODD_NAMES)
+    assert all("fifo" not in f["path"] and "null" not in f["path"] for f in report["findings"])
