@@ -590,12 +590,19 @@ def _read_manifest(path: str) -> list[dict[str, Any]]:
                     if not handle.readline():
                         break
                     raise UsageError(f"{path}:{number}: not a rocm-audit manifest line: {exc.msg}") from None
+                if not isinstance(entry, dict):
+                    raise UsageError(f"{path}:{number}: not a rocm-audit manifest line: not a JSON object")
                 if "rocm_audit_manifest" in entry:
                     if entry["rocm_audit_manifest"] != MANIFEST_FORMAT:
                         raise UsageError(f"{path}:{number}: unsupported manifest format {entry['rocm_audit_manifest']}")
                     continue
-                if not {"path", "keeper", "link_text", "mode"} <= set(entry):
+                if not all(isinstance(entry.get(k), str) and entry[k] for k in ("path", "keeper", "link_text")) \
+                        or not isinstance(entry.get("mode"), int) or isinstance(entry.get("mode"), bool):
                     raise UsageError(f"{path}:{number}: manifest entry lacks path/keeper/link_text/mode")
+                for key in ("uid", "gid", "mtime_ns", "size", "keeper_dev", "keeper_ino", "keeper_size",
+                            "keeper_mtime_ns"):
+                    if key in entry and (not isinstance(entry[key], int) or isinstance(entry[key], bool)):
+                        raise UsageError(f"{path}:{number}: manifest field {key} must be an integer")
                 entries.append(entry)
     except OSError as exc:
         raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
