@@ -175,6 +175,11 @@ def _register() -> None:
 
 
     app.command("rules", epilog=EPILOG)(rules_cmd.command)
+    from rocm_audit.commands import scan as scan_cmd
+    from rocm_audit.commands import verify_arch as verify_arch_cmd
+
+    app.command("verify-arch", epilog=EPILOG, no_args_is_help=False)(verify_arch_cmd.command)
+    app.command("scan", epilog=EPILOG, no_args_is_help=False)(scan_cmd.command)
 
 
 _register()

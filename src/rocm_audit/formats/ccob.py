@@ -1,0 +1,219 @@
+"""Compressed offload bundle ``CCOB`` v1/v2/v3 (zlib or zstd), read as a stream.
+
+Layout: formats.md 2.4 [LLVM: clang/include/clang/Driver/OffloadBundler.h, OffloadBundler.cpp]. The
+payload inflates to a plain bundle (``offload_bundle``). Nothing here inflates a whole payload in
+memory: ``PayloadStream`` hands out bounded reads, so a reader can take the entry table from the
+first kilobytes and skip through the rest, and a hostile declared size never drives an allocation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rocm_audit.errors import FormatError
+
+FMT = "CCOB"
+CCOB_MAGIC = b"CCOB"
+METHOD_ZLIB, METHOD_ZSTD = 0, 1  # llvm::compression::Format
+HEADER_SIZES = {1: 20, 2: 24, 3: 32}
+MAX_HEADER_SIZE = 32
+# Real bundles inflate 10-40x (jax _prng.so: 40x); zeros from -bundle-align padding push it higher.
+# Beyond this ratio the declared size is treated as hostile and the payload is not streamed.
+MAX_PLAUSIBLE_RATIO = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class CcobHeader:
+    version: int
+    method: int
+    total_size: int | None  # whole CCOB incl. header; None in v1
+    uncompressed_size: int
+    hash64: bytes  # MD5(uncompressed)[:8]
+    header_size: int
+
+    @property
+    def method_name(self) -> str:
+        return "zstd" if self.method == METHOD_ZSTD else "zlib"
+
+
+def parse_header(buf: bytes | memoryview, base: int, available: int) -> CcobHeader:
+    """Parse and validate a CCOB header; ``available`` = container bytes from the CCOB start."""
+    if len(buf) < 8:
+        raise FormatError(FMT, base + len(buf), "file ends inside the CCOB header")
+    if bytes(buf[:4]) != CCOB_MAGIC:
+        raise FormatError(FMT, base, "no CCOB magic")
+    version, method = struct.unpack_from("<HH", buf, 4)
+    header_size = HEADER_SIZES.get(version)
+    if header_size is None:
+        raise FormatError(FMT, base + 4, f"unknown CCOB version {version}")
+    if method not in (METHOD_ZLIB, METHOD_ZSTD):
+        raise FormatError(FMT, base + 6, f"unknown compression method {method} (0 zlib, 1 zstd)")
+    if len(buf) < header_size:
+        raise FormatError(
+            FMT, base + len(buf), f"file ends inside the {header_size}-byte CCOB v{version} header"
+        )
+    total: int | None
+    if version == 1:
+        total = None
+        (uncompressed,) = struct.unpack_from("<I", buf, 8)
+        hash64 = bytes(buf[12:20])
+    elif version == 2:
+        total, uncompressed = struct.unpack_from("<II", buf, 8)
+        hash64 = bytes(buf[16:24])
+    else:
+        total, uncompressed = struct.unpack_from("<QQ", buf, 8)
+        hash64 = bytes(buf[24:32])
+    if total is not None:
+        if total < header_size:
+            raise FormatError(FMT, base + 8, f"total size {total} is smaller than the header")
+        if total > available:
+            raise FormatError(
+                FMT,
+                base + 8,
+                f"total size {total} runs past the end of its container ({available} bytes)",
+            )
+    compressed = (total if total is not None else available) - header_size
+    if uncompressed == 0:
+        raise FormatError(
+            FMT,
+            base + (8 if version == 1 else 12 if version == 2 else 16),
+            "declared uncompressed size is 0",
+        )
+    if compressed <= 0:
+        raise FormatError(FMT, base + header_size, "no compressed payload")
+    return CcobHeader(version, method, total, uncompressed, hash64, header_size)
+
+
+def plausible_size(header: CcobHeader, compressed_size: int) -> bool:
+    """False when the declared uncompressed size is out of proportion to the payload (a bomb)."""
+    return header.uncompressed_size <= max(compressed_size, 1) * MAX_PLAUSIBLE_RATIO
+
+
+ReadAt = Callable[[int, int], bytes]  # (offset, size) -> bytes; shorter at end of data
+
+
+class PayloadStream:
+    """Sequential, bounded reads of a CCOB's uncompressed payload.
+
+    ``read_at`` reads the compressed bytes (offsets relative to the compressed payload start,
+    ``compressed_size`` of them). Output never exceeds ``limit`` bytes in total.
+    """
+
+    CHUNK = 64 << 10
+
+    def __init__(
+        self, header: CcobHeader, read_at: ReadAt, compressed_size: int, base: int, limit: int
+    ) -> None:
+        self._read_at = read_at
+        self._compressed_size = compressed_size
+        self._base = base
+        self._in_pos = 0
+        self._limit = limit
+        self.position = 0  # uncompressed bytes handed out (or skipped) so far
+        self._md5 = hashlib.md5(usedforsecurity=False)
+        self._pending = b""
+        self._eof = False
+        self._zlib: Any = None
+        self._zstd_reader: Any = None
+        self._zstd_error: type[Exception] = zlib.error
+        if header.method == METHOD_ZLIB:
+            self._zlib = zlib.decompressobj()
+        else:
+            import zstandard  # noqa: PLC0415 - heavy module, loaded on first use (style.md 3)
+
+            self._zstd_error = zstandard.ZstdError
+            # stream_reader.read(n) returns at most n bytes: a bomb never inflates past a request.
+            self._zstd_reader = zstandard.ZstdDecompressor().stream_reader(
+                _CompressedInput(self),  # type: ignore[arg-type]  # any object with read() works
+                read_size=4096,
+                read_across_frames=False,
+            )
+
+    def _next_input(self, size: int) -> bytes:
+        if self._in_pos >= self._compressed_size:
+            return b""
+        data = self._read_at(self._in_pos, min(size, self._compressed_size - self._in_pos))
+        self._in_pos += len(data)
+        return data
+
+    def _feed(self, want: int) -> bytes:
+        """Produce at most ``want`` new bytes (fewer, or none, at end of stream)."""
+        try:
+            if self._zstd_reader is not None:
+                return bytes(self._zstd_reader.read(want))
+            while True:
+                data = self._zlib.unconsumed_tail or self._next_input(self.CHUNK)
+                if not data or self._zlib.eof:
+                    return b""
+                out = self._zlib.decompress(data, want)
+                if out:
+                    return bytes(out)
+        except zlib.error as exc:
+            raise FormatError(
+                FMT, self._base + self._in_pos, f"zlib stream is corrupt: {exc}"
+            ) from None
+        except self._zstd_error as exc:
+            raise FormatError(
+                FMT, self._base + self._in_pos, f"zstd stream is corrupt: {exc}"
+            ) from None
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes of the payload; fewer only at the end of the stream."""
+        parts = []
+        got = 0
+        if self._pending:
+            take = self._pending[:size]
+            self._pending = self._pending[len(take) :]
+            parts.append(take)
+            got = len(take)
+        while got < size and not self._eof:
+            room = self._limit - self.position - got
+            if room <= 0:
+                break  # never hand out more than the declared (or capped) size
+            out = self._feed(min(size - got, self.CHUNK, room))
+            if not out:
+                self._eof = True
+                break
+            if len(out) > size - got:
+                self._pending = out[size - got :]
+                out = out[: size - got]
+            parts.append(out)
+            got += len(out)
+        self.position += got
+        data = b"".join(parts)
+        self._md5.update(data)
+        return data
+
+    def hash_matches(self, header: CcobHeader) -> bool | None:
+        """After the whole payload was read: does MD5(payload)[:8] equal the header's hash?
+
+        None when the stream was not read to its declared end (the hash covers every byte).
+        """
+        if self.position != header.uncompressed_size or self.read(1):
+            return None
+        return self._md5.digest()[:8] == header.hash64
+
+    def skip(self, size: int) -> int:
+        """Discard ``size`` bytes in bounded steps; returns how many were skipped."""
+        done = 0
+        while done < size:
+            chunk = self.read(min(self.CHUNK, size - done))
+            if not chunk:
+                break
+            done += len(chunk)
+        return done
+
+
+class _CompressedInput:
+    """File-like view of the compressed payload for zstandard's stream reader."""
+
+    def __init__(self, stream: PayloadStream) -> None:
+        self._stream = stream
+
+    def read(self, size: int = -1) -> bytes:
+        return self._stream._next_input(PayloadStream.CHUNK if size is None or size < 0 else size)

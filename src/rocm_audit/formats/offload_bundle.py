@@ -1,0 +1,155 @@
+"""Uncompressed clang offload bundle (``__CLANG_OFFLOAD_BUNDLE__``) and bundle entry IDs.
+
+Layout: formats.md 2.2 [LLVM: clang/lib/Driver/OffloadBundler.cpp,
+clang/docs/ClangOffloadBundler.rst];
+entry IDs: formats.md 2.3. Unlike clang's reader, which silently stops at the first bad entry, every
+bound is checked and reported.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from rocm_audit.errors import FormatError
+
+FMT = "offload bundle"
+BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+HEADER_SIZE = 32  # magic + u64 entry count
+ENTRY_FIXED_SIZE = 24  # u64 offset, u64 size, u64 id length
+MAX_ENTRIES = 4096  # far above the ~30 targets real bundles carry; bounds the table we read
+MAX_ID_BYTES = 1024
+BUNDLE_ALIGN = 4096  # HIP fat binaries use -bundle-align=4096 (formats.md 2.2)
+
+# Offload kinds comgr considers for HIP (formats.md 2.2); "openmp" bundles are not HIP's.
+HIP_KINDS = frozenset({"hip", "hipv4", "hcc"})
+
+
+class IncompleteTable(FormatError):
+    """The entry table continues past the bytes given; retry with at least ``needed`` bytes."""
+
+    def __init__(self, offset: int, needed: int) -> None:
+        super().__init__(FMT, offset, f"entry table needs {needed} bytes")
+        self.needed = needed
+
+
+@dataclass(frozen=True, slots=True)
+class EntryId:
+    """A parsed bundle entry ID ``<kind>-<triple>[-<target-id>]``."""
+
+    raw: str
+    kind: str
+    triple: str
+    target: str | None  # target ID, trailing-dash artefacts removed; None for host entries
+
+    @property
+    def is_host(self) -> bool:
+        return self.kind == "host"
+
+
+_FEATURE_TAIL = re.compile(r":(sramecc|xnack)-$")
+
+
+def _strip_trailing_dashes(text: str) -> str:
+    """LLVM 19 writes ``gfx950-`` for a processor it does not know; ``xnack-`` is a real feature."""
+    while text.endswith("-") and not _FEATURE_TAIL.search(text):
+        text = text[:-1]
+    return text
+
+
+def parse_entry_id(raw: str) -> EntryId:
+    """Split an entry ID; tolerant of both triple spellings, trailing dashes and NUL padding."""
+    text = raw.rstrip("\0")
+    kind, _, rest = text.partition("-")
+    if kind == "host":
+        return EntryId(text, kind, _strip_trailing_dashes(rest), None)
+    parts = rest.split("-", 4)
+    # amdgcn-amd-amdhsa-<env>-<target>: env is "" or "unknown"; old writers had 3 fields only.
+    if len(parts) == 5:
+        triple = "-".join(parts[:4])
+        target = parts[4]
+    elif len(parts) == 4 and parts[3].startswith(("gfx", "amdgcnspirv")):
+        triple, target = "-".join(parts[:3]), parts[3]
+    else:
+        return EntryId(text, kind, _strip_trailing_dashes(rest), None)
+    target = _strip_trailing_dashes(target)
+    return EntryId(text, kind, triple, target or None)
+
+
+@dataclass(frozen=True, slots=True)
+class BundleEntry:
+    offset: int  # from the bundle start
+    size: int
+    entry_id: EntryId
+    table_offset: int  # where this entry's record starts, from the bundle start
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    entries: tuple[BundleEntry, ...]
+    table_size: int
+    end: int  # one past the last byte any entry covers, from the bundle start (>= table_size)
+
+
+def parse_bundle(buf: bytes | memoryview, base: int, available: int) -> Bundle:
+    """Parse a bundle's header and entry table.
+
+    ``buf`` is a prefix of the bundle; ``available`` is how many bytes the container holds from the
+    bundle start (entries must lie inside it). Raises ``IncompleteTable`` when the table continues
+    past ``buf`` but fits in ``available``, and ``FormatError`` for anything malformed.
+    """
+    if len(buf) < HEADER_SIZE:
+        if available > len(buf):
+            raise IncompleteTable(base, HEADER_SIZE)
+        raise FormatError(FMT, base + len(buf), "bundle ends inside its 32-byte header")
+    if bytes(buf[:24]) != BUNDLE_MAGIC:
+        raise FormatError(FMT, base, "no __CLANG_OFFLOAD_BUNDLE__ magic")
+    (count,) = struct.unpack_from("<Q", buf, 24)
+    if count == 0:
+        raise FormatError(FMT, base + 24, "bundle declares no entries")
+    if count > MAX_ENTRIES:
+        raise FormatError(FMT, base + 24, f"bundle declares {count} entries (limit {MAX_ENTRIES})")
+    pos = HEADER_SIZE
+    entries = []
+    for _ in range(count):
+        if pos + ENTRY_FIXED_SIZE > len(buf):
+            _need_more(buf, base, pos + ENTRY_FIXED_SIZE, available)
+        offset, size, id_len = struct.unpack_from("<QQQ", buf, pos)
+        if id_len == 0 or id_len > MAX_ID_BYTES:
+            raise FormatError(FMT, base + pos + 16, f"entry id length {id_len} is out of range")
+        id_start = pos + ENTRY_FIXED_SIZE
+        if id_start + id_len > len(buf):
+            _need_more(buf, base, id_start + id_len, available)
+        raw = bytes(buf[id_start : id_start + id_len]).decode("ascii", "replace")
+        entries.append((pos, offset, size, raw))
+        pos = id_start + id_len
+    table_size = pos
+    parsed = []
+    end = table_size
+    for record_at, offset, size, raw in entries:
+        if size and offset < table_size:
+            raise FormatError(
+                FMT, base + record_at, f"entry {raw!r} at {offset:#x} overlaps the entry table"
+            )
+        if offset + size > available:
+            raise FormatError(
+                FMT,
+                base + record_at,
+                f"entry {raw!r} ({size} bytes at {offset:#x}) runs past the end of its container "
+                f"({available} bytes)",
+            )
+        end = max(end, offset + size)
+        parsed.append(BundleEntry(offset, size, parse_entry_id(raw), record_at))
+    return Bundle(tuple(parsed), table_size, end)
+
+
+def _need_more(buf: bytes | memoryview, base: int, needed: int, available: int) -> None:
+    if needed <= available and len(buf) < available:
+        raise IncompleteTable(base, needed)
+    raise FormatError(FMT, base + len(buf), "entry table runs past the end of the bundle")
+
+
+def max_table_bytes() -> int:
+    """Upper bound of a valid entry table: what a reader may need to fetch at most."""
+    return HEADER_SIZE + MAX_ENTRIES * (ENTRY_FIXED_SIZE + MAX_ID_BYTES)

@@ -1,0 +1,241 @@
+"""Target IDs (``gfx942:sramecc+:xnack-``), processors, generic families, HIP-runtime matching.
+
+Matching follows formats.md 2.8/2.9: comgr ``isCompatibleIsaName`` for native entries (same
+processor; a feature the code object specifies must equal the agent's, an unspecified one matches
+either), ROCr ``Isa::IsCompatible`` plus CLR ``TargetGenericMap`` for generic entries (code object
+V6, generic version >= 1), and SPIR-V entries as a last, JIT-compiled resort.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from rocm_audit.errors import UsageError
+from rocm_audit.formats.amdgpu_elf import EF_AMDGPU_MACH_NAMES
+
+FEATURES = ("sramecc", "xnack")  # canonical (alphabetical) order
+
+GENERIC_PROCESSORS = frozenset(
+    name for name in EF_AMDGPU_MACH_NAMES.values() if name.endswith("-generic")
+)
+KNOWN_PROCESSORS = frozenset(
+    name for name in EF_AMDGPU_MACH_NAMES.values() if name not in GENERIC_PROCESSORS
+)
+
+# Features each processor supports [ROCr isa.cpp registry, formats.md 2.9].
+_BOTH_FEATURES = {
+    "gfx906",
+    "gfx908",
+    "gfx90a",
+    "gfx940",
+    "gfx941",
+    "gfx942",
+    "gfx950",
+    "gfx9-4-generic",
+}
+_XNACK_ONLY = {
+    "gfx801",
+    "gfx810",
+    "gfx900",
+    "gfx902",
+    "gfx904",
+    "gfx909",
+    "gfx90c",
+    "gfx1010",
+    "gfx1011",
+    "gfx1012",
+    "gfx1013",
+    "gfx9-generic",
+    "gfx10-1-generic",
+}
+
+# CLR TargetGenericMap [rocm-systems: projects/clr/hipamd/src/hip_fatbin.cpp], formats.md 2.8.
+# gfx908 and
+# gfx90a have no generic fallback; gfx12-5-generic is not mapped in the CLR snapshot.
+GENERIC_OF: dict[str, str] = {
+    **{p: "gfx9-generic" for p in ("gfx900", "gfx902", "gfx904", "gfx906", "gfx909", "gfx90c")},
+    **{p: "gfx9-4-generic" for p in ("gfx942", "gfx950")},
+    **{p: "gfx10-1-generic" for p in ("gfx1010", "gfx1011", "gfx1012", "gfx1013")},
+    **{
+        p: "gfx10-3-generic"
+        for p in ("gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036")
+    },
+    **{
+        p: "gfx11-generic"
+        for p in (
+            "gfx1100",
+            "gfx1101",
+            "gfx1102",
+            "gfx1103",
+            "gfx1150",
+            "gfx1151",
+            "gfx1152",
+            "gfx1153",
+        )
+    },
+    **{p: "gfx12-generic" for p in ("gfx1200", "gfx1201")},
+}
+MIN_GENERIC_VERSION = 1  # ROCr registry minimum for every generic family today
+GENERIC_CODE_OBJECT_VERSION = 6
+
+SPIRV_PROCESSOR = "amdgcnspirv"
+
+
+def supported_features(processor: str) -> tuple[str, ...]:
+    if processor in _BOTH_FEATURES:
+        return FEATURES
+    if processor in _XNACK_ONLY:
+        return ("xnack",)
+    return ()
+
+
+# The usual device configuration for a bare processor name (README, "Targets"): data-centre parts
+# run with SRAM ECC on and XNACK off unless HSA_XNACK=1; consumer parts have no SRAM ECC.
+_USUAL_FEATURES: dict[str, bool] = {"sramecc": True, "xnack": False}
+
+_TARGET_RE = re.compile(
+    r"^(gfx[0-9a-z]+(?:-[0-9]+)*(?:-generic)?|amdgcnspirv)((?::(?:sramecc|xnack)[+-])*)$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetId:
+    """A processor with features; ``None`` means the feature is unspecified (Any)."""
+
+    processor: str
+    sramecc: bool | None = None
+    xnack: bool | None = None
+
+    def feature(self, name: str) -> bool | None:
+        return self.sramecc if name == "sramecc" else self.xnack
+
+    def __str__(self) -> str:
+        text = self.processor
+        for name in FEATURES:
+            value = self.feature(name)
+            if value is not None:
+                text += f":{name}{'+' if value else '-'}"
+        return text
+
+
+def parse_target_id(text: str) -> TargetId | None:
+    """Parse ``gfx942``, ``gfx942:sramecc+:xnack-``, ``gfx9-4-generic``; None if malformed."""
+    match = _TARGET_RE.match(text)
+    if match is None:
+        return None
+    values: dict[str, bool] = {}
+    for part in filter(None, match.group(2).split(":")):
+        name, sign = part[:-1], part[-1]
+        if name in values and values[name] != (sign == "+"):
+            return None
+        values[name] = sign == "+"
+    return TargetId(match.group(1), values.get("sramecc"), values.get("xnack"))
+
+
+@dataclass(frozen=True, slots=True)
+class RequiredTarget:
+    """A target the user asked for: as spelled, and as the agent the runtime would see."""
+
+    spelled: str
+    agent: TargetId
+
+
+def resolve_required(spelled: str) -> RequiredTarget:
+    """Turn a user's target into a concrete agent. Raises UsageError for unknown names."""
+    parsed = parse_target_id(spelled.strip())
+    if parsed is None or parsed.processor not in KNOWN_PROCESSORS:
+        known = ", ".join(sorted(KNOWN_PROCESSORS, key=_processor_sort_key))
+        raise UsageError(
+            f"unknown GPU target {spelled!r}; known processors: {known} "
+            "(features as gfx942:sramecc+:xnack-)"
+        )
+    values: dict[str, bool | None] = {}
+    for name in FEATURES:
+        given = parsed.feature(name)
+        if name not in supported_features(parsed.processor):
+            if given is not None:
+                raise UsageError(f"target {spelled!r}: {parsed.processor} has no {name} feature")
+            values[name] = None
+        else:
+            values[name] = _USUAL_FEATURES[name] if given is None else given
+    agent = TargetId(parsed.processor, values["sramecc"], values["xnack"])
+    return RequiredTarget(spelled.strip(), agent)
+
+
+def split_target_args(args: list[str]) -> list[str]:
+    """Split arguments and semicolon/comma/space lists (``"gfx942;gfx950"``) into target names."""
+    names: list[str] = []
+    for arg in args:
+        for part in re.split(r"[;,\s]+", arg):
+            if part and part not in names:
+                names.append(part)
+    return names
+
+
+def _processor_sort_key(name: str) -> tuple[int, str]:
+    digits = re.sub(r"\D", "", name)
+    return (len(digits), name)
+
+
+class MatchKind(str, enum.Enum):
+    """How a requested target is served by a translation unit (best first)."""
+
+    NATIVE = "native"
+    GENERIC = "generic"
+    SPIRV = "spirv"
+
+
+def features_compatible(code: TargetId, agent: TargetId) -> bool:
+    """comgr isCompatibleIsaName feature rule: a specified feature must equal the agent's."""
+    for name in FEATURES:
+        wanted = code.feature(name)
+        if wanted is not None and wanted != agent.feature(name):
+            return False
+    return True
+
+
+def match_code_object(
+    code: TargetId, agent: TargetId, *, code_object_version: int | None, generic_version: int | None
+) -> MatchKind | None:
+    """How (and whether) a code object for ``code`` runs on ``agent``.
+
+    ``generic_version`` None means unknown (only a bundle id was seen): a generic entry then
+    counts when its code-object version is unknown too, because the bundler only writes generic
+    ids for V6 objects.
+    """
+    if code.processor == SPIRV_PROCESSOR:
+        return MatchKind.SPIRV
+    if not features_compatible(code, agent):
+        return None
+    if code.processor == agent.processor:
+        return MatchKind.NATIVE
+    if code.processor in GENERIC_PROCESSORS and GENERIC_OF.get(agent.processor) == code.processor:
+        if code_object_version is not None and code_object_version < GENERIC_CODE_OBJECT_VERSION:
+            return None
+        if generic_version is not None and generic_version < MIN_GENERIC_VERSION:
+            return None
+        return MatchKind.GENERIC
+    return None
+
+
+def best_match(kinds: list[MatchKind | None]) -> MatchKind | None:
+    order = {MatchKind.NATIVE: 0, MatchKind.GENERIC: 1, MatchKind.SPIRV: 2}
+    present = [k for k in kinds if k is not None]
+    return min(present, key=order.__getitem__) if present else None
+
+
+_ARCH_TOKEN_RE = re.compile(
+    r"gfx\d+[a-z]*(?:-\d+)*(?:-generic)?(?:-strict)?(?:[-:_](?:xnack|sramecc)[+-])*"
+)
+
+
+def arch_tokens(text: str) -> list[str]:
+    """Arch names in a file or directory name (Tensile/MIOpen/AOTriton spellings), canonicalised."""
+    found = []
+    for raw in _ARCH_TOKEN_RE.findall(text):
+        token = re.sub(r"[-_](xnack|sramecc)", r":\1", raw).replace("-strict", "")
+        if token not in found:
+            found.append(token)
+    return found

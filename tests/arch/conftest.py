@@ -1,0 +1,314 @@
+"""Fixtures for verify-arch / scan --targets: real HIP libraries built once per session.
+
+Toolchains: Debian clang-19 (clang++-19), lld-19 (ld.lld-19), clang-tools-19
+(clang-offload-bundler-19), llvm-19 (llvm-objcopy-19); PyPI llvmlite (LLVM 22: gfx950 and
+gfx9-4-generic code objects, newer than clang-19 knows). The vendor wheel jax-rocm7-plugin 0.12.0 is
+downloaded once and pinned by sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def require_tool(name: str) -> str:
+    """A tool scripts/test installs; missing means a broken set-up: a failure, not a skip."""
+    path = shutil.which(name)
+    assert path, f"{name} not found: run ./scripts/test, which installs the suite's Debian packages"
+    return path
+
+
+HIP_TU_1 = """\
+// Own minimal HIP translation unit: no ROCm headers, only what clang's host stub needs.
+struct dim3 { unsigned x, y, z; };
+typedef struct ihipStream_t* hipStream_t;
+extern "C" int hipLaunchKernel(const void*, dim3, dim3, void**, unsigned long, hipStream_t);
+extern "C" __attribute__((global)) void %s(int* out) { *out = %d; }
+"""
+
+LLVM_IR = """\
+target triple = "amdgcn-amd-amdhsa"
+define amdgpu_kernel void @k(ptr addrspace(1) %p) {
+  store i32 7, ptr addrspace(1) %p
+  ret void
+}
+"""
+
+JAX_WHEEL = "jax_rocm7_plugin-0.12.0-cp312-cp312-manylinux_2_27_x86_64.whl"
+JAX_WHEEL_SHA256 = "56ea9cb8b20b2155307da1c7f81941d6811954d8ce3431ffe8d56aa251b725de"
+
+HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
+
+
+def _run(argv: list[str], cwd: Path) -> None:
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stderr}"
+
+
+def _llvmlite_objects(out: Path, cpus: list[str]) -> None:
+    """Compile one amdgpu_kernel per CPU with llvmlite in a child (its LLVM stays out of pytest)."""
+    script = (
+        "import sys, llvmlite.binding as llvm\n"
+        "llvm.initialize_all_targets(); llvm.initialize_all_asmprinters()\n"
+        f"ir = {LLVM_IR!r}\n"
+        "for cpu in sys.argv[2:]:\n"
+        "    target = llvm.Target.from_triple('amdgcn-amd-amdhsa')\n"
+        "    tm = target.create_target_machine(cpu=cpu, opt=2, reloc='pic')\n"
+        "    code = tm.emit_object(llvm.parse_assembly(ir))\n"
+        "    open(f'{sys.argv[1]}/ll_{cpu}.o', 'wb').write(code)\n"
+    )
+    _run([sys.executable, "-c", script, str(out), *cpus], out)
+
+
+@pytest.fixture(scope="session")
+def tools() -> dict[str, str]:
+    return {
+        name: require_tool(name)
+        for name in (
+            "clang++-19",
+            "clang-19",
+            "ld.lld-19",
+            "clang-offload-bundler-19",
+            "llvm-objcopy-19",
+        )
+    }
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory, tools) -> dict[str, Path]:
+    """Every fixture binary, built once: name -> path."""
+    out = tmp_path_factory.mktemp("arch-built")
+    cxx = tools["clang++-19"]
+    (out / "k1.hip").write_text(HIP_TU_1 % ("k1", 1))
+    (out / "k2.hip").write_text(HIP_TU_1 % ("k2", 2))
+    made: dict[str, Path] = {}
+
+    def lib(name: str, *args: str, sources: tuple[str, ...] = ("k1.hip",)) -> None:
+        _run([cxx, *HIP_FLAGS, "-shared", *args, *sources, "-o", name], out)
+        made[name] = out / name
+
+    lib("libplain.so", "--offload-arch=gfx942", "--offload-arch=gfx90a")
+    lib("libccob.so", "--offload-arch=gfx942", "--offload-arch=gfx90a", "--offload-compress")
+    lib(
+        "librdc.so",
+        "-fgpu-rdc",
+        "--offload-arch=gfx942",
+        "--offload-arch=gfx90a",
+        sources=("k1.hip", "k2.hip"),
+    )
+    lib(
+        "librdcc.so",
+        "-fgpu-rdc",
+        "--offload-compress",
+        "--offload-arch=gfx942",
+        sources=("k1.hip", "k2.hip"),
+    )
+    lib("libcov5.so", "-mcode-object-version=5", "--offload-arch=gfx942")
+    lib(
+        "libv6feat.so",
+        "-mcode-object-version=6",
+        "--offload-arch=gfx942:sramecc+:xnack-",
+        "--offload-arch=gfx90a:xnack+",
+        "--offload-arch=gfx9-generic",
+        "--offload-arch=gfx1100",
+    )
+    lib("libxnackon.so", "--offload-arch=gfx942:xnack+")
+    # Two translation units without -fgpu-rdc: two wrappers, two bundles; the second lacks gfx942.
+    for compress, name in ((False, "libmulti.so"), (True, "libmultic.so")):
+        extra = ["--offload-compress"] if compress else []
+        _run(
+            [
+                cxx,
+                *HIP_FLAGS,
+                "-c",
+                *extra,
+                "--offload-arch=gfx942",
+                "--offload-arch=gfx90a",
+                "k1.hip",
+                "-o",
+                f"{name}.1.o",
+            ],
+            out,
+        )
+        _run(
+            [cxx, *HIP_FLAGS, "-c", *extra, "--offload-arch=gfx90a", "k2.hip", "-o", f"{name}.2.o"],
+            out,
+        )
+        _run([cxx, "-shared", f"{name}.1.o", f"{name}.2.o", "-o", name], out)
+        made[name] = out / name
+    # Relocatable object of the new offload driver: carries .llvm.offloading.
+    _run(
+        [
+            cxx,
+            "-x",
+            "hip",
+            "-nogpulib",
+            "-nogpuinc",
+            "-fPIC",
+            "--offload-new-driver",
+            "-fgpu-rdc",
+            "-c",
+            "--offload-arch=gfx942",
+            "k1.hip",
+            "-o",
+            "knew.o",
+        ],
+        out,
+    )
+    made["knew.o"] = out / "knew.o"
+    # Standalone raw code object from clang; gfx950 / gfx9-4-generic from llvmlite + ld.lld-19.
+    _run(
+        [
+            cxx,
+            "-x",
+            "hip",
+            "--offload-arch=gfx942",
+            "-nogpulib",
+            "-nogpuinc",
+            "--cuda-device-only",
+            "--no-gpu-bundle-output",
+            "k1.hip",
+            "-o",
+            "k_gfx942.hsaco",
+        ],
+        out,
+    )
+    made["k_gfx942.hsaco"] = out / "k_gfx942.hsaco"
+    _llvmlite_objects(out, ["gfx950", "gfx9-4-generic"])
+    for cpu in ("gfx950", "gfx9-4-generic"):
+        _run([tools["ld.lld-19"], "-shared", f"ll_{cpu}.o", "-o", f"ll_{cpu}.hsaco"], out)
+        made[f"ll_{cpu}.hsaco"] = out / f"ll_{cpu}.hsaco"
+    # Bundles made by clang-offload-bundler-19 (it writes the gfx950 id as "...--gfx950-"), then
+    # embedded in a host library as its fat binary.
+    bundler = tools["clang-offload-bundler-19"]
+    specs = {
+        "fat950": (["gfx942", "gfx950"], ["k_gfx942.hsaco", "ll_gfx950.hsaco"]),
+        "fatgeneric": (["gfx9-4-generic"], ["ll_gfx9-4-generic.hsaco"]),
+    }
+    for stem, (arches, inputs) in specs.items():
+        for compress in (False, True):
+            name = f"{stem}{'c' if compress else ''}.hipfb"
+            targets = ",".join(
+                ["host-x86_64-unknown-linux"] + [f"hipv4-amdgcn-amd-amdhsa--{a}" for a in arches]
+            )
+            _run(
+                [
+                    bundler,
+                    "-type=o",
+                    "-bundle-align=4096",
+                    *(["-compress"] if compress else []),
+                    f"-targets={targets}",
+                    "-input=/dev/null",
+                    *[f"-input={i}" for i in inputs],
+                    f"-output={name}",
+                ],
+                out,
+            )
+            made[name] = out / name
+            lib_name = f"lib{stem}{'c' if compress else ''}.so"
+            _run(
+                [
+                    cxx,
+                    "-x",
+                    "hip",
+                    "--cuda-host-only",
+                    "-Xclang",
+                    "-fcuda-include-gpubinary",
+                    "-Xclang",
+                    name,
+                    "-nogpulib",
+                    "-nogpuinc",
+                    "-no-hip-rt",
+                    "-fPIC",
+                    "-shared",
+                    "k1.hip",
+                    "-o",
+                    lib_name,
+                ],
+                out,
+            )
+            made[lib_name] = out / lib_name
+    # A host library that only contains the bundle magic as a string (like the HIP runtime).
+    (out / "magic.c").write_text(
+        'const char bundle_magic[] = "__CLANG_OFFLOAD_BUNDLE__";\n'
+        "const char *magic(void) { return bundle_magic; }\n"
+    )
+    _run([tools["clang-19"], "-fPIC", "-shared", "magic.c", "-o", "libmagic.so"], out)
+    made["libmagic.so"] = out / "libmagic.so"
+    # A runtime-like library with a raw gfx950 code object embedded in .rodata (no fat binary).
+    (out / "embed.c").write_text(
+        '__asm__(".section .rodata\\n.balign 256\\n.globl blob\\nblob:\\n"\n'
+        '"  .incbin \\"ll_gfx950.hsaco\\"\\n.text\\n");\n'
+        "extern const char blob[];\nconst char *get_blob(void) { return blob; }\n"
+    )
+    _run([tools["clang-19"], "-fPIC", "-shared", "embed.c", "-o", "libembedded.so"], out)
+    made["libembedded.so"] = out / "libembedded.so"
+    return made
+
+
+@pytest.fixture(scope="session")
+def jax_plugin(cache_dir) -> Path:
+    """The real vendor wheel jax-rocm7-plugin 0.12.0 (CCOB v3, zstd, 27 targets), unpacked once."""
+    wheel = Path(cache_dir) / JAX_WHEEL
+    if not wheel.exists():
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.12",
+                "--platform",
+                "manylinux_2_27_x86_64",
+                "jax-rocm7-plugin==0.12.0",
+                "-d",
+                cache_dir,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, f"pip download failed:\n{done.stderr}"
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert digest == JAX_WHEEL_SHA256, (
+        f"{wheel} has sha256 {digest}, expected the pinned {JAX_WHEEL_SHA256}"
+    )
+    target = Path(cache_dir) / "jax_rocm7_plugin-0.12.0"
+    if not (target / "jax_rocm7_plugin" / "_prng.so").exists():
+        with zipfile.ZipFile(wheel) as archive:
+            members = [
+                m
+                for m in archive.namelist()
+                if m.startswith("jax_rocm7_plugin/") and m.endswith(".so")
+            ]
+            archive.extractall(target, members)
+    return target / "jax_rocm7_plugin"
+
+
+@pytest.fixture()
+def sdk_tree(tmp_path) -> Path:
+    """An empty TheRock-shaped site-packages dir."""
+    for name in ("_rocm_sdk_core/lib", "_rocm_sdk_libraries/lib", "_rocm_sdk_core/share/therock"):
+        (tmp_path / "site-packages" / name).mkdir(parents=True)
+    return tmp_path / "site-packages"
+
+
+def copy(src: Path, dst: Path) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(src.read_bytes())
+    os.chmod(dst, 0o755)
+    return dst

@@ -1,0 +1,233 @@
+"""Real toolchain output and a real vendor wheel, checked against clang-offload-bundler-19."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+import zstandard
+from arch_writers import scan_path, section_bytes
+
+from rocm_audit.codeobjects import FileCodeObjects
+
+JAX_TARGETS = [
+    "gfx900",
+    "gfx906",
+    "gfx908",
+    "gfx90a",
+    "gfx942",
+    "gfx950",
+    "gfx1010",
+    "gfx1011",
+    "gfx1012",
+    "gfx1030",
+    "gfx1031",
+    "gfx1032",
+    "gfx1033",
+    "gfx1034",
+    "gfx1035",
+    "gfx1036",
+    "gfx1100",
+    "gfx1101",
+    "gfx1102",
+    "gfx1103",
+    "gfx1150",
+    "gfx1151",
+    "gfx1152",
+    "gfx1153",
+    "gfx1200",
+    "gfx1201",
+    "gfx1250",
+]
+
+
+def bundler_list(tools: dict[str, str], data: bytes, tmp_path: Path, name: str) -> list[str]:
+    path = tmp_path / name
+    path.write_bytes(data)
+    done = subprocess.run(
+        [tools["clang-offload-bundler-19"], "--list", "--type=o", f"--input={path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return sorted(line for line in done.stdout.splitlines() if line)
+
+
+def inflate_ccob_test_side(data: bytes) -> bytes:
+    """formats.md 2.4, independent of rocm_audit: header by version, then the whole payload."""
+    version, method = struct.unpack_from("<HH", data, 4)
+    header_size = {1: 20, 2: 24, 3: 32}[version]
+    if version == 3:
+        total, size = struct.unpack_from("<QQ", data, 8)
+    elif version == 2:
+        total, size = struct.unpack_from("<II", data, 8)
+    else:
+        total, size = len(data), struct.unpack_from("<I", data, 8)[0]
+    body = data[header_size:total]
+    if method == 1:
+        return zstandard.ZstdDecompressor().decompress(body, max_output_size=size)
+    import zlib
+
+    return zlib.decompress(body)
+
+
+def our_ids(result: FileCodeObjects, tu: int) -> list[str]:
+    return sorted(obj.entry_id.rstrip("\0") for obj in result.code_objects if obj.tu == tu)
+
+
+DIFFERENTIAL = [
+    "libplain.so",
+    "libccob.so",
+    "librdc.so",
+    "librdcc.so",
+    "libcov5.so",
+    "libv6feat.so",
+    "libxnackon.so",
+    "libmulti.so",
+    "libmultic.so",
+    "libfat950.so",
+    "libfat950c.so",
+    "libfatgeneric.so",
+    "libfatgenericc.so",
+    "fat950.hipfb",
+    "fat950c.hipfb",
+]
+
+
+@pytest.mark.parametrize("name", DIFFERENTIAL)
+def test_entry_lists_equal_clang_offload_bundler(built, tools, tmp_path, name):
+    """Each bundle we find, cut out at the offsets we report, lists the same ids in the bundler."""
+    result = scan_path(built[name])
+    assert not result.findings, result.findings
+    data = built[name].read_bytes()
+    assert result.bundles, "no bundle found"
+    for tu, (offset, size, kind) in enumerate(result.bundles):
+        listed = bundler_list(tools, data[offset : offset + size], tmp_path, f"{name}.{tu}")
+        assert our_ids(result, tu) == listed, (tu, kind)
+
+
+def test_section_walk_agrees_with_pyelftools(built):
+    """The fat binary is where pyelftools says .hip_fatbin is, and one bundle per wrapper."""
+    for name in ("libmulti.so", "libmultic.so"):
+        offset, data = section_bytes(built[name], ".hip_fatbin")
+        result = scan_path(built[name])
+        assert result.bundles[0][0] == offset and result.tu_count == result.wrappers == 2
+        assert all(offset <= start < offset + len(data) for start, _, _ in result.bundles)
+
+
+def test_what_each_build_flag_produces(built):
+    facts = {
+        name: scan_path(built[name])
+        for name in DIFFERENTIAL + ["k_gfx942.hsaco", "knew.o", "libembedded.so"]
+    }
+    device = {
+        name: [
+            (o.tu, o.target, o.target_source, o.code_object_version, o.generic_version)
+            for o in r.code_objects
+            if o.kind != "host"
+        ]
+        for name, r in facts.items()
+    }
+    assert facts["libplain.so"].containers == ["hip-fatbin", "offload-bundle"]
+    assert facts["libccob.so"].containers == ["hip-fatbin", "ccob-v2-zstd"]
+    assert device["libcov5.so"] == [(0, "gfx942", "e_flags", 5, None)]
+    assert "gfx9-generic" in [t for _, t, *_ in device["libv6feat.so"]] and {
+        c for *_, c, _ in device["libv6feat.so"]
+    } == {6}
+    assert (0, "gfx942:sramecc+:xnack-", "e_flags", 6, 0) in device["libv6feat.so"]
+    assert device["libxnackon.so"] == [(0, "gfx942:xnack+", "e_flags", 5, None)]
+    assert device["libmulti.so"] == [
+        (0, "gfx90a", "e_flags", 5, None),
+        (0, "gfx942", "e_flags", 5, None),
+        (1, "gfx90a", "e_flags", 5, None),
+    ]
+    assert device["libmultic.so"] == device["libmulti.so"]
+    # rdc: one device-linked bundle registered by each TU's wrapper, and no warning for it.
+    assert facts["librdc.so"].wrappers == 2 and facts["librdc.so"].tu_count == 1
+    # gfx950 from llvmlite, bundled by clang-offload-bundler-19 under the id "...--gfx950-".
+    fat950 = [o for o in facts["libfat950.so"].code_objects if o.target == "gfx950"]
+    assert (
+        fat950[0].entry_id == "hipv4-amdgcn-amd-amdhsa--gfx950-"
+        and fat950[0].code_object_version == 6
+    )
+    assert fat950[0].metadata_target == "gfx950" and fat950[0].kernels == 1
+    assert device["libfatgenericc.so"] == [(0, "gfx9-4-generic", "e_flags", 6, 1)]
+    assert device["k_gfx942.hsaco"] == [(0, "gfx942", "e_flags", 5, None)]
+    assert facts["libembedded.so"].containers == ["embedded-elf"]
+    assert device["libembedded.so"] == [(0, "gfx950", "e_flags", 6, 0)]
+    offloading = facts["knew.o"].code_objects
+    assert facts["knew.o"].containers == ["offload-binary"]
+    assert [(o.kind, o.target, o.entry_id) for o in offloading] == [
+        ("hip", "gfx942", "amdgcn-amd-amdhsa")
+    ]
+
+
+def test_a_library_with_only_the_magic_string_holds_no_code_object(built):
+    assert b"__CLANG_OFFLOAD_BUNDLE__" in built["libmagic.so"].read_bytes()
+    result = scan_path(built["libmagic.so"])
+    assert result.code_objects == [] and result.findings == [] and result.tu_count == 0
+
+
+def test_vendor_wheel_jax_rocm7_plugin(jax_plugin, tools, tmp_path):
+    """CCOB v3 + zstd, 27 targets; bundler 19 cannot read v3, so it lists a test-side inflation."""
+    prng = scan_path(jax_plugin / "_prng.so")
+    assert not prng.findings
+    assert prng.containers == ["hip-fatbin", "ccob-v3-zstd"]
+    device = [o for o in prng.code_objects if o.kind != "host"]
+    assert sorted(o.target for o in device) == sorted(JAX_TARGETS)
+    assert {o.code_object_version for o in device} == {6} and {o.target_source for o in device} == {
+        "e_flags"
+    }
+    assert [o.entry_id for o in prng.code_objects if o.kind == "host"] == [
+        "host-x86_64-unknown-linux-gnu-"
+    ]
+    solver = scan_path(jax_plugin / "_solver.so")
+    assert solver.tu_count == solver.wrappers == 2 and len(solver.bundles) == 2
+    for name in ("_prng.so", "_solver.so", "_linalg.so"):
+        result = scan_path(jax_plugin / name)
+        data = (jax_plugin / name).read_bytes()
+        for tu, (offset, size, kind) in enumerate(result.bundles):
+            assert kind == "ccob"
+            inflated = inflate_ccob_test_side(data[offset : offset + size])
+            assert our_ids(result, tu) == bundler_list(tools, inflated, tmp_path, f"{name}.{tu}")
+    host_only = scan_path(jax_plugin / "_triton.so")
+    assert host_only.code_objects == [] and host_only.tu_count == 0
+
+
+def test_identity_disagreements_are_arch003(built, tools, tmp_path):
+    """Bundle id vs e_flags (a mislabelled bundle); amdhsa.target vs e_flags (a patched header)."""
+    mislabelled = tmp_path / "mislabelled.co"
+    done = subprocess.run(
+        [
+            tools["clang-offload-bundler-19"],
+            "-type=o",
+            "-bundle-align=4096",
+            "-targets=host-x86_64-unknown-linux,hipv4-amdgcn-amd-amdhsa--gfx90a",
+            "-input=/dev/null",
+            f"-input={built['k_gfx942.hsaco']}",
+            f"-output={mislabelled}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = scan_path(mislabelled)
+    assert [
+        (f.rule, f.data["bundle_target"], f.data["e_flags_target"]) for f in result.findings
+    ] == [("ARCH003", "gfx90a", "gfx942")]
+    # The runtime trusts e_flags: the object counts as gfx942, not gfx90a.
+    assert [o.target for o in result.code_objects if o.kind != "host"] == ["gfx942"]
+    patched = bytearray(built["ll_gfx950.hsaco"].read_bytes())
+    assert patched[0x30] == 0x4F
+    patched[0x30] = 0x4C  # EF_AMDGPU_MACH gfx950 -> gfx942; the metadata note still says gfx950
+    (tmp_path / "patched.hsaco").write_bytes(bytes(patched))
+    result = scan_path(tmp_path / "patched.hsaco")
+    assert [
+        (f.rule, f.data["metadata_target"], f.data["e_flags_target"]) for f in result.findings
+    ] == [("ARCH003", "gfx950", "gfx942")]
