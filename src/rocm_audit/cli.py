@@ -171,10 +171,15 @@ def _register() -> None:
     from rocm_audit.commands import dedup as dedup_cmd
 
     app.command("dedup", epilog=EPILOG, no_args_is_help=False)(dedup_cmd.command)
+    from rocm_audit.commands import check as check_cmd
     from rocm_audit.commands import rules as rules_cmd
 
+    app.command("check", epilog=EPILOG)(check_cmd.command)
 
     app.command("rules", epilog=EPILOG)(rules_cmd.command)
+    from rocm_audit.commands import llvm as llvm_cmd
+
+    app.command("llvm", epilog=EPILOG, no_args_is_help=False)(llvm_cmd.command)
     from rocm_audit.commands import scan as scan_cmd
     from rocm_audit.commands import verify_arch as verify_arch_cmd
 

@@ -114,7 +114,9 @@ class LoaderModel:
         if not dynamic.runpath:
             for owner_path, owner_dynamic in ((path_used, dynamic), *reversed(loader_chain)):
                 if owner_dynamic.runpath:
-                    break
+                    # A DT_RUNPATH hides that object's own DT_RPATH, but the walk goes on up
+                    # the loader chain (glibc get-dynamic-info.h, dl-load.c; observed).
+                    continue
                 owner_origin = os.path.dirname(owner_path)
                 order.extend((d, "rpath") for d in self._expand_all(owner_dynamic.rpath, owner_origin))
         order.extend((d, "ld_library_path") for d in self._expand_all(self.ld_library_path, origin))
