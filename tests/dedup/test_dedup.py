@@ -356,3 +356,49 @@ def test_keeper_rule_ranks_exact_tree_names_before_patterns(tmp_path):
         "/sp/_rocm_sdk_devel/lib/libx.so.1",
         "/sp/_rocm_profiler_sdk_x/lib/libx.so.1",
     ]
+
+
+def _replace_same_bytes(path):
+    data = path.read_bytes()
+    path.unlink()
+    path.write_bytes(data)  # a new inode with the very same bytes
+
+
+def _delete(path):
+    path.unlink()
+
+
+def _turn_into_symlink(path):
+    path.unlink()
+    os.symlink("libamdhip64.so.7", path)
+
+
+@pytest.mark.parametrize("race", [_replace_same_bytes, _delete, _turn_into_symlink],
+                         ids=["replaced", "deleted", "symlinked"])
+def test_a_duplicate_that_races_between_plan_and_apply_is_skipped_and_reported(sdk, race):
+    roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
+    plan = make_plan(build_inventory(roots))
+    victim = sdk.devel / "lib" / "libamd_comgr.so.3"
+    race(victim)
+    state_after_race = (os.path.lexists(victim), os.path.islink(victim),
+                        os.readlink(victim) if os.path.islink(victim) else None)
+    findings = []
+    result = apply_plan(plan, str(sdk.site / "manifest.jsonl"), findings)
+    skipped = [(f.rule, f.path) for f in findings if f.rule.startswith("DUP0")]
+    assert skipped[0] == ("DUP003", str(victim)), findings
+    assert result.replaced == 5
+    # The path was left exactly as the race left it: rocm-audit did not "repair" it.
+    assert (os.path.lexists(victim), os.path.islink(victim),
+            os.readlink(victim) if os.path.islink(victim) else None) == state_after_race
+
+
+def test_a_keeper_that_changes_between_plan_and_apply_blocks_its_group(sdk):
+    roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
+    plan = make_plan(build_inventory(roots))
+    keeper = sdk.core / "lib" / "libamd_comgr.so.3"
+    _replace_same_bytes(keeper)
+    findings = []
+    apply_plan(plan, str(sdk.site / "manifest.jsonl"), findings)
+    devel = sdk.devel / "lib" / "libamd_comgr.so.3"
+    assert ("DUP003", str(devel)) in [(f.rule, f.path) for f in findings]
+    assert not os.path.islink(devel)
