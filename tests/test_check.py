@@ -4,27 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
-
 import pytest
 
-from support.tools import require_tool
-
-
-def gfx942_code_object(directory: Path) -> Path:
-    """A real AMDGPU code object for gfx942 only (clang-19 + ld.lld-19)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    source = directory / "k.c"
-    source.write_text("void k(int *p) { *p = 1; }\n")
-    relocatable = directory / "k.o"
-    subprocess.run([require_tool("clang-19"), "-target", "amdgcn-amd-amdhsa", "-mcpu=gfx942", "-nogpulib", "-c",
-                    "-o", str(relocatable), str(source)], check=True, capture_output=True, timeout=120)
-    output = directory / "kernels.hsaco"
-    subprocess.run([require_tool("ld.lld-19"), "-shared", "-o", str(output), str(relocatable)], check=True,
-                   capture_output=True, timeout=120)
-    source.unlink()
-    relocatable.unlink()
-    return output
+from support.toolchain import gfx942_code_object
 
 
 def test_check_runs_every_check_over_one_inventory(sdk, run_cli):

@@ -1,0 +1,54 @@
+"""A bounded coverage-guided fuzzing run (atheris, libFuzzer) over every file reader.
+
+Seeds are real and made here: a gcc-built host library, a clang-19 gfx942 code object, a plain
+offload bundle of it, CCOB v1/v2/v3 with zlib and zstd, kpack archives in both schemes, and a host
+ELF carrying a .hip_fatbin. The default suite fuzzes for ROCM_AUDIT_FUZZ_SECONDS (default 15);
+README's reliability section records a longer run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from arch.arch_writers import bundle, ccob, host_elf, kpack_archive
+from support.sdk_tree import build_library
+from support.toolchain import gfx942_code_object
+
+FUZZER = Path(__file__).resolve().parents[2] / "fuzz" / "fuzz_files.py"
+SECONDS = int(os.environ.get("ROCM_AUDIT_FUZZ_SECONDS", "600" if os.environ.get("ROCM_AUDIT_SLOW") == "1" else "15"))
+
+
+def make_seeds(directory: Path) -> None:
+    directory.mkdir()
+    code_object = gfx942_code_object(directory / "build").read_bytes()
+    (directory / "host.so").write_bytes(build_library(directory / "build", "seed", "libseed.so.1").read_bytes())
+    (directory / "raw.hsaco").write_bytes(code_object)
+    plain = bundle([("host-x86_64-unknown-linux-gnu-", b""), ("hipv4-amdgcn-amd-amdhsa--gfx942", code_object)])
+    (directory / "plain.co").write_bytes(plain)
+    for version in (1, 2, 3):
+        for method in (0, 1):
+            (directory / f"ccob-v{version}-m{method}.co").write_bytes(ccob(plain, version=version, method=method))
+    for scheme in ("none", "zstd-per-kernel"):
+        (directory / f"{scheme}.kpack").write_bytes(
+            kpack_archive([("lib/libk.so#0", "gfx942", code_object)], scheme=scheme, family="gfx942"))
+    host_elf([(".hip_fatbin", 1, 2, plain)], str(directory / "fat.so"))
+    for child in (directory / "build").iterdir():
+        child.unlink()
+    (directory / "build").rmdir()
+
+
+def test_coverage_guided_fuzzing_finds_no_crash(tmp_path):
+    seeds = tmp_path / "seeds"
+    make_seeds(seeds)
+    done = subprocess.run(
+        [sys.executable, str(FUZZER), str(seeds), f"-max_total_time={SECONDS}", "-rss_limit_mb=1024",
+         "-timeout=20", "-print_final_stats=1", f"-artifact_prefix={tmp_path}/crash-"],
+        capture_output=True, text=True, timeout=SECONDS + 300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    runs = int(re.search(r"Done (\d+) runs", done.stderr).group(1))
+    assert runs > 1000, done.stderr[-2000:]
+    assert not list(tmp_path.glob("crash-*"))
