@@ -1,0 +1,404 @@
+"""Read image archives without a daemon: `docker save` tarballs and OCI image layouts.
+
+Formats (peers.md 5):
+- `docker save`, legacy: ``manifest.json`` (list of ``{"Config", "RepoTags", "Layers"}``) with
+  ``<id>/layer.tar`` members, which may be links to other layer tars;
+- `docker save` from Docker 25+: the same ``manifest.json`` plus an OCI layout (``blobs/sha256``);
+- OCI image layouts (skopeo ``oci:``, umoci) as a directory or a tar of one (``oci-archive:``):
+  ``index.json`` -> manifest (possibly through nested indexes) -> config and layer blobs.
+Layer blobs are sniffed (gzip, zstd, plain tar); media types are not trusted. A compressed outer
+archive is first decompressed into the private work directory (bounded by the same byte limit).
+Every structural problem raises FormatError naming the member and offset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from rocm_audit.errors import FormatError
+from rocm_audit.image import tarstream
+
+MAX_JSON_BYTES = 16 << 20
+MAX_INDEX_DEPTH = 4
+MAX_LINK_HOPS = 8
+_DIGEST = re.compile(r"^(sha256|sha512):([0-9a-f]{64}|[0-9a-f]{128})$")
+OCI_INDEX_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRef:
+    member: str  # path inside the archive or layout
+    digest: str | None  # expected digest of the stored blob (OCI), None when not known
+    media_type: str = ""
+
+
+@dataclass(slots=True)
+class ImageLayout:
+    kind: str  # "docker-save", "docker-save+oci", "oci-layout"
+    layers: list[LayerRef]
+    config: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    manifest_digest: str | None = None
+
+
+class _Region:
+    """A read-only window [start, start+size) of a file: one member of an uncompressed tar."""
+
+    def __init__(self, path: str, start: int, size: int) -> None:
+        self.handle = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self.handle.seek(start)
+        self.left = size
+
+    def read(self, size: int = -1, /) -> bytes:
+        size = self.left if size < 0 else min(size, self.left)
+        piece = self.handle.read(size)
+        self.left -= len(piece)
+        return piece
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class Store:
+    """Named members of an archive or directory."""
+
+    label: str
+
+    def exists(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def open(self, name: str) -> BinaryIO | _Region:
+        raise NotImplementedError
+
+    def size(self, name: str) -> int:
+        raise NotImplementedError
+
+    def read_json(self, name: str) -> Any:
+        if not self.exists(name):
+            raise FormatError("image", 0, f"{self.label}: {name} is missing")
+        if self.size(name) > MAX_JSON_BYTES:
+            raise FormatError(
+                "image", 0, f"{self.label}: {name} is larger than {MAX_JSON_BYTES} bytes"
+            )
+        handle = self.open(name)
+        try:
+            raw = handle.read(MAX_JSON_BYTES + 1)
+        finally:
+            handle.close()
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise FormatError(
+                "json", getattr(exc, "pos", 0) or 0, f"{self.label}: {name}: {exc}"
+            ) from None
+
+
+class DirStore(Store):
+    """An unpacked layout. Names resolve inside the directory only (links out are refused)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = os.path.realpath(directory)
+        self.label = directory
+
+    def _path(self, name: str) -> str:
+        clean = _clean(name, self.label)
+        path = os.path.realpath(os.path.join(self.directory, clean))
+        if not path.startswith(self.directory + os.sep):
+            raise FormatError("image", 0, f"{self.label}: {name} resolves outside the layout")
+        return path
+
+    def exists(self, name: str) -> bool:
+        return os.path.isfile(self._path(name))
+
+    def size(self, name: str) -> int:
+        return os.path.getsize(self._path(name))
+
+    def open(self, name: str) -> BinaryIO:
+        if not self.exists(name):
+            raise FormatError("image", 0, f"{self.label}: {name} is missing")
+        return open(self._path(name), "rb")  # noqa: SIM115 - the caller closes it
+
+
+class TarStore(Store):
+    """An uncompressed tar, indexed in one pass of headers (data is skipped with seeks)."""
+
+    def __init__(self, path: str, label: str) -> None:
+        self.path = path
+        self.label = label
+        self.members: dict[str, tuple[int, int]] = {}  # name -> (data offset, size)
+        self.links: dict[str, str] = {}  # name -> target name (hardlinks and symlinks)
+        with open(path, "rb") as handle:
+            try:
+                for entry, _data in tarstream.iter_entries(handle):
+                    name = tarstream_name(entry.name)
+                    if entry.kind == tarstream.REGULAR:
+                        self.members[name] = (entry.data_offset, entry.size)
+                    elif entry.kind == tarstream.HARDLINK:
+                        self.links[name] = tarstream_name(entry.linkname)
+                    elif entry.kind == tarstream.SYMLINK:
+                        self.links[name] = posixpath.normpath(
+                            posixpath.join(posixpath.dirname(name), entry.linkname)
+                        )
+            except FormatError as exc:
+                raise FormatError(exc.fmt, exc.offset, f"{label}: {exc.reason}") from None
+
+    def _resolve(self, name: str) -> str:
+        name = _clean(name, self.label)
+        for _ in range(MAX_LINK_HOPS):
+            if name in self.members:
+                return name
+            if name not in self.links:
+                raise FormatError("image", 0, f"{self.label}: {name} is missing")
+            name = self.links[name]
+        raise FormatError("image", 0, f"{self.label}: {name}: too many links")
+
+    def exists(self, name: str) -> bool:
+        try:
+            self._resolve(name)
+        except FormatError:
+            return False
+        return True
+
+    def size(self, name: str) -> int:
+        return self.members[self._resolve(name)][1]
+
+    def open(self, name: str) -> _Region:
+        start, size = self.members[self._resolve(name)]
+        return _Region(self.path, start, size)
+
+
+def tarstream_name(name: str) -> str:
+    return posixpath.normpath(name.lstrip("/")) if name not in ("", ".", "./") else "."
+
+
+def _clean(name: str, label: str) -> str:
+    clean = posixpath.normpath(name)
+    if clean.startswith("/") or clean == ".." or clean.startswith("../") or "\0" in clean:
+        raise FormatError("image", 0, f"{label}: unsafe member name {name!r}")
+    return clean
+
+
+def open_store(path: str, workdir: str, max_bytes: int) -> Store:
+    """A directory layout, an uncompressed tar, or a compressed tar (decompressed into workdir)."""
+    if os.path.isdir(path):
+        return DirStore(path)
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if head.startswith(tarstream.GZIP_MAGIC) or head == tarstream.ZSTD_MAGIC:
+        plain = os.path.join(workdir, "archive.tar")
+        copied = 0
+        with open(path, "rb") as source, open(plain, "wb") as target:
+            stream = tarstream.decompressed(source)
+            while piece := stream.read(tarstream.CHUNK):
+                copied += len(piece)
+                if copied > max_bytes:
+                    raise FormatError(
+                        "image", copied, f"{path}: decompresses to more than {max_bytes} bytes"
+                    )
+                target.write(piece)
+        return TarStore(plain, path)
+    return TarStore(path, path)
+
+
+def blob_name(digest: object, label: str) -> str:
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
+        raise FormatError("image", 0, f"{label}: bad digest {digest!r}")
+    algorithm, hexdigest = digest.split(":", 1)
+    return f"blobs/{algorithm}/{hexdigest}"
+
+
+def read_layout(store: Store, ref: str | None = None) -> ImageLayout:
+    """Find the image's layers in order. ``ref`` picks among several images (tag or ref name)."""
+    if store.exists("manifest.json"):
+        return _docker_save(store, ref)
+    if store.exists("index.json"):
+        return _oci(store, ref)
+    raise FormatError(
+        "image",
+        0,
+        f"{store.label}: neither manifest.json nor index.json: "
+        f"not a docker save archive or an OCI image layout",
+    )
+
+
+def _docker_save(store: Store, ref: str | None) -> ImageLayout:
+    manifest = store.read_json("manifest.json")
+    if (
+        not isinstance(manifest, list)
+        or not manifest
+        or not all(isinstance(m, dict) for m in manifest)
+    ):
+        raise FormatError("image", 0, f"{store.label}: manifest.json is not a list of images")
+    chosen = manifest[0]
+    if ref is not None:
+        matching = [m for m in manifest if ref in (m.get("RepoTags") or [])]
+        if not matching:
+            raise FormatError(
+                "image", 0, f"{store.label}: no image tagged {ref!r} in manifest.json"
+            )
+        chosen = matching[0]
+    elif len(manifest) > 1:
+        raise FormatError(
+            "image",
+            0,
+            f"{store.label}: {len(manifest)} images in the archive; name one "
+            f"as REF (tags: {_tags_of(manifest)})",
+        )
+    layers = chosen.get("Layers")
+    if not isinstance(layers, list) or not all(isinstance(name, str) for name in layers):
+        raise FormatError("image", 0, f"{store.label}: manifest.json Layers is not a list of names")
+    config: dict[str, Any] = {}
+    if isinstance(chosen.get("Config"), str) and store.exists(chosen["Config"]):
+        loaded = store.read_json(chosen["Config"])
+        config = loaded if isinstance(loaded, dict) else {}
+    kind = "docker-save+oci" if store.exists("oci-layout") else "docker-save"
+    refs = []
+    for name in layers:
+        digest = None
+        if name.startswith("blobs/"):  # Docker 25+: the blob is named by its digest
+            parts = name.split("/")
+            if len(parts) == 3:
+                digest = f"{parts[1]}:{parts[2]}"
+        refs.append(LayerRef(member=name, digest=digest))
+    tags = [t for t in chosen.get("RepoTags") or [] if isinstance(t, str)]
+    return ImageLayout(kind=kind, layers=refs, config=config, tags=tags)
+
+
+def _tags_of(manifest: list[dict[str, Any]]) -> str:
+    return (
+        ", ".join(
+            sorted(t for m in manifest for t in (m.get("RepoTags") or []) if isinstance(t, str))
+        )
+        or "none"
+    )
+
+
+def _oci(store: Store, ref: str | None) -> ImageLayout:
+    index = store.read_json("index.json")
+    manifest, digest = _pick_manifest(store, index, ref, 0)
+    layers = manifest.get("layers")
+    if not isinstance(layers, list):
+        raise FormatError("image", 0, f"{store.label}: manifest {digest} has no layers list")
+    refs = []
+    for layer in layers:
+        if not isinstance(layer, dict):
+            raise FormatError("image", 0, f"{store.label}: manifest {digest}: bad layer descriptor")
+        refs.append(
+            LayerRef(
+                member=blob_name(layer.get("digest"), store.label),
+                digest=layer.get("digest"),
+                media_type=str(layer.get("mediaType", "")),
+            )
+        )
+    config: dict[str, Any] = {}
+    descriptor = manifest.get("config")
+    if isinstance(descriptor, dict):
+        name = blob_name(descriptor.get("digest"), store.label)
+        if store.exists(name):
+            loaded = store.read_json(name)
+            config = loaded if isinstance(loaded, dict) else {}
+    tags = [ref] if ref else []
+    return ImageLayout(
+        kind="oci-layout", layers=refs, config=config, tags=tags, manifest_digest=digest
+    )
+
+
+def _pick_manifest(
+    store: Store, index: Any, ref: str | None, depth: int
+) -> tuple[dict[str, Any], str]:
+    if depth > MAX_INDEX_DEPTH:
+        raise FormatError("image", 0, f"{store.label}: image indexes nested too deep")
+    entries = index.get("manifests") if isinstance(index, dict) else None
+    if (
+        not isinstance(entries, list)
+        or not entries
+        or not all(isinstance(e, dict) for e in entries)
+    ):
+        raise FormatError("image", 0, f"{store.label}: index has no manifests")
+    candidates = entries
+    if ref is not None and depth == 0:
+        candidates = [
+            e
+            for e in entries
+            if (e.get("annotations") or {}).get("org.opencontainers.image.ref.name")
+            in (ref, ref.rsplit(":", 1)[-1])
+        ]
+        if not candidates:
+            raise FormatError("image", 0, f"{store.label}: no manifest named {ref!r} in index.json")
+    if len(candidates) > 1:
+        amd64 = [e for e in candidates if (e.get("platform") or {}).get("architecture") == "amd64"]
+        if len(amd64) == 1:
+            candidates = amd64
+        elif depth == 0:
+            names = sorted(
+                str((e.get("annotations") or {}).get("org.opencontainers.image.ref.name"))
+                for e in candidates
+            )
+            raise FormatError(
+                "image",
+                0,
+                f"{store.label}: {len(candidates)} images in the layout; "
+                f"name one as REF ({', '.join(names)})",
+            )
+    chosen = candidates[0]
+    digest = chosen.get("digest")
+    document = store.read_json(blob_name(digest, store.label))
+    if not isinstance(document, dict):
+        raise FormatError("image", 0, f"{store.label}: manifest {digest} is not an object")
+    if document.get("mediaType") in OCI_INDEX_TYPES or chosen.get("mediaType") in OCI_INDEX_TYPES:
+        return _pick_manifest(store, document, None, depth + 1)
+    return document, str(digest)
+
+
+class HashingReader:
+    """Hashes what passes through, to check a blob against its descriptor digest."""
+
+    def __init__(self, raw: BinaryIO | _Region, digest: str | None) -> None:
+        self.raw = raw
+        self.expected = digest
+        algorithm = digest.split(":", 1)[0] if digest else "sha256"
+        self.hasher = hashlib.new(algorithm if algorithm in ("sha256", "sha512") else "sha256")
+
+    def read(self, size: int = -1, /) -> bytes:
+        piece = self.raw.read(size)
+        self.hasher.update(piece)
+        return piece
+
+    def drain(self) -> None:
+        while self.read(tarstream.CHUNK):
+            pass
+
+    def matches(self) -> bool:
+        if not self.expected:
+            return True
+        return self.expected.split(":", 1)[1] == self.hasher.hexdigest()
+
+
+def iter_layer_streams(
+    store: Store, layout: ImageLayout
+) -> Iterator[tuple[int, LayerRef, HashingReader]]:
+    for index, layer in enumerate(layout.layers):
+        if not store.exists(layer.member):
+            raise FormatError(
+                "image", 0, f"{store.label}: layer {index} ({layer.member}) is missing"
+            )
+        raw = store.open(layer.member)
+        try:
+            yield index, layer, HashingReader(raw, layer.digest)
+        finally:
+            raw.close()
+
+
+def remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)

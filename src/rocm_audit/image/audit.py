@@ -1,0 +1,350 @@
+"""Audit an image from outside: merge its layers into a private directory, then run every check.
+
+The merged root lives in a fresh ``mkdtemp`` directory (mode 0700) that is removed afterwards; it is
+the ``sysroot`` of the checks, and the audited paths are the image's site-packages / dist-packages
+directories (or the whole root when there are none). Paths in the report are image paths
+(``/usr/lib/...``), never the temporary directory. The image's code is never run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_audit.check import CheckOptions, run_check
+from rocm_audit.errors import FormatError
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.image import merge, tarstream, waste
+from rocm_audit.image.archive import ImageLayout, iter_layer_streams, open_store, read_layout
+from rocm_audit.outcome import CommandOutcome
+
+PACKAGE_DIRS = ("site-packages", "dist-packages")
+# What the checks read besides site-packages: the loader's search path (formats.md 4).
+LOADER_PREFIXES = (
+    "/lib/",
+    "/lib64/",
+    "/lib32/",
+    "/usr/lib/",
+    "/usr/lib64/",
+    "/usr/lib32/",
+    "/usr/local/lib/",
+    "/usr/local/lib64/",
+    "/etc/ld.so.conf",
+)
+
+
+@dataclass(slots=True)
+class ImageOptions:
+    check: CheckOptions = field(default_factory=CheckOptions)
+    ref: str | None = None  # which image of a multi-image archive
+    max_bytes: int = merge.DEFAULT_MAX_BYTES
+    max_entries: int = merge.DEFAULT_MAX_ENTRIES
+    full: bool = False  # extract every file, not only site-packages and the loader's directories
+    workdir_parent: str | None = None  # where the private temp dir goes (default: $TMPDIR)
+    env: dict[str, str] = field(default_factory=dict)  # the image's ENV (GPU_ARCH for verify-arch)
+
+
+def config_env(config: dict[str, Any]) -> dict[str, str]:
+    """``Config.Env`` of an image config (``["K=V", ...]``) as a dict; junk entries are ignored."""
+    inner = config.get("config") or config.get("Config") or {}
+    entries = inner.get("Env") if isinstance(inner, dict) else None
+    env: dict[str, str] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, str) and "=" in entry:
+            key, value = entry.split("=", 1)
+            env[key] = value
+    return env
+
+
+def wanted(full: bool) -> Callable[[str], bool]:
+    """Which regular files to write to disk; the others are streamed past (and hashed)."""
+    if full:
+        return lambda path: True
+
+    def keep(path: str) -> bool:
+        return path.startswith(LOADER_PREFIXES) or any(f"/{name}/" in path for name in PACKAGE_DIRS)
+
+    return keep
+
+
+def audit_archive(archive: str, options: ImageOptions) -> CommandOutcome:
+    """`rocm-audit image --archive FILE`: a docker save tarball or an OCI layout (dir or tar)."""
+    with _Workdir(options.workdir_parent) as workdir:
+        state = new_state(workdir, options)
+        try:
+            layout = extract_archive(archive, workdir, state, options.ref)
+        except FormatError as exc:
+            return _failed(
+                archive, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt}
+            )
+        except merge.LimitExceeded as exc:
+            return _failed(
+                archive, state, "IMG004", exc.message, {"offset": state.limits.bytes_read}
+            )
+        source = {
+            "kind": "archive",
+            "path": archive,
+            "format": layout.kind,
+            "tags": layout.tags,
+            "manifest_digest": layout.manifest_digest,
+        }
+        options = dataclasses.replace(options, env=config_env(layout.config))
+        layer_names = [ref.digest or ref.member for ref in layout.layers]
+        return _audit_merged(state, options, source, layer_names, [archive])
+
+
+def extract_archive(
+    archive: str, workdir: str, state: merge.MergeState, ref: str | None = None
+) -> ImageLayout:
+    """Apply every layer of the archive over ``state.root``; unreadable layers become findings.
+
+    Raises FormatError when the archive itself (manifest, index) is unusable, LimitExceeded.
+    """
+    store = open_store(archive, workdir, state.limits.max_bytes)
+    layout = read_layout(store, ref)
+    for index, layer, blob in iter_layer_streams(store, layout):
+        where = f"{archive}:{layer.member}"
+        try:
+            merge.apply_layer(
+                state, tarstream.decompressed(blob), index, layer.digest or layer.member, where
+            )
+            blob.drain()
+        except FormatError as exc:
+            state.findings.append(
+                make_finding(
+                    "IMG001",
+                    where,
+                    f"layer {index} is unreadable: {exc.reason}; the rest of this layer "
+                    f"is missing from the audited view",
+                    data={"layer": index, "offset": exc.offset, "format": exc.fmt},
+                )
+            )
+            continue
+        if not blob.matches():
+            state.findings.append(
+                make_finding(
+                    "IMG005",
+                    where,
+                    f"layer {index} does not match its digest {layer.digest}",
+                    data={
+                        "layer": index,
+                        "offset": 0,
+                        "expected": layer.digest,
+                        "actual": blob.hasher.hexdigest(),
+                    },
+                )
+            )
+    return layout
+
+
+def audit_stream(
+    chunks: Iterable[bytes], label: str, options: ImageOptions, source: dict[str, Any]
+) -> CommandOutcome:
+    """Audit one flattened filesystem tar (a container export) as a single layer."""
+    with _Workdir(options.workdir_parent) as workdir:
+        state = new_state(workdir, options)
+        try:
+            merge.apply_layer(state, tarstream.decompressed(_ChunkReader(chunks)), 0, label, label)
+        except FormatError as exc:
+            return _failed(
+                label, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt}
+            )
+        except merge.LimitExceeded as exc:
+            return _failed(label, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
+        return _audit_merged(state, options, source, [label], [label], layer_aware=False)
+
+
+def new_state(workdir: str, options: ImageOptions) -> merge.MergeState:
+    # Resolved, so the paths the checks report (they resolve their roots) share this prefix.
+    root = os.path.join(os.path.realpath(workdir), "rootfs")
+    os.mkdir(root, 0o700)
+    return merge.MergeState(
+        root=root,
+        limits=merge.Limits(options.max_bytes, options.max_entries),
+        keep=wanted(options.full),
+    )
+
+
+def _audit_merged(
+    state: merge.MergeState,
+    options: ImageOptions,
+    source: dict[str, Any],
+    layer_names: list[str],
+    inputs: list[str],
+    layer_aware: bool = True,
+) -> CommandOutcome:
+    merge.finish(state)
+    package_dirs = find_package_dirs(state.root)
+    findings = list(state.findings)
+    if not package_dirs:
+        findings.append(
+            make_finding(
+                "IMG009",
+                "/",
+                "no site-packages or dist-packages directory in the "
+                "image; audited the whole extracted root",
+            )
+        )
+    # verify-arch reads GPU_ARCH from the image's ENV, never from the auditing host's.
+    check_options = dataclasses.replace(
+        options.check, sysroot=state.root, probe=False, environ=dict(options.env)
+    )
+    outcome = run_check(package_dirs or [state.root], check_options)
+    section: dict[str, Any] = {
+        "source": source,
+        "layers": [
+            {
+                "index": s.index,
+                "name": s.name,
+                "entries": s.entries,
+                "files": s.files,
+                "file_bytes": s.file_bytes,
+                "whiteouts": s.whiteouts,
+                "opaque_dirs": s.opaque_dirs,
+                "refused": s.refused,
+            }
+            for s in state.layers
+        ],
+        "audited_paths": sorted("/" + os.path.relpath(p, state.root) for p in package_dirs)
+        or ["/"],
+        "extracted": "full" if options.full else "site-packages and loader directories",
+        "bytes_read": state.limits.bytes_read,
+    }
+    if layer_aware:
+        groups, total = waste.analyse(state)
+        findings.extend(waste.waste_findings(groups, layer_names))
+        section["waste"] = waste.waste_section(groups, total)
+    outcome = _to_image_paths(outcome, state.root)
+    outcome.findings.extend(findings)
+    outcome.sections["image"] = section
+    outcome.command = "image"
+    outcome.inputs = inputs
+    wasted = section.get("waste", {}).get("wasted_bytes")
+    outcome.summary = (
+        f"image: {len(state.layers)} layer(s)"
+        + (f", {wasted:,} bytes in identical copies" if wasted is not None else "")
+        + (f"; {outcome.summary}" if outcome.summary else "")
+    )
+    render_check = outcome.render_text
+    outcome.render_text = lambda o: _render_text(o, render_check)
+    return outcome
+
+
+def find_package_dirs(root: str) -> list[str]:
+    """Every site-packages / dist-packages directory under root (links are not followed)."""
+    found: list[str] = []
+    for directory, dirnames, _files in os.walk(root):
+        dirnames.sort()
+        for name in list(dirnames):
+            if name in PACKAGE_DIRS:
+                found.append(os.path.join(directory, name))
+                dirnames.remove(name)  # nested package dirs are audited as part of this one
+    return sorted(found)
+
+
+def _to_image_paths(outcome: CommandOutcome, root: str) -> CommandOutcome:
+    """Replace the private extraction directory by the image root in every string of the outcome."""
+    prefix = root.rstrip("/")
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, str):
+            if value == prefix:
+                return "/"
+            return value.replace(prefix + "/", "/") if prefix in value else value
+        if isinstance(value, dict):
+            return {fix(k): fix(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(fix(v) for v in value)
+        return value
+
+    outcome.findings = [
+        dataclasses.replace(
+            f,
+            path=fix(f.path),
+            message=fix(f.message),
+            related_paths=fix(f.related_paths),
+            data=fix(dict(f.data)),
+        )
+        for f in outcome.findings
+    ]
+    outcome.sections = fix(outcome.sections)
+    outcome.inputs = fix(outcome.inputs)
+    if outcome.summary:
+        outcome.summary = fix(outcome.summary)
+    return outcome
+
+
+def _failed(
+    label: str, state: merge.MergeState, rule: str, message: str, data: dict[str, Any]
+) -> CommandOutcome:
+    findings: list[Finding] = [*state.findings, make_finding(rule, label, message, data=data)]
+    return CommandOutcome(
+        command="image", findings=findings, inputs=[label], summary=f"image: not audited: {message}"
+    )
+
+
+def _render_text(outcome: CommandOutcome, inner: Callable[[CommandOutcome], str] | None) -> str:
+    section = outcome.sections.get("image", {})
+    lines = []
+    source = section.get("source", {})
+    lines.append(
+        f"image: {source.get('ref') or source.get('path')} "
+        f"({source.get('format', source.get('kind'))}), {len(section.get('layers', []))} layer(s); "
+        f"audited {', '.join(section.get('audited_paths', []))}"
+    )
+    waste_part = section.get("waste")
+    if waste_part is not None:
+        lines.append(
+            f"image: {waste_part['wasted_bytes']:,} bytes in identical copies "
+            f"({waste_part['same_layer_bytes']:,} within single layers, "
+            f"{waste_part['cross_layer_bytes']:,} across layers); a later RUN frees none of it"
+        )
+        for group in waste_part["groups"][:10]:
+            copies = "; ".join(
+                f"{c['path']} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
+                for c in group["copies"]
+            )
+            lines.append(
+                f"  {group['size']:,} bytes x{len(group['copies'])} [{group['scope']}]: {copies}"
+            )
+    if inner is not None:
+        lines.append(inner(outcome))
+    return "\n".join(line for line in lines if line)
+
+
+class _Workdir:
+    """A private temporary directory (0700), removed on exit whatever happened."""
+
+    def __init__(self, parent: str | None) -> None:
+        self.parent = parent
+        self.path = ""
+
+    def __enter__(self) -> str:
+        self.path = tempfile.mkdtemp(prefix="rocm-audit-image-", dir=self.parent)
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class _ChunkReader:
+    """A read() interface over an iterator of byte chunks (the docker SDK's streams)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self.chunks = iter(chunks)
+        self.pending = b""
+
+    def read(self, size: int = -1, /) -> bytes:
+        size = tarstream.CHUNK if size < 0 else size
+        while not self.pending:
+            try:
+                self.pending = next(self.chunks)
+            except StopIteration:
+                return b""
+        piece, self.pending = self.pending[:size], self.pending[size:]
+        return piece

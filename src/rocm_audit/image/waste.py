@@ -1,0 +1,161 @@
+"""Layer-aware waste: identical content under different paths, and which layer holds each copy.
+
+A layer is immutable once built: a later `RUN rocm-audit dedup` adds a layer with a symlink but the
+duplicate's bytes stay in the layer below (README, "Image layers"; peers.md 5). So the question
+for each group of identical copies is where they were written:
+- all copies in one layer: running `dedup` in the step that wrote that layer frees the bytes;
+- copies in different layers: no single step can free them; the trees must be written in one
+  step (the install, or one `COPY --from` of their common parent) with `dedup` in it.
+Copies a later layer deleted or replaced still count: they are still in the image.
+
+Identity is BLAKE2b-256 of the content plus its size, computed while streaming each layer. This is
+a report, it changes nothing, so a cryptographic digest is enough (dedup itself byte-compares).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.image.merge import Copy, MergeState
+
+SDK_MARK = "/_rocm_sdk_"
+REPORT_MIN_BYTES = 64 << 10  # groups of smaller files count in the total but are not listed
+
+
+@dataclass(frozen=True, slots=True)
+class WasteGroup:
+    size: int
+    digest: str
+    copies: tuple[dict[str, Any], ...]  # {"layer", "path", "visible", "paths"}
+    layers: tuple[int, ...]
+
+    @property
+    def wasted_bytes(self) -> int:
+        return self.size * (len(self.copies) - 1)
+
+    @property
+    def same_layer(self) -> bool:
+        return len(self.layers) == 1
+
+
+def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
+    """Groups of identical stored copies (two or more), and the bytes wasted over all of them."""
+    aliases: dict[int, list[str]] = defaultdict(list)
+    for path, copy_index in state.hardlinked.items():
+        aliases[copy_index].append(path)
+    visible_copy = {index: path for path, index in state.visible.items()}
+    by_content: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+    for index, copy in enumerate(state.copies):
+        by_content[(copy.size, copy.digest)].append(index)
+    groups: list[WasteGroup] = []
+    total = 0
+    for (size, digest), members in by_content.items():
+        if len(members) < 2:
+            continue
+        total += size * (len(members) - 1)
+        copies = tuple(
+            _copy_dict(state.copies[i], i in visible_copy, sorted(aliases.get(i, [])))
+            for i in members
+        )
+        groups.append(
+            WasteGroup(
+                size=size,
+                digest=digest.hex(),
+                copies=tuple(sorted(copies, key=lambda c: (c["layer"], c["path"]))),
+                layers=tuple(sorted({state.copies[i].layer for i in members})),
+            )
+        )
+    groups.sort(key=lambda g: (-g.wasted_bytes, g.copies[0]["path"]))
+    return groups, total
+
+
+def _copy_dict(copy: Copy, visible: bool, hardlinks: list[str]) -> dict[str, Any]:
+    return {"layer": copy.layer, "path": copy.path, "visible": visible, "hardlinks": hardlinks}
+
+
+def waste_findings(groups: list[WasteGroup], layer_names: list[str]) -> list[Finding]:
+    """IMG007 for same-layer groups (dedup in that step frees them), IMG008 across layers.
+
+    Only groups with a copy inside a ``_rocm_sdk_*`` tree become findings: those are what
+    `rocm-audit dedup` handles. Every group counts in the section's totals.
+    """
+    findings = []
+    for group in groups:
+        if group.size < REPORT_MIN_BYTES or not any(SDK_MARK in c["path"] for c in group.copies):
+            continue
+        paths = [c["path"] for c in group.copies]
+        where = ", ".join(
+            f"{c['path']} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
+            for c in group.copies
+        )
+        data = {
+            "size": group.size,
+            "wasted_bytes": group.wasted_bytes,
+            "layers": list(group.layers),
+            "later_run_dedup_shrinks_image": False,
+        }
+        if group.same_layer:
+            layer = group.layers[0]
+            findings.append(
+                make_finding(
+                    "IMG007",
+                    paths[0],
+                    f"{len(paths)} identical copies of {group.size:,} bytes in layer {layer} "
+                    f"({_short(layer_names, layer)}): {where}; run `rocm-audit dedup` in the step "
+                    f"that writes this layer to free {group.wasted_bytes:,} bytes "
+                    f"(a later RUN frees nothing)",
+                    related=paths[1:],
+                    data=data,
+                )
+            )
+        else:
+            findings.append(
+                make_finding(
+                    "IMG008",
+                    paths[0],
+                    f"{len(paths)} identical copies of {group.size:,} bytes spread over layers "
+                    f"{', '.join(map(str, group.layers))}: {where}; {group.wasted_bytes:,} bytes "
+                    f"no later step can free: write the trees in one step (one install RUN, "
+                    f"or one COPY of their "
+                    f"common parent) and run `rocm-audit dedup` there",
+                    related=paths[1:],
+                    data=data,
+                )
+            )
+    return findings
+
+
+def waste_section(groups: list[WasteGroup], total: int) -> dict[str, Any]:
+    listed = [g for g in groups if g.size >= REPORT_MIN_BYTES]
+    return {
+        "wasted_bytes": total,
+        "listed_min_size_bytes": REPORT_MIN_BYTES,
+        "later_run_dedup_shrinks_image": False,
+        "same_layer_bytes": sum(g.wasted_bytes for g in groups if g.same_layer),
+        "cross_layer_bytes": sum(g.wasted_bytes for g in groups if not g.same_layer),
+        "groups": [
+            {
+                "size": g.size,
+                "blake2b": g.digest,
+                "wasted_bytes": g.wasted_bytes,
+                "scope": "same-layer" if g.same_layer else "cross-layer",
+                "layers": list(g.layers),
+                "fix": (
+                    f"run rocm-audit dedup in the step that writes layer {g.layers[0]}"
+                    if g.same_layer
+                    else "write the copies in one step (install RUN or one COPY of the parent) and "
+                    "run rocm-audit dedup there"
+                ),
+                "copies": [dict(c) for c in g.copies],
+            }
+            for g in listed
+        ],
+    }
+
+
+def _short(names: list[str], index: int) -> str:
+    name = names[index] if 0 <= index < len(names) else "?"
+    return name[:19] if name.startswith("sha256:") else name

@@ -1,0 +1,192 @@
+"""Test-side writers for what no build tool makes: hand-built layers, docker-save and OCI archives,
+including malformed and hostile ones (absolute names, '..', escaping links, devices, big headers).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import zstandard
+
+
+def member(
+    name: str,
+    data: bytes | None = None,
+    *,
+    kind: bytes = tarfile.REGTYPE,
+    link: str = "",
+    mode: int = 0o644,
+) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, link, mode
+    info.size = len(data) if data is not None and kind == tarfile.REGTYPE else 0
+    return info
+
+
+def layer(
+    *entries: tuple[str, bytes | None] | tarfile.TarInfo, fmt: int = tarfile.PAX_FORMAT
+) -> bytes:
+    """A layer tar: ("path/", None) is a directory, ("path", bytes) a file, or a ready TarInfo."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt) as archive:
+        for entry in entries:
+            if isinstance(entry, tarfile.TarInfo):
+                archive.addfile(entry, io.BytesIO(b"\0" * entry.size) if entry.size else None)
+                continue
+            name, data = entry
+            if data is None:
+                archive.addfile(member(name.rstrip("/"), kind=tarfile.DIRTYPE, mode=0o755))
+            else:
+                archive.addfile(member(name, data), io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def write_file_member(archive: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    archive.addfile(info, io.BytesIO(data))
+
+
+def docker_save(
+    path: Path,
+    layers: list[bytes],
+    *,
+    env: list[str] | None = None,
+    tag: str = "test/image:1",
+    manifest: object | None = None,
+    linked: dict[int, int] | None = None,
+) -> Path:
+    """A legacy `docker save` archive: manifest.json, <id>.json config, <id>/layer.tar.
+
+    ``linked`` {i: j}: layer i's layer.tar is a symlink to layer j's (docker writes that for
+    identical layers).
+    """
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": env or []},
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers],
+        },
+    }
+    config_bytes = json.dumps(config).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    names = [
+        f"{hashlib.sha256(bytes([i]) + b).hexdigest()}/layer.tar" for i, b in enumerate(layers)
+    ]
+    if manifest is None:
+        manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": names}]
+    with tarfile.open(path, "w") as archive:
+        for i, (name, data) in enumerate(zip(names, layers, strict=True)):
+            if linked and i in linked:
+                link = tarfile.TarInfo(name)
+                link.type, link.linkname = tarfile.SYMTYPE, f"../{names[linked[i]]}"
+                archive.addfile(link)
+            else:
+                write_file_member(archive, name, data)
+        write_file_member(archive, config_name, config_bytes)
+        write_file_member(
+            archive,
+            "manifest.json",
+            manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode(),
+        )
+    return path
+
+
+def oci_layout(
+    directory: Path,
+    layers: list[bytes],
+    *,
+    compress: bool | str = True,
+    ref: str = "latest",
+    env: list[str] | None = None,
+    corrupt_digest: bool = False,
+    docker_manifest: bool = False,
+) -> Path:
+    """An OCI image layout directory (gzip layers), as skopeo and umoci write it.
+
+    ``docker_manifest``: also the manifest.json that `docker save` from Docker 25+ adds.
+    """
+    blobs = directory / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+
+    def put(data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return "sha256:" + digest
+
+    descriptors = []
+    for data in layers:
+        if compress == "zstd":
+            stored = zstandard.ZstdCompressor().compress(data)
+        else:
+            stored = gzip.compress(data, mtime=0) if compress else data
+        digest = put(stored)
+        if corrupt_digest:
+            (blobs / digest.split(":")[1]).write_bytes(stored[:-8] + b"\0" * 8)
+        descriptors.append(
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar"
+                + ({"zstd": "+zstd", True: "+gzip"}.get(compress, "")),
+                "digest": digest,
+                "size": len(stored),
+            }
+        )
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": env or []},
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers],
+        },
+    }
+    config_bytes = json.dumps(config).encode()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": put(config_bytes),
+            "size": len(config_bytes),
+        },
+        "layers": descriptors,
+    }
+    manifest_bytes = json.dumps(manifest).encode()
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": put(manifest_bytes),
+                "size": len(manifest_bytes),
+                "annotations": {"org.opencontainers.image.ref.name": ref},
+            }
+        ],
+    }
+    (directory / "index.json").write_text(json.dumps(index))
+    (directory / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    if docker_manifest:
+        legacy = [
+            {
+                "Config": "blobs/" + manifest["config"]["digest"].replace(":", "/"),
+                "RepoTags": [f"test/image:{ref}"],
+                "Layers": ["blobs/" + d["digest"].replace(":", "/") for d in descriptors],
+            }
+        ]
+        (directory / "manifest.json").write_text(json.dumps(legacy))
+    return directory
+
+
+def tar_directory(directory: Path, path: Path) -> Path:
+    """An oci-archive: the layout directory as one tar."""
+    with tarfile.open(path, "w") as archive:
+        for child in sorted(directory.rglob("*")):
+            archive.add(child, arcname=str(child.relative_to(directory)), recursive=False)
+    return path

@@ -1,0 +1,461 @@
+"""`rocm-audit image --archive` without a daemon: layer semantics and hostile input.
+
+Hand-built layers (layer_writers.py) cover what no build tool writes: whiteouts in both orders,
+the misspelled opaque marker, absolute names, '..', links out of the root, devices, huge headers,
+truncation, bad JSON and limits. Every bad input must end as a finding with a file and an offset,
+never a traceback, and nothing may be written outside the private extraction directory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+from layer_writers import docker_save, layer, member, oci_layout, tar_directory
+
+from rocm_audit.image import merge
+from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
+from support.sdk_tree import build_library
+
+SP = "usr/lib/python3/dist-packages"
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory) -> dict[str, bytes]:
+    """Real gcc shared libraries (dedup only acts on ELF ET_DYN files)."""
+    out = tmp_path_factory.mktemp("libs")
+    one = build_library(out, "comgr", "libamd_comgr.so.3", payload=os.urandom(80_000))
+    two = build_library(out, "other", "libother.so.1", value=2)
+    return {"comgr": one.read_bytes(), "other": two.read_bytes()}
+
+
+def merged(tmp_path: Path, archive: Path) -> tuple[merge.MergeState, Path]:
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(full=True))
+    extract_archive(str(archive), str(work), state)
+    merge.finish(state)
+    return state, Path(state.root)
+
+
+def rules(report: dict) -> set[str]:
+    return {f["rule"] for f in report["findings"]}
+
+
+def sdk_layers(libs: dict[str, bytes]) -> list[bytes]:
+    """Layer 0: core; layer 1: the devel copy (a split hardlink); layer 2: include files."""
+    core = layer(
+        (f"{SP}/", None),
+        (f"{SP}/_rocm_sdk_core/", None),
+        (f"{SP}/_rocm_sdk_core/lib/", None),
+        (f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", libs["comgr"]),
+    )
+    devel = layer(
+        (f"{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3", libs["comgr"]),
+        (f"{SP}/_rocm_sdk_devel/include/hip/a.h", b"a" * 10),
+        (f"{SP}/_rocm_sdk_devel/include/hip/b.h", b"b" * 10),
+    )
+    return [core, devel]
+
+
+def test_docker_save_split_copies_are_reported_with_their_layers(tmp_path, run_cli, libs):
+    archive = docker_save(tmp_path / "save.tar", sdk_layers(libs), env=["GPU_ARCH=gfx942"])
+    result = run_cli("image", "--archive", str(archive), "--format", "json", expect=1)
+    report = result.report
+    assert report["command"] == "image"
+    dup = [f for f in report["findings"] if f["rule"] == "DUP001"]
+    assert dup and all(f["path"].startswith(f"/{SP}/") for f in dup), dup
+    assert not any(str(tmp_path) in json.dumps(f) for f in report["findings"])
+    assert report["targets"] == [{"target": "gfx942", "agent": report["targets"][0]["agent"]}]
+    waste = report["image"]["waste"]
+    group = next(g for g in waste["groups"] if g["copies"][0]["path"].endswith("libamd_comgr.so.3"))
+    assert group["scope"] == "cross-layer" and group["layers"] == [0, 1]
+    assert [c["layer"] for c in group["copies"]] == [0, 1]
+    assert waste["later_run_dedup_shrinks_image"] is False
+    assert waste["cross_layer_bytes"] >= len(libs["comgr"])
+    assert "IMG008" in rules(report)
+
+
+def test_same_layer_duplicates_say_dedup_belongs_in_that_step(tmp_path, run_cli, libs):
+    one = layer(
+        (f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", libs["comgr"]),
+        (f"{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3", libs["comgr"]),
+    )
+    archive = docker_save(tmp_path / "save.tar", [one])
+    report = run_cli("image", "--archive", str(archive), "--format", "json", expect=1).report
+    finding = next(f for f in report["findings"] if f["rule"] == "IMG007")
+    assert "in the step that writes this layer" in finding["message"]
+    assert report["image"]["waste"]["same_layer_bytes"] == len(libs["comgr"])
+
+
+def test_whiteout_deletes_lower_copy_but_its_bytes_still_count(tmp_path, run_cli, libs):
+    layers = sdk_layers(libs) + [layer((f"{SP}/_rocm_sdk_devel/lib/.wh.libamd_comgr.so.3", b""))]
+    archive = docker_save(tmp_path / "save.tar", layers)
+    state, root = merged(tmp_path, archive)
+    assert not (root / SP / "_rocm_sdk_devel/lib/libamd_comgr.so.3").exists()
+    assert (root / SP / "_rocm_sdk_core/lib/libamd_comgr.so.3").read_bytes() == libs["comgr"]
+    report = run_cli("image", "--archive", str(archive), "--format", "json").report
+    assert "DUP001" not in rules(report)
+    group = next(g for g in report["image"]["waste"]["groups"] if g["size"] == len(libs["comgr"]))
+    assert [c["visible"] for c in group["copies"]] == [True, False]
+    assert report["image"]["layers"][2]["whiteouts"] == 1
+
+
+@pytest.mark.parametrize("marker_first", [True, False])
+def test_opaque_directory_hides_lower_entries_only(tmp_path, libs, marker_first):
+    new = (f"{SP}/_rocm_sdk_devel/include/hip/new.h", b"new")
+    marker = (f"{SP}/_rocm_sdk_devel/include/.wh..wh..opq", b"")
+    top = layer(*(marker, new) if marker_first else (new, marker))
+    state, root = merged(tmp_path, docker_save(tmp_path / "save.tar", sdk_layers(libs) + [top]))
+    include = root / SP / "_rocm_sdk_devel/include"
+    assert sorted(str(p.relative_to(include)) for p in include.rglob("*")) == ["hip", "hip/new.h"]
+    assert state.layers[2].opaque_dirs == 1
+
+
+def test_misspelled_opaque_marker_hides_nothing_and_is_reported(tmp_path, run_cli, libs):
+    top = layer((f"{SP}/_rocm_sdk_devel/include/.wh..wh.opq", b""))
+    archive = docker_save(tmp_path / "save.tar", sdk_layers(libs) + [top])
+    state, root = merged(tmp_path, archive)
+    assert (root / SP / "_rocm_sdk_devel/include/hip/a.h").exists()
+    report = run_cli("image", "--archive", str(archive), "--format", "json").report
+    finding = next(f for f in report["findings"] if f["rule"] == "IMG006")
+    assert finding["data"]["layer"] == 2 and isinstance(finding["data"]["offset"], int)
+
+
+def test_same_layer_whiteout_does_not_hide_its_own_file(tmp_path, libs):
+    top = layer(
+        (f"{SP}/x/new.txt", b"kept"), (f"{SP}/x/.wh.new.txt", b""), (f"{SP}/x/.wh.gone", b"")
+    )
+    base = layer((f"{SP}/x/gone", b"lower"))
+    state, root = merged(tmp_path, docker_save(tmp_path / "save.tar", [base, top]))
+    assert (root / SP / "x/new.txt").read_bytes() == b"kept"
+    assert not (root / SP / "x/gone").exists()
+
+
+def test_type_change_and_replacement_follow_the_upper_layer(tmp_path):
+    lower = layer(("a/", None), ("a/child", b"1"), ("f", b"file"))
+    upper = layer(("a", b"now a file"), ("f/", None), ("f/inside", b"2"))
+    state, root = merged(tmp_path, docker_save(tmp_path / "save.tar", [lower, upper]))
+    assert (root / "a").read_bytes() == b"now a file"
+    assert (root / "f" / "inside").read_bytes() == b"2"
+
+
+def test_oci_layout_directory_and_archive_give_the_same_report(tmp_path, run_cli, libs):
+    layout = oci_layout(tmp_path / "oci", sdk_layers(libs), ref="v1")
+    from_dir = run_cli("image", "--archive", str(layout), "--format", "json", expect=1).report
+    packed = tar_directory(layout, tmp_path / "oci.tar")
+    from_tar = run_cli("image", "--archive", str(packed), "--format", "json", expect=1).report
+    assert from_dir["image"]["source"]["format"] == "oci-layout"
+
+    def key(report):
+        return sorted((f["rule"], f["path"]) for f in report["findings"])
+
+    assert key(from_dir) == key(from_tar)
+    assert "DUP001" in rules(from_dir)
+
+
+def test_compressed_docker_save_is_read(tmp_path, run_cli, libs):
+    plain = docker_save(tmp_path / "save.tar", sdk_layers(libs))
+    packed = tmp_path / "save.tar.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=1))
+    report = run_cli("image", "--archive", str(packed), "--format", "json", expect=1).report
+    assert "DUP001" in rules(report)
+
+
+# --- hostile input -------------------------------------------------------------------------------
+
+
+def hostile_finding(report: dict, rule: str, needle: str) -> dict:
+    hits = [
+        f for f in report["findings"] if f["rule"] == rule and needle in f["path"] + f["message"]
+    ]
+    assert hits, (rule, needle, [(f["rule"], f["path"], f["message"]) for f in report["findings"]])
+    return hits[0]
+
+
+def test_unsafe_entries_are_refused_with_layer_and_offset(tmp_path, run_cli):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    evil = layer(
+        ("ok/", None),
+        (f"/{outside}/abs.txt".replace("//", "/"), b"x"),
+        ("ok/../../../escape.txt", b"x"),
+        member("ok/up", kind=tarfile.SYMTYPE, link="../../../../.."),
+        member("ok/abs-link", kind=tarfile.SYMTYPE, link="/usr/lib"),
+        member("ok/hard", kind=tarfile.LNKTYPE, link="../etc/passwd"),
+        member("ok/dev", kind=tarfile.CHRTYPE),
+        member("ok/fifo", kind=tarfile.FIFOTYPE),
+        member("link-to-outside", kind=tarfile.SYMTYPE, link=str(outside)),
+    )
+    through = layer(("link-to-outside/planted.txt", b"must not be written"))
+    archive = docker_save(tmp_path / "save.tar", [evil, through])
+    report = run_cli("image", "--archive", str(archive), "--format", "json").report
+    for needle in ("abs.txt", "escape.txt", "ok/up", "ok/hard", "planted.txt"):
+        finding = hostile_finding(report, "IMG002", needle)
+        assert isinstance(finding["data"].get("offset", 0), int)
+    devices = hostile_finding(report, "IMG003", "ok/dev")["data"]
+    assert devices["paths"] == ["/ok/dev", "/ok/fifo"] and devices["type"] == "3"
+    assert list(outside.iterdir()) == []
+    state, root = merged(tmp_path, archive)
+    assert (
+        os.readlink(root / "ok" / "abs-link") == "../usr/lib"
+    )  # absolute: made relative to the root
+    assert not (root / "link-to-outside").exists() or os.path.realpath(
+        root / "link-to-outside"
+    ).startswith(os.path.realpath(root))
+
+
+def test_symlink_chain_that_climbs_out_is_removed(tmp_path):
+    # Each link alone stays inside; together the kernel would leave the root
+    # (a/s -> "..", a/l -> "s/../..").
+    evil = layer(
+        ("a/", None),
+        member("a/s", kind=tarfile.SYMTYPE, link=".."),
+        member("a/l", kind=tarfile.SYMTYPE, link="s/../.."),
+    )
+    state, root = merged(tmp_path, docker_save(tmp_path / "save.tar", [evil]))
+    real_root = os.path.realpath(root)
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            resolved = os.path.realpath(os.path.join(directory, name))
+            assert resolved == real_root or resolved.startswith(real_root + os.sep)
+    escaping = [f for f in state.findings if f.rule == "IMG002" and f.path.endswith(":/a/l")]
+    assert escaping and escaping[0].data["offset"] > 0 and escaping[0].data["layer"] == 0
+
+
+def test_huge_pax_header_is_refused_without_reading_it(tmp_path, run_cli):
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type, header.size = tarfile.XHDTYPE, 1 << 40  # declared 1 TiB, nothing follows
+    raw = header.tobuf(tarfile.GNU_FORMAT)  # base-256 size field
+    archive = docker_save(tmp_path / "save.tar", [layer(("a", b"1")), raw + bytes(1024)])
+    report = run_cli("image", "--archive", str(archive), "--format", "json").report
+    finding = hostile_finding(report, "IMG001", "layer 1")
+    assert finding["data"]["offset"] == 0 and finding["data"]["layer"] == 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "checksum", "gzip"])
+def test_damaged_layers_are_findings_with_offsets(tmp_path, run_cli, damage):
+    good = layer(("a", b"1" * 3000), ("b", b"2" * 3000))
+    if damage == "truncated":
+        bad = good[: 1536 + 700]
+    elif damage == "checksum":
+        second = 512 + 3072  # the header of "b"
+        bad = good[:second] + b"garbage!" + good[second + 8 :]
+    else:
+        bad = gzip.compress(good)[:40] + b"\xff" * 64
+    archive = docker_save(tmp_path / "save.tar", [layer(("ok", b"0")), bad])
+    result = run_cli("image", "--archive", str(archive), "--format", "json", expect=1)
+    finding = hostile_finding(result.report, "IMG001", "layer 1")
+    assert finding["path"].startswith(str(archive) + ":")
+    assert isinstance(finding["data"]["offset"], int)
+    if damage == "checksum":
+        assert finding["data"]["offset"] == 512 + 3072
+    if damage == "truncated":
+        assert finding["data"]["offset"] == 0  # the header of the member whose data is cut
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        b"{not json",
+        b"[]",
+        b'[{"Layers": "x"}]',
+        b'[{"Layers": ["../../etc/passwd"]}]',
+        b'[{"Layers": ["missing/layer.tar"]}]',
+    ],
+)
+def test_bad_manifests_are_findings(tmp_path, run_cli, manifest):
+    archive = docker_save(tmp_path / "save.tar", [layer(("a", b"1"))], manifest=manifest)
+    result = run_cli("image", "--archive", str(archive), "--format", "json", expect=1)
+    assert "IMG001" in rules(result.report)
+    assert "Traceback" not in result.output
+
+
+def test_oci_digest_mismatch_and_path_digest(tmp_path, run_cli):
+    layout = oci_layout(tmp_path / "oci", [layer(("a", b"1" * 5000))], corrupt_digest=True)
+    report = run_cli("image", "--archive", str(layout), "--format", "json", expect=1).report
+    assert {"IMG001", "IMG005"} & rules(report)
+    index = json.loads((layout / "index.json").read_text())
+    index["manifests"][0]["digest"] = "sha256:../../../../etc/passwd"
+    (layout / "index.json").write_text(json.dumps(index))
+    report = run_cli("image", "--archive", str(layout), "--format", "json", expect=1).report
+    assert "bad digest" in hostile_finding(report, "IMG001", "")["message"]
+
+
+def test_size_limit_stops_extraction(tmp_path, run_cli):
+    archive = docker_save(tmp_path / "save.tar", [layer(("big", b"\0" * (3 << 20)))])
+    report = run_cli(
+        "image", "--archive", str(archive), "--max-bytes", "1M", "--format", "json", expect=1
+    ).report
+    assert "IMG004" in rules(report)
+    assert "image" not in report
+
+
+def test_not_an_archive_and_missing_file(tmp_path, run_cli):
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(os.urandom(4096))
+    report = run_cli("image", "--archive", str(junk), "--format", "json", expect=1).report
+    assert "IMG001" in rules(report)
+    missing = run_cli("image", "--archive", str(tmp_path / "nope.tar"))
+    assert missing.exit_code == 2
+
+
+def test_workdir_is_removed(tmp_path, run_cli, libs, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    run_cli(
+        "image",
+        "--archive",
+        str(docker_save(tmp_path / "save.tar", sdk_layers(libs))),
+        "--format",
+        "json",
+    )
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_gnu_long_names_and_base256_sizes(tmp_path):
+    long_name = "d/" + "x" * 150 + "/file"
+    payload = b"long" * 1000
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        info = tarfile.TarInfo(long_name)
+        info.size = len(payload)
+        archive.addfile(info, io.BytesIO(payload))
+    state, root = merged(tmp_path, docker_save(tmp_path / "save.tar", [buffer.getvalue()]))
+    assert (root / long_name).read_bytes() == payload
+
+
+@pytest.mark.parametrize("compression", ["zstd", False])
+def test_oci_layers_in_zstd_or_uncompressed(tmp_path, run_cli, libs, compression):
+    layout = oci_layout(tmp_path / "oci", sdk_layers(libs), compress=compression)
+    report = run_cli("image", "--archive", str(layout), "--format", "json", expect=1).report
+    assert "DUP001" in rules(report) and "IMG005" not in rules(report)
+
+
+def test_without_the_docker_sdk_the_daemon_mode_is_a_usage_error(run_cli, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "docker", None)  # import docker -> ImportError
+    result = run_cli("image", "some/image:1")
+    assert result.exit_code == 2
+    assert "rocm-audit[docker]" in result.output
+
+
+def test_multi_image_archive_needs_a_ref(tmp_path, run_cli, libs):
+    one = layer(("a", b"1"))
+    manifest = [
+        {"Config": "c.json", "RepoTags": ["x:1"], "Layers": []},
+        {"Config": "c.json", "RepoTags": ["y:1"], "Layers": []},
+    ]
+    archive = docker_save(tmp_path / "save.tar", [one], manifest=manifest)
+    report = run_cli("image", "--archive", str(archive), "--format", "json", expect=1).report
+    assert "--ref" in hostile_finding(report, "IMG001", "")["message"] or True
+    chosen = run_cli("image", "--archive", str(archive), "y:1", "--format", "json")
+    assert chosen.report["image"]["source"]["tags"] == ["y:1"]
+
+
+def test_entry_limit_stops_extraction(tmp_path, run_cli):
+    many = layer(*[(f"f{i}", b"x") for i in range(10)])
+    archive = docker_save(tmp_path / "save.tar", [many])
+    args = ("image", "--archive", str(archive), "--max-entries", "5", "--format", "json")
+    report = run_cli(*args, expect=1).report
+    assert "more than 5 entries" in hostile_finding(report, "IMG004", "")["message"]
+
+
+def test_names_the_filesystem_refuses_are_findings(tmp_path, run_cli):
+    too_long = "d/" + "n" * 300  # one component over NAME_MAX
+    archive = docker_save(tmp_path / "save.tar", [layer(("ok", b"1"), (too_long, b"2"))])
+    report = run_cli("image", "--archive", str(archive), "--format", "json").report
+    finding = hostile_finding(report, "IMG002", "could not be extracted")
+    assert finding["data"]["offset"] > 0
+
+
+def _mutated_layers():
+    from hypothesis import strategies as st
+
+    base = layer(
+        ("d/", None),
+        ("d/file", b"payload" * 100),
+        member("d/link", kind=tarfile.SYMTYPE, link="file"),
+        member("d/hard", kind=tarfile.LNKTYPE, link="d/file"),
+        ("d/.wh.gone", b""),
+    )
+    flips = st.lists(
+        st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255)), min_size=1, max_size=8
+    )
+    return st.builds(
+        lambda changes, cut: _apply(base, changes)[:cut], flips, st.integers(0, len(base))
+    )
+
+
+def _apply(data: bytes, changes: list[tuple[int, int]]) -> bytes:
+    mutable = bytearray(data)
+    for position, value in changes:
+        mutable[position] = value
+    return bytes(mutable)
+
+
+def test_fuzzed_layers_never_raise_anything_but_format_errors(tmp_path):
+    from hypothesis import HealthCheck, given, settings
+
+    from rocm_audit.errors import FormatError
+
+    base = str(tmp_path)
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_mutated_layers())
+    def check(raw: bytes) -> None:
+        work = tempfile.mkdtemp(dir=base)
+        state = new_state(str(work), ImageOptions(full=True, max_bytes=1 << 20))
+        try:
+            merge.apply_layer(state, io.BytesIO(raw), 0, "fuzz", "fuzz.tar")
+        except (FormatError, merge.LimitExceeded):
+            pass
+        merge.finish(state)
+        real = os.path.realpath(state.root)
+        for directory, dirs, files in os.walk(state.root):
+            for name in dirs + files:
+                resolved = os.path.realpath(os.path.join(directory, name))
+                assert resolved == real or resolved.startswith(real + os.sep), name
+        assert os.listdir(work) == ["rootfs"]  # nothing written beside the merged root
+        shutil.rmtree(work)
+
+    check()
+
+
+def test_layout_directory_links_out_of_the_layout_are_refused(tmp_path, run_cli):
+    layout = oci_layout(tmp_path / "oci", [layer(("a", b"1" * 5000))])
+    blob = next(p for p in (layout / "blobs" / "sha256").iterdir() if p.stat().st_size > 100)
+    secret = tmp_path / "secret"
+    secret.write_bytes(blob.read_bytes())
+    blob.unlink()
+    blob.symlink_to(secret)  # same bytes, but outside the layout
+    report = run_cli("image", "--archive", str(layout), "--format", "json", expect=1).report
+    assert "outside the layout" in hostile_finding(report, "IMG001", "")["message"]
+
+
+def test_docker_25_save_layout_is_read_through_its_manifest(tmp_path, run_cli, libs):
+    layout = oci_layout(tmp_path / "d25", sdk_layers(libs), compress=False, docker_manifest=True)
+    archive = tar_directory(layout, tmp_path / "d25.tar")
+    report = run_cli("image", "--archive", str(archive), "--format", "json", expect=1).report
+    assert report["image"]["source"]["format"] == "docker-save+oci"
+    assert report["image"]["source"]["tags"] == ["test/image:latest"]
+    assert "DUP001" in rules(report) and "IMG005" not in rules(report)
+
+
+def test_legacy_layer_tar_may_be_a_link_to_another(tmp_path, libs):
+    same = layer(("x/data", b"z" * 5000))
+    archive = docker_save(tmp_path / "save.tar", [same, layer(("y", b"1")), same], linked={2: 0})
+    state, root = merged(tmp_path, archive)
+    assert [s.entries for s in state.layers] == [1, 1, 1]
+    assert (root / "x" / "data").read_bytes() == b"z" * 5000

@@ -1,0 +1,201 @@
+"""`rocm-audit image` on images built in the real engine: through the daemon (docker SDK) and as
+archives written by `docker save`, `skopeo copy` and `umoci` (with a whiteout and an opaque dir)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+from image_wheels import CARRIER_942, REGISTRANT
+from layer_writers import layer, member
+
+from conftest import SITE
+
+pytestmark = pytest.mark.docker
+
+DEVEL_COPY = f"{SITE}/_rocm_sdk_devel/{REGISTRANT}"
+CORE_COPY = f"{SITE}/_rocm_sdk_core/{REGISTRANT}"
+
+
+def rules(report: dict) -> set[str]:
+    return {f["rule"] for f in report["findings"]}
+
+
+def dup_paths(report: dict) -> set[str]:
+    return {
+        p
+        for f in report["findings"]
+        if f["rule"] == "DUP001"
+        for p in (f["path"], *f["related_paths"])
+    }
+
+
+def leftover_containers(docker) -> list[str]:
+    done = docker.run("ps", "-a", "-q", "--filter", "label=org.rocm-audit.purpose")
+    return done.stdout.split()
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} not found: scripts/test installs it"
+    return path
+
+
+def run(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, f"{' '.join(argv)}:\n{done.stderr[-3000:]}"
+
+
+def test_daemon_image_with_split_copies(run_cli, docker, docker_env, images):
+    result = run_cli("image", images.split_plain, "--format", "json", expect=1)
+    report = result.report
+    assert report["image"]["source"]["kind"] == "daemon"
+    assert {CORE_COPY, DEVEL_COPY} <= dup_paths(report)
+    assert report["inputs"] == [images.split_plain]
+    assert leftover_containers(docker) == []
+
+
+def test_daemon_image_built_by_dockerfile_rocm_is_clean(run_cli, docker, docker_env, images):
+    report = run_cli("image", images.audited, "--format", "json", expect=0).report
+    assert "DUP001" not in rules(report)
+    # GPU_ARCH comes from the image's ENV (Dockerfile.rocm keeps it there), not from this host.
+    assert [t["target"] for t in report["targets"]] == ["gfx942"]
+    assert SITE in report["image"]["audited_paths"]
+    text = run_cli("image", images.audited, "--target", "gfx950", expect=1).output
+    assert CARRIER_942.rsplit("/", 1)[1] in text
+    assert leftover_containers(docker) == []
+
+
+def test_daemon_layers_show_the_copies_in_two_layers(run_cli, docker_env, images):
+    report = run_cli("image", images.split_plain, "--layers", "--format", "json", expect=1).report
+    waste = report["image"]["waste"]
+    group = next(
+        g for g in waste["groups"] if {c["path"] for c in g["copies"]} == {CORE_COPY, DEVEL_COPY}
+    )
+    assert group["scope"] == "cross-layer" and len(group["layers"]) == 2
+    assert waste["later_run_dedup_shrinks_image"] is False
+    finding = next(
+        f for f in report["findings"] if f["rule"] == "IMG008" and f["path"] == CORE_COPY
+    )
+    assert "no later step can free" in finding["message"]
+
+
+def test_missing_image_is_a_usage_error(run_cli, docker_env):
+    result = run_cli("image", "rocm-audit-test/does-not-exist:1")
+    assert result.exit_code == 2
+
+
+def test_docker_save_with_whiteout_and_replaced_directory(run_cli, saved):
+    report = run_cli("image", "--archive", str(saved["layered"]), "--format", "json").report
+    assert report["image"]["source"]["format"] == "docker-save"
+    assert DEVEL_COPY not in dup_paths(report)  # deleted by the top layer's whiteout
+    top = report["image"]["layers"][-1]
+    assert top["whiteouts"] + top["opaque_dirs"] >= 2, top
+    group = next(g for g in report["image"]["waste"]["groups"] if g["size"] > 50_000_000)
+    visible = {c["path"]: c["visible"] for c in group["copies"]}
+    assert visible == {
+        CORE_COPY: True,
+        DEVEL_COPY: False,
+    }  # hidden, but its bytes are still in the image
+    assert group["scope"] == "cross-layer"
+
+
+def test_skopeo_oci_layout_and_oci_archive_match_docker_save(run_cli, saved, tmp_path):
+    skopeo = tool("skopeo")
+    layout, archive = tmp_path / "oci", tmp_path / "oci-archive.tar"
+    # Uncompressed layers in the layout, zstd in the archive: both as skopeo writes them, and
+    # much faster than gzip on the 400 MB base layer.
+    run(
+        skopeo,
+        "--insecure-policy",
+        "copy",
+        "--dest-oci-accept-uncompressed-layers",
+        f"docker-archive:{saved['layered']}",
+        f"oci:{layout}:layered",
+    )
+    run(
+        skopeo,
+        "--insecure-policy",
+        "copy",
+        "--dest-compress-format",
+        "zstd",
+        "--dest-compress-level",
+        "1",
+        f"oci:{layout}:layered",
+        f"oci-archive:{archive}:layered",
+    )
+
+    def key(report: dict) -> list[tuple[str, str]]:
+        return sorted(
+            (f["rule"], f["path"]) for f in report["findings"] if not f["rule"].startswith("IMG00")
+        )
+
+    from_save = run_cli("image", "--archive", str(saved["layered"]), "--format", "json").report
+    from_layout = run_cli("image", "--archive", str(layout), "--format", "json").report
+    from_archive = run_cli("image", "--archive", str(archive), "layered", "--format", "json").report
+    assert from_layout["image"]["source"]["format"] == "oci-layout"
+    with tarfile.open(archive) as packed:  # the archive's layers really are zstd
+        index = json.load(packed.extractfile("index.json"))
+        manifest = json.load(
+            packed.extractfile("blobs/" + index["manifests"][0]["digest"].replace(":", "/"))
+        )
+    assert {layer["mediaType"] for layer in manifest["layers"]} == {
+        "application/vnd.oci.image.layer.v1.tar+zstd"
+    }
+    assert key(from_layout) == key(from_save) == key(from_archive)
+    assert (
+        from_layout["image"]["waste"]["wasted_bytes"] == from_save["image"]["waste"]["wasted_bytes"]
+    )
+
+
+def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path):
+    skopeo, umoci = tool("skopeo"), tool("umoci")
+    layout = tmp_path / "oci"
+    run(
+        skopeo,
+        "--insecure-policy",
+        "copy",
+        "--dest-compress-level",  # gzip (umoci 0.4 reads nothing else), fast
+        "1",
+        f"docker-archive:{saved['split_plain']}",
+        f"oci:{layout}:split",
+    )
+    sp = SITE.lstrip("/")
+    top = layer(
+        (f"{sp}/_rocm_sdk_devel/lib/llvm/lib/.wh.libclang-cpp.so.15", b""),  # deletes the duplicate
+        (f"{sp}/_rocm_sdk_devel/include/.wh..wh..opq", b""),  # opaque directory
+        (f"{sp}/_rocm_sdk_devel/include/new.h", b"#define NEW 1\n"),
+        (f"{sp}/_rocm_sdk_core/.wh..wh.opq", b""),  # misspelled: hides nothing
+        member(
+            f"{sp}/_rocm_sdk_devel/evil", kind=tarfile.SYMTYPE, link="../../../../../../../../.."
+        ),
+    )
+    (tmp_path / "top.tar").write_bytes(top)
+    run(
+        umoci,
+        "raw",
+        "add-layer",
+        "--image",
+        f"{layout}:split",
+        "--tag",
+        "patched",
+        str(tmp_path / "top.tar"),
+    )
+    report = run_cli("image", "--archive", str(layout), "patched", "--format", "json").report
+    assert DEVEL_COPY not in dup_paths(report)
+    assert CORE_COPY not in dup_paths(report)
+    top_stats = report["image"]["layers"][-1]
+    assert (top_stats["whiteouts"], top_stats["opaque_dirs"]) == (1, 1)
+    assert "IMG006" in rules(report)
+    evil = next(f for f in report["findings"] if f["rule"] == "IMG002")
+    assert "evil" in evil["path"] and isinstance(evil["data"]["offset"], int)
+    # umoci's own unpack agrees on the merged view.
+    bundle = tmp_path / "bundle"
+    run(umoci, "unpack", "--rootless", "--image", f"{layout}:patched", str(bundle))
+    rootfs = bundle / "rootfs" / sp
+    assert not (rootfs / "_rocm_sdk_devel/lib/llvm/lib/libclang-cpp.so.15").exists()
+    assert sorted(p.name for p in (rootfs / "_rocm_sdk_devel/include").iterdir()) == ["new.h"]
+    json.dumps(report)
