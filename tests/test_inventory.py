@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from support.memory import PEAK_RSS_KIB_EXPR
 from support.tools import require_tool
 from rocm_audit.discovery import AuditRoot, resolve_roots
 from rocm_audit.inventory import FileKind, build_inventory, read_dynamic_info
@@ -130,11 +131,10 @@ def test_memory_stays_bounded_on_a_huge_library(tmp_path, zoo):
             handle.write((zoo / "libplain.so.1").read_bytes())
             handle.truncate(700 << 20)
     probe = textwrap.dedent(f"""
-        import resource
         from rocm_audit.dedup import run_dedup
         outcome = run_dedup([{str(tmp_path)!r}], mode="check")
         groups = outcome.sections["dedup"]["groups"]
-        print(len(groups), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+        print(len(groups), {PEAK_RSS_KIB_EXPR} // 1024)
     """)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600, check=True)
     groups, peak_mb = map(int, done.stdout.split())

@@ -14,6 +14,7 @@ import pytest
 from arch_writers import amdgpu_header, bundle, host_elf, kpack_archive, section_bytes
 
 from conftest import copy
+from support.memory import PEAK_RSS_KIB_EXPR
 
 SHT_PROGBITS, SHF_ALLOC = 1, 2
 
@@ -295,10 +296,10 @@ def test_a_1_gib_hip_fatbin_is_listed_in_little_memory(tmp_path):
         handle.write(bytes(table))
     assert os.stat(path).st_blocks * 512 < 64 << 20  # sparse: the test itself stays small on disk
     probe = (
-        "import resource, sys\nfrom rocm_audit.cli import main\n"
+        "import sys\nfrom rocm_audit.cli import main\n"
         f"code = main(['scan', '--targets', '-q', '-p', {str(path)!r}, '--format', 'json', '-o', "
         f"{str(tmp_path / 'out.json')!r}])\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, code)\n"
+        f"print({PEAK_RSS_KIB_EXPR}, code)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
