@@ -124,3 +124,24 @@ def test_bad_rules_files_are_usage_errors_naming_file_line_and_key(sdk, run_cli,
     assert f"rocm-audit: error: {path}{where}: " in result.output
     assert reason in result.output
     assert "Traceback" not in result.output
+
+
+def test_policy_targets_and_extra_targets_reach_verify_arch(tmp_path, run_cli, monkeypatch):
+    from support.toolchain import gfx942_code_object
+
+    monkeypatch.delenv("GPU_ARCH", raising=False)
+    gfx942_code_object(tmp_path / "pkg")
+    rules = write_rules(tmp_path, """
+        [policy.verify-arch]
+        targets = ["gfx942"]
+    """)
+    result = run_cli("verify-arch", "-p", str(tmp_path / "pkg"), "--rules", rules, "--format", "json", expect=0)
+    assert [t["target"] for t in result.report["targets"]] == ["gfx942"]
+    extra = write_rules(tmp_path, """
+        [policy.verify-arch]
+        extra_targets = ["gfx950"]
+    """)
+    result = run_cli("verify-arch", "gfx942", "-p", str(tmp_path / "pkg"), "--rules", extra, "--format", "json",
+                     expect=1)
+    assert [t["target"] for t in result.report["targets"]] == ["gfx942", "gfx950"]
+    assert "extra_targets" in result.report["targets_source"]

@@ -61,17 +61,27 @@ _MIOPEN_ARCH = re.compile(
 def requested_targets(
     args: list[str], roots: Iterable[str], environ: dict[str, str]
 ) -> tuple[list[RequiredTarget], str]:
-    """Targets from arguments, else $GPU_ARCH, else dist_info.json. Returns (targets, source)."""
+    """Targets from arguments, else $GPU_ARCH, else the policy's ``targets``, else dist_info.json;
+    plus the policy's ``extra_targets`` (``--rules``). Returns (targets, source). Raises UsageError."""
+    from rocm_audit.rules_catalog import policy
+
+    settings = policy("verify-arch")
     names = split_target_args(args)
     source = "command line"
     if not names and environ.get("GPU_ARCH", "").strip():
         names, source = split_target_args([environ["GPU_ARCH"]]), "$GPU_ARCH"
+    if not names and settings.get("targets"):
+        names, source = split_target_args(list(settings["targets"])), "rules file (policy.verify-arch.targets)"
     if not names:
         for path in _dist_info_candidates(roots):
             names = _targets_from_dist_info(path)
             if names:
                 source = path
                 break
+    extra = [n for n in split_target_args(list(settings.get("extra_targets", []))) if n not in names]
+    if extra:
+        names = names + extra
+        source += " + rules file (policy.verify-arch.extra_targets)"
     if not names:
         raise UsageError(
             'no GPU target given: pass targets (verify-arch gfx942 gfx950, or "gfx942;gfx950"), '
