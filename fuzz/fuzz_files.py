@@ -19,13 +19,13 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports(include=["rocm_audit"]):
+    from rocm_audit.codeobjects import scan_file
     from rocm_audit.discovery import AuditRoot
     from rocm_audit.elfversions import read_versions
     from rocm_audit.errors import FormatError
     from rocm_audit.formats import ccob, hip_fatbin, kpack, offload_binary, offload_bundle
     from rocm_audit.formats.amdgpu_elf import iter_notes, parse_header, parse_metadata
     from rocm_audit.inventory import FileKind, build_inventory, read_dynamic_info
-    from rocm_audit.codeobjects import scan_file
     from rocm_audit.llvm_cl import classify
 
 WORKDIR = tempfile.mkdtemp(prefix="rocm-audit-fuzz-")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+
 import pytest
 
 from support.toolchain import gfx942_code_object

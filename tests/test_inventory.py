@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from support.memory import PEAK_RSS_KIB_EXPR
-from support.tools import require_tool
 from rocm_audit.discovery import AuditRoot, resolve_roots
 from rocm_audit.inventory import FileKind, build_inventory, read_dynamic_info
+from support.memory import PEAK_RSS_KIB_EXPR
+from support.tools import require_tool
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 

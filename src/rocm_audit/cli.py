@@ -106,8 +106,12 @@ def fail_on_severity(fail_on: FailOn) -> Severity | None:
     return None if fail_on is FailOn.never else Severity(fail_on.value)
 
 
-def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on: FailOn) -> int:
-    """Apply the policy, render the outcome, write it, and return the exit code."""
+def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on: FailOn,
+         quiet: bool = False) -> int:
+    """Apply the policy, render the outcome, write it, and return the exit code.
+
+    When the report is machine-readable or goes to a file, the one-line summary goes to stderr
+    (unless quiet), so a person watching the build still sees what happened."""
     from rocm_audit.policy import active_policy
 
     outcome.findings, outcome.suppressed = active_policy().apply(outcome.findings)
@@ -144,6 +148,8 @@ def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on
         else:  # a test runner's text stream
             sys.stdout.write(text)
         sys.stdout.flush()
+    if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
+        typer.echo(outcome.summary, err=True)
     if threshold is None:
         return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
     return outcome.exit_code(threshold)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 
@@ -38,3 +40,14 @@ class ProgressLine:
         if self._last_draw:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+
+
+@contextmanager
+def progress_line(label: str, quiet: bool) -> Iterator[ProgressLine | None]:
+    """A ProgressLine when progress_enabled(quiet), cleared afterwards; else None."""
+    line = ProgressLine(label) if progress_enabled(quiet) else None
+    try:
+        yield line
+    finally:
+        if line is not None:
+            line.close()

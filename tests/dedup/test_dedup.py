@@ -10,11 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.sdk_tree import resolved_bytes, snapshot
 
 from rocm_audit.dedup import apply_plan, make_plan, revert_manifests, run_dedup
 from rocm_audit.discovery import resolve_roots
 from rocm_audit.inventory import TEMP_PREFIX, build_inventory
+from support.sdk_tree import resolved_bytes, snapshot
 
 CORE_DUPLICATES = ("librocm_sysdeps_z.so.1", "libamd_comgr.so.3", "libamdhip64.so.7")
 
@@ -345,7 +345,8 @@ def test_keeper_rule_ranks_exact_tree_names_before_patterns(tmp_path):
                           mtime_ns=0, ctime_ns=0, magic=b"", head_digest=b"")
 
     candidates = [record("_rocm_sdk_devel", "lib/libx.so.1"), record("_rocm_profiler_sdk_x", "lib/libx.so.1"),
-                  record("_rocm_sdk_extra", "lib/libx.so.1"), record("_rocm_sdk_libraries_gfx950_dcgpu", "lib/libx.so.1"),
+                  record("_rocm_sdk_extra", "lib/libx.so.1"),
+                  record("_rocm_sdk_libraries_gfx950_dcgpu", "lib/libx.so.1"),
                   record("_rocm_sdk_core", "lib/libx.so.1.2.3"), record("_rocm_sdk_core", "lib/libx.so.1")]
     ranked = sorted(candidates, key=lambda r: keeper_sort_key(r, "libx.so.1", order))
     assert [r.path for r in ranked] == [

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from support.tools import require_tool  # noqa: E402
-from support.sdk_tree import build_sdk_tree  # noqa: E402
-
 from rocm_audit.inventory import TEMP_PREFIX  # noqa: E402
+from support.sdk_tree import build_sdk_tree  # noqa: E402
+from support.tools import require_tool  # noqa: E402
 
 # Every system call through which dedup or revert changes the tree or its manifest.
 MUTATING_SYSCALLS = ("write", "fsync", "mkdir", "mkdirat", "flock", "symlink", "symlinkat", "link", "linkat",

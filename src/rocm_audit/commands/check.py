@@ -6,8 +6,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from rocm_audit.cli import (FailOn, FailOnOption, FormatOption, OutputFormat, OutputOption, PathsOption,
-                            QuietOption, RulesOption, emit, run)
+from rocm_audit.cli import (
+    FailOn,
+    FailOnOption,
+    FormatOption,
+    OutputFormat,
+    OutputOption,
+    PathsOption,
+    QuietOption,
+    RulesOption,
+    emit,
+    run,
+)
 
 
 def command(
@@ -31,7 +41,7 @@ def command(
     def body() -> int:
         from rocm_audit.check import CheckOptions, run_check
         from rocm_audit.errors import UsageError
-        from rocm_audit.progress import ProgressLine, progress_enabled
+        from rocm_audit.progress import progress_line
 
         known = {"dedup", "verify-arch", "llvm", "post-build"}
         unknown = set(skip or []) - known
@@ -39,15 +49,8 @@ def command(
             raise UsageError(f"--skip takes {', '.join(sorted(known))}; not {', '.join(sorted(unknown))}")
         options = CheckOptions(targets=list(targets or []), sysroot=sysroot, probe=probe,
                                skip=frozenset(skip or []))
-        progress = ProgressLine("check: scanning") if progress_enabled(quiet) else None
-        try:
+        with progress_line("check: scanning", quiet) as progress:
             outcome = run_check(paths, options, progress)
-        finally:
-            if progress is not None:
-                progress.close()
-        code = emit(outcome, fmt, output, fail_on)
-        if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
-            typer.echo(outcome.summary, err=True)
-        return code
+        return emit(outcome, fmt, output, fail_on, quiet)
 
     run(body, rules)

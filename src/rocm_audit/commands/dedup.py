@@ -6,19 +6,33 @@ from typing import Annotated, Optional
 
 import typer
 
-from rocm_audit.cli import (FailOn, FailOnOption, FormatOption, OutputFormat, OutputOption, PathsOption,
-                            QuietOption, RulesOption, emit, run)
+from rocm_audit.cli import (
+    FailOn,
+    FailOnOption,
+    FormatOption,
+    OutputFormat,
+    OutputOption,
+    PathsOption,
+    QuietOption,
+    RulesOption,
+    emit,
+    run,
+)
 
 
 def command(
     paths: PathsOption = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (and an equivalent shell script); change nothing.")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 if anything would change (CI gate).")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the plan (and an equivalent shell script); change nothing.")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Change nothing; exit 1 if anything would change (CI gate).")] = False,
     manifest: Annotated[Optional[str], typer.Option(  # noqa: UP045
         "--manifest", metavar="FILE",
-        help="Revert manifest to append to. Default: .rocm-audit/dedup-manifest.jsonl in the directory holding the SDK trees.")] = None,
+        help="Revert manifest to append to. Default: .rocm-audit/dedup-manifest.jsonl in the directory "
+             "holding the SDK trees.")] = None,
     revert: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
-        "--revert", metavar="MANIFEST", help="Turn the links recorded in MANIFEST back into regular files; repeatable.")] = None,
+        "--revert", metavar="MANIFEST",
+        help="Turn the links recorded in MANIFEST back into regular files; repeatable.")] = None,
     fmt: FormatOption = OutputFormat.text,
     output: OutputOption = None,
     fail_on: FailOnOption = FailOn.error,
@@ -42,19 +56,11 @@ def command(
             outcome = revert_manifests(revert)
         else:
             from rocm_audit.dedup import run_dedup
-            from rocm_audit.progress import ProgressLine, progress_enabled
+            from rocm_audit.progress import progress_line
 
-            progress = ProgressLine("dedup: scanning") if progress_enabled(quiet) else None
-            try:
-                mode = "check" if check else "dry-run" if dry_run else "apply"
+            mode = "check" if check else "dry-run" if dry_run else "apply"
+            with progress_line("dedup: scanning", quiet) as progress:
                 outcome = run_dedup(paths, mode=mode, manifest_path=manifest, progress=progress)
-            finally:
-                if progress is not None:
-                    progress.close()
-        code = emit(outcome, fmt, output, fail_on)
-        if not quiet and (fmt is not OutputFormat.text or output):
-            if outcome.summary:
-                typer.echo(outcome.summary, err=True)
-        return code
+        return emit(outcome, fmt, output, fail_on, quiet)
 
     run(body, rules)

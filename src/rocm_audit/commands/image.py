@@ -151,9 +151,6 @@ def command(
             from rocm_audit.image.daemon import audit_daemon_image
 
             outcome = audit_daemon_image(ref or "", options, layers=layers)
-        code = emit(outcome, fmt, output, fail_on)
-        if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
-            typer.echo(outcome.summary, err=True)
-        return code
+        return emit(outcome, fmt, output, fail_on, quiet)
 
     run(body, rules)

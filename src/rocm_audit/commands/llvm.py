@@ -98,7 +98,7 @@ def command(
 
     def body() -> int:
         from rocm_audit.llvm_clashes import LlvmOptions, run_llvm
-        from rocm_audit.progress import ProgressLine, progress_enabled
+        from rocm_audit.progress import progress_line
 
         options = LlvmOptions(
             probe=probe,
@@ -109,15 +109,8 @@ def command(
             sysroot=sysroot,
             ld_library_path=tuple(d for d in (ld_library_path or "").split(":") if d),
         )
-        progress = ProgressLine("llvm: scanning") if progress_enabled(quiet) else None
-        try:
+        with progress_line("llvm: scanning", quiet) as progress:
             outcome = run_llvm(paths, options, progress=progress)
-        finally:
-            if progress is not None:
-                progress.close()
-        code = emit(outcome, fmt, output, fail_on)
-        if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
-            typer.echo(outcome.summary, err=True)
-        return code
+        return emit(outcome, fmt, output, fail_on, quiet)
 
     run(body, rules)

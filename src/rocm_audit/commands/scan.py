@@ -39,10 +39,9 @@ def command(
     """Report what the trees hold: file kinds, or with --targets every GPU code object per file."""
 
     def body() -> int:
-        from rocm_audit.progress import ProgressLine, progress_enabled
+        from rocm_audit.progress import progress_line
 
-        progress = ProgressLine("scan") if progress_enabled(quiet) else None
-        try:
+        with progress_line("scan", quiet) as progress:
             if targets:
                 from rocm_audit.archcheck import list_targets
 
@@ -51,12 +50,6 @@ def command(
                 from rocm_audit.archcheck import inventory_summary
 
                 outcome = inventory_summary(paths, progress=progress)
-        finally:
-            if progress is not None:
-                progress.close()
-        code = emit(outcome, fmt, output, fail_on)
-        if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
-            typer.echo(outcome.summary, err=True)
-        return code
+        return emit(outcome, fmt, output, fail_on, quiet)
 
     run(body, rules)

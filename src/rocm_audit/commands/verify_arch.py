@@ -47,17 +47,10 @@ def command(
 
     def body() -> int:
         from rocm_audit.archcheck import verify_arch
-        from rocm_audit.progress import ProgressLine, progress_enabled
+        from rocm_audit.progress import progress_line
 
-        progress = ProgressLine("verify-arch: scanning") if progress_enabled(quiet) else None
-        try:
+        with progress_line("verify-arch: scanning", quiet) as progress:
             outcome = verify_arch(paths, list(targets or []), progress=progress)
-        finally:
-            if progress is not None:
-                progress.close()
-        code = emit(outcome, fmt, output, fail_on)
-        if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
-            typer.echo(outcome.summary, err=True)
-        return code
+        return emit(outcome, fmt, output, fail_on, quiet)
 
     run(body, rules)
