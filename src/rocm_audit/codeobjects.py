@@ -494,6 +494,12 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section) -> int:
         head = fh.read(pos, min(32, end - pos))
         place = f".hip_fatbin+{pos - start:#x}"
         is_container = head.startswith((offload_bundle.BUNDLE_MAGIC, ccob.CCOB_MAGIC))
+        gap = -(pos - start) % align
+        if not is_container and gap and pos + gap < end and not fh.read(pos, gap).strip(b"\0"):
+            # Padding shorter than the 32 bytes looked at above: the next container may already
+            # start inside them, at the boundary.
+            pos += gap
+            continue
         if not is_container and not head.strip(b"\0"):
             found = _first_nonzero(fh, pos, end)
             if found >= end:

@@ -330,3 +330,30 @@ def test_bytes_after_the_section_end_are_not_read_as_part_of_it(tmp_path):
     path.write_bytes(bytes(data))
     result = scan_path(path)
     assert result.findings == [] and targets(result) == [(0, "gfx942")]
+
+
+def test_ccobs_separated_by_padding_shorter_than_a_header_are_all_read(tmp_path):
+    """Found by the benchmark on a 48-bundle library: 12 zero bytes before the next 4 KiB boundary."""
+    import hashlib as _hashlib
+    import zlib as _zlib
+
+    def stored_ccob(payload: bytes) -> bytes:
+        body = _zlib.compress(payload, 0)  # stored blocks: the size is predictable
+        header = b"CCOB" + struct.pack("<HHII", 2, 0, 24 + len(body), len(payload))
+        return header + _hashlib.md5(payload).digest()[:8] + body
+
+    table = bundle(SAMPLE)
+    for extra in range(4096):
+        first = stored_ccob(table + b"\0" * extra)
+        if len(first) % 4096 == 4096 - 12:
+            break
+    else:
+        raise AssertionError("no payload length leaves 12 bytes of padding")
+    second = stored_ccob(table)
+    fatbin = first + b"\0" * 12 + second
+    path = tmp_path / "libtwo.so"
+    host_elf([(".hip_fatbin", SHT_PROGBITS, SHF_ALLOC, fatbin)], str(path))
+    result = scan_path(path)
+    assert not result.findings, result.findings
+    assert [(kind, offset - result.bundles[0][0]) for offset, _, kind in result.bundles] == [
+        ("ccob", 0), ("ccob", len(first) + 12)]
