@@ -121,6 +121,33 @@ def read_program_headers(fd: int, header: ElfHeader, head: bytes, file_size: int
     """Program headers, taken from ``head`` when they lie inside it. Raises FormatError."""
     if header.e_phnum == 0:
         return []
+    table = _program_header_table(fd, header, head, file_size)
+    end = header.endian
+    phdrs = []
+    for index in range(header.e_phnum):
+        base = index * header.e_phentsize
+        if header.is_64:
+            p_type, _flags, off, vaddr, _paddr, filesz, memsz, _align = struct.unpack_from(
+                end + "IIQQQQQQ", table, base)
+        else:
+            p_type, off, vaddr, _paddr, filesz, memsz, _flags, _align = struct.unpack_from(
+                end + "IIIIIIII", table, base)
+        phdrs.append(ProgramHeader(p_type, off, vaddr, filesz, memsz))
+    return phdrs
+
+
+def program_header_types(fd: int, header: ElfHeader, head: bytes, file_size: int) -> list[int]:
+    """``p_type`` of every program header: the checks of read_program_headers without building
+    objects (the inventory asks only "is there a PT_INTERP?" of every file). Raises FormatError."""
+    if header.e_phnum == 0:
+        return []
+    table = _program_header_table(fd, header, head, file_size)
+    step, fmt = header.e_phentsize, header.endian + "I"
+    return [struct.unpack_from(fmt, table, index * step)[0] for index in range(header.e_phnum)]
+
+
+def _program_header_table(fd: int, header: ElfHeader, head: bytes, file_size: int) -> bytes:
+    """The raw program header table, bounds-checked. Raises FormatError."""
     entry_size = 56 if header.is_64 else 32
     if header.e_phentsize < entry_size:
         raise FormatError("ELF", 0x36 if header.is_64 else 0x2A, f"e_phentsize {header.e_phentsize} too small")
@@ -130,19 +157,8 @@ def read_program_headers(fd: int, header: ElfHeader, head: bytes, file_size: int
     if header.e_phoff + table_size > file_size:
         raise FormatError("ELF", header.e_phoff, "program header table runs past the end of the file")
     if header.e_phoff + table_size <= len(head):
-        table = head[header.e_phoff: header.e_phoff + table_size]
-    else:
-        table = _pread_exact(fd, table_size, header.e_phoff, "program header table")
-    end = header.endian
-    phdrs = []
-    for index in range(header.e_phnum):
-        base = index * header.e_phentsize
-        if header.is_64:
-            p_type, _flags, off, vaddr, _paddr, filesz, memsz, _align = struct.unpack_from(end + "IIQQQQQQ", table, base)
-        else:
-            p_type, off, vaddr, _paddr, filesz, memsz, _flags, _align = struct.unpack_from(end + "IIIIIIII", table, base)
-        phdrs.append(ProgramHeader(p_type, off, vaddr, filesz, memsz))
-    return phdrs
+        return head[header.e_phoff: header.e_phoff + table_size]
+    return _pread_exact(fd, table_size, header.e_phoff, "program header table")
 
 
 def vaddr_to_offset(phdrs: list[ProgramHeader], vaddr: int) -> int | None:

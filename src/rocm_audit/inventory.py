@@ -114,10 +114,10 @@ def _classify(fd: int, head: bytes, size: int) -> tuple[FileKind, elfread.ElfHea
         return FileKind.EXECUTABLE, header
     if header.e_type != elfread.ET_DYN:
         return FileKind.OTHER_ELF, header
-    phdrs = elfread.read_program_headers(fd, header, head, size)
-    if any(ph.p_type == elfread.PT_INTERP for ph in phdrs):
+    if elfread.PT_INTERP in elfread.program_header_types(fd, header, head, size):
         # A PIE executable and a runnable library (libc.so.6) both have PT_INTERP; DF_1_PIE or a
         # missing SONAME tells the executable apart.
+        phdrs = elfread.read_program_headers(fd, header, head, size)
         dynamic = elfread.read_dynamic(fd, header, phdrs, size)
         if dynamic.flags_1 & elfread.DF_1_PIE or dynamic.soname is None:
             return FileKind.EXECUTABLE, header
@@ -173,9 +173,14 @@ def build_inventory(roots: list[AuditRoot], progress: ProgressCallback | None = 
     seen_files = 0
     for root in roots:
         root_tree = enclosing_sdk_tree(root.path)
+        tree_of_dir: dict[str, str | None] = {}  # the owning tree is a property of the directory
         for path, st in _walk(root, inventory.findings):
-            rel_dir = os.path.dirname(os.path.relpath(path, root.path))
-            sdk_tree = _tree_of(root.path, rel_dir, root_tree)
+            directory = os.path.dirname(path)
+            if directory in tree_of_dir:
+                sdk_tree = tree_of_dir[directory]
+            else:
+                rel_dir = os.path.dirname(os.path.relpath(path, root.path))
+                sdk_tree = tree_of_dir[directory] = _tree_of(root.path, rel_dir, root_tree)
             if sdk_tree:
                 trees.add(sdk_tree)
             if os.path.basename(path).startswith(TEMP_PREFIX):
