@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -25,7 +26,7 @@ import shlex
 import stat
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,13 +125,13 @@ def make_plan(inventory: Inventory) -> DedupPlan:
 
     # Size buckets of distinct inodes; never read anything for a singleton (peers.md 1).
     inodes_by_size: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
-    for key, records in paths_by_inode.items():
+    for records in paths_by_inode.values():
         first = records[0]
         inodes_by_size[(first.root, first.dev, first.size)].append(first)
 
     content_classes: list[list[tuple[str, int, int]]] = []
     grouped: set[tuple[str, int, int]] = set()
-    for (root, dev, size), representatives in sorted(inodes_by_size.items()):
+    for (root, dev, _size), representatives in sorted(inodes_by_size.items()):
         if len(representatives) < 2:
             continue
         failures: list[ReadFailure] = []
@@ -150,12 +151,13 @@ def make_plan(inventory: Inventory) -> DedupPlan:
             content_classes.append([key])
 
     groups: list[DedupGroup] = []
+    realdir = functools.lru_cache(maxsize=None)(os.path.realpath)  # one realpath per directory
     for keys in content_classes:
         records = [r for key in keys for r in paths_by_inode[key]]
-        group = _group_from(records, inventory, owner_order, findings)
+        group = _group_from(records, inventory, owner_order, findings, realdir)
         if group is not None:
             groups.append(group)
-    for key, records in paths_by_inode.items():
+    for records in paths_by_inode.values():
         if records[0].nlink > len(records):
             findings.append(make_finding(
                 "DUP009", records[0].path,
@@ -166,24 +168,31 @@ def make_plan(inventory: Inventory) -> DedupPlan:
 
 
 def _group_from(records: list[FileRecord], inventory: Inventory, owner_order: list[str],
-                findings: list[Finding]) -> DedupGroup | None:
+                findings: list[Finding],
+                realdir: Callable[[str], str] = os.path.realpath) -> DedupGroup | None:
     soname = None
-    try:
-        soname = inventory.dynamic(records[0]).soname
-    except (OSError, Exception) as exc:  # noqa: BLE001 - a malformed dynamic section only loses the SONAME tie-break
-        findings.append(make_finding("SCAN002", records[0].path, f"cannot read the dynamic section: {exc}"))
+    ranks = [_owner_rank(r, owner_order) for r in records]
+    if len(set(ranks)) < len(ranks):  # the SONAME tie-break only orders records of one owner rank
+        try:
+            soname = inventory.dynamic(records[0]).soname
+        except (OSError, Exception) as exc:  # noqa: BLE001 - a malformed dynamic section only loses the SONAME tie-break
+            findings.append(make_finding("SCAN002", records[0].path, f"cannot read the dynamic section: {exc}"))
     ordered = sorted(records, key=lambda r: keeper_sort_key(r, soname, owner_order))
     keeper = ordered[0]
-    keeper_real = os.path.realpath(keeper.path)
+    # records are regular files (lstat), so realpath(file) == realpath(its directory) + its name
+    keeper_real = os.path.join(realdir(os.path.dirname(keeper.path)), os.path.basename(keeper.path))
     if not _inside(keeper_real, keeper.root):
-        findings.append(make_finding("DUP005", keeper.path, "keeper resolves outside the audited root; group left alone",
+        findings.append(make_finding("DUP005", keeper.path,
+                                     "keeper resolves outside the audited root; group left alone",
                                      related=[r.path for r in ordered[1:]]))
         return None
     duplicates = []
     for record in ordered[1:]:
-        link_text = relative_link_text(keeper.path, record.path)
+        # the text relative_link_text() gives, with one realpath per directory
+        link_text = os.path.relpath(keeper_real, realdir(os.path.dirname(record.path)))
         duplicates.append(PlannedLink(record, link_text, hardlink=record.identity == keeper.identity))
-        if stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode) or (record.uid, record.gid) != (keeper.uid, keeper.gid):
+        if (stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode)
+                or (record.uid, record.gid) != (keeper.uid, keeper.gid)):
             findings.append(make_finding(
                 "DUP004", record.path,
                 f"mode {stat.S_IMODE(record.mode):o} owner {record.uid}:{record.gid} differs from the keeper's "
@@ -400,7 +409,18 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
         result.manifest = os.path.abspath(manifest_path or default_manifest_path(plan))
         loader = LoaderModel()
         before = _needed_snapshot(plan, loader)
-        _journal(result.manifest, plan, secrets.token_hex(8))
+        try:
+            _journal(result.manifest, plan, secrets.token_hex(8))
+        except OSError as exc:
+            # No manifest, no way back: change nothing (a read-only tree fails here too).
+            findings.append(make_finding(
+                "DUP005", result.manifest, f"cannot write the revert manifest: {exc.strerror}; nothing changed"))
+            for group in plan.groups:
+                for planned in group.duplicates:
+                    group.status[planned.record.path] = "skipped"
+                    result.skipped += 1
+            result.manifest = None
+            return result
         _remove_leftovers(plan.inventory, findings)
         for group in plan.groups:
             for planned in group.duplicates:
@@ -549,7 +569,8 @@ def _render_text(outcome: CommandOutcome) -> str:
     for group in section["groups"]:
         lines.append(f"keep {display(group['keeper'])}  ({group['size']:,} bytes, {group['reason']})")
         for d in group["duplicates"]:
-            mark = {"planned": "would link", "replaced": "linked", "skipped": "SKIPPED", "failed": "FAILED"}[d["status"]]
+            mark = {"planned": "would link", "replaced": "linked", "skipped": "SKIPPED",
+                    "failed": "FAILED"}[d["status"]]
             lines.append(f"  {mark:10} {display(d['path'])} -> {display(d['link_text'])}"
                          f"{'  (was a hardlink)' if d['hardlink'] else ''}")
     if mode == "dry-run" and section["shell_preview"]:

@@ -79,3 +79,59 @@ def test_special_files_and_link_loops_are_never_opened_or_followed(hostile):
     scanned = report["dedup"]["files_scanned"]
     assert scanned == 2 * len(ODD_NAMES)
     assert all("fifo" not in f["path"] and "null" not in f["path"] for f in report["findings"])
+
+
+def _without_dac_override() -> list[str]:
+    """Run as root without CAP_DAC_OVERRIDE/READ_SEARCH, so a mode-000 directory is really unreadable."""
+    if os.geteuid() != 0:
+        return []
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+
+
+def test_an_unreadable_directory_is_reported_and_the_rest_is_audited(tmp_path):
+    from support.sdk_tree import build_sdk_tree
+
+    tree = build_sdk_tree(tmp_path / "site-packages")
+    locked = tree.devel / "share"
+    locked.chmod(0o000)
+    try:
+        done = subprocess.run([*_without_dac_override(), sys.executable, "-m", "rocm_audit", "dedup", "--check",
+                               "-p", str(tree.site), "--format", "json"], capture_output=True, timeout=120)
+    finally:
+        locked.chmod(0o755)
+    assert done.returncode == 1, done.stderr  # the duplicates elsewhere still fail the check
+    report = json.loads(done.stdout)
+    unreadable = [f for f in report["findings"] if f["rule"] == "SCAN001"]
+    assert [f["path"] for f in unreadable] == [str(locked)]
+    assert "Permission denied" in unreadable[0]["message"]
+    assert len(report["dedup"]["groups"]) == 6
+
+
+@pytest.fixture()
+def read_only_site(tmp_path):
+    """The SDK tree seen through a read-only bind mount: EROFS from the kernel on every write."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root (CI runs as root)")
+    from support.sdk_tree import build_sdk_tree
+
+    tree = build_sdk_tree(tmp_path / "rw" / "site-packages")
+    mount_point = tmp_path / "ro"
+    mount_point.mkdir()
+    subprocess.run(["mount", "--bind", str(tree.site), str(mount_point)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(mount_point)], check=True)
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_read_only_filesystem_changes_nothing_and_says_why(read_only_site):
+    before = {p: p.lstat().st_ino for p in read_only_site.rglob("*")}
+    done = rocm_audit("dedup", "-p", str(read_only_site), "--format", "json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    refused = [f for f in report["findings"] if f["rule"] == "DUP005"]
+    assert len(refused) == 1 and "Read-only file system" in refused[0]["message"]
+    assert report["dedup"]["replaced"] == 0 and report["dedup"]["manifest"] is None
+    assert {p: p.lstat().st_ino for p in read_only_site.rglob("*")} == before
