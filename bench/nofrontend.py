@@ -1,0 +1,14 @@
+"""What-if figure, not a product path: `rocm-audit dedup --check -q -p SITE` without the CLI
+framework (typer, and the pydantic it imports to coerce options), printing the same text report.
+Shows how much of a run is the front end. Usage: python nofrontend.py SITE"""
+
+import sys
+
+from rocm_audit.dedup import run_dedup
+from rocm_audit.policy import load_policy, using_policy
+from rocm_audit.render import render_text
+
+with using_policy(load_policy([])):
+    outcome = run_dedup([sys.argv[1]], mode="check")
+    sys.stdout.write(render_text(outcome))
+sys.exit(1 if outcome.sections["dedup"]["groups"] else 0)
