@@ -363,77 +363,80 @@ def _ccob_objects(
         payload_start,
         limit=min(header.uncompressed_size, MAX_CCOB_STREAM),
     )
-    window = min(BUNDLE_WINDOW, header.uncompressed_size)
-    prefix = stream.read(window)
-    while True:
-        try:
-            bundle = offload_bundle.parse_bundle(prefix, 0, header.uncompressed_size)
-            break
-        except offload_bundle.IncompleteTable as more:
-            limit = min(header.uncompressed_size, offload_bundle.max_table_bytes())
-            if len(prefix) >= limit:
+    try:
+        window = min(BUNDLE_WINDOW, header.uncompressed_size)
+        prefix = stream.read(window)
+        while True:
+            try:
+                bundle = offload_bundle.parse_bundle(prefix, 0, header.uncompressed_size)
+                break
+            except offload_bundle.IncompleteTable as more:
+                limit = min(header.uncompressed_size, offload_bundle.max_table_bytes())
+                if len(prefix) >= limit:
+                    raise FormatError(
+                        ccob.FMT, start, "inflated entry table is larger than any valid one"
+                    ) from None
+                extra = stream.read(min(limit, max(len(prefix) * 2, more.needed)) - len(prefix))
+                if not extra:
+                    raise FormatError(
+                        ccob.FMT, start, "stream ends inside the bundle entry table"
+                    ) from None
+                prefix += extra
+            except FormatError as exc:
                 raise FormatError(
-                    ccob.FMT, start, "inflated entry table is larger than any valid one"
+                    ccob.FMT,
+                    start,
+                    f"inflated bundle: {exc.reason} (at inflated offset {exc.offset:#x})",
                 ) from None
-            extra = stream.read(min(limit, max(len(prefix) * 2, more.needed)) - len(prefix))
-            if not extra:
-                raise FormatError(
-                    ccob.FMT, start, "stream ends inside the bundle entry table"
-                ) from None
-            prefix += extra
-        except FormatError as exc:
-            raise FormatError(
-                ccob.FMT,
-                start,
-                f"inflated bundle: {exc.reason} (at inflated offset {exc.offset:#x})",
-            ) from None
-    # Entry heads: walk the stream once in entry order, keeping only each entry's first bytes.
-    for number, entry in sorted(enumerate(bundle.entries), key=lambda item: item[1].offset):
-        location = f"{place} entry {number}"
-        facts = None
-        if _is_amdgcn(entry.entry_id) and entry.size:
-            want = min(entry.size, CO_HEAD_BYTES)
-            head = _stream_slice(stream, prefix, entry.offset, want)
-            if len(head) < want:
+        # Entry heads: walk the stream once in entry order, keeping only each entry's first bytes.
+        for number, entry in sorted(enumerate(bundle.entries), key=lambda item: item[1].offset):
+            location = f"{place} entry {number}"
+            facts = None
+            if _is_amdgcn(entry.entry_id) and entry.size:
+                want = min(entry.size, CO_HEAD_BYTES)
+                head = _stream_slice(stream, prefix, entry.offset, want)
+                if len(head) < want:
+                    _malformed(
+                        result,
+                        FormatError(
+                            ccob.FMT,
+                            start,
+                            f"stream ends before entry {number} "
+                            f"({entry.size} bytes at inflated {entry.offset:#x})",
+                        ),
+                        location,
+                    )
+                else:
+                    try:
+                        facts = inspect_code_object(_buffer_reader(head), entry.size, start)
+                    except FormatError as exc:
+                        _malformed(result, exc, location + " (inflated)")
+            obj = _device_record(
+                container="ccob",
+                location=location,
+                file_offset=None,
+                size=entry.size,
+                tu=tu,
+                entry_id=entry.entry_id.raw,
+                kind=entry.entry_id.kind,
+                bundle_target=entry.entry_id.target,
+                facts=facts,
+                listed_source="bundle-id",
+            )
+            result.code_objects.append(obj)
+            result.findings.extend(_consistency_findings(result.path, obj, facts, start))
+        # The hash covers the whole payload; check it when the rest is cheap to inflate.
+        if header.uncompressed_size - stream.position <= CCOB_HASH_CHECK_BYTES:
+            stream.skip(header.uncompressed_size - stream.position)
+            if stream.hash_matches(header) is False:
                 _malformed(
                     result,
-                    FormatError(
-                        ccob.FMT,
-                        start,
-                        f"stream ends before entry {number} "
-                        f"({entry.size} bytes at inflated {entry.offset:#x})",
-                    ),
-                    location,
+                    FormatError(ccob.FMT, start + header.header_size - 8, "payload MD5 does not match"),
+                    place,
                 )
-            else:
-                try:
-                    facts = inspect_code_object(_buffer_reader(head), entry.size, start)
-                except FormatError as exc:
-                    _malformed(result, exc, location + " (inflated)")
-        obj = _device_record(
-            container="ccob",
-            location=location,
-            file_offset=None,
-            size=entry.size,
-            tu=tu,
-            entry_id=entry.entry_id.raw,
-            kind=entry.entry_id.kind,
-            bundle_target=entry.entry_id.target,
-            facts=facts,
-            listed_source="bundle-id",
-        )
-        result.code_objects.append(obj)
-        result.findings.extend(_consistency_findings(result.path, obj, facts, start))
-    # The hash covers the whole payload; check it when the rest is cheap to inflate.
-    if header.uncompressed_size - stream.position <= CCOB_HASH_CHECK_BYTES:
-        stream.skip(header.uncompressed_size - stream.position)
-        if stream.hash_matches(header) is False:
-            _malformed(
-                result,
-                FormatError(ccob.FMT, start + header.header_size - 8, "payload MD5 does not match"),
-                place,
-            )
-    return total
+        return total
+    finally:
+        stream.close()  # frees zstd's window now, not when the garbage collector gets to it
 
 
 def _stream_slice(stream: ccob.PayloadStream, buffered: bytes, offset: int, length: int) -> bytes:

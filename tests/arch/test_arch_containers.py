@@ -7,6 +7,7 @@ and no allocation may follow a declared size.
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 import zlib
 from pathlib import Path
@@ -357,3 +358,47 @@ def test_ccobs_separated_by_padding_shorter_than_a_header_are_all_read(tmp_path)
     assert not result.findings, result.findings
     assert [(kind, offset - result.bundles[0][0]) for offset, _, kind in result.bundles] == [
         ("ccob", 0), ("ccob", len(first) + 12)]
+
+
+def test_many_long_window_ccobs_are_read_with_bounded_memory(tmp_path):
+    """Each zstd stream holds a window of up to 128 MiB; found by the benchmark: a 48-CCOB library
+    peaked at 339 MB because every stream's window stayed allocated (a reference cycle) until the
+    garbage collector ran. Now each stream is closed as soon as its CCOB is listed."""
+    import os
+    import subprocess
+    import sys
+
+    import zstandard
+
+    from support.memory import PEAK_RSS_KIB_EXPR
+
+    # The code objects sit behind 64 MiB of filler (one random MiB repeated: about 60:1, inside the
+    # bomb guard), so reading their headers runs each stream through its whole window.
+    filler = os.urandom(1 << 20) * 64
+    plain = bytearray(bundle(SAMPLE))
+    (count,) = struct.unpack_from("<Q", plain, 24)
+    cursor, first_object = 32, len(plain)
+    for _ in range(count):
+        offset, size, id_len = struct.unpack_from("<QQQ", plain, cursor)
+        if size:
+            first_object = min(first_object, offset)
+            struct.pack_into("<Q", plain, cursor, offset + len(filler))
+        cursor += 24 + id_len
+    payload = bytes(plain[:first_object]) + filler + bytes(plain[first_object:])
+    params = zstandard.ZstdCompressionParameters.from_level(1, window_log=26)
+    body = zstandard.ZstdCompressor(compression_params=params).compress(payload)
+    one = (b"CCOB" + struct.pack("<HHII", 2, 1, 24 + len(body), len(payload))
+           + hashlib.md5(payload).digest()[:8] + body)
+    one += b"\0" * (-len(one) % 4096)
+    path = tmp_path / "libwindows.so"
+    host_elf([(".hip_fatbin", SHT_PROGBITS, SHF_ALLOC, one * 4)], str(path))
+    probe = ("from rocm_audit.cli import main\n"
+             f"code = main(['scan', '--targets', '-q', '-p', {str(path)!r}, '--format', 'json', '-o', "
+             f"{str(tmp_path / 'out.json')!r}])\n"
+             f"print({PEAK_RSS_KIB_EXPR}, code)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    peak_kib, code = map(int, done.stdout.split())
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert code == 0, report["findings"]
+    assert len(report["code_objects"]) == 4 * len(SAMPLE)
+    assert peak_kib < 120 * 1024, f"peak RSS {peak_kib // 1024} MB for four 64 MiB-window streams"

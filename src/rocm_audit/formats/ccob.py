@@ -198,6 +198,15 @@ class PayloadStream:
             return None
         return self._md5.digest()[:8] == header.hash64
 
+    def close(self) -> None:
+        """Release the decompressor: a zstd window (up to 128 MiB with long-distance matching) per
+        stream would otherwise stay allocated until the objects are collected."""
+        if self._zstd_reader is not None:
+            self._zstd_reader.close()
+            self._zstd_reader = None
+        self._zlib = None
+        self._eof = True
+
     def skip(self, size: int) -> int:
         """Discard ``size`` bytes in bounded steps; returns how many were skipped."""
         done = 0
