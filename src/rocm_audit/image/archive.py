@@ -13,6 +13,7 @@ Every structural problem raises FormatError naming the member and offset.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 import os
@@ -70,19 +71,19 @@ class _Region:
         self.handle.close()
 
 
-class Store:
+class Store(abc.ABC):
     """Named members of an archive or directory."""
 
     label: str
 
-    def exists(self, name: str) -> bool:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def exists(self, name: str) -> bool: ...
 
-    def open(self, name: str) -> BinaryIO | _Region:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def open(self, name: str) -> BinaryIO | _Region: ...
 
-    def size(self, name: str) -> int:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def size(self, name: str) -> int: ...
 
     def read_json(self, name: str) -> Any:
         if not self.exists(name):
