@@ -101,9 +101,10 @@ def keeper_sort_key(record: FileRecord, soname: str | None, owner_order: list[st
     )
 
 
-def relative_link_text(keeper_path: str, link_path: str) -> str:
-    """The text `ln -sr keeper link` writes: keeper relative to the link's real directory."""
-    return os.path.relpath(os.path.realpath(keeper_path), os.path.realpath(os.path.dirname(link_path)))
+def relative_link_text(keeper_real: str, link_path: str, realdir: Callable[[str], str] = os.path.realpath) -> str:
+    """The text `ln -sr keeper link` writes: the keeper's real path relative to the link's real
+    directory. ``realdir`` may be a cached os.path.realpath (one call per directory)."""
+    return os.path.relpath(keeper_real, realdir(os.path.dirname(link_path)))
 
 
 def _inside(path: str, root: str) -> bool:
@@ -188,8 +189,7 @@ def _group_from(records: list[FileRecord], inventory: Inventory, owner_order: li
         return None
     duplicates = []
     for record in ordered[1:]:
-        # the text relative_link_text() gives, with one realpath per directory
-        link_text = os.path.relpath(keeper_real, realdir(os.path.dirname(record.path)))
+        link_text = relative_link_text(keeper_real, record.path, realdir)
         duplicates.append(PlannedLink(record, link_text, hardlink=record.identity == keeper.identity))
         if (stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode)
                 or (record.uid, record.gid) != (keeper.uid, keeper.gid)):
