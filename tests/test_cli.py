@@ -81,10 +81,12 @@ def test_default_path_is_this_interpreters_site_packages_and_an_empty_result_say
 
 @pytest.mark.parametrize("fail_on,expected", [("error", 0), ("warning", 1), ("never", 0)])
 def test_fail_on_sets_the_threshold(tmp_path, run_cli, fail_on, expected):
-    # An unreadable-as-ELF file gives a SCAN002 warning; nothing else is wrong.
+    # Two copies of an unreadable-as-ELF file give a SCAN002 warning (dedup must classify them
+    # before it could link one to the other); nothing else is wrong.
     tree = tmp_path / "_rocm_sdk_core" / "lib"
     tree.mkdir(parents=True)
-    (tree / "libtruncated.so.1").write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 9)
+    for name in ("libtruncated.so.1", "libtruncated-copy.so.1"):
+        (tree / name).write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 9)
     result = run_cli("dedup", "--check", "-p", str(tmp_path), "--fail-on", fail_on)
     assert result.exit_code == expected, result.output
     assert "SCAN002" in result.output

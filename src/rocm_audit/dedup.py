@@ -32,9 +32,19 @@ from typing import Any
 
 from rocm_audit import __version__
 from rocm_audit.discovery import resolve_roots
+from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.identical import Candidate, CompareStats, ReadFailure, partition_identical, same_bytes
-from rocm_audit.inventory import TEMP_PREFIX, FileKind, FileRecord, Inventory, ProgressCallback, build_inventory
+from rocm_audit.identical import Candidate, CompareStats, HeadFilter, ReadFailure, partition_identical, same_bytes
+from rocm_audit.inventory import (
+    TEMP_PREFIX,
+    FileKind,
+    FileRecord,
+    Inventory,
+    ListedFile,
+    ProgressCallback,
+    build_inventory,
+    classify,
+)
 from rocm_audit.loader import LoaderModel
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.rules_catalog import policy
@@ -101,14 +111,37 @@ def keeper_sort_key(record: FileRecord, soname: str | None, owner_order: list[st
     )
 
 
-def relative_link_text(keeper_real: str, link_path: str, realdir: Callable[[str], str] = os.path.realpath) -> str:
+def relative_link_text(keeper_real: str, link_path: str, realdir: Callable[[str], str] = os.path.realpath,
+                       reldir: Callable[[str, str], str] = os.path.relpath) -> str:
     """The text `ln -sr keeper link` writes: the keeper's real path relative to the link's real
-    directory. ``realdir`` may be a cached os.path.realpath (one call per directory)."""
-    return os.path.relpath(keeper_real, realdir(os.path.dirname(link_path)))
+    directory. ``realdir`` and ``reldir`` may be cached: a plan asks about few directories, and
+    their real paths and relative paths cost a system call or a string walk per component."""
+    keeper_dir, name = os.path.split(keeper_real)
+    up = reldir(keeper_dir, realdir(os.path.dirname(link_path)))
+    return name if up == "." else f"{up}/{name}"
 
 
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def hardlinked(listed: list[ListedFile]) -> set[str]:
+    """The files dedup's inventory opens: hardlinked ones, whose kind a plan needs without any
+    content comparison. Every other candidate is first opened by the comparison itself, which
+    classifies one member per class of identical heads; a file of unique size is never opened."""
+    return {entry.path for entry in listed if entry.sdk_tree is not None and entry.stat.st_nlink > 1}
+
+
+def _kind_filter(kinds: set[FileKind], findings: list[Finding]) -> HeadFilter:
+    def wanted(path: str, fd: int, head: memoryview) -> bool:
+        try:
+            kind, _ = classify(fd, bytes(head), os.fstat(fd).st_size)
+        except FormatError as exc:
+            findings.append(make_finding("SCAN002", path, exc.reason, data={"offset": exc.offset}))
+            return False
+        return kind in kinds
+
+    return wanted
 
 
 def make_plan(inventory: Inventory) -> DedupPlan:
@@ -119,7 +152,9 @@ def make_plan(inventory: Inventory) -> DedupPlan:
     findings: list[Finding] = []
     stats = CompareStats()
 
-    candidates = [r for r in inventory.files if r.sdk_tree is not None and r.kind in kinds]
+    # kind None: not opened yet (dedup's own inventory); the comparison classifies those.
+    candidates = [r for r in inventory.files if r.sdk_tree is not None and (r.kind is None or r.kind in kinds)]
+    head_filter = _kind_filter(kinds, findings)
     paths_by_inode: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
     for record in candidates:
         paths_by_inode[(record.root, record.dev, record.ino)].append(record)
@@ -139,7 +174,7 @@ def make_plan(inventory: Inventory) -> DedupPlan:
         by_path = {r.path: r for r in representatives}
         classes = partition_identical(
             [Candidate(r.path, r.size, r.head_digest) for r in sorted(representatives, key=lambda r: r.ino)],
-            stats, failures)
+            stats, failures, None if all(r.kind is not None for r in representatives) else head_filter)
         for failure in failures:
             findings.append(make_finding("SCAN001", failure.path, f"cannot read: {failure.error.strerror}"))
         for cls in classes:
@@ -153,9 +188,10 @@ def make_plan(inventory: Inventory) -> DedupPlan:
 
     groups: list[DedupGroup] = []
     realdir = functools.lru_cache(maxsize=None)(os.path.realpath)  # one realpath per directory
+    reldir = functools.lru_cache(maxsize=None)(os.path.relpath)  # one relpath per directory pair
     for keys in content_classes:
         records = [r for key in keys for r in paths_by_inode[key]]
-        group = _group_from(records, inventory, owner_order, findings, realdir)
+        group = _group_from(records, inventory, owner_order, findings, realdir, reldir)
         if group is not None:
             groups.append(group)
     for records in paths_by_inode.values():
@@ -169,8 +205,8 @@ def make_plan(inventory: Inventory) -> DedupPlan:
 
 
 def _group_from(records: list[FileRecord], inventory: Inventory, owner_order: list[str],
-                findings: list[Finding],
-                realdir: Callable[[str], str] = os.path.realpath) -> DedupGroup | None:
+                findings: list[Finding], realdir: Callable[[str], str] = os.path.realpath,
+                reldir: Callable[[str, str], str] = os.path.relpath) -> DedupGroup | None:
     soname = None
     ranks = [_owner_rank(r, owner_order) for r in records]
     if len(set(ranks)) < len(ranks):  # the SONAME tie-break only orders records of one owner rank
@@ -189,7 +225,7 @@ def _group_from(records: list[FileRecord], inventory: Inventory, owner_order: li
         return None
     duplicates = []
     for record in ordered[1:]:
-        link_text = relative_link_text(keeper_real, record.path, realdir)
+        link_text = relative_link_text(keeper_real, record.path, realdir, reldir)
         duplicates.append(PlannedLink(record, link_text, hardlink=record.identity == keeper.identity))
         if (stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode)
                 or (record.uid, record.gid) != (keeper.uid, keeper.gid)):
@@ -528,7 +564,7 @@ def run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None =
     """Discover, plan, and (mode == "apply") apply. Returns the outcome for the CLI."""
     started = time.monotonic()
     roots, looked = resolve_roots(paths, for_dedup=True)
-    inventory = build_inventory(roots, progress)
+    inventory = build_inventory(roots, progress, worth_reading=hardlinked)
     findings = list(inventory.findings)
     if not inventory.sdk_trees:
         findings.append(make_finding(

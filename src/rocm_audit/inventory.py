@@ -10,7 +10,7 @@ import enum
 import hashlib
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
 from rocm_audit import elfread
@@ -36,7 +36,7 @@ class FileRecord:
     path: str
     root: str
     sdk_tree: str | None
-    kind: FileKind
+    kind: FileKind | None  # None: listed but not opened (see build_inventory's worth_reading)
     dev: int
     ino: int
     nlink: int
@@ -46,8 +46,8 @@ class FileRecord:
     gid: int
     mtime_ns: int
     ctime_ns: int
-    magic: bytes
-    head_digest: bytes
+    magic: bytes  # empty when not opened
+    head_digest: bytes | None  # of the first HEAD_BYTES; None when not opened
     elf: elfread.ElfHeader | None = None
 
     @property
@@ -65,8 +65,6 @@ class LinkRecord:
     root: str
     sdk_tree: str | None
     target_text: str
-    resolved: str | None  # real path when it exists inside the root, else None
-    inside_root: bool
 
 
 @dataclass(slots=True)
@@ -77,6 +75,7 @@ class Inventory:
     sdk_trees: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     _dynamic: dict[str, elfread.DynamicInfo] = field(default_factory=dict)
+    _resolved: dict[str, str | None] = field(default_factory=dict)
 
     def dynamic(self, record: FileRecord) -> elfread.DynamicInfo:
         """SONAME, DT_NEEDED, RPATH/RUNPATH of an ELF file, read once on first use."""
@@ -85,6 +84,15 @@ class Inventory:
             cached = read_dynamic_info(record.path)
             self._dynamic[record.path] = cached
         return cached
+
+    def resolved(self, link: LinkRecord) -> str | None:
+        """The real path a symbolic link leads to when that exists inside its root, else None.
+        Resolved on first use: few commands ask, and realpath costs an lstat per path component."""
+        if link.path not in self._resolved:
+            real = os.path.realpath(link.path)
+            inside = real == link.root or real.startswith(link.root.rstrip("/") + "/")
+            self._resolved[link.path] = real if inside and os.path.exists(real) else None
+        return self._resolved[link.path]
 
     def by_kind(self, *kinds: FileKind) -> list[FileRecord]:
         return [r for r in self.files if r.kind in kinds]
@@ -104,7 +112,7 @@ def read_dynamic_info(path: str, *, follow_symlinks: bool = False) -> elfread.Dy
         os.close(fd)
 
 
-def _classify(fd: int, head: bytes, size: int) -> tuple[FileKind, elfread.ElfHeader | None]:
+def classify(fd: int, head: bytes, size: int) -> tuple[FileKind, elfread.ElfHeader | None]:
     if head[:4] != elfread.ELF_MAGIC:
         return FileKind.NOT_ELF, None
     header = elfread.parse_header(head)
@@ -158,19 +166,30 @@ def _walk(root: AuditRoot, findings: list[Finding]) -> Iterator[tuple[str, os.st
         stack.extend(reversed(subdirs))
 
 
-def _link_record(path: str, root: AuditRoot, sdk_tree: str | None) -> LinkRecord:
-    target = os.readlink(path)
-    resolved = os.path.realpath(path)
-    inside = resolved == root.path or resolved.startswith(root.path.rstrip("/") + "/")
-    return LinkRecord(path, root.path, sdk_tree, target,
-                      resolved if inside and os.path.exists(resolved) else None, inside)
+@dataclass(frozen=True, slots=True)
+class ListedFile:
+    """A regular file as the walk saw it, before anything was opened."""
+
+    path: str
+    root: AuditRoot
+    sdk_tree: str | None
+    stat: os.stat_result
 
 
-def build_inventory(roots: list[AuditRoot], progress: ProgressCallback | None = None) -> Inventory:
-    """Walk every root and classify its files. Problems become findings; the walk goes on."""
+# Given every listed regular file, the paths worth opening; the rest are recorded from lstat alone.
+ReadSelector = Callable[[list[ListedFile]], Container[str]]
+
+
+def build_inventory(roots: list[AuditRoot], progress: ProgressCallback | None = None,
+                    worth_reading: ReadSelector | None = None) -> Inventory:
+    """Walk every root and classify its files. Problems become findings; the walk goes on.
+
+    With ``worth_reading``, only the selected files are opened; the others get ``kind=None``
+    (dedup opens only files whose size another file shares, as the peers do: peers.md 1).
+    """
     inventory = Inventory(roots=list(roots))
     trees: set[str] = set()
-    seen_files = 0
+    listed: list[ListedFile] = []
     for root in roots:
         root_tree = enclosing_sdk_tree(root.path)
         tree_of_dir: dict[str, str | None] = {}  # the owning tree is a property of the directory
@@ -188,7 +207,7 @@ def build_inventory(roots: list[AuditRoot], progress: ProgressCallback | None = 
                     "SCAN004", path, "temporary file left by an interrupted rocm-audit run"))
             if stat.S_ISLNK(st.st_mode):
                 try:
-                    link = _link_record(path, root, sdk_tree)
+                    link = LinkRecord(path, root.path, sdk_tree, os.readlink(path))
                 except OSError as exc:
                     inventory.findings.append(make_finding("SCAN001", path, f"cannot read link: {exc.strerror}"))
                     continue
@@ -198,12 +217,17 @@ def build_inventory(roots: list[AuditRoot], progress: ProgressCallback | None = 
                 continue  # FIFOs, sockets and devices are never opened: reading one can hang
             if root.sdk_only and sdk_tree is None:
                 continue
-            record = _file_record(path, root, sdk_tree, st, inventory.findings)
-            if record is not None:
-                inventory.files.append(record)
-            seen_files += 1
-            if progress is not None:
-                progress(seen_files, st.st_size)
+            listed.append(ListedFile(path, root, sdk_tree, st))
+    selected = None if worth_reading is None else worth_reading(listed)
+    for seen_files, entry in enumerate(listed, 1):
+        if selected is None or entry.path in selected:
+            record = _file_record(entry, inventory.findings)
+        else:
+            record = _unread_record(entry)
+        if record is not None:
+            inventory.files.append(record)
+        if progress is not None:
+            progress(seen_files, entry.stat.st_size)
     inventory.sdk_trees = sorted(trees)
     return inventory
 
@@ -220,8 +244,8 @@ def _tree_of(root_path: str, rel_dir: str, root_tree: str | None) -> str | None:
     return None
 
 
-def _file_record(path: str, root: AuditRoot, sdk_tree: str | None, st: os.stat_result,
-                 findings: list[Finding]) -> FileRecord | None:
+def _file_record(entry: ListedFile, findings: list[Finding]) -> FileRecord | None:
+    path = entry.path
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -229,12 +253,12 @@ def _file_record(path: str, root: AuditRoot, sdk_tree: str | None, st: os.stat_r
         return None
     try:
         opened = os.fstat(fd)
-        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+        if (opened.st_dev, opened.st_ino) != (entry.stat.st_dev, entry.stat.st_ino):
             findings.append(make_finding("SCAN001", path, "file was replaced while it was being read"))
             return None
         head = os.pread(fd, HEAD_BYTES, 0)
         try:
-            kind, header = _classify(fd, head, opened.st_size)
+            kind, header = classify(fd, head, opened.st_size)
         except FormatError as exc:
             findings.append(make_finding("SCAN002", path, exc.reason, data={"offset": exc.offset}))
             kind, header = FileKind.OTHER_ELF, None
@@ -243,12 +267,19 @@ def _file_record(path: str, root: AuditRoot, sdk_tree: str | None, st: os.stat_r
         return None
     finally:
         os.close(fd)
+    return _record(entry, opened, kind, head[:MAGIC_BYTES], hashlib.blake2b(head, digest_size=16).digest(), header)
+
+
+def _unread_record(entry: ListedFile) -> FileRecord:
+    return _record(entry, entry.stat, None, b"", None, None)
+
+
+def _record(entry: ListedFile, st: os.stat_result, kind: FileKind | None, magic: bytes, head_digest: bytes | None,
+            header: elfread.ElfHeader | None) -> FileRecord:
     return FileRecord(
-        path=path, root=root.path, sdk_tree=sdk_tree, kind=kind,
-        dev=opened.st_dev, ino=opened.st_ino, nlink=opened.st_nlink, size=opened.st_size,
-        mode=opened.st_mode, uid=opened.st_uid, gid=opened.st_gid,
-        mtime_ns=opened.st_mtime_ns, ctime_ns=opened.st_ctime_ns,
-        magic=head[:MAGIC_BYTES],
-        head_digest=hashlib.blake2b(head, digest_size=16).digest(),
-        elf=header,
+        path=entry.path, root=entry.root.path, sdk_tree=entry.sdk_tree, kind=kind,
+        dev=st.st_dev, ino=st.st_ino, nlink=st.st_nlink, size=st.st_size,
+        mode=st.st_mode, uid=st.st_uid, gid=st.st_gid,
+        mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns,
+        magic=magic, head_digest=head_digest, elf=header,
     )

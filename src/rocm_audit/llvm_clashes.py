@@ -354,11 +354,12 @@ def _identical_classes(records: Sequence[FileRecord], findings: list[Finding]) -
         by_size.setdefault(record.size, []).append(record)
     classes: list[set[str]] = []
     failures: list[ReadFailure] = []
+    stats = CompareStats()
     for same_size in by_size.values():
         if len(same_size) < 2:
             continue
         candidates = [Candidate(r.path, r.size, r.head_digest) for r in same_size]
-        for cls in partition_identical(candidates, CompareStats(), failures):
+        for cls in partition_identical(candidates, stats, failures):
             classes.append({c.path for c in cls})
     for failure in failures:
         message = f"cannot read for comparison: {failure.error.strerror}"
@@ -379,7 +380,7 @@ def _duplicate_clashes(
         if facts.of(record.path, record.identity).llvm_role:
             paths_by_identity.setdefault(record.identity, []).append(record.path)
     for identity, paths in paths_by_identity.items():
-        linked = sorted(link.path for link in inventory.links if link.resolved in paths)
+        linked = sorted(link.path for link in inventory.links if inventory.resolved(link) in paths)
         if len(paths) + len(linked) > 1:
             findings.append(
                 make_finding(

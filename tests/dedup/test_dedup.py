@@ -279,17 +279,25 @@ def test_no_sdk_tree_says_where_it_looked(tmp_path, run_cli):
 
 
 def test_malformed_elf_is_a_finding_with_an_offset_and_the_run_goes_on(sdk, run_cli):
-    broken = sdk.devel / "lib" / "libbroken.so.1"
     good = (sdk.core / "lib" / "libamdhip64.so.7").read_bytes()
-    # A program header table that points past the end of the file.
-    patched = bytearray(good[:200])
+    # A program header table that points past the end of the file, in two identical copies (a
+    # duplicate class dedup must classify before it could plan a link) ...
+    patched = bytearray(good)
     patched[0x20:0x28] = (1 << 40).to_bytes(8, "little")
-    broken.write_bytes(bytes(patched))
+    pair = {str(sdk.core / "lib" / "libbroken.so.1"), str(sdk.devel / "lib" / "libbroken.so.1")}
+    for path in pair:
+        Path(path).write_bytes(bytes(patched))
+    # ... and one of a size no other file has: it cannot have a duplicate, so dedup never opens it.
+    unique = sdk.devel / "lib" / "libbroken-unique.so.1"
+    unique.write_bytes(bytes(patched[:200]))
     result = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0)
     scan002 = [f for f in result.report["findings"] if f["rule"] == "SCAN002"]
-    assert [f["path"] for f in scan002] == [str(broken)]
+    assert len(scan002) == 1 and scan002[0]["path"] in pair  # one member names the identical class
     assert scan002[0]["data"]["offset"] == 1 << 40
-    assert len(result.report["dedup"]["groups"]) == 6
+    assert len(result.report["dedup"]["groups"]) == 6  # the malformed pair is not planned
+    # check reads every file, so it names all three
+    result = run_cli("check", "-p", str(sdk.site), "--format", "json", expect=None)
+    assert {f["path"] for f in result.report["findings"] if f["rule"] == "SCAN002"} == pair | {str(unique)}
 
 
 def test_shuffled_directory_order_gives_the_same_plan(sdk, monkeypatch):
