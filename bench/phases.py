@@ -43,7 +43,7 @@ def wrap(module, name: str, label: str | None = None) -> None:
 def main() -> None:
     mode, site = sys.argv[1], sys.argv[2]
     for name in ("build_inventory", "make_plan", "partition_identical", "_group_from", "_needed_snapshot",
-                 "_journal", "_replace_with_link", "same_bytes", "_verify", "check_mode_findings"):
+                 "_journal", "_prepare_link", "_commit_link", "same_bytes", "_verify", "check_mode_findings"):
         wrap(dedup, name)
     wrap(dedup.os, "replace", "os.replace (rename over the duplicate)")
     wrap(dedup.os, "symlink", "os.symlink")

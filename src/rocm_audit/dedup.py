@@ -28,9 +28,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rocm_audit import __version__
+from rocm_audit import __version__, elfread
 from rocm_audit.discovery import resolve_roots
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
@@ -48,6 +48,9 @@ from rocm_audit.inventory import (
 from rocm_audit.loader import LoaderModel
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.rules_catalog import policy
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "dedup-manifest.jsonl"
@@ -88,6 +91,7 @@ class DedupPlan:
     groups: list[DedupGroup]
     findings: list[Finding]
     stats: CompareStats
+    exact: bool = True  # False: members agree on size, head and tail; apply_plan compares the rest
 
 
 def _owner_rank(record: FileRecord, owner_order: list[str]) -> int:
@@ -144,21 +148,46 @@ def _kind_filter(kinds: set[FileKind], findings: list[Finding]) -> HeadFilter:
     return wanted
 
 
-def make_plan(inventory: Inventory) -> DedupPlan:
-    """Group byte-identical (and hardlinked) SDK shared libraries and choose each group's keeper."""
+def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
+    """Group byte-identical (and hardlinked) SDK shared libraries and choose each group's keeper.
+
+    ``exact=False`` is for a run that applies the plan at once: the apply step must byte-compare
+    every pair just before replacing it anyway, so the plan stops after size, head and tail and
+    each file is read in full only once, by that comparison (apply_plan regroups the rare member
+    that turns out to differ from its keeper).
+    """
     settings = policy("dedup")
-    owner_order: list[str] = list(settings.get("owner_order", []))
     kinds = {FileKind(k) for k in settings.get("kinds", ["shared-library"])}
     findings: list[Finding] = []
     stats = CompareStats()
-
     # kind None: not opened yet (dedup's own inventory); the comparison classifies those.
     candidates = [r for r in inventory.files if r.sdk_tree is not None and (r.kind is None or r.kind in kinds)]
-    head_filter = _kind_filter(kinds, findings)
-    paths_by_inode: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
-    for record in candidates:
-        paths_by_inode[(record.root, record.dev, record.ino)].append(record)
+    paths_by_inode = _paths_by_inode(candidates)
+    groups = _groups_among(paths_by_inode, inventory, findings, stats, exact=exact,
+                           head_filter=_kind_filter(kinds, findings))
+    for records in paths_by_inode.values():
+        if records[0].nlink > len(records):
+            findings.append(make_finding(
+                "DUP009", records[0].path,
+                f"link count {records[0].nlink} but {len(records)} path(s) under the audited trees",
+                related=[r.path for r in records[1:]]))
+    groups.sort(key=lambda g: g.keeper.path)
+    return DedupPlan(inventory, groups, findings, stats, exact)
 
+
+
+
+def _paths_by_inode(records: list[FileRecord]) -> dict[tuple[str, int, int], list[FileRecord]]:
+    paths_by_inode: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
+    for record in records:
+        paths_by_inode[(record.root, record.dev, record.ino)].append(record)
+    return paths_by_inode
+
+
+def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], inventory: Inventory,
+                  findings: list[Finding], stats: CompareStats, *, exact: bool,
+                  head_filter: HeadFilter | None) -> list[DedupGroup]:
+    """Groups of identical inodes (and of paths of one inode), each with its keeper chosen."""
     # Size buckets of distinct inodes; never read anything for a singleton (peers.md 1).
     inodes_by_size: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
     for records in paths_by_inode.values():
@@ -174,7 +203,8 @@ def make_plan(inventory: Inventory) -> DedupPlan:
         by_path = {r.path: r for r in representatives}
         classes = partition_identical(
             [Candidate(r.path, r.size, r.head_digest) for r in sorted(representatives, key=lambda r: r.ino)],
-            stats, failures, None if all(r.kind is not None for r in representatives) else head_filter)
+            stats, failures, None if all(r.kind is not None for r in representatives) else head_filter,
+            full=exact)
         for failure in failures:
             findings.append(make_finding("SCAN001", failure.path, f"cannot read: {failure.error.strerror}"))
         for cls in classes:
@@ -186,6 +216,7 @@ def make_plan(inventory: Inventory) -> DedupPlan:
         if key not in grouped and len(records) > 1:
             content_classes.append([key])
 
+    owner_order: list[str] = list(policy("dedup").get("owner_order", []))
     groups: list[DedupGroup] = []
     realdir = functools.lru_cache(maxsize=None)(os.path.realpath)  # one realpath per directory
     reldir = functools.lru_cache(maxsize=None)(os.path.relpath)  # one relpath per directory pair
@@ -194,14 +225,7 @@ def make_plan(inventory: Inventory) -> DedupPlan:
         group = _group_from(records, inventory, owner_order, findings, realdir, reldir)
         if group is not None:
             groups.append(group)
-    for records in paths_by_inode.values():
-        if records[0].nlink > len(records):
-            findings.append(make_finding(
-                "DUP009", records[0].path,
-                f"link count {records[0].nlink} but {len(records)} path(s) under the audited trees",
-                related=[r.path for r in records[1:]]))
-    groups.sort(key=lambda g: g.keeper.path)
-    return DedupPlan(inventory, groups, findings, stats)
+    return groups
 
 
 def _group_from(records: list[FileRecord], inventory: Inventory, owner_order: list[str],
@@ -251,6 +275,10 @@ class _Skip(Exception):
         self.rule, self.message = rule, message
 
 
+class _Differs(Exception):
+    """The duplicate's bytes are not the keeper's (the comparison right before the change)."""
+
+
 def _same_snapshot(current: os.stat_result, planned: FileRecord) -> bool:
     # Not st_ctime: replacing one hardlink of an inode changes the inode's link count and ctime.
     return (stat.S_ISREG(current.st_mode)
@@ -260,8 +288,9 @@ def _same_snapshot(current: os.stat_result, planned: FileRecord) -> bool:
             and current.st_mode == planned.mode)
 
 
-def _replace_with_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) -> None:
-    """Re-check, then atomically replace planned.record.path by a symlink to the keeper. Raises _Skip."""
+def _prepare_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) -> str:
+    """Re-check and byte-compare, then make the symlink under a temporary name beside the duplicate.
+    Returns that name; _commit_link renames it over the duplicate. Raises _Skip or _Differs."""
     keeper, victim = group.keeper, planned.record
     try:
         keeper_now = os.lstat(keeper.path)
@@ -283,7 +312,7 @@ def _replace_with_link(group: DedupGroup, planned: PlannedLink, stats: CompareSt
         except ReadFailure as failure:
             raise _Skip("DUP005", f"cannot re-read {failure.path}: {failure.error.strerror}") from None
         if not identical:
-            raise _Skip("DUP003", "bytes differ from the keeper at apply time")
+            raise _Differs()
     target = os.path.join(directory, planned.link_text)
     try:
         resolved = os.stat(target)
@@ -296,6 +325,12 @@ def _replace_with_link(group: DedupGroup, planned: PlannedLink, stats: CompareSt
         os.symlink(planned.link_text, temp_path)
     except OSError as exc:
         raise _Skip("DUP005", f"cannot create a link in {directory}: {exc.strerror}") from None
+    return temp_path
+
+
+def _commit_link(group: DedupGroup, planned: PlannedLink, temp_path: str) -> None:
+    """Atomically replace the duplicate by the prepared link, after a last look. Raises _Skip."""
+    keeper, victim = group.keeper, planned.record
     try:
         # Last look right before the rename: the window left is one syscall wide.
         if not _same_snapshot(os.lstat(victim.path), victim) or not _same_snapshot(os.lstat(keeper.path), keeper):
@@ -343,12 +378,14 @@ def default_manifest_path(plan: DedupPlan) -> str:
     return os.path.join(base, MANIFEST_DIR, MANIFEST_NAME)
 
 
-def _journal(manifest_path: str, plan: DedupPlan, run_id: str) -> None:
-    """Append every planned change to the manifest and fsync it before anything changes."""
+def _journal(manifest_path: str, groups: list[DedupGroup], run_id: str, *, header: bool) -> None:
+    """Append every planned change to the manifest and fsync it before any of them is made."""
+    if not groups:
+        return
     os.makedirs(os.path.dirname(os.path.abspath(manifest_path)), exist_ok=True)
     lines = [json.dumps({"rocm_audit_manifest": MANIFEST_FORMAT, "run": run_id, "tool_version": __version__,
-                         "created_unix": int(time.time())})]
-    for group in plan.groups:
+                         "created_unix": int(time.time())})] if header else []
+    for group in groups:
         keeper = group.keeper
         for planned in group.duplicates:
             victim = planned.record
@@ -365,18 +402,24 @@ def _journal(manifest_path: str, plan: DedupPlan, run_id: str) -> None:
         os.fsync(handle.fileno())
 
 
-def _needed_snapshot(plan: DedupPlan, loader: LoaderModel) -> dict[str, dict[str, str | None]]:
-    snapshot: dict[str, dict[str, str | None]] = {}
+@dataclass(frozen=True, slots=True)
+class _NeededBefore:
+    dynamic: elfread.DynamicInfo  # read from the duplicate's own bytes, which its keeper's equal
+    resolved: dict[str, str | None]  # DT_NEEDED name -> the path glibc would load
+
+
+def _needed_snapshot(plan: DedupPlan, loader: LoaderModel) -> dict[str, _NeededBefore]:
+    snapshot: dict[str, _NeededBefore] = {}
     for group in plan.groups:
         for planned in group.duplicates:
             dynamic = loader.dynamic_of(planned.record.path)
             if dynamic is not None:
                 resolutions = loader.resolve_all(planned.record.path, dynamic)
-                snapshot[planned.record.path] = {name: r.path for name, r in resolutions.items()}
+                snapshot[planned.record.path] = _NeededBefore(dynamic, {n: r.path for n, r in resolutions.items()})
     return snapshot
 
 
-def _verify(plan: DedupPlan, before: dict[str, dict[str, str | None]], findings: list[Finding]) -> bool:
+def _verify(plan: DedupPlan, before: dict[str, _NeededBefore], findings: list[Finding]) -> bool:
     """Every path still resolves to the same bytes; DT_NEEDED of replaced libraries resolve alike."""
     ok = True
     for group in plan.groups:
@@ -403,11 +446,12 @@ def _verify(plan: DedupPlan, before: dict[str, dict[str, str | None]], findings:
                 findings.append(make_finding("DUP006", path, "path resolves to a different file than planned",
                                              related=[keeper.path]))
                 ok = False
+    # Every path was just shown to resolve to its planned inode, whose bytes were compared with the
+    # duplicate's: the dynamic section read before the change is the one the loader reads now.
     after_loader = LoaderModel()
-    for path, resolved_before in sorted(before.items()):
-        dynamic = after_loader.dynamic_of(path)
-        resolved_after = ({} if dynamic is None else
-                          {n: r.path for n, r in after_loader.resolve_all(path, dynamic).items()})
+    for path, needed in sorted(before.items()):
+        resolved_before = needed.resolved
+        resolved_after = {n: r.path for n, r in after_loader.resolve_all(path, needed.dynamic).items()}
         if resolved_after != resolved_before:
             changed = sorted(n for n in set(resolved_before) | set(resolved_after)
                              if resolved_before.get(n) != resolved_after.get(n))
@@ -437,43 +481,121 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
         if busy:
             for tree in busy:
                 findings.append(make_finding("DUP008", tree, "another rocm-audit run holds this tree; nothing changed"))
-            for group in plan.groups:
-                for planned in group.duplicates:
-                    group.status[planned.record.path] = "skipped"
-                    result.skipped += 1
+            _skip_all(plan.groups, result)
             return result
         result.manifest = os.path.abspath(manifest_path or default_manifest_path(plan))
         loader = LoaderModel()
         before = _needed_snapshot(plan, loader)
+        run_id = secrets.token_hex(8)
         try:
-            _journal(result.manifest, plan, secrets.token_hex(8))
+            _journal(result.manifest, plan.groups, run_id, header=True)
         except OSError as exc:
             # No manifest, no way back: change nothing (a read-only tree fails here too).
             findings.append(make_finding(
                 "DUP005", result.manifest, f"cannot write the revert manifest: {exc.strerror}; nothing changed"))
-            for group in plan.groups:
-                for planned in group.duplicates:
-                    group.status[planned.record.path] = "skipped"
-                    result.skipped += 1
+            _skip_all(plan.groups, result)
             result.manifest = None
             return result
         _remove_leftovers(plan.inventory, findings)
-        for group in plan.groups:
-            for planned in group.duplicates:
-                path = planned.record.path
-                try:
-                    _replace_with_link(group, planned, plan.stats)
-                except _Skip as skip:
-                    findings.append(make_finding(skip.rule, path, skip.message, related=[group.keeper.path]))
-                    group.status[path] = "skipped" if skip.rule == "DUP003" else "failed"
-                    result.skipped += 1
-                    continue
-                group.status[path] = "replaced"
-                result.replaced += 1
-                if not planned.hardlink:
-                    result.bytes_freed += group.size
+        # Renames run on one worker thread, in order: the kernel frees each replaced file's blocks
+        # and page cache inside rename(), which then overlaps the comparison of the next pair.
+        from concurrent.futures import ThreadPoolExecutor
+
+        commits: list[tuple[DedupGroup, PlannedLink, Future[None]]] = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocm-audit-rename") as renamer:
+            try:
+                pending = list(plan.groups)
+                while pending:
+                    group = pending.pop(0)
+                    different = _apply_group(group, plan, result, findings, renamer, commits)
+                    if different:
+                        regrouped = _regroup(group, different, plan, findings)
+                        try:
+                            _journal(result.manifest, regrouped, run_id, header=False)
+                        except OSError as exc:
+                            findings.append(make_finding(
+                                "DUP005", result.manifest, f"cannot write the revert manifest: {exc.strerror}"))
+                            _skip_all(regrouped, result)
+                        pending.extend(regrouped)
+            finally:
+                _collect_commits(commits, result, findings)
+        plan.groups[:] = sorted((g for g in plan.groups if g.duplicates), key=lambda g: g.keeper.path)
         result.verified = _verify(plan, before, findings)
     return result
+
+
+def _skip_all(groups: list[DedupGroup], result: ApplyResult) -> None:
+    for group in groups:
+        for planned in group.duplicates:
+            group.status[planned.record.path] = "skipped"
+            result.skipped += 1
+
+
+def _apply_group(group: DedupGroup, plan: DedupPlan, result: ApplyResult, findings: list[Finding],
+                 renamer: ThreadPoolExecutor, commits: list[tuple[DedupGroup, PlannedLink, Future[None]]],
+                 ) -> list[PlannedLink]:
+    """Prepare the group's links and queue their renames; return the duplicates whose bytes differ
+    from the keeper's (only an inexact plan has them: they agreed on size, head and tail)."""
+    different = []
+    for planned in group.duplicates:
+        path = planned.record.path
+        if group.status[path] != "planned":
+            continue  # skipped when its manifest entries could not be written
+        try:
+            temp_path = _prepare_link(group, planned, plan.stats)
+        except _Differs:
+            if plan.exact:
+                findings.append(make_finding("DUP003", path, "bytes differ from the keeper at apply time",
+                                             related=[group.keeper.path]))
+                group.status[path] = "skipped"
+                result.skipped += 1
+            else:
+                different.append(planned)
+            continue
+        except _Skip as skip:
+            _record_skip(group, planned, skip, result, findings)
+            continue
+        group.status[path] = "renaming"
+        commits.append((group, planned, renamer.submit(_commit_link, group, planned, temp_path)))
+    return different
+
+
+def _collect_commits(commits: list[tuple[DedupGroup, PlannedLink, Future[None]]], result: ApplyResult,
+                     findings: list[Finding]) -> None:
+    """Wait for every queued rename and record its outcome."""
+    for group, planned, future in commits:
+        try:
+            future.result()
+        except _Skip as skip:
+            _record_skip(group, planned, skip, result, findings)
+            continue
+        group.status[planned.record.path] = "replaced"
+        result.replaced += 1
+        if not planned.hardlink:
+            result.bytes_freed += group.size
+
+
+def _record_skip(group: DedupGroup, planned: PlannedLink, skip: _Skip, result: ApplyResult,
+                 findings: list[Finding]) -> None:
+    findings.append(make_finding(skip.rule, planned.record.path, skip.message, related=[group.keeper.path]))
+    group.status[planned.record.path] = "skipped" if skip.rule == "DUP003" else "failed"
+    result.skipped += 1
+
+
+def _regroup(group: DedupGroup, different: list[PlannedLink], plan: DedupPlan,
+             findings: list[Finding]) -> list[DedupGroup]:
+    """Take members that differ from their keeper out of the group; group them among themselves,
+    exactly this time. A member left alone was never a duplicate: it is not reported."""
+    group.duplicates = [d for d in group.duplicates if d not in different]
+    for planned in different:
+        del group.status[planned.record.path]
+    paths_by_inode = _paths_by_inode([d.record for d in different])
+    # Classified again: equal heads do not make equal dynamic sections (a PIE tells itself apart there).
+    kinds = {FileKind(k) for k in policy("dedup").get("kinds", ["shared-library"])}
+    regrouped = _groups_among(paths_by_inode, plan.inventory, findings, plan.stats, exact=True,
+                              head_filter=_kind_filter(kinds, findings))
+    plan.groups.extend(regrouped)
+    return regrouped
 
 
 def _remove_leftovers(inventory: Inventory, findings: list[Finding]) -> None:
@@ -571,7 +693,7 @@ def run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None =
             "SCAN003", looked[0] if len(looked) == 1 else ", ".join(looked),
             f"no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}",
             data={"looked_in": looked}))
-    plan = make_plan(inventory)
+    plan = make_plan(inventory, exact=mode != "apply")
     findings.extend(plan.findings)
     result = ApplyResult()
     if mode == "apply":

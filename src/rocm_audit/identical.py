@@ -71,24 +71,26 @@ def _fill(fd: int, path: str, view: memoryview, offset: int) -> bool:
         raise ReadFailure(path, exc) from None
 
 
-def _ranges(size: int, start: int) -> list[tuple[int, int]]:
-    """Byte ranges to compare from ``start`` on: the head (when unread), the tail, then the middle."""
+def _ranges(size: int, start: int, full: bool) -> list[tuple[int, int]]:
+    """Byte ranges to compare from ``start`` on: the head (when unread), the tail, then (full) the middle."""
     ranges = [(0, min(size, HEAD_BYTES))] if start == 0 else []
     tail_start = max(min(size, HEAD_BYTES), size - TAIL_BYTES)
     if tail_start < size:
         ranges.append((tail_start, size))
-    if HEAD_BYTES < tail_start:
+    if full and HEAD_BYTES < tail_start:
         ranges.append((HEAD_BYTES, tail_start))
     return ranges
 
 
 def partition_identical(candidates: Sequence[Candidate], stats: CompareStats, failures: list[ReadFailure],
-                        head_filter: HeadFilter | None = None) -> list[list[Candidate]]:
+                        head_filter: HeadFilter | None = None, *, full: bool = True) -> list[list[Candidate]]:
     """Classes (of 2 or more) of byte-identical candidates; all candidates must share one size.
 
     Candidates with head digests are first split by them; without (files the inventory did not open),
     the heads are compared like every other byte and ``head_filter`` sees each class's head first.
-    Files that cannot be read are appended to ``failures`` and left out.
+    ``full=False`` stops after head and tail: the classes are then only probable, for a caller that
+    byte-compares each pair itself before acting on it. Files that cannot be read are appended to
+    ``failures`` and left out.
     """
     if len(candidates) < 2:
         return []
@@ -100,13 +102,17 @@ def partition_identical(candidates: Sequence[Candidate], stats: CompareStats, fa
     for one in candidates:
         by_head.setdefault(one.head_digest, []).append(one)
     # Bytes a digest covered are still compared when they are all the file has: classes are exact.
-    ranges = _ranges(size, HEAD_BYTES if digested and size > HEAD_BYTES else 0)
+    ranges = _ranges(size, HEAD_BYTES if digested and size > HEAD_BYTES else 0, full)
     result: list[list[Candidate]] = []
     for cls in by_head.values():
         if len(cls) < 2:
             continue
-        if len(cls) > MAX_LOCKSTEP_MEMBERS:
+        if len(cls) > MAX_LOCKSTEP_MEMBERS and full:
             result.extend(c for c in _by_digest(cls, stats, failures, head_filter) if len(c) > 1)
+        elif len(cls) > MAX_LOCKSTEP_MEMBERS:
+            # Probable: they agree on size and head digest, which is all a class this big gets.
+            if head_filter is None or _head_passes(cls[0].path, head_filter, stats, failures):
+                result.append(cls)
         else:
             result.extend(_lockstep(cls, ranges, stats, failures, None if digested else head_filter))
     return result

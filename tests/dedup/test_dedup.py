@@ -132,6 +132,43 @@ def test_loading_both_paths_maps_one_inode_after_dedup(sdk):
     assert inodes_mapped() == 1
 
 
+def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(sdk, run_cli):
+    """An applying run plans on size, head and tail and byte-compares each pair just before the
+    change. Three same-size files whose heads and tails agree, where the core copy (the keeper by
+    rule) differs in the middle: the other two must still be linked to each other, exactly as the
+    exact plan of a dry run says, and the revert manifest must undo it."""
+    library = bytearray((sdk.core / "lib" / "libamd_comgr.so.3").read_bytes())
+    assert len(library) > 3 * 4096
+    library[len(library) // 3] ^= 0x01  # a library of its own, not another copy of comgr
+    library = bytes(library)
+    middle_changed = bytearray(library)
+    middle_changed[len(library) // 2] ^= 0x01
+    trio = {"core": sdk.core / "lib" / "libtrio.so.1", "libraries": sdk.libraries / "lib" / "libtrio.so.1",
+            "devel": sdk.devel / "lib" / "libtrio.so.1"}
+    trio["core"].write_bytes(bytes(middle_changed))
+    trio["libraries"].write_bytes(library)
+    trio["devel"].write_bytes(library)
+    before = snapshot(sdk.site)
+    dry = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0).report["dedup"]
+    applied = run_cli("dedup", "-p", str(sdk.site), "--format", "json", expect=0).report["dedup"]
+
+    def groups(section):
+        return [(g["keeper"], [(d["path"], d["link_text"]) for d in g["duplicates"]]) for g in section["groups"]]
+
+    assert groups(applied) == groups(dry)
+    assert (str(trio["libraries"]), [(str(trio["devel"]), "../../_rocm_sdk_libraries_gfx94X_dcgpu/lib/libtrio.so.1")]) \
+        in groups(applied)
+    assert all(d["status"] == "replaced" for g in applied["groups"] for d in g["duplicates"])
+    assert applied["verified"] is True and applied["replaced"] == 7
+    assert stat.S_ISREG(os.lstat(trio["core"]).st_mode) and trio["core"].read_bytes() == bytes(middle_changed)
+    assert os.path.islink(trio["devel"]) and trio["devel"].read_bytes() == library
+    # The manifest holds the first, never-made plan as well; revert takes the tree back exactly.
+    reverted = run_cli("dedup", "--revert", applied["manifest"], "--format", "json", expect=0).report["revert"]
+    assert len(reverted["restored"]) == 7 and reverted["failed"] == 0
+    after = {k: v for k, v in snapshot(sdk.site).items() if "/.rocm-audit" not in k}
+    assert {k: v[:3] for k, v in after.items()} == {k: v[:3] for k, v in before.items()}
+
+
 def test_file_modified_between_plan_and_apply_is_skipped_and_reported(sdk):
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
     plan = make_plan(build_inventory(roots))
@@ -253,7 +290,7 @@ def test_verification_reports_a_changed_dt_needed_resolution(sdk):
     plan = make_plan(build_inventory(roots))
     before = dedup_module._needed_snapshot(plan, LoaderModel())
     comgr_devel = str(sdk.devel / "lib" / "libamd_comgr.so.3")
-    assert before[comgr_devel]["librocm_sysdeps_z.so.1"] == str(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
+    assert before[comgr_devel].resolved["librocm_sysdeps_z.so.1"] == str(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
     os.unlink(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
     findings = []
     assert dedup_module._verify(plan, before, findings) is False
