@@ -96,7 +96,11 @@ class DedupPlan:
 
 def _owner_rank(record: FileRecord, owner_order: list[str]) -> int:
     """Position of the tree in owner_order; an exact name beats a pattern that also matches."""
-    tree_name = os.path.basename(record.sdk_tree or "")
+    return _tree_rank(os.path.basename(record.sdk_tree or ""), tuple(owner_order))
+
+
+@functools.lru_cache(maxsize=256)  # a plan ranks thousands of records from a handful of trees
+def _tree_rank(tree_name: str, owner_order: tuple[str, ...]) -> int:
     if tree_name in owner_order:
         return owner_order.index(tree_name)
     for rank, pattern in enumerate(owner_order):

@@ -72,8 +72,11 @@ def _fill(fd: int, path: str, view: memoryview, offset: int) -> bool:
 
 
 def _ranges(size: int, start: int, full: bool) -> list[tuple[int, int]]:
-    """Byte ranges to compare from ``start`` on: the head (when unread), the tail, then (full) the middle."""
-    ranges = [(0, min(size, HEAD_BYTES))] if start == 0 else []
+    """Byte ranges to compare from ``start`` on: the head (when unread), the tail, then (full) the middle.
+    What fits in one chunk is one read: the order pays off only where it can save bulk reads."""
+    if size - start <= CHUNK_BYTES:
+        return [(start, size)]
+    ranges = [(0, HEAD_BYTES)] if start == 0 else []
     tail_start = max(min(size, HEAD_BYTES), size - TAIL_BYTES)
     if tail_start < size:
         ranges.append((tail_start, size))
