@@ -1,5 +1,5 @@
 """What-if figure, not a product path: `rocm-audit dedup --check -q -p SITE` without the CLI
-framework (typer, and the pydantic it imports to coerce options), printing the same text report.
+framework (importing typer and building its click commands), printing the same text report.
 Shows how much of a run is the front end. Usage: python nofrontend.py SITE"""
 
 import sys

@@ -53,6 +53,8 @@ def test_bench_smoke(tmp_path):
     counts = {g["library_groups"] for g in groups.values()}
     assert len(counts) == 1 and counts.pop() == data["dedup"]["tree"]["expected_groups"] > 0
     assert data["dedup"]["tree"]["classification_ok"], data["dedup"]["tree"]["classification"]
+    # where the applying runs copied the tree is on record (a scratch ext4 as root, else the work dir)
+    assert data["dedup"]["apply_filesystem"].startswith(("a fresh ext4", "the work directory's filesystem"))
     # every figure was measured once, with its peak RSS
     for name, series in data["dedup"]["series"].items():
         assert len(series["walls_s"]) == 1 and series["peak_rss_mb"] > 0, name
