@@ -2,7 +2,8 @@
 
 Only the section header table and ``.shstrtab`` are read, never a section's contents, so a library
 with a 1 GB ``.hip_fatbin`` costs a few kilobytes here. pyelftools would do the same through a file
-object but costs ~1.4 ms per file to construct (elfread.py); this is verify-arch's hot path.
+object but costs ~1.4 ms per file to construct (elfread.py); this is the section table of both
+verify-arch (code-object carriers) and llvm (registry roles).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class Section:
     addr: int
     offset: int
     size: int
+    link: int
+    info: int
+    entsize: int
 
     @property
     def has_file_bytes(self) -> bool:
@@ -61,18 +65,12 @@ def read_sections(fd: int, header: ElfHeader, file_size: int) -> list[Section]:
     raw = []
     for index in range(header.e_shnum):
         base = index * header.e_shentsize
-        if header.is_64:
-            name, sh_type, flags, addr, offset, size = struct.unpack_from(
-                end + "IIQQQQ", table, base
-            )
-        else:
-            name, sh_type, flags, addr, offset, size = struct.unpack_from(
-                end + "IIIIII", table, base
-            )
-        raw.append((name, sh_type, flags, addr, offset, size))
+        # Elf64_Shdr / Elf32_Shdr: name, type, flags, addr, offset, size, link, info, addralign, entsize
+        fields = struct.unpack_from(end + ("IIQQQQIIQQ" if header.is_64 else "IIIIIIIIII"), table, base)
+        raw.append(fields[:8] + fields[9:])
     names = b""
     if header.e_shstrndx < len(raw):
-        _n, _t, _f, _a, str_offset, str_size = raw[header.e_shstrndx]
+        str_offset, str_size = raw[header.e_shstrndx][4:6]
         if str_size > MAX_SHSTRTAB_BYTES or str_offset + str_size > file_size:
             raise FormatError(
                 "ELF",
@@ -81,7 +79,7 @@ def read_sections(fd: int, header: ElfHeader, file_size: int) -> list[Section]:
             )
         names = os.pread(fd, str_size, str_offset)
     sections = []
-    for index, (name, sh_type, flags, addr, offset, size) in enumerate(raw):
+    for index, (name, sh_type, flags, addr, offset, size, link, info, entsize) in enumerate(raw):
         end_name = names.find(b"\0", name) if name < len(names) else -1
         text = names[name:end_name].decode("utf-8", "replace") if end_name >= 0 else ""
         if sh_type != SHT_NOBITS and size and offset + size > file_size:
@@ -90,5 +88,5 @@ def read_sections(fd: int, header: ElfHeader, file_size: int) -> list[Section]:
                 header.e_shoff + index * header.e_shentsize,
                 f"section {text or index} runs past the end of the file",
             )
-        sections.append(Section(index, text, sh_type, flags, addr, offset, size))
+        sections.append(Section(index, text, sh_type, flags, addr, offset, size, link, info, entsize))
     return sections

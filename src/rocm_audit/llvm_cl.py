@@ -11,7 +11,7 @@ formats.md 3.4. Roles:
   registry.
 - **none**: everything else.
 
-pyelftools supplies the section table and the version sections; the bulk work (``.dynstr``,
+elfsections supplies the section table and pyelftools the version sections; the bulk work (``.dynstr``,
 ``.dynsym``, ``.rela.dyn``, ``.rodata``) is streamed in fixed windows straight from the file, so a
 117 MB libLLVM costs a few MB of reads and no allocation depends on a size field of the file.
 Iterating libLLVM's 46 000 dynamic symbols through pyelftools takes a second; the windowed scan
@@ -32,6 +32,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
 
 from rocm_audit import elfread
+from rocm_audit.elfsections import Section, read_sections
 from rocm_audit.errors import FormatError
 
 WINDOW_BYTES = 1 << 20
@@ -50,7 +51,7 @@ REGISTRY_STRINGS = (
     b"CommandLine Error: Option '",
 )
 
-SHT_NULL, SHT_PROGBITS, SHT_RELA, SHT_NOBITS, SHT_DYNSYM, SHT_INIT_ARRAY = 0, 1, 4, 8, 11, 14
+SHT_PROGBITS, SHT_RELA, SHT_DYNSYM, SHT_INIT_ARRAY = 1, 4, 11, 14
 SHN_UNDEF = 0
 STB_GLOBAL, STB_GNU_UNIQUE = 1, 10  # STB_WEAK (2) is left out on purpose: see CL_PREFIXES
 STV_DEFAULT, STV_PROTECTED = 0, 3
@@ -93,18 +94,6 @@ class ClFacts:
         return self.role in (Role.EXPORTER, Role.REGISTRANT)
 
 
-@dataclass(frozen=True, slots=True)
-class _Section:
-    index: int
-    name: str
-    sh_type: int
-    offset: int
-    size: int
-    entsize: int
-    link: int
-    info: int
-
-
 # pyelftools reports malformed input through these (its construct errors surface as ELFParseError).
 _PARSE_ERRORS = (
     ELFError,
@@ -118,48 +107,32 @@ _PARSE_ERRORS = (
 
 
 class _ElfView:
-    """A bounds-checked view of one open ELF file: sections by name, windowed reads."""
+    """A bounds-checked view of one open ELF file: sections by name, windowed reads.
+
+    The section table comes from elfsections (two preads); pyelftools is constructed only when a
+    version section must be decoded, which only exporters and registrants need."""
 
     def __init__(self, stream: IO[bytes], file_size: int, header: elfread.ElfHeader) -> None:
         self.stream = stream
         self.file_size = file_size
         self.header = header
-        self.elffile: Any = ELFFile(stream)
-        self.sections: list[_Section] = []
-        for index in range(self.elffile.num_sections()):
-            try:
-                section = self.elffile.get_section(index)
-                entry = _Section(
-                    index,
-                    section.name,
-                    _raw_type(section["sh_type"]),
-                    section["sh_offset"],
-                    section["sh_size"],
-                    section["sh_entsize"],
-                    section["sh_link"],
-                    section["sh_info"],
-                )
-            except _PARSE_ERRORS as exc:
-                raise FormatError(
-                    "ELF", self.section_header_offset(index), f"bad section header: {exc}"
-                ) from None
-            has_bytes = entry.sh_type not in (SHT_NULL, SHT_NOBITS)
-            if has_bytes and entry.offset + entry.size > file_size:
-                raise FormatError(
-                    "ELF",
-                    self.section_header_offset(index),
-                    f"section {entry.name or index} runs past the end of the file",
-                )
-            self.sections.append(entry)
+        self.sections: list[Section] = read_sections(stream.fileno(), header, file_size)
+        self._elffile: Any = None
+
+    @property
+    def elffile(self) -> Any:
+        if self._elffile is None:
+            self._elffile = ELFFile(self.stream)
+        return self._elffile
 
     def section_header_offset(self, index: int) -> int:
         return self.header.e_shoff + index * self.header.e_shentsize
 
-    def by_name(self, name: str) -> _Section | None:
+    def by_name(self, name: str) -> Section | None:
         return next((s for s in self.sections if s.name == name), None)
 
     def windows(
-        self, section: _Section, overlap: int = 0, align: int = 1
+        self, section: Section, overlap: int = 0, align: int = 1
     ) -> Iterator[tuple[int, bytes]]:
         """(offset in section, bytes) windows, window_step(align) apart, overlap bytes longer."""
         step = self.window_step(align)
@@ -177,7 +150,7 @@ class _ElfView:
     def window_step(align: int = 1) -> int:
         return max(align, WINDOW_BYTES - WINDOW_BYTES % align)
 
-    def find_all(self, section: _Section, needle: bytes) -> Iterator[int]:
+    def find_all(self, section: Section, needle: bytes) -> Iterator[int]:
         """Every offset (inside the section) where needle starts."""
         step = self.window_step()
         for base, chunk in self.windows(section, overlap=len(needle) - 1):
@@ -188,7 +161,7 @@ class _ElfView:
                 yield base + hit
                 start = hit + 1
 
-    def contains(self, section: _Section, needle: bytes) -> bool:
+    def contains(self, section: Section, needle: bytes) -> bool:
         return next(self.find_all(section, needle), None) is not None
 
     def read_at(self, offset: int, size: int) -> bytes:
@@ -196,21 +169,6 @@ class _ElfView:
             raise FormatError("ELF", offset, "read past the end of the file")
         self.stream.seek(offset)
         return self.stream.read(size)
-
-
-def _raw_type(value: object) -> int:
-    """pyelftools turns sh_type into a name; map back the few this module needs."""
-    names = {
-        "SHT_NULL": SHT_NULL,
-        "SHT_PROGBITS": SHT_PROGBITS,
-        "SHT_RELA": SHT_RELA,
-        "SHT_DYNSYM": SHT_DYNSYM,
-        "SHT_NOBITS": SHT_NOBITS,
-        "SHT_INIT_ARRAY": SHT_INIT_ARRAY,
-    }
-    if isinstance(value, int):
-        return value
-    return names.get(str(value), -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +223,7 @@ def _cl_symbols(view: _ElfView) -> list[_SymbolHit]:
     return hits
 
 
-def _string_at(view: _ElfView, strtab: _Section, offset: int) -> str:
+def _string_at(view: _ElfView, strtab: Section, offset: int) -> str:
     if not 0 <= offset < strtab.size:
         raise FormatError("ELF", strtab.offset, f"string offset {offset} outside {strtab.name}")
     limit = min(4096, strtab.size - offset)
