@@ -34,6 +34,7 @@ from rocm_audit import __version__, elfread
 from rocm_audit.discovery import resolve_roots
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.forkmap import fork_map, worker_count
 from rocm_audit.identical import Candidate, CompareStats, HeadFilter, ReadFailure, partition_identical, same_bytes
 from rocm_audit.inventory import (
     TEMP_PREFIX,
@@ -167,8 +168,7 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
     # kind None: not opened yet (dedup's own inventory); the comparison classifies those.
     candidates = [r for r in inventory.files if r.sdk_tree is not None and (r.kind is None or r.kind in kinds)]
     paths_by_inode = _paths_by_inode(candidates)
-    groups = _groups_among(paths_by_inode, inventory, findings, stats, exact=exact,
-                           head_filter=_kind_filter(kinds, findings))
+    groups = _groups_among(paths_by_inode, inventory, findings, stats, exact=exact, kinds=kinds)
     for records in paths_by_inode.values():
         if records[0].nlink > len(records):
             findings.append(make_finding(
@@ -181,6 +181,20 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
 
 
 
+# Below this many candidate bytes a plan compares in this process alone: a fork costs more.
+PARALLEL_MIN_BYTES = 64 << 20
+
+
+@dataclass(slots=True)
+class _BucketOutcome:
+    """One size bucket compared (possibly in a forkmap helper, hence plain picklable data)."""
+
+    classes: list[list[str]]  # paths of identical members
+    failures: list[ReadFailure]
+    findings: list[Finding]  # malformed files met while classifying
+    bytes_read: int
+
+
 def _paths_by_inode(records: list[FileRecord]) -> dict[tuple[str, int, int], list[FileRecord]]:
     paths_by_inode: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
     for record in records:
@@ -190,29 +204,39 @@ def _paths_by_inode(records: list[FileRecord]) -> dict[tuple[str, int, int], lis
 
 def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], inventory: Inventory,
                   findings: list[Finding], stats: CompareStats, *, exact: bool,
-                  head_filter: HeadFilter | None) -> list[DedupGroup]:
-    """Groups of identical inodes (and of paths of one inode), each with its keeper chosen."""
+                  kinds: set[FileKind] | None) -> list[DedupGroup]:
+    """Groups of identical inodes (and of paths of one inode), each with its keeper chosen.
+    ``kinds``: classify the files the inventory did not open, and keep only these kinds."""
     # Size buckets of distinct inodes; never read anything for a singleton (peers.md 1).
     inodes_by_size: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
     for records in paths_by_inode.values():
         first = records[0]
         inodes_by_size[(first.root, first.dev, first.size)].append(first)
+    buckets = [sorted(reps, key=lambda r: r.ino) for _, reps in sorted(inodes_by_size.items()) if len(reps) > 1]
+
+    def compare(bucket: list[FileRecord]) -> _BucketOutcome:
+        failures: list[ReadFailure] = []
+        found: list[Finding] = []
+        unread = kinds is not None and any(r.kind is None for r in bucket)
+        before = stats.bytes_read
+        classes = partition_identical([Candidate(r.path, r.size, r.head_digest) for r in bucket], stats, failures,
+                                      _kind_filter(kinds, found) if unread and kinds else None, full=exact)
+        return _BucketOutcome([[c.path for c in cls] for cls in classes], failures, found, stats.bytes_read - before)
+
+    weights = [len(bucket) * bucket[0].size for bucket in buckets]
+    bytes_before = stats.bytes_read
+    outcomes = fork_map(compare, buckets, weights, worker_count(sum(weights), PARALLEL_MIN_BYTES))
+    stats.bytes_read = bytes_before + sum(o.bytes_read for o in outcomes)  # helpers count in their own copy
 
     content_classes: list[list[tuple[str, int, int]]] = []
     grouped: set[tuple[str, int, int]] = set()
-    for (root, dev, _size), representatives in sorted(inodes_by_size.items()):
-        if len(representatives) < 2:
-            continue
-        failures: list[ReadFailure] = []
-        by_path = {r.path: r for r in representatives}
-        classes = partition_identical(
-            [Candidate(r.path, r.size, r.head_digest) for r in sorted(representatives, key=lambda r: r.ino)],
-            stats, failures, None if all(r.kind is not None for r in representatives) else head_filter,
-            full=exact)
-        for failure in failures:
+    for bucket, outcome in zip(buckets, outcomes, strict=True):
+        findings.extend(outcome.findings)
+        for failure in outcome.failures:
             findings.append(make_finding("SCAN001", failure.path, f"cannot read: {failure.error.strerror}"))
-        for cls in classes:
-            keys = [(root, dev, by_path[c.path].ino) for c in cls]
+        by_path = {r.path: r for r in bucket}
+        for paths in outcome.classes:
+            keys = [(r.root, r.dev, r.ino) for r in (by_path[p] for p in paths)]
             content_classes.append(keys)
             grouped.update(keys)
     # A single inode with several paths in the trees is a hardlink group on its own.
@@ -596,8 +620,7 @@ def _regroup(group: DedupGroup, different: list[PlannedLink], plan: DedupPlan,
     paths_by_inode = _paths_by_inode([d.record for d in different])
     # Classified again: equal heads do not make equal dynamic sections (a PIE tells itself apart there).
     kinds = {FileKind(k) for k in policy("dedup").get("kinds", ["shared-library"])}
-    regrouped = _groups_among(paths_by_inode, plan.inventory, findings, plan.stats, exact=True,
-                              head_filter=_kind_filter(kinds, findings))
+    regrouped = _groups_among(paths_by_inode, plan.inventory, findings, plan.stats, exact=True, kinds=kinds)
     plan.groups.extend(regrouped)
     return regrouped
 

@@ -55,6 +55,9 @@ class ReadFailure(Exception):
         super().__init__(path)
         self.path, self.error = path, error
 
+    def __reduce__(self) -> tuple[type[ReadFailure], tuple[str, OSError]]:
+        return ReadFailure, (self.path, self.error)  # crosses the pipe of a forkmap helper
+
 
 def _open(path: str) -> int:
     try:

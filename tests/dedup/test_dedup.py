@@ -448,3 +448,42 @@ def test_a_keeper_that_changes_between_plan_and_apply_blocks_its_group(sdk):
     devel = sdk.devel / "lib" / "libamd_comgr.so.3"
     assert ("DUP003", str(devel)) in [(f.rule, f.path) for f in findings]
     assert not os.path.islink(devel)
+
+
+def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, monkeypatch):
+    """Classes, malformed-file findings (made while classifying) and read failures come back from
+    the helpers exactly as a single process finds them."""
+    from rocm_audit import dedup as dedup_module
+    from rocm_audit.dedup import hardlinked
+
+    library = (sdk.core / "lib" / "libamd_comgr.so.3").read_bytes()
+    broken = bytearray(library)
+    broken[0x20:0x28] = (1 << 40).to_bytes(8, "little")  # program headers past the end of the file
+    for tree in (sdk.core, sdk.devel):
+        (tree / "lib" / "libbroken.so.1").write_bytes(bytes(broken))
+    gone = sdk.devel / "lib" / "libgone.so.1"
+    roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
+
+    def plan():
+        gone.write_bytes(library[:-1] + b"!")  # a candidate that vanishes after the inventory
+        inventory = build_inventory(roots, worth_reading=hardlinked)
+        gone.unlink()
+        made = make_plan(inventory)
+        groups = [(g.keeper.path, [(d.record.path, d.link_text) for d in g.duplicates]) for g in made.groups]
+        return groups, sorted((f.rule, f.path, f.message) for f in made.findings), made.stats.bytes_read
+
+    single = plan()
+    asked: list[int] = []
+
+    def counting_fork_map(function, items, weights, workers):
+        asked.append(workers)
+        return fork_map(function, items, weights, workers)
+
+    fork_map = dedup_module.fork_map
+    monkeypatch.setattr(dedup_module, "fork_map", counting_fork_map)
+    monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert plan() == single
+    assert asked == [3]
+    rules = {rule for rule, _, _ in single[1]}
+    assert {"SCAN001", "SCAN002"} <= rules and len(single[0]) == 6
