@@ -21,7 +21,6 @@ import functools
 import json
 import os
 import re
-import secrets
 import shlex
 import stat
 import time
@@ -35,7 +34,15 @@ from rocm_audit.discovery import resolve_roots
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.forkmap import fork_map, worker_count
-from rocm_audit.identical import Candidate, CompareStats, HeadFilter, ReadFailure, partition_identical, same_bytes
+from rocm_audit.identical import (
+    CHUNK_BYTES,
+    Candidate,
+    CompareStats,
+    HeadFilter,
+    ReadFailure,
+    partition_identical,
+    same_bytes,
+)
 from rocm_audit.inventory import (
     TEMP_PREFIX,
     FileKind,
@@ -223,7 +230,9 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
                                       _kind_filter(kinds, found) if unread and kinds else None, full=exact)
         return _BucketOutcome([[c.path for c in cls] for cls in classes], failures, found, stats.bytes_read - before)
 
-    weights = [len(bucket) * bucket[0].size for bucket in buckets]
+    # What each bucket will read: everything when exact; else head and tail (a file that fits one
+    # chunk is read whole).
+    weights = [len(b) * (b[0].size if exact else min(b[0].size, CHUNK_BYTES)) for b in buckets]
     bytes_before = stats.bytes_read
     outcomes = fork_map(compare, buckets, weights, worker_count(sum(weights), PARALLEL_MIN_BYTES))
     stats.bytes_read = bytes_before + sum(o.bytes_read for o in outcomes)  # helpers count in their own copy
@@ -348,7 +357,7 @@ def _prepare_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) 
         raise _Skip("DUP005", f"link text {planned.link_text!r} would not resolve") from None
     if (resolved.st_dev, resolved.st_ino) != keeper.identity:
         raise _Skip("DUP005", f"link text {planned.link_text!r} would not resolve to the keeper")
-    temp_path = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(6)}")
+    temp_path = os.path.join(directory, f"{TEMP_PREFIX}{os.urandom(6).hex()}")
     try:
         os.symlink(planned.link_text, temp_path)
     except OSError as exc:
@@ -514,7 +523,7 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
         result.manifest = os.path.abspath(manifest_path or default_manifest_path(plan))
         loader = LoaderModel()
         before = _needed_snapshot(plan, loader)
-        run_id = secrets.token_hex(8)
+        run_id = os.urandom(8).hex()
         try:
             _journal(result.manifest, plan.groups, run_id, header=True)
         except OSError as exc:
@@ -837,7 +846,7 @@ def _restore_one(entry: dict[str, Any]) -> str:
             ("keeper_mtime_ns" in entry and keeper_now.st_mtime_ns != entry["keeper_mtime_ns"]):
         raise _Skip("DUP007", "the keeper changed since dedup; its bytes are not the original bytes")
     directory = os.path.dirname(path)
-    temp_path = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(6)}")
+    temp_path = os.path.join(directory, f"{TEMP_PREFIX}{os.urandom(6).hex()}")
     try:
         if entry.get("hardlink") and (keeper_now.st_dev, keeper_now.st_ino) == (
                 entry.get("keeper_dev"), entry.get("keeper_ino")):

@@ -15,7 +15,6 @@ raised, its answer is unreadable) is computed again here, so the results never d
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -88,6 +87,8 @@ def _start(function: Callable[[_Item], _Result], items: Sequence[_Item],
     if pid == 0:  # the helper
         status = 1
         try:
+            import pickle
+
             os.close(read_end)
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends a helper at once
             payload = pickle.dumps({index: function(items[index]) for index in share},
@@ -113,6 +114,8 @@ def _collect(pid: int, read_end: int) -> dict[int, object] | None:
     _, status = os.waitpid(pid, 0)
     if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
         return None
+    import pickle
+
     try:
         delivered = pickle.loads(b"".join(chunks))  # our own child's bytes, never user input
     except Exception:  # noqa: BLE001 - a truncated answer is computed again

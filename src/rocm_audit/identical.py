@@ -12,7 +12,6 @@ before any change).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -124,6 +123,13 @@ def partition_identical(candidates: Sequence[Candidate], stats: CompareStats, fa
     return result
 
 
+def head_digest(head: bytes) -> bytes:
+    """The digest of a file's first HEAD_BYTES that splits same-size candidates (taken by the inventory)."""
+    import hashlib  # here, not at the top: dedup's own runs never digest, and OpenSSL's start-up costs 3 ms
+
+    return hashlib.blake2b(head, digest_size=16).digest()
+
+
 def _with_head_digests(candidates: Sequence[Candidate], stats: CompareStats,
                        failures: list[ReadFailure]) -> list[Candidate]:
     """Candidates with their head digests read, for classes too large to read in lockstep at once."""
@@ -141,7 +147,7 @@ def _with_head_digests(candidates: Sequence[Candidate], stats: CompareStats,
             failures.append(failure)
             continue
         stats.bytes_read += len(head)
-        digested.append(Candidate(one.path, one.size, hashlib.blake2b(head, digest_size=16).digest()))
+        digested.append(Candidate(one.path, one.size, head_digest(head)))
     return digested
 
 
@@ -243,6 +249,8 @@ def _head_passes(path: str, head_filter: HeadFilter, stats: CompareStats, failur
 
 
 def file_digest(path: str, stats: CompareStats) -> bytes:
+    import hashlib  # only classes too large for lockstep get here
+
     hasher = hashlib.blake2b(digest_size=32)
     view = stats.buffers(1)[0]
     fd = _open(path)

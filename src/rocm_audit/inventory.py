@@ -7,7 +7,6 @@ the first block of each file, and keeps memory proportional to the number of fil
 from __future__ import annotations
 
 import enum
-import hashlib
 import os
 import stat
 from collections.abc import Callable, Container, Iterator
@@ -17,6 +16,7 @@ from rocm_audit import elfread
 from rocm_audit.discovery import AuditRoot, enclosing_sdk_tree, is_sdk_tree_name
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.identical import head_digest
 
 HEAD_BYTES = 4096
 MAGIC_BYTES = 32
@@ -267,7 +267,7 @@ def _file_record(entry: ListedFile, findings: list[Finding]) -> FileRecord | Non
         return None
     finally:
         os.close(fd)
-    return _record(entry, opened, kind, head[:MAGIC_BYTES], hashlib.blake2b(head, digest_size=16).digest(), header)
+    return _record(entry, opened, kind, head[:MAGIC_BYTES], head_digest(head), header)
 
 
 def _unread_record(entry: ListedFile) -> FileRecord:
