@@ -71,9 +71,13 @@ def test_shares_balance_by_weight_and_cover_every_item_once():
     assert abs(loads[0] - loads[1]) <= 3  # 100+3 against 1+1+1+50+50
 
 
-def test_no_helpers_for_small_jobs_or_while_other_threads_run():
-    assert worker_count(10, min_weight=100) == 1
-    assert worker_count(1000, min_weight=100) == min(4, len(os.sched_getaffinity(0)))
+def test_no_helpers_for_small_jobs_or_while_other_threads_run(monkeypatch):
+    from rocm_audit import forkmap
+
+    with monkeypatch.context() as patched:  # as in the CLI: no thread but this one
+        patched.setattr(forkmap.threading, "active_count", lambda: 1)
+        assert worker_count(10, min_weight=100) == 1
+        assert worker_count(1000, min_weight=100) == min(4, len(os.sched_getaffinity(0)))
     started, stop = threading.Event(), threading.Event()
     other = threading.Thread(target=lambda: (started.set(), stop.wait()))
     other.start()
