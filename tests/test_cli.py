@@ -130,3 +130,19 @@ def test_progress_line_only_on_a_terminal_and_never_with_quiet(tmp_path):
     assert "dedup: scanning:" not in _run_in_pty(argv + ["--quiet"])
     piped = run(*argv)
     assert "scanning" not in piped.stdout + piped.stderr
+
+
+@pytest.mark.parametrize("argv", [["dedup", "--help"], ["--debug", "verify-arch", "--help"], ["image"],
+                                  ["dedup", "--bogus"], ["dedpu"], ["--help"]])
+def test_main_answers_as_the_whole_command_group_does(argv, capsys, monkeypatch):
+    """main() builds a group holding only the command being run; what the user sees and the exit
+    code must be those of the group holding every command (the tests' CliRunner uses that one)."""
+    from typer.testing import CliRunner
+
+    # One help width for both: click wraps to min(COLUMNS, 80) - 2 columns; the runner takes it given.
+    monkeypatch.setenv("COLUMNS", "80")
+    whole = CliRunner().invoke(cli.app, argv, prog_name="rocm-audit", terminal_width=78)
+    code = cli.main(argv)
+    seen = capsys.readouterr()
+    assert code == whole.exit_code
+    assert seen.out + seen.err == whole.output

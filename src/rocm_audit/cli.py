@@ -11,8 +11,8 @@ from __future__ import annotations
 import enum
 import sys
 import traceback
-from collections.abc import Callable
-from typing import Annotated, Optional
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -69,24 +69,12 @@ class _State:
     verbose = 0
 
 
-app = typer.Typer(
-    name="rocm-audit",
-    help="Audit ROCm wheel-SDK trees and images: duplicate SDK libraries, GPU targets, LLVM option clashes.",
-    epilog=EPILOG,
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-
-
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"rocm-audit {__version__}")
         raise typer.Exit(EXIT_OK)
 
 
-@app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")] = False,
     verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More log output on stderr.")] = 0,
@@ -175,27 +163,54 @@ def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
     raise typer.Exit(code)
 
 
-def _register() -> None:
-    """Register every command; each command module imports only typer and this module."""
-    from rocm_audit.commands import check, dedup, image, llvm, rules, scan, verify_arch
+# command name -> (module in rocm_audit.commands, extra settings); each module imports only typer
+# and this module.
+_COMMANDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dedup": ("dedup", {}),
+    "verify-arch": ("verify_arch", {}),
+    "llvm": ("llvm", {}),
+    "check": ("check", {}),
+    "image": ("image", {"no_args_is_help": True}),
+    "scan": ("scan", {}),
+    "rules": ("rules", {}),
+}
 
-    app.command("dedup", epilog=EPILOG)(dedup.command)
-    app.command("verify-arch", epilog=EPILOG)(verify_arch.command)
-    app.command("llvm", epilog=EPILOG)(llvm.command)
-    app.command("check", epilog=EPILOG)(check.command)
-    app.command("image", epilog=EPILOG, no_args_is_help=True)(image.command)
-    app.command("scan", epilog=EPILOG)(scan.command)
-    app.command("rules", epilog=EPILOG)(rules.command)
+
+def _new_app(names: Iterable[str]) -> typer.Typer:
+    """The rocm-audit command group with the named commands."""
+    import importlib
+
+    group = typer.Typer(
+        name="rocm-audit",
+        help="Audit ROCm wheel-SDK trees and images: duplicate SDK libraries, GPU targets, LLVM option clashes.",
+        epilog=EPILOG,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+    group.callback()(_root)
+    for name in names:
+        module, settings = _COMMANDS[name]
+        command = importlib.import_module(f"rocm_audit.commands.{module}").command
+        group.command(name, epilog=EPILOG, **settings)(command)
+    return group
 
 
-_register()
+app = _new_app(_COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point; returns the exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    # Click builds every registered command on each call (~10 ms for all seven): for a run of one
+    # command, a group holding only that one. The global options are flags, so the first word that
+    # is not an option names the command; anything else (--help, a typo) gets the whole group.
+    named = next((a for a in args if not a.startswith("-")), None)
+    target = _new_app([named]) if named in _COMMANDS else app
     try:
         # Without standalone mode click returns the code of typer.Exit instead of exiting.
-        returned = app(args=argv, prog_name="rocm-audit", standalone_mode=False)
+        returned = target(args=args, prog_name="rocm-audit", standalone_mode=False)
         return returned if isinstance(returned, int) else EXIT_OK
     except typer.Exit as done:
         return int(done.exit_code)
