@@ -325,9 +325,23 @@ def _same_snapshot(current: os.stat_result, planned: FileRecord) -> bool:
             and current.st_mode == planned.mode)
 
 
-def _prepare_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) -> str:
-    """Re-check and byte-compare, then make the symlink under a temporary name beside the duplicate.
-    Returns that name; _commit_link renames it over the duplicate. Raises _Skip or _Differs."""
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    temp_path: str  # the link, under a temporary name beside the duplicate
+    # st_ctime_ns from before the comparison, of a file with a single link: no rename of ours can
+    # change it, and nobody can set it back, so a change after the comparison shows even when the
+    # size and mtime were restored. None for an inode with several links (replacing one changes it).
+    victim_ctime_ns: int | None
+    keeper_ctime_ns: int | None
+
+
+def _ctime_if_single(st: os.stat_result) -> int | None:
+    return st.st_ctime_ns if st.st_nlink == 1 else None
+
+
+def _prepare_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) -> _Prepared:
+    """Re-check and byte-compare, then make the symlink under a temporary name beside the duplicate;
+    _commit_link renames it over the duplicate. Raises _Skip or _Differs."""
     keeper, victim = group.keeper, planned.record
     try:
         keeper_now = os.lstat(keeper.path)
@@ -362,16 +376,20 @@ def _prepare_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) 
         os.symlink(planned.link_text, temp_path)
     except OSError as exc:
         raise _Skip("DUP005", f"cannot create a link in {directory}: {exc.strerror}") from None
-    return temp_path
+    return _Prepared(temp_path, _ctime_if_single(victim_now), _ctime_if_single(keeper_now))
 
 
-def _commit_link(group: DedupGroup, planned: PlannedLink, temp_path: str) -> None:
+def _commit_link(group: DedupGroup, planned: PlannedLink, prepared: _Prepared) -> None:
     """Atomically replace the duplicate by the prepared link, after a last look. Raises _Skip."""
-    keeper, victim = group.keeper, planned.record
+    keeper, victim, temp_path = group.keeper, planned.record, prepared.temp_path
     try:
         # Last look right before the rename: the window left is one syscall wide.
-        if not _same_snapshot(os.lstat(victim.path), victim) or not _same_snapshot(os.lstat(keeper.path), keeper):
+        victim_now, keeper_now = os.lstat(victim.path), os.lstat(keeper.path)
+        if not _same_snapshot(victim_now, victim) or not _same_snapshot(keeper_now, keeper):
             raise _Skip("DUP003", "the file changed during the comparison")
+        if prepared.victim_ctime_ns not in (None, victim_now.st_ctime_ns) or \
+                prepared.keeper_ctime_ns not in (None, keeper_now.st_ctime_ns):
+            raise _Skip("DUP003", "the file changed after the comparison (its ctime moved)")
         os.replace(temp_path, victim.path)
     except OSError as exc:
         _unlink_quietly(temp_path)
@@ -579,7 +597,7 @@ def _apply_group(group: DedupGroup, plan: DedupPlan, result: ApplyResult, findin
         if group.status[path] != "planned":
             continue  # skipped when its manifest entries could not be written
         try:
-            temp_path = _prepare_link(group, planned, plan.stats)
+            prepared = _prepare_link(group, planned, plan.stats)
         except _Differs:
             if plan.exact:
                 findings.append(make_finding("DUP003", path, "bytes differ from the keeper at apply time",
@@ -593,7 +611,7 @@ def _apply_group(group: DedupGroup, plan: DedupPlan, result: ApplyResult, findin
             _record_skip(group, planned, skip, result, findings)
             continue
         group.status[path] = "renaming"
-        commits.append((group, planned, renamer.submit(_commit_link, group, planned, temp_path)))
+        commits.append((group, planned, renamer.submit(_commit_link, group, planned, prepared)))
     return different
 
 

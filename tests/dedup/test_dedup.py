@@ -488,3 +488,30 @@ def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, 
     assert asked == [3]
     rules = {rule for rule, _, _ in single[1]}
     assert {"SCAN001", "SCAN002"} <= rules and len(single[0]) == 6
+
+
+def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_rename(sdk):
+    """The rename runs after the comparison (on the renaming thread): a writer who changes the
+    bytes in between and restores size and mtime still moves the ctime, which nobody can set back."""
+    import time
+
+    from rocm_audit import dedup as dedup_module
+
+    roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
+    plan = make_plan(build_inventory(roots))
+    victim = sdk.devel / "lib" / "librocblas.so.5"
+    group = next(g for g in plan.groups if any(d.record.path == str(victim) for d in g.duplicates))
+    planned = next(d for d in group.duplicates if d.record.path == str(victim))
+    prepared = dedup_module._prepare_link(group, planned, plan.stats)
+    assert os.path.islink(prepared.temp_path) and prepared.victim_ctime_ns is not None
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(dedup_module._Skip) as skipped:
+        dedup_module._commit_link(group, planned, prepared)
+    assert skipped.value.rule == "DUP003" and "ctime" in skipped.value.message
+    assert victim.read_bytes() == bytes(data) and not os.path.islink(victim)
+    assert not os.path.lexists(prepared.temp_path)  # the temporary link is gone
