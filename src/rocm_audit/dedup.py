@@ -24,7 +24,7 @@ import re
 import shlex
 import stat
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -559,9 +559,9 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
         commits: list[tuple[DedupGroup, PlannedLink, Future[None]]] = []
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocm-audit-rename") as renamer:
             try:
-                pending = list(plan.groups)
+                pending = deque(plan.groups)
                 while pending:
-                    group = pending.pop(0)
+                    group = pending.popleft()
                     different = _apply_group(group, plan, result, findings, renamer, commits)
                     if different:
                         regrouped = _regroup(group, different, plan, findings)
@@ -600,10 +600,8 @@ def _apply_group(group: DedupGroup, plan: DedupPlan, result: ApplyResult, findin
             prepared = _prepare_link(group, planned, plan.stats)
         except _Differs:
             if plan.exact:
-                findings.append(make_finding("DUP003", path, "bytes differ from the keeper at apply time",
-                                             related=[group.keeper.path]))
-                group.status[path] = "skipped"
-                result.skipped += 1
+                _record_skip(group, planned, _Skip("DUP003", "bytes differ from the keeper at apply time"),
+                             result, findings)
             else:
                 different.append(planned)
             continue
