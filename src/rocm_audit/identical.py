@@ -4,10 +4,9 @@ The funnel of peers.md 1 without the full hash: files already agree on size; all
 are read in lockstep, chunk by chunk, and compared with memcmp, so a difference stops the reading of
 that file at the chunk where it appears. The order is head (4 KiB, unless the inventory already
 digested it), tail (4 KiB: build ids and signatures differ there), then the rest, and each file is
-opened once.
-No hashing pass runs over full files: comparing is cheaper than hashing and exact. Classes too large
-to hold one buffer per member fall back to a streamed BLAKE2b digest (the apply step byte-compares
-before any change).
+opened once. No hashing pass runs over full files: comparing is cheaper than hashing and exact.
+Classes too large to hold one buffer per member fall back to a streamed BLAKE2b digest (the apply
+step byte-compares before any change).
 """
 
 from __future__ import annotations

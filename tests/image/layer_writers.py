@@ -52,6 +52,20 @@ def write_file_member(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(info, io.BytesIO(data))
 
 
+def image_config(layers: list[bytes], env: list[str] | None) -> bytes:
+    """The image config both archive formats carry: platform, Env, and the layers' diff ids."""
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": env or []},
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers],
+        },
+    }
+    return json.dumps(config).encode()
+
+
 def docker_save(
     path: Path,
     layers: list[bytes],
@@ -66,16 +80,7 @@ def docker_save(
     ``linked`` {i: j}: layer i's layer.tar is a symlink to layer j's (docker writes that for
     identical layers).
     """
-    config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Env": env or []},
-        "rootfs": {
-            "type": "layers",
-            "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers],
-        },
-    }
-    config_bytes = json.dumps(config).encode()
+    config_bytes = image_config(layers, env)
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
     names = [
         f"{hashlib.sha256(bytes([i]) + b).hexdigest()}/layer.tar" for i, b in enumerate(layers)
@@ -138,16 +143,7 @@ def oci_layout(
                 "size": len(stored),
             }
         )
-    config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Env": env or []},
-        "rootfs": {
-            "type": "layers",
-            "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers],
-        },
-    }
-    config_bytes = json.dumps(config).encode()
+    config_bytes = image_config(layers, env)
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
