@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
-from rocm_audit.forkmap import _shares, fork_map, worker_count
+from rocm_audit.forkmap import fork_imap, fork_map, worker_count
 
 
 def _no_children_left() -> bool:
@@ -20,9 +21,14 @@ def _no_children_left() -> bool:
     return False
 
 
+def _slow_square(n: int) -> tuple[int, int]:
+    time.sleep(0.005)  # long enough for every process to take some of the work
+    return n * n, os.getpid()
+
+
 def test_results_come_back_in_item_order_from_several_processes():
     items = list(range(40))
-    answers = fork_map(lambda n: (n * n, os.getpid()), items, weights=[1] * 40, workers=3)
+    answers = fork_map(_slow_square, items, weights=[1] * 40, workers=3)
     assert [square for square, _ in answers] == [n * n for n in items]
     assert len({pid for _, pid in answers}) == 3  # this process and two helpers did the work
     assert os.getpid() in {pid for _, pid in answers}
@@ -53,7 +59,8 @@ def test_an_exception_here_still_reaps_the_helpers():
     parent = os.getpid()
 
     def work(n: int) -> int:
-        if os.getpid() == parent and n == 0:
+        time.sleep(0.005)
+        if os.getpid() == parent:  # this process takes its first item at once, before helpers run
             raise KeyError("here")
         return n
 
@@ -62,13 +69,38 @@ def test_an_exception_here_still_reaps_the_helpers():
     assert _no_children_left()
 
 
-def test_shares_balance_by_weight_and_cover_every_item_once():
-    weights = [100, 1, 1, 1, 50, 50, 3]
-    shares = _shares(weights, 2)
-    assert sorted(i for share in shares for i in share) == list(range(len(weights)))
-    loads = [sum(weights[i] for i in share) for share in shares]
-    assert max(loads) - min(loads) <= max(weights) - min(weights)
-    assert abs(loads[0] - loads[1]) <= 3  # 100+3 against 1+1+1+50+50
+def test_a_caller_busy_with_each_answer_leaves_the_computing_to_the_helpers():
+    """Whoever is free takes the next item: while this process is busy with the answers it hands
+    back, a helper computes."""
+    parent = os.getpid()
+    computed_by: dict[int, int] = {}
+    for index, (_, pid) in fork_imap(_slow_square, list(range(30)), weights=[1] * 30, workers=2):
+        computed_by[index] = pid
+        time.sleep(0.02)  # the caller's own work on an answer (dedup: the rename)
+    assert sorted(computed_by) == list(range(30))  # every item exactly once
+    here = sum(1 for pid in computed_by.values() if pid == parent)
+    assert len(computed_by) - here >= 2 * here
+    assert _no_children_left()
+
+
+def test_heaviest_items_go_first_and_every_item_comes_once():
+    weights = [5, 100, 1, 50, 7]
+    served = [index for index, _ in fork_imap(lambda n: n, list(range(5)), weights, workers=1)]
+    assert served == [1, 3, 4, 0, 2]
+
+
+def test_more_tickets_than_a_default_pipe_holds():
+    count = 20_000  # 80,000 bytes of tickets: the pipe is enlarged first
+    answers = fork_map(lambda n: n + 1, list(range(count)), weights=[1] * count, workers=2)
+    assert answers == [n + 1 for n in range(count)]
+    assert _no_children_left()
+
+
+def test_a_caller_that_stops_early_leaves_no_helper_behind():
+    answers = fork_imap(_slow_square, list(range(50)), weights=[1] * 50, workers=3)
+    next(answers)
+    answers.close()
+    assert _no_children_left()
 
 
 def test_no_helpers_for_small_jobs_or_while_other_threads_run(monkeypatch):

@@ -2,28 +2,42 @@
 
 Why processes: comparing files is a copy out of the page cache (kernel, no GIL) and a ``memcmp``
 (which holds the GIL). Two threads gain nothing end to end (bench: 0.22 s serial, 0.26 s threaded),
-while a forked helper that reads half of the buckets takes the plan's comparison from 0.19 s to
-0.13 s on two CPUs (README "Benchmark").
+while a forked helper that takes half of the work takes the plan's comparison from 0.19 s to 0.13 s
+on two CPUs (README "Benchmark").
+
+How work is shared: every item is a ticket in one pipe, heaviest first, written before any helper
+exists; whoever is free (a helper, or this process between the results it hands back) takes the
+next ticket with one 4-byte read, which the kernel serves whole to one reader. A helper streams
+each answer back as a frame through its own pipe as soon as it has it, so the caller can act on
+answers while the comparison goes on (dedup renames while helpers compare), and no one idles
+while another still holds a long list of work given out in advance.
 
 Rules that keep this safe with other people's files: the function must only read; helpers are
 forked only while this process has a single thread (no lock can be held by a thread that does
-not exist in the child); a helper reports through a pipe and leaves with ``os._exit`` (no atexit
-handlers, no flushing of inherited stdio buffers); whatever a helper fails to deliver (it died, it
-raised, its answer is unreadable) is computed again here, so the results never depend on helpers.
+not exist in the child); a helper leaves with ``os._exit`` (no atexit handlers, no flushing of
+inherited stdio buffers); whatever a helper fails to deliver (it died, it raised, a frame is cut
+short or unreadable) is computed again here, so the results never depend on helpers; no helper
+outlives the call, even when the caller stops early or raises.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
+import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 _Item = TypeVar("_Item")
 _Result = TypeVar("_Result")
 
 MAX_WORKERS = 4  # processes in all, this one included; memory bandwidth caps the gain beyond
+
+_TICKET = struct.Struct("<I")  # a position in the heaviest-first order
+_FRAME = struct.Struct("<IQ")  # item index, length of the pickled answer that follows
+_RESULT_PIPE_BYTES = 1 << 20  # answers a helper may have in flight before it waits for us
 
 
 def worker_count(total_weight: int, min_weight: int) -> int:
@@ -35,103 +49,181 @@ def worker_count(total_weight: int, min_weight: int) -> int:
 
 def fork_map(function: Callable[[_Item], _Result], items: Sequence[_Item], weights: Sequence[int],
              workers: int) -> list[_Result]:
-    """``[function(item) for item in items]``, with the items shared out by weight between this
-    process and ``workers - 1`` forked helpers. Results must be picklable."""
-    if workers < 2 or len(items) < 2:
-        return [function(item) for item in items]
-    shares = _shares(weights, workers)
-    helpers: list[tuple[int, int, list[int]]] = []  # (pid, read end, item indices)
-    results: dict[int, _Result] = {}
-    try:
-        for share in shares[1:]:
-            helper = _start(function, items, share)
-            if helper is not None:
-                helpers.append(helper)
-            else:  # could not fork: do that share here
-                shares[0] = shares[0] + share
-        for index in shares[0]:
-            results[index] = function(items[index])
-        for pid, read_end, share in helpers:
-            delivered = _collect(pid, read_end)
-            for index in share:
-                results[index] = delivered[index] if delivered and index in delivered else function(items[index])
-    finally:
-        for pid, read_end, _ in helpers:
-            _reap(pid, read_end)
+    """``[function(item) for item in items]``, computed by this process and ``workers - 1``
+    forked helpers. Results must be picklable."""
+    results: dict[int, _Result] = dict(fork_imap(function, items, weights, workers))
     return [results[index] for index in range(len(items))]
 
 
-def _shares(weights: Sequence[int], workers: int) -> list[list[int]]:
-    """Item indices per worker, heaviest first to the lightest worker (balanced by weight)."""
-    shares: list[list[int]] = [[] for _ in range(workers)]
-    loads = [0] * workers
-    for index in sorted(range(len(weights)), key=lambda i: -weights[i]):
-        lightest = loads.index(min(loads))
-        shares[lightest].append(index)
-        loads[lightest] += weights[index]
-    return [sorted(share) for share in shares]
+def fork_imap(function: Callable[[_Item], _Result], items: Sequence[_Item], weights: Sequence[int],
+              workers: int) -> Iterator[tuple[int, _Result]]:
+    """``(index, function(items[index]))`` for every item exactly once, as answers come in.
 
+    Between two answers it yields, this process either hands back what helpers have delivered or,
+    when nothing is waiting, computes the next item itself: a caller that spends time on each
+    answer gets proportionally fewer items to compute. With ``workers < 2`` it is a plain loop."""
+    order = sorted(range(len(items)), key=lambda i: -weights[i])
+    if workers < 2 or len(items) < 2:
+        for index in order:
+            yield index, function(items[index])
+        return
+    import pickle  # before forking: each helper needs it too
 
-def _start(function: Callable[[_Item], _Result], items: Sequence[_Item],
-           share: list[int]) -> tuple[int, int, list[int]] | None:
+    pool = _Pool(order, min(workers - 1, len(items) - 1))
     try:
-        read_end, write_end = os.pipe()
-    except OSError:
-        return None
-    try:
-        pid = os.fork()
-    except OSError:
-        os.close(read_end)
-        os.close(write_end)
-        return None
-    if pid == 0:  # the helper
-        status = 1
         try:
-            import pickle
+            pool.start(lambda index: pickle.dumps(function(items[index]), protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:  # no pipe for the tickets: no helpers
+            pool.close()
+            for index in order:
+                yield index, function(items[index])
+            return
+        done: set[int] = set()
+        while True:
+            for index, payload in pool.delivered(wait=False):
+                done.add(index)
+                yield index, pickle.loads(payload)  # our own child's bytes, never user input
+            index = pool.claim()
+            if index is None:
+                break
+            done.add(index)
+            yield index, function(items[index])
+        for index, payload in pool.delivered(wait=True):
+            done.add(index)
+            yield index, pickle.loads(payload)
+        for index in order:  # what a helper claimed but never delivered
+            if index not in done:
+                yield index, function(items[index])
+    finally:
+        pool.close()
 
-            os.close(read_end)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends a helper at once
-            payload = pickle.dumps({index: function(items[index]) for index in share},
-                                   protocol=pickle.HIGHEST_PROTOCOL)
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(write_end, view):]
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    return pid, read_end, share
+
+class _Pool:
+    """The ticket pipe and the helpers' answer pipes of one fork_imap call."""
+
+    def __init__(self, order: list[int], helpers: int) -> None:
+        self.order = order
+        self.helpers = helpers
+        self.tickets = -1
+        self.answers: dict[int, tuple[int, bytearray]] = {}  # read end -> (pid, bytes not yet framed)
+        self.pids: list[int] = []
+
+    def start(self, answer: Callable[[int], bytes]) -> None:
+        self.tickets = _ticket_pipe(len(self.order))
+        for _ in range(self.helpers):
+            try:
+                read_end, write_end = os.pipe()
+            except OSError:
+                return  # fewer helpers; this process takes their share
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(read_end)
+                os.close(write_end)
+                return
+            if pid == 0:  # the helper
+                status = 1
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends a helper at once
+                    for fd in (read_end, *self.answers):
+                        os.close(fd)
+                    _serve(self.tickets, self.order, answer, write_end)
+                    status = 0
+                finally:
+                    os._exit(status)
+            os.close(write_end)
+            os.set_blocking(read_end, False)
+            self.answers[read_end] = (pid, bytearray())
+            self.pids.append(pid)
+
+    def claim(self) -> int | None:
+        return _claim(self.tickets, self.order)
+
+    def delivered(self, *, wait: bool) -> Iterator[tuple[int, bytes]]:
+        """Complete answers the helpers have sent: those waiting now, or (wait) all until every helper
+        has closed its pipe."""
+        while self.answers:
+            ready, _, _ = select.select(list(self.answers), [], [], None if wait else 0)
+            if not ready:
+                return
+            for fd in ready:
+                pid, pending = self.answers[fd]
+                try:
+                    chunk = os.read(fd, _RESULT_PIPE_BYTES)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:  # the helper is done (or dead): a cut-short frame is dropped
+                    del self.answers[fd]
+                    os.close(fd)
+                    continue
+                pending += chunk
+                yield from _frames(pending)
+
+    def close(self) -> None:
+        """Close every pipe and make sure every helper is gone (it may still run after an exception)."""
+        for fd in [*self.answers, self.tickets]:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.answers.clear()
+        self.tickets = -1
+        for pid in self.pids:
+            try:
+                if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        self.pids.clear()
 
 
-def _collect(pid: int, read_end: int) -> dict[int, object] | None:
-    """The helper's results, or None when it did not deliver them whole."""
-    chunks = []
+def _ticket_pipe(count: int) -> int:
+    """A pipe holding tickets 0..count-1, write end closed: a read past the last one returns EOF."""
+    read_end, write_end = os.pipe()
     try:
-        while chunk := os.read(read_end, 1 << 20):
-            chunks.append(chunk)
+        needed = count * _TICKET.size
+        if needed > 65536:  # the default capacity; beyond it the write below would block
+            import fcntl
+
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, needed)  # EPERM past pipe-max-size (1 MiB)
+        view = memoryview(b"".join(_TICKET.pack(position) for position in range(count)))
+        while view:  # fits the pipe whole: never blocks
+            view = view[os.write(write_end, view):]
     except OSError:
-        return None
-    _, status = os.waitpid(pid, 0)
-    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
-        return None
-    import pickle
-
-    try:
-        delivered = pickle.loads(b"".join(chunks))  # our own child's bytes, never user input
-    except Exception:  # noqa: BLE001 - a truncated answer is computed again
-        return None
-    return delivered if isinstance(delivered, dict) else None
-
-
-def _reap(pid: int, read_end: int) -> None:
-    """Close the pipe and make sure the helper is gone (it may still run after an exception)."""
-    try:
         os.close(read_end)
-    except OSError:
-        pass
-    try:
-        if os.waitpid(pid, os.WNOHANG) == (0, 0):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass  # already reaped by _collect
+        raise
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+def _claim(tickets: int, order: list[int]) -> int | None:
+    """The next item index, or None when every ticket is taken."""
+    ticket = os.read(tickets, _TICKET.size)
+    if len(ticket) < _TICKET.size:
+        return None
+    return order[_TICKET.unpack(ticket)[0]]
+
+
+def _serve(tickets: int, order: list[int], answer: Callable[[int], bytes], out: int) -> None:
+    while (index := _claim(tickets, order)) is not None:
+        payload = answer(index)
+        view = memoryview(_FRAME.pack(index, len(payload)) + payload)
+        while view:
+            view = view[os.write(out, view):]
+
+
+def _frames(pending: bytearray) -> Iterator[tuple[int, bytes]]:
+    """Take every complete frame off the front of pending."""
+    while len(pending) >= _FRAME.size:
+        index, length = _FRAME.unpack_from(pending)
+        end = _FRAME.size + length
+        if len(pending) < end:
+            return
+        payload = bytes(pending[_FRAME.size:end])
+        del pending[:end]
+        yield index, payload
