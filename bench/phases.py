@@ -42,7 +42,7 @@ def wrap(module, name: str, label: str | None = None) -> None:
 
 def main() -> None:
     mode, site = sys.argv[1], sys.argv[2]
-    for name in ("build_inventory", "make_plan", "partition_identical", "_group_from", "_needed_snapshot",
+    for name in ("build_inventory", "make_plan", "partition_identical", "_group_from", "_needed_snapshot", "_apply_groups", "_look_before", "_link",
                  "_journal", "_prepare_link", "_commit_link", "same_bytes", "_verify", "check_mode_findings"):
         wrap(dedup, name)
     wrap(dedup.os, "replace", "os.replace (rename over the duplicate)")

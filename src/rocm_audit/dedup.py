@@ -18,13 +18,11 @@ import contextlib
 import fcntl
 import fnmatch
 import functools
-import json
 import os
 import re
-import shlex
 import stat
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,14 +31,19 @@ from rocm_audit import __version__, elfread
 from rocm_audit.discovery import resolve_roots
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.forkmap import fork_map, worker_count
+from rocm_audit.forkmap import fork_imap, worker_count
 from rocm_audit.identical import (
     CHUNK_BYTES,
+    MAX_LOCKSTEP_MEMBERS,
     Candidate,
     CompareStats,
     HeadFilter,
     ReadFailure,
+    equal_over,
+    middle_pieces,
     partition_identical,
+    pieces,
+    refine,
     same_bytes,
 )
 from rocm_audit.inventory import (
@@ -53,12 +56,11 @@ from rocm_audit.inventory import (
     build_inventory,
     classify,
 )
-from rocm_audit.loader import LoaderModel
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.rules_catalog import policy
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from rocm_audit.loader import LoaderModel
 
 MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "dedup-manifest.jsonl"
@@ -190,16 +192,30 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
 
 # Below this many candidate bytes a plan compares in this process alone: a fork costs more.
 PARALLEL_MIN_BYTES = 64 << 20
+# With helpers, a bucket that would read more than this is compared in pieces of about this many
+# bytes (after its head and tail, here), so that the processes share even one pair of 1 GB
+# libraries evenly. Alone, a bucket is compared whole: a difference then stops all reading.
+PIECE_BYTES = 64 << 20
 
 
 @dataclass(slots=True)
 class _BucketOutcome:
-    """One size bucket compared (possibly in a forkmap helper, hence plain picklable data)."""
+    """One size bucket, or one piece of one, compared (possibly in a forkmap helper, hence plain
+    picklable data)."""
 
-    classes: list[list[str]]  # paths of identical members
+    classes: list[list[str]]  # paths of members equal over what was compared
     failures: list[ReadFailure]
     findings: list[Finding]  # malformed files met while classifying
     bytes_read: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """The members of one probable class (equal size, head and tail) over one range of their bytes."""
+
+    probable: int  # which probable class
+    members: tuple[Candidate, ...]
+    byte_range: tuple[int, int]
 
 
 def _paths_by_inode(records: list[FileRecord]) -> dict[tuple[str, int, int], list[FileRecord]]:
@@ -221,47 +237,98 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
         inodes_by_size[(first.root, first.dev, first.size)].append(first)
     buckets = [sorted(reps, key=lambda r: r.ino) for _, reps in sorted(inodes_by_size.items()) if len(reps) > 1]
 
-    def compare(bucket: list[FileRecord]) -> _BucketOutcome:
+    def compare(item: list[FileRecord] | _Piece, *, full: bool = exact) -> _BucketOutcome:
         failures: list[ReadFailure] = []
         found: list[Finding] = []
-        unread = kinds is not None and any(r.kind is None for r in bucket)
         before = stats.bytes_read
-        classes = partition_identical([Candidate(r.path, r.size, r.head_digest) for r in bucket], stats, failures,
-                                      _kind_filter(kinds, found) if unread and kinds else None, full=exact)
+        if isinstance(item, _Piece):
+            classes = equal_over(item.members, item.byte_range, stats, failures)
+        else:
+            unread = kinds is not None and any(r.kind is None for r in item)
+            classes = partition_identical([Candidate(r.path, r.size, r.head_digest) for r in item], stats, failures,
+                                          _kind_filter(kinds, found) if unread and kinds else None, full=full)
         return _BucketOutcome([[c.path for c in cls] for cls in classes], failures, found, stats.bytes_read - before)
 
     # What each bucket will read: everything when exact; else head and tail (a file that fits one
     # chunk is read whole).
     weights = [len(b) * (b[0].size if exact else min(b[0].size, CHUNK_BYTES)) for b in buckets]
-    bytes_before = stats.bytes_read
-    outcomes = fork_map(compare, buckets, weights, worker_count(sum(weights), PARALLEL_MIN_BYTES))
-    stats.bytes_read = bytes_before + sum(o.bytes_read for o in outcomes)  # helpers count in their own copy
-
-    content_classes: list[list[tuple[str, int, int]]] = []
+    workers = worker_count(sum(weights), PARALLEL_MIN_BYTES)
+    owner_order: list[str] = list(policy("dedup").get("owner_order", []))
+    realdir = functools.lru_cache(maxsize=None)(os.path.realpath)  # one realpath per directory
+    reldir = functools.lru_cache(maxsize=None)(os.path.relpath)  # one relpath per directory pair
+    groups: list[DedupGroup] = []
     grouped: set[tuple[str, int, int]] = set()
-    for bucket, outcome in zip(buckets, outcomes, strict=True):
-        findings.extend(outcome.findings)
+    found_by_bucket: dict[int, list[Finding]] = defaultdict(list)  # merged in bucket order: the same each run
+    bytes_before = stats.bytes_read
+    bytes_read = 0
+
+    def take(bucket_number: int, outcome: _BucketOutcome) -> None:
+        """Record what a comparison found; classes that are final become groups at once."""
+        nonlocal bytes_read
+        bytes_read += outcome.bytes_read  # helpers count in their own copy of stats
+        found = found_by_bucket[bucket_number]
+        found.extend(outcome.findings)
         for failure in outcome.failures:
-            findings.append(make_finding("SCAN001", failure.path, f"cannot read: {failure.error.strerror}"))
+            found.append(make_finding("SCAN001", failure.path, f"cannot read: {failure.error.strerror}"))
+
+    def group(bucket_number: int, classes: list[list[str]]) -> None:
+        by_path = {r.path: r for r in buckets[bucket_number]}
+        for paths in classes:
+            keys = [(r.root, r.dev, r.ino) for r in (by_path[p] for p in paths)]
+            grouped.update(keys)
+            made = _group_from([r for key in keys for r in paths_by_inode[key]], inventory, owner_order,
+                               found_by_bucket[bucket_number], realdir, reldir)
+            if made is not None:
+                groups.append(made)
+
+    # Items: whole buckets, and pieces of the large ones once their heads and tails agree.
+    items: list[list[FileRecord] | _Piece] = []
+    item_weights: list[int] = []
+    item_buckets: list[int] = []
+    probable: list[tuple[int, tuple[Candidate, ...], int]] = []  # (bucket number, members, pieces)
+    for number, bucket in enumerate(buckets):
+        if workers < 2 or not exact or weights[number] <= PIECE_BYTES or len(bucket) > MAX_LOCKSTEP_MEMBERS:
+            items.append(bucket)
+            item_weights.append(weights[number])
+            item_buckets.append(number)
+            continue
+        outcome = compare(bucket, full=False)
+        take(number, outcome)
         by_path = {r.path: r for r in bucket}
         for paths in outcome.classes:
-            keys = [(r.root, r.dev, r.ino) for r in (by_path[p] for p in paths)]
-            content_classes.append(keys)
-            grouped.update(keys)
+            members = tuple(Candidate(p, by_path[p].size, None) for p in paths)
+            ranges = middle_pieces(bucket[0].size, PIECE_BYTES // len(members))
+            probable.append((number, members, len(ranges)))
+            for byte_range in ranges:
+                items.append(_Piece(len(probable) - 1, members, byte_range))
+                item_weights.append(len(members) * (byte_range[1] - byte_range[0]))
+                item_buckets.append(number)
+            if not ranges:  # head and tail were all of it
+                group(number, [list(paths)])
+    pieces_in: dict[int, list[list[list[Candidate]]]] = defaultdict(list)
+    # Groups are built as answers come in, while helpers still compare the rest.
+    for index, outcome in fork_imap(compare, items, item_weights, workers):
+        item, number = items[index], item_buckets[index]
+        take(number, outcome)
+        if not isinstance(item, _Piece):
+            group(number, outcome.classes)
+            continue
+        _, members, expected = probable[item.probable]
+        by_path = {one.path: one for one in members}
+        partitions = pieces_in[item.probable]
+        partitions.append([[by_path[p] for p in cls] for cls in outcome.classes])
+        if len(partitions) == expected:
+            group(number, [[one.path for one in cls] for cls in refine(members, partitions)])
+            del pieces_in[item.probable]
+    stats.bytes_read = bytes_before + bytes_read
+    for number in sorted(found_by_bucket):
+        findings.extend(found_by_bucket[number])
     # A single inode with several paths in the trees is a hardlink group on its own.
     for key, records in paths_by_inode.items():
         if key not in grouped and len(records) > 1:
-            content_classes.append([key])
-
-    owner_order: list[str] = list(policy("dedup").get("owner_order", []))
-    groups: list[DedupGroup] = []
-    realdir = functools.lru_cache(maxsize=None)(os.path.realpath)  # one realpath per directory
-    reldir = functools.lru_cache(maxsize=None)(os.path.relpath)  # one relpath per directory pair
-    for keys in content_classes:
-        records = [r for key in keys for r in paths_by_inode[key]]
-        group = _group_from(records, inventory, owner_order, findings, realdir, reldir)
-        if group is not None:
-            groups.append(group)
+            made = _group_from(records, inventory, owner_order, findings, realdir, reldir)
+            if made is not None:
+                groups.append(made)
     return groups
 
 
@@ -312,10 +379,6 @@ class _Skip(Exception):
         self.rule, self.message = rule, message
 
 
-class _Differs(Exception):
-    """The duplicate's bytes are not the keeper's (the comparison right before the change)."""
-
-
 def _same_snapshot(current: os.stat_result, planned: FileRecord) -> bool:
     # Not st_ctime: replacing one hardlink of an inode changes the inode's link count and ctime.
     return (stat.S_ISREG(current.st_mode)
@@ -326,11 +389,13 @@ def _same_snapshot(current: os.stat_result, planned: FileRecord) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class _Prepared:
-    temp_path: str  # the link, under a temporary name beside the duplicate
-    # st_ctime_ns from before the comparison, of a file with a single link: no rename of ours can
-    # change it, and nobody can set it back, so a change after the comparison shows even when the
-    # size and mtime were restored. None for an inode with several links (replacing one changes it).
+class _Before:
+    """A pair as it was just before its comparison began (both files still as planned).
+
+    st_ctime_ns of a file with a single link: no rename of ours can change it and nobody can set
+    it back, so a change after this moment shows at the last look even when the size and mtime
+    were restored. None for an inode with several links (replacing one of them changes it)."""
+
     victim_ctime_ns: int | None
     keeper_ctime_ns: int | None
 
@@ -339,9 +404,8 @@ def _ctime_if_single(st: os.stat_result) -> int | None:
     return st.st_ctime_ns if st.st_nlink == 1 else None
 
 
-def _prepare_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) -> _Prepared:
-    """Re-check and byte-compare, then make the symlink under a temporary name beside the duplicate;
-    _commit_link renames it over the duplicate. Raises _Skip or _Differs."""
+def _look_before(group: DedupGroup, planned: PlannedLink) -> _Before:
+    """Re-check a pair against the plan just before its comparison. Raises _Skip."""
     keeper, victim = group.keeper, planned.record
     try:
         keeper_now = os.lstat(keeper.path)
@@ -354,19 +418,41 @@ def _prepare_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) 
         raise _Skip("DUP003", "no longer a regular file")
     if not _same_snapshot(victim_now, victim):
         raise _Skip("DUP003", "the file changed since the plan")
-    directory = os.path.dirname(victim.path)
-    if os.stat(directory).st_dev != keeper_now.st_dev:
+    if os.stat(os.path.dirname(victim.path)).st_dev != keeper_now.st_dev:
         raise _Skip("DUP005", "refusing to link across filesystems")
-    if not planned.hardlink:
-        try:
-            identical = same_bytes(keeper.path, victim.path, keeper.size, stats)
-        except ReadFailure as failure:
-            raise _Skip("DUP005", f"cannot re-read {failure.path}: {failure.error.strerror}") from None
-        if not identical:
-            raise _Differs()
-    target = os.path.join(directory, planned.link_text)
+    return _Before(_ctime_if_single(victim_now), _ctime_if_single(keeper_now))
+
+
+@dataclass(frozen=True, slots=True)
+class _PairPiece:
+    """One range of a duplicate's bytes, to compare with the keeper's (in any process)."""
+
+    keeper: str
+    victim: str
+    size: int
+    byte_range: tuple[int, int]
+
+
+_DIFFERS = "differs"  # a piece's verdict besides None (equal) and a read failure's text
+
+
+def _compare_piece(piece: _PairPiece, stats: CompareStats) -> tuple[str | None, int]:
+    """(None when the range is equal, else _DIFFERS or why it could not be read; bytes read)."""
+    before = stats.bytes_read
     try:
-        resolved = os.stat(target)
+        same = same_bytes(piece.keeper, piece.victim, piece.size, stats, piece.byte_range)
+    except ReadFailure as failure:
+        return f"cannot re-read {failure.path}: {failure.error.strerror}", stats.bytes_read - before
+    return (None if same else _DIFFERS), stats.bytes_read - before
+
+
+def _link(group: DedupGroup, planned: PlannedLink, before: _Before) -> None:
+    """Make the symlink under a temporary name beside the duplicate and, after a last look, rename
+    it over the duplicate. Raises _Skip."""
+    keeper, victim = group.keeper, planned.record
+    directory = os.path.dirname(victim.path)
+    try:
+        resolved = os.stat(os.path.join(directory, planned.link_text))
     except OSError:
         raise _Skip("DUP005", f"link text {planned.link_text!r} would not resolve") from None
     if (resolved.st_dev, resolved.st_ino) != keeper.identity:
@@ -376,19 +462,13 @@ def _prepare_link(group: DedupGroup, planned: PlannedLink, stats: CompareStats) 
         os.symlink(planned.link_text, temp_path)
     except OSError as exc:
         raise _Skip("DUP005", f"cannot create a link in {directory}: {exc.strerror}") from None
-    return _Prepared(temp_path, _ctime_if_single(victim_now), _ctime_if_single(keeper_now))
-
-
-def _commit_link(group: DedupGroup, planned: PlannedLink, prepared: _Prepared) -> None:
-    """Atomically replace the duplicate by the prepared link, after a last look. Raises _Skip."""
-    keeper, victim, temp_path = group.keeper, planned.record, prepared.temp_path
     try:
         # Last look right before the rename: the window left is one syscall wide.
         victim_now, keeper_now = os.lstat(victim.path), os.lstat(keeper.path)
         if not _same_snapshot(victim_now, victim) or not _same_snapshot(keeper_now, keeper):
             raise _Skip("DUP003", "the file changed during the comparison")
-        if prepared.victim_ctime_ns not in (None, victim_now.st_ctime_ns) or \
-                prepared.keeper_ctime_ns not in (None, keeper_now.st_ctime_ns):
+        if before.victim_ctime_ns not in (None, victim_now.st_ctime_ns) or \
+                before.keeper_ctime_ns not in (None, keeper_now.st_ctime_ns):
             raise _Skip("DUP003", "the file changed after the comparison (its ctime moved)")
         os.replace(temp_path, victim.path)
     except OSError as exc:
@@ -435,6 +515,8 @@ def default_manifest_path(plan: DedupPlan) -> str:
 
 def _journal(manifest_path: str, groups: list[DedupGroup], run_id: str, *, header: bool) -> None:
     """Append every planned change to the manifest and fsync it before any of them is made."""
+    import json
+
     if not groups:
         return
     os.makedirs(os.path.dirname(os.path.abspath(manifest_path)), exist_ok=True)
@@ -476,6 +558,8 @@ def _needed_snapshot(plan: DedupPlan, loader: LoaderModel) -> dict[str, _NeededB
 
 def _verify(plan: DedupPlan, before: dict[str, _NeededBefore], findings: list[Finding]) -> bool:
     """Every path still resolves to the same bytes; DT_NEEDED of replaced libraries resolve alike."""
+    from rocm_audit.loader import LoaderModel
+
     ok = True
     for group in plan.groups:
         keeper = group.keeper
@@ -527,6 +611,8 @@ class ApplyResult:
 
 def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Finding]) -> ApplyResult:
     """Carry out the plan; every skip or failure becomes a finding and the run goes on."""
+    from rocm_audit.loader import LoaderModel
+
     result = ApplyResult()
     if not plan.groups:
         return result
@@ -552,28 +638,9 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
             result.manifest = None
             return result
         _remove_leftovers(plan.inventory, findings)
-        # Renames run on one worker thread, in order: the kernel frees each replaced file's blocks
-        # and page cache inside rename(), which then overlaps the comparison of the next pair.
-        from concurrent.futures import ThreadPoolExecutor
-
-        commits: list[tuple[DedupGroup, PlannedLink, Future[None]]] = []
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocm-audit-rename") as renamer:
-            try:
-                pending = deque(plan.groups)
-                while pending:
-                    group = pending.popleft()
-                    different = _apply_group(group, plan, result, findings, renamer, commits)
-                    if different:
-                        regrouped = _regroup(group, different, plan, findings)
-                        try:
-                            _journal(result.manifest, regrouped, run_id, header=False)
-                        except OSError as exc:
-                            findings.append(make_finding(
-                                "DUP005", result.manifest, f"cannot write the revert manifest: {exc.strerror}"))
-                            _skip_all(regrouped, result)
-                        pending.extend(regrouped)
-            finally:
-                _collect_commits(commits, result, findings)
+        pending = list(plan.groups)
+        while pending:
+            pending = _regrouped(_apply_groups(pending, plan, result, findings), plan, result, findings, run_id)
         plan.groups[:] = sorted((g for g in plan.groups if g.duplicates), key=lambda g: g.keeper.path)
         result.verified = _verify(plan, before, findings)
     return result
@@ -586,46 +653,87 @@ def _skip_all(groups: list[DedupGroup], result: ApplyResult) -> None:
             result.skipped += 1
 
 
-def _apply_group(group: DedupGroup, plan: DedupPlan, result: ApplyResult, findings: list[Finding],
-                 renamer: ThreadPoolExecutor, commits: list[tuple[DedupGroup, PlannedLink, Future[None]]],
-                 ) -> list[PlannedLink]:
-    """Prepare the group's links and queue their renames; return the duplicates whose bytes differ
-    from the keeper's (only an inexact plan has them: they agreed on size, head and tail)."""
-    different = []
-    for planned in group.duplicates:
-        path = planned.record.path
-        if group.status[path] != "planned":
-            continue  # skipped when its manifest entries could not be written
+def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult,
+                  findings: list[Finding]) -> list[tuple[DedupGroup, list[PlannedLink]]]:
+    """Re-check and byte-compare every planned pair, and replace each duplicate as soon as its
+    comparison is in: forked helpers share the reading while this process renames. Returns the
+    members whose bytes differ from their keeper's, by group (only an inexact plan has them: they
+    agreed on size, head and tail)."""
+    pairs: list[tuple[DedupGroup, PlannedLink, _Before]] = []
+    for group in groups:
+        for planned in group.duplicates:
+            if group.status[planned.record.path] != "planned":
+                continue  # skipped when its manifest entries could not be written
+            try:
+                pairs.append((group, planned, _look_before(group, planned)))
+            except _Skip as skip:
+                _record_skip(group, planned, skip, result, findings)
+    differing: dict[int, tuple[DedupGroup, list[PlannedLink]]] = {}
+
+    def finish(number: int, problem: str | None) -> None:
+        group, planned, before = pairs[number]
+        if problem == _DIFFERS and not plan.exact:
+            differing.setdefault(id(group), (group, []))[1].append(planned)
+            return
         try:
-            prepared = _prepare_link(group, planned, plan.stats)
-        except _Differs:
-            if plan.exact:
-                _record_skip(group, planned, _Skip("DUP003", "bytes differ from the keeper at apply time"),
-                             result, findings)
-            else:
-                different.append(planned)
-            continue
+            if problem == _DIFFERS:
+                raise _Skip("DUP003", "bytes differ from the keeper at apply time")
+            if problem is not None:
+                raise _Skip("DUP005", problem)
+            _link(group, planned, before)
         except _Skip as skip:
             _record_skip(group, planned, skip, result, findings)
-            continue
-        group.status[path] = "renaming"
-        commits.append((group, planned, renamer.submit(_commit_link, group, planned, prepared)))
-    return different
-
-
-def _collect_commits(commits: list[tuple[DedupGroup, PlannedLink, Future[None]]], result: ApplyResult,
-                     findings: list[Finding]) -> None:
-    """Wait for every queued rename and record its outcome."""
-    for group, planned, future in commits:
-        try:
-            future.result()
-        except _Skip as skip:
-            _record_skip(group, planned, skip, result, findings)
-            continue
+            return
         group.status[planned.record.path] = "replaced"
         result.replaced += 1
         if not planned.hardlink:
             result.bytes_freed += group.size
+
+    # Pieces of about PIECE_BYTES each, so that processes share even one pair of 1 GB libraries.
+    items: list[_PairPiece] = []
+    owners: list[int] = []
+    for number, (group, planned, _) in enumerate(pairs):
+        if planned.hardlink:
+            continue  # one inode: nothing to compare
+        for byte_range in pieces(group.keeper.size, PIECE_BYTES // 2):
+            items.append(_PairPiece(group.keeper.path, planned.record.path, group.keeper.size, byte_range))
+            owners.append(number)
+    for number, (_, planned, _) in enumerate(pairs):
+        if planned.hardlink:
+            finish(number, None)
+    outstanding = Counter(owners)
+    problems: dict[int, str] = {}
+    stats = plan.stats
+    weights = [2 * (piece.byte_range[1] - piece.byte_range[0]) for piece in items]
+    bytes_before, bytes_read = stats.bytes_read, 0
+    answers = fork_imap(lambda piece: _compare_piece(piece, stats), items, weights,
+                        worker_count(sum(weights), PARALLEL_MIN_BYTES))
+    for index, (problem, count) in answers:
+        bytes_read += count  # helpers count in their own copy of stats
+        number = owners[index]
+        if problem is not None:
+            problems.setdefault(number, problem)
+        outstanding[number] -= 1
+        if not outstanding[number]:
+            finish(number, problems.get(number))
+    stats.bytes_read = bytes_before + bytes_read
+    return list(differing.values())
+
+
+def _regrouped(differing: list[tuple[DedupGroup, list[PlannedLink]]], plan: DedupPlan, result: ApplyResult,
+               findings: list[Finding], run_id: str) -> list[DedupGroup]:
+    """New exact groups of the members that differ from their keeper, journalled before any change."""
+    pending: list[DedupGroup] = []
+    for group, different in differing:
+        regrouped = _regroup(group, different, plan, findings)
+        try:
+            _journal(result.manifest or "", regrouped, run_id, header=False)
+        except OSError as exc:
+            findings.append(make_finding("DUP005", result.manifest or "",
+                                         f"cannot write the revert manifest: {exc.strerror}"))
+            _skip_all(regrouped, result)
+        pending.extend(regrouped)
+    return pending
 
 
 def _record_skip(group: DedupGroup, planned: PlannedLink, skip: _Skip, result: ApplyResult,
@@ -685,6 +793,8 @@ def _group_json(group: DedupGroup) -> dict[str, Any]:
 
 def shell_preview(groups: list[DedupGroup]) -> list[str]:
     """An equivalent shell script for --dry-run (without rocm-audit's re-checks)."""
+    import shlex
+
     lines = []
     for group in groups:
         for d in group.duplicates:
@@ -805,6 +915,8 @@ def _display(text: str) -> str:
 
 
 def _read_manifest(path: str) -> list[dict[str, Any]]:
+    import json
+
     from rocm_audit.errors import UsageError
 
     entries = []

@@ -122,6 +122,38 @@ def partition_identical(candidates: Sequence[Candidate], stats: CompareStats, fa
     return result
 
 
+def middle_pieces(size: int, piece_bytes: int) -> list[tuple[int, int]]:
+    """The bytes between head and tail (what ``partition_identical(full=False)`` leaves unread) in
+    ranges of about piece_bytes, for processes to compare separately."""
+    start, end = HEAD_BYTES, max(min(size, HEAD_BYTES), size - TAIL_BYTES)
+    step = max(CHUNK_BYTES, piece_bytes - piece_bytes % CHUNK_BYTES)
+    return [(offset, min(offset + step, end)) for offset in range(start, end, step)]
+
+
+def equal_over(members: Sequence[Candidate], byte_range: tuple[int, int], stats: CompareStats,
+               failures: list[ReadFailure]) -> list[list[Candidate]]:
+    """Classes (of 2 or more) of members whose bytes agree over byte_range; at most
+    MAX_LOCKSTEP_MEMBERS members (one buffer each)."""
+    if len(members) > MAX_LOCKSTEP_MEMBERS:
+        raise ValueError(f"{len(members)} members: at most {MAX_LOCKSTEP_MEMBERS} compare in lockstep")
+    return _lockstep(list(members), [byte_range], stats, failures, None)
+
+
+def refine(members: Sequence[Candidate], partitions: Sequence[list[list[Candidate]]]) -> list[list[Candidate]]:
+    """Classes (of 2 or more) of members that share a class in every partition: members equal over
+    each of several byte ranges are equal over all of them."""
+    classes = [list(members)]
+    for partition in partitions:
+        number = {one.path: n for n, cls in enumerate(partition) for one in cls}
+        split: dict[tuple[int, int], list[Candidate]] = {}
+        for position, cls in enumerate(classes):
+            for one in cls:
+                if one.path in number:  # absent: alone over that range, or unreadable
+                    split.setdefault((position, number[one.path]), []).append(one)
+        classes = [cls for cls in split.values() if len(cls) > 1]
+    return classes
+
+
 def head_digest(head: bytes) -> bytes:
     """The digest of a file's first HEAD_BYTES that splits same-size candidates (taken by the inventory)."""
     import hashlib  # here, not at the top: dedup's own runs never digest, and OpenSSL's start-up costs 3 ms
@@ -270,8 +302,11 @@ def file_digest(path: str, stats: CompareStats) -> bytes:
     return hasher.digest()
 
 
-def same_bytes(path_a: str, path_b: str, size: int, stats: CompareStats) -> bool:
-    """Byte-for-byte comparison of two files of the given size. Raises ReadFailure."""
+def same_bytes(path_a: str, path_b: str, size: int, stats: CompareStats,
+               byte_range: tuple[int, int] | None = None) -> bool:
+    """Byte-for-byte comparison of two files of the given size over byte_range (default: all of
+    it); the range that ends at size also proves that nothing follows. Raises ReadFailure."""
+    start, end = byte_range or (0, size)
     fd_a = _open(path_a)
     try:
         fd_b = _open(path_b)
@@ -280,9 +315,9 @@ def same_bytes(path_a: str, path_b: str, size: int, stats: CompareStats) -> bool
         raise
     try:
         view_a, view_b = stats.buffers(2)
-        offset = 0
-        while offset < size:
-            length = min(CHUNK_BYTES, size - offset)
+        offset = start
+        while offset < end:
+            length = min(CHUNK_BYTES, end - offset)
             if not (_fill(fd_a, path_a, view_a[:length], offset) and _fill(fd_b, path_b, view_b[:length], offset)):
                 return False
             stats.bytes_read += 2 * length
@@ -290,7 +325,14 @@ def same_bytes(path_a: str, path_b: str, size: int, stats: CompareStats) -> bool
                 return False
             offset += length
         # Nothing may follow: a file that grew is not the file we compared.
-        return not os.pread(fd_a, 1, size) and not os.pread(fd_b, 1, size)
+        return end < size or (not os.pread(fd_a, 1, size) and not os.pread(fd_b, 1, size))
     finally:
         os.close(fd_a)
         os.close(fd_b)
+
+
+def pieces(size: int, piece_bytes: int) -> list[tuple[int, int]]:
+    """All of a file's bytes in ranges of about piece_bytes (whole chunks; one empty range for an
+    empty file), for processes to compare separately."""
+    step = max(CHUNK_BYTES, piece_bytes - piece_bytes % CHUNK_BYTES)
+    return [(offset, min(offset + step, size)) for offset in range(0, size, step)] or [(0, 0)]

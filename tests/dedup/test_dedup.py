@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import random
 import stat
 import subprocess
 from pathlib import Path
@@ -132,15 +133,34 @@ def test_loading_both_paths_maps_one_inode_after_dedup(sdk):
     assert inodes_mapped() == 1
 
 
-def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(sdk, run_cli):
+@pytest.mark.parametrize("sharing", ["one process", "helpers compare pieces"])
+def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(sdk, run_cli, monkeypatch,
+                                                                                 sharing):
     """An applying run plans on size, head and tail and byte-compares each pair just before the
     change. Three same-size files whose heads and tails agree, where the core copy (the keeper by
     rule) differs in the middle: the other two must still be linked to each other, exactly as the
-    exact plan of a dry run says, and the revert manifest must undo it."""
+    exact plan of a dry run says, and the revert manifest must undo it. With helpers, every
+    comparison (the dry run's and the apply's) is cut into one-chunk pieces that several processes
+    share, and the outcome must not change."""
+    from rocm_audit import dedup as dedup_module
+    from rocm_audit.identical import CHUNK_BYTES
+
+    asked: list[tuple[int, int]] = []  # (items, processes) per comparison
+    if sharing != "one process":
+        fork_imap = dedup_module.fork_imap
+
+        def counting_fork_imap(function, items, weights, workers):
+            asked.append((len(items), workers))
+            return fork_imap(function, items, weights, workers)
+
+        monkeypatch.setattr(dedup_module, "fork_imap", counting_fork_imap)
+        monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
+        monkeypatch.setattr(dedup_module, "PIECE_BYTES", 1)  # pieces of one chunk
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+        monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)
     library = bytearray((sdk.core / "lib" / "libamd_comgr.so.3").read_bytes())
-    assert len(library) > 3 * 4096
     library[len(library) // 3] ^= 0x01  # a library of its own, not another copy of comgr
-    library = bytes(library)
+    library = bytes(library + random.Random(7).randbytes(6 * CHUNK_BYTES))  # bytes past the ELF's end
     middle_changed = bytearray(library)
     middle_changed[len(library) // 2] ^= 0x01
     trio = {"core": sdk.core / "lib" / "libtrio.so.1", "libraries": sdk.libraries / "lib" / "libtrio.so.1",
@@ -167,6 +187,10 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
     assert len(reverted["restored"]) == 7 and reverted["failed"] == 0
     after = {k: v for k, v in snapshot(sdk.site).items() if "/.rocm-audit" not in k}
     assert {k: v[:3] for k, v in after.items()} == {k: v[:3] for k, v in before.items()}
+    if sharing != "one process":
+        assert all(processes == 3 for _, processes in asked)
+        pairs = 7 + 1  # the apply's first round compares keeper-devel, keeper-libraries too
+        assert max(items for items, _ in asked) > pairs  # the trio's comparisons came in pieces
 
 
 def test_file_modified_between_plan_and_apply_is_skipped_and_reported(sdk):
@@ -450,9 +474,11 @@ def test_a_keeper_that_changes_between_plan_and_apply_blocks_its_group(sdk):
     assert not os.path.islink(devel)
 
 
-def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, monkeypatch):
+@pytest.mark.parametrize("piece_bytes", [None, 1], ids=["whole buckets", "one-chunk pieces"])
+def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, monkeypatch, piece_bytes):
     """Classes, malformed-file findings (made while classifying) and read failures come back from
-    the helpers exactly as a single process finds them."""
+    the helpers exactly as a single process finds them; also when each bucket's middle is cut into
+    pieces (libpair_a and libpair_b agree on size, head and tail and differ in the middle)."""
     from rocm_audit import dedup as dedup_module
     from rocm_audit.dedup import hardlinked
 
@@ -461,6 +487,13 @@ def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, 
     broken[0x20:0x28] = (1 << 40).to_bytes(8, "little")  # program headers past the end of the file
     for tree in (sdk.core, sdk.devel):
         (tree / "lib" / "libbroken.so.1").write_bytes(bytes(broken))
+    from rocm_audit.identical import CHUNK_BYTES
+
+    big = bytearray(library + random.Random(3).randbytes(5 * CHUNK_BYTES))  # bytes past the ELF's end
+    for tree in (sdk.core, sdk.devel):
+        (tree / "lib" / "libbig.so.1").write_bytes(bytes(big))
+    big[len(big) // 2] ^= 1  # same size, head and tail: only the middle tells it apart
+    (sdk.libraries / "lib" / "libbig.so.1").write_bytes(bytes(big))
     gone = sdk.devel / "lib" / "libgone.so.1"
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
 
@@ -472,38 +505,51 @@ def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, 
         groups = [(g.keeper.path, [(d.record.path, d.link_text) for d in g.duplicates]) for g in made.groups]
         return groups, sorted((f.rule, f.path, f.message) for f in made.findings), made.stats.bytes_read
 
+    asked: list[tuple[int, int]] = []  # (pieces among the items, processes)
+
+    def counting_fork_imap(function, items, weights, workers):
+        asked.append((sum(isinstance(item, dedup_module._Piece) for item in items), workers))
+        return fork_imap(function, items, weights, workers)
+
+    fork_imap = dedup_module.fork_imap
+    monkeypatch.setattr(dedup_module, "fork_imap", counting_fork_imap)
     single = plan()
-    asked: list[int] = []
-
-    def counting_fork_map(function, items, weights, workers):
-        asked.append(workers)
-        return fork_map(function, items, weights, workers)
-
-    fork_map = dedup_module.fork_map
-    monkeypatch.setattr(dedup_module, "fork_map", counting_fork_map)
     monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)  # other tests may leave threads
-    assert plan() == single
-    assert asked == [3]
+    if piece_bytes:
+        monkeypatch.setattr(dedup_module, "PIECE_BYTES", piece_bytes)
+    shared = plan()
+    assert shared[:2] == single[:2]
+    (no_pieces, alone), (cut, processes) = asked
+    assert no_pieces == 0 and alone == 1 and processes == 3
+    if piece_bytes:  # pieces read a middle whole even where another piece already differs
+        assert cut >= len(shared[0]) + 4 and shared[2] >= single[2]  # libbig: 5 pieces of its middle
+    else:
+        assert cut == 0 and shared[2] == single[2]
     rules = {rule for rule, _, _ in single[1]}
-    assert {"SCAN001", "SCAN002"} <= rules and len(single[0]) == 6
+    assert {"SCAN001", "SCAN002"} <= rules and len(single[0]) == 7
+    assert (str(sdk.core / "lib" / "libbig.so.1"), [(str(sdk.devel / "lib" / "libbig.so.1"),
+                                                     "../../_rocm_sdk_core/lib/libbig.so.1")]) in single[0]
 
 
 def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_rename(sdk):
-    """The rename runs after the comparison (on the renaming thread): a writer who changes the
+    """The rename follows the comparison (which a helper may have made): a writer who changes the
     bytes in between and restores size and mtime still moves the ctime, which nobody can set back."""
     import time
 
     from rocm_audit import dedup as dedup_module
+    from rocm_audit.identical import CompareStats
 
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
     plan = make_plan(build_inventory(roots))
     victim = sdk.devel / "lib" / "librocblas.so.5"
     group = next(g for g in plan.groups if any(d.record.path == str(victim) for d in g.duplicates))
     planned = next(d for d in group.duplicates if d.record.path == str(victim))
-    prepared = dedup_module._prepare_link(group, planned, plan.stats)
-    assert os.path.islink(prepared.temp_path) and prepared.victim_ctime_ns is not None
+    before = dedup_module._look_before(group, planned)
+    assert before.victim_ctime_ns is not None
+    piece = dedup_module._PairPiece(group.keeper.path, str(victim), group.keeper.size, (0, group.keeper.size))
+    assert dedup_module._compare_piece(piece, CompareStats())[0] is None  # equal when compared
     time.sleep(0.05)  # past the file system's timestamp granularity
     st = victim.stat()
     data = bytearray(victim.read_bytes())
@@ -511,7 +557,7 @@ def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_r
     victim.write_bytes(bytes(data))
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(dedup_module._Skip) as skipped:
-        dedup_module._commit_link(group, planned, prepared)
+        dedup_module._link(group, planned, before)
     assert skipped.value.rule == "DUP003" and "ctime" in skipped.value.message
     assert victim.read_bytes() == bytes(data) and not os.path.islink(victim)
-    assert not os.path.lexists(prepared.temp_path)  # the temporary link is gone
+    assert not [p for p in os.listdir(victim.parent) if p.startswith(dedup_module.TEMP_PREFIX)]  # link removed

@@ -78,6 +78,52 @@ def test_classes_are_exactly_the_groups_of_equal_bytes(tmp_path_factory, small_b
     assert {frozenset(c.path for c in cls) for cls in classes} == _reference(contents)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=file_sets(), piece_bytes=st.integers(1, 40))
+def test_head_and_tail_then_the_middle_in_pieces_refine_to_the_same_classes(tmp_path_factory, small_blocks, case,
+                                                                           piece_bytes):
+    """What dedup does with helpers: head and tail first (full=False), then each probable class's
+    middle in pieces compared separately; refining by every piece gives exactly the classes of
+    equal bytes."""
+    variants, picks = case
+    contents = _write(tmp_path_factory.mktemp("files"), variants, picks)
+    size = len(variants[0])
+    candidates = [Candidate(path, size, None) for path in contents]
+    probable = partition_identical(candidates, CompareStats(), [], full=False)
+    middle = identical.middle_pieces(size, piece_bytes)
+    covered = [b for start, end in middle for b in range(start, end)]
+    assert covered == list(range(identical.HEAD_BYTES, max(min(size, 8), size - 8)))  # each middle byte once
+    assert all((start - 8) % 16 == 0 for start, _ in middle)  # whole chunks from the head on
+    classes = []
+    for members in probable:
+        partitions = [identical.equal_over(members, byte_range, CompareStats(), []) for byte_range in middle]
+        classes.extend(identical.refine(members, partitions))
+    assert {frozenset(c.path for c in cls) for cls in classes} == _reference(contents)
+
+
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 100])
+def test_pieces_cover_every_byte_once_in_whole_chunks(small_blocks, size):
+    for piece_bytes in (1, 16, 20, 33, 1000):
+        ranges = identical.pieces(size, piece_bytes)
+        assert [b for start, end in ranges for b in range(start, end)] == list(range(size))
+        step = max(16, piece_bytes - piece_bytes % 16)  # whole chunks (16 bytes here)
+        assert [start for start, _ in ranges] == (list(range(0, size, step)) or [0])
+
+
+def test_same_bytes_over_a_range_sees_only_that_range_and_growth_only_at_the_end(tmp_path, small_blocks):
+    data = bytes(range(64))
+    (tmp_path / "a").write_bytes(data)
+    other = bytearray(data)
+    other[40] ^= 1
+    (tmp_path / "b").write_bytes(bytes(other))
+    (tmp_path / "grown").write_bytes(data + b"!")
+    a, b, grown = (str(tmp_path / n) for n in ("a", "b", "grown"))
+    assert same_bytes(a, b, 64, CompareStats(), (0, 40)) and same_bytes(a, b, 64, CompareStats(), (41, 64))
+    assert not same_bytes(a, b, 64, CompareStats(), (32, 48))
+    assert same_bytes(a, grown, 64, CompareStats(), (0, 48))  # growth is the last piece's business
+    assert not same_bytes(a, grown, 64, CompareStats(), (48, 64))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=file_sets(), lockstep_limit=st.sampled_from([2, 64]))
 def test_the_head_filter_sees_each_class_once_and_drops_what_it_rejects(tmp_path_factory, small_blocks, monkeypatch,
