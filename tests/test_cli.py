@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -146,3 +147,21 @@ def test_main_answers_as_the_whole_command_group_does(argv, capsys, monkeypatch)
     seen = capsys.readouterr()
     assert code == whole.exit_code
     assert seen.out + seen.err == whole.output
+
+
+def test_the_console_script_flushes_the_whole_report_and_keeps_the_exit_code(sdk):
+    """entry() leaves with os._exit (no interpreter teardown): the report must still arrive whole
+    and the exit code must be main()'s."""
+    script = shutil.which("rocm-audit", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    done = run(script, "dedup", "--check", "-p", str(sdk.site), "--format", "json")
+    assert done.returncode == 1  # duplicates found
+    assert len(json.loads(done.stdout)["dedup"]["groups"]) == 6
+    assert run(script, "dedup", "--check", "-p", str(sdk.site / "missing")).returncode == 2
+
+
+def test_main_leaves_the_garbage_collector_as_it_found_it():
+    import gc
+
+    thresholds, frozen = gc.get_threshold(), gc.get_freeze_count()
+    assert cli.main(["--version"]) == 0
+    assert gc.get_threshold() == thresholds and gc.get_freeze_count() == frozen

@@ -1,3 +1,3 @@
-from rocm_audit.cli import main
+from rocm_audit.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -23,6 +23,8 @@ def display(text: str, *, keep_newlines: bool = False) -> str:
             return f"\\x{ord(char) - 0xDC00:02x}"
         return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, f"\\x{ord(char):02x}")
 
+    if text.isprintable():  # the common case, in C: no control character and no surrogate
+        return text
     return _UNPRINTABLE.sub(escape, text)
 
 
