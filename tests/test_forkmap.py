@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rocm_audit.forkmap import fork_imap, fork_map, worker_count
+from rocm_audit.forkmap import fork_imap, worker_count
 
 
 def _no_children_left() -> bool:
@@ -19,6 +19,13 @@ def _no_children_left() -> bool:
     except ChildProcessError:
         return True
     return False
+
+
+def fork_map(function, items, weights, workers):
+    """The answers in item order (each item must come exactly once)."""
+    answers = list(fork_imap(function, items, weights, workers))
+    assert sorted(index for index, _ in answers) == list(range(len(items)))
+    return [answer for _, answer in sorted(answers, key=lambda pair: pair[0])]
 
 
 def _slow_square(n: int) -> tuple[int, int]:
@@ -119,3 +126,39 @@ def test_no_helpers_for_small_jobs_or_while_other_threads_run(monkeypatch):
     finally:
         stop.set()
         other.join()
+
+
+def _stamped(n: int) -> tuple[int, float]:
+    time.sleep(0.005)
+    return os.getpid(), time.monotonic()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_meanwhile_runs_before_the_first_answer_while_helpers_already_work(workers):
+    """dedup journals its plan in `meanwhile`: it must end before any answer is handed back (the
+    caller changes files only on answers), while helpers have been comparing all along."""
+    events: list[str] = []
+    ended: list[float] = []
+
+    def journal() -> None:
+        time.sleep(0.1)
+        events.append("meanwhile")
+        ended.append(time.monotonic())
+
+    answers = []
+    for _, answer in fork_imap(_stamped, list(range(20)), [1] * 20, workers, meanwhile=journal):
+        events.append("answer")
+        answers.append(answer)
+    assert events[0] == "meanwhile" and events.count("meanwhile") == 1 and len(answers) == 20
+    if workers > 1:  # the helper did not wait for it
+        assert any(pid != os.getpid() and done < ended[0] for pid, done in answers)
+    assert _no_children_left()
+
+
+def test_an_exception_in_meanwhile_stops_everything_and_reaps_the_helpers():
+    def refuse() -> None:
+        raise OSError(30, "Read-only file system")
+
+    with pytest.raises(OSError):
+        list(fork_imap(_stamped, list(range(20)), [1] * 20, workers=3, meanwhile=refuse))
+    assert _no_children_left()

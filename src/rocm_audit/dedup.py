@@ -388,6 +388,10 @@ def _same_snapshot(current: os.stat_result, planned: FileRecord) -> bool:
             and current.st_mode == planned.mode)
 
 
+class _NoManifest(Exception):
+    """The revert manifest could not be written: nothing may change."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Before:
     """A pair as it was just before its comparison began (both files still as planned).
@@ -624,21 +628,28 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
                 findings.append(make_finding("DUP008", tree, "another rocm-audit run holds this tree; nothing changed"))
             _skip_all(plan.groups, result)
             return result
-        result.manifest = os.path.abspath(manifest_path or default_manifest_path(plan))
-        loader = LoaderModel()
-        before = _needed_snapshot(plan, loader)
+        result.manifest = manifest = os.path.abspath(manifest_path or default_manifest_path(plan))
         run_id = os.urandom(8).hex()
+        before: dict[str, _NeededBefore] = {}
+
+        def journal_first() -> None:
+            """Runs while helpers already compare (they only read); no change is made before it returns."""
+            before.update(_needed_snapshot(plan, LoaderModel()))
+            try:
+                _journal(manifest, plan.groups, run_id, header=True)
+            except OSError as exc:
+                raise _NoManifest(exc.strerror) from None
+            _remove_leftovers(plan.inventory, findings)
+
         try:
-            _journal(result.manifest, plan.groups, run_id, header=True)
-        except OSError as exc:
-            # No manifest, no way back: change nothing (a read-only tree fails here too).
+            pending = _regrouped(_apply_groups(plan.groups, plan, result, findings, journal_first),
+                                 plan, result, findings, run_id)
+        except _NoManifest as missing:  # no manifest, no way back (a read-only tree fails here too)
             findings.append(make_finding(
-                "DUP005", result.manifest, f"cannot write the revert manifest: {exc.strerror}; nothing changed"))
+                "DUP005", manifest, f"cannot write the revert manifest: {missing}; nothing changed"))
             _skip_all(plan.groups, result)
             result.manifest = None
             return result
-        _remove_leftovers(plan.inventory, findings)
-        pending = list(plan.groups)
         while pending:
             pending = _regrouped(_apply_groups(pending, plan, result, findings), plan, result, findings, run_id)
         plan.groups[:] = sorted((g for g in plan.groups if g.duplicates), key=lambda g: g.keeper.path)
@@ -649,16 +660,18 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
 def _skip_all(groups: list[DedupGroup], result: ApplyResult) -> None:
     for group in groups:
         for planned in group.duplicates:
-            group.status[planned.record.path] = "skipped"
-            result.skipped += 1
+            if group.status[planned.record.path] == "planned":
+                group.status[planned.record.path] = "skipped"
+                result.skipped += 1
 
 
-def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult,
-                  findings: list[Finding]) -> list[tuple[DedupGroup, list[PlannedLink]]]:
+def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult, findings: list[Finding],
+                  journal_first: Callable[[], None] | None = None) -> list[tuple[DedupGroup, list[PlannedLink]]]:
     """Re-check and byte-compare every planned pair, and replace each duplicate as soon as its
-    comparison is in: forked helpers share the reading while this process renames. Returns the
-    members whose bytes differ from their keeper's, by group (only an inexact plan has them: they
-    agreed on size, head and tail)."""
+    comparison is in: forked helpers share the reading while this process renames. journal_first
+    runs before the first change, while the comparisons have begun. Returns the members whose
+    bytes differ from their keeper's, by group (only an inexact plan has them: they agreed on size,
+    head and tail)."""
     pairs: list[tuple[DedupGroup, PlannedLink, _Before]] = []
     for group in groups:
         for planned in group.duplicates:
@@ -698,16 +711,13 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
         for byte_range in pieces(group.keeper.size, PIECE_BYTES // 2):
             items.append(_PairPiece(group.keeper.path, planned.record.path, group.keeper.size, byte_range))
             owners.append(number)
-    for number, (_, planned, _) in enumerate(pairs):
-        if planned.hardlink:
-            finish(number, None)
     outstanding = Counter(owners)
     problems: dict[int, str] = {}
     stats = plan.stats
     weights = [2 * (piece.byte_range[1] - piece.byte_range[0]) for piece in items]
     bytes_before, bytes_read = stats.bytes_read, 0
     answers = fork_imap(lambda piece: _compare_piece(piece, stats), items, weights,
-                        worker_count(sum(weights), PARALLEL_MIN_BYTES))
+                        worker_count(sum(weights), PARALLEL_MIN_BYTES), meanwhile=journal_first)
     for index, (problem, count) in answers:
         bytes_read += count  # helpers count in their own copy of stats
         number = owners[index]
@@ -717,6 +727,9 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
         if not outstanding[number]:
             finish(number, problems.get(number))
     stats.bytes_read = bytes_before + bytes_read
+    for number, (_, planned, _) in enumerate(pairs):
+        if planned.hardlink:  # one inode: nothing to compare
+            finish(number, None)
     return list(differing.values())
 
 

@@ -47,34 +47,30 @@ def worker_count(total_weight: int, min_weight: int) -> int:
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
-def fork_map(function: Callable[[_Item], _Result], items: Sequence[_Item], weights: Sequence[int],
-             workers: int) -> list[_Result]:
-    """``[function(item) for item in items]``, computed by this process and ``workers - 1``
-    forked helpers. Results must be picklable."""
-    results: dict[int, _Result] = dict(fork_imap(function, items, weights, workers))
-    return [results[index] for index in range(len(items))]
-
-
 def fork_imap(function: Callable[[_Item], _Result], items: Sequence[_Item], weights: Sequence[int],
-              workers: int) -> Iterator[tuple[int, _Result]]:
+              workers: int, meanwhile: Callable[[], None] | None = None) -> Iterator[tuple[int, _Result]]:
     """``(index, function(items[index]))`` for every item exactly once, as answers come in.
 
     Between two answers it yields, this process either hands back what helpers have delivered or,
     when nothing is waiting, computes the next item itself: a caller that spends time on each
-    answer gets proportionally fewer items to compute. With ``workers < 2`` it is a plain loop."""
+    answer gets proportionally fewer items to compute. With ``workers < 2`` it is a plain loop.
+    ``meanwhile`` runs here once the helpers have started and before the first answer: work that
+    needs no answer overlaps the helpers' first items (an exception from it stops everything)."""
     order = sorted(range(len(items)), key=lambda i: -weights[i])
-    if workers < 2 or len(items) < 2:
-        for index in order:
-            yield index, function(items[index])
-        return
-    import pickle  # before forking: each helper needs it too
+    pool: _Pool | None = None
+    if workers > 1 and len(items) > 1:
+        import pickle  # before forking: each helper needs it too
 
-    pool = _Pool(order, min(workers - 1, len(items) - 1))
-    try:
+        pool = _Pool(order, min(workers - 1, len(items) - 1))
         try:
             pool.start(lambda index: pickle.dumps(function(items[index]), protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:  # no pipe for the tickets: no helpers
             pool.close()
+            pool = None
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        if pool is None:
             for index in order:
                 yield index, function(items[index])
             return
@@ -95,7 +91,8 @@ def fork_imap(function: Callable[[_Item], _Result], items: Sequence[_Item], weig
             if index not in done:
                 yield index, function(items[index])
     finally:
-        pool.close()
+        if pool is not None:
+            pool.close()
 
 
 class _Pool:

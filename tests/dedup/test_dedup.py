@@ -149,9 +149,9 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
     if sharing != "one process":
         fork_imap = dedup_module.fork_imap
 
-        def counting_fork_imap(function, items, weights, workers):
+        def counting_fork_imap(function, items, weights, workers, meanwhile=None):
             asked.append((len(items), workers))
-            return fork_imap(function, items, weights, workers)
+            return fork_imap(function, items, weights, workers, meanwhile)
 
         monkeypatch.setattr(dedup_module, "fork_imap", counting_fork_imap)
         monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
