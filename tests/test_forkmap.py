@@ -162,3 +162,18 @@ def test_an_exception_in_meanwhile_stops_everything_and_reaps_the_helpers():
     with pytest.raises(OSError):
         list(fork_imap(_stamped, list(range(20)), [1] * 20, workers=3, meanwhile=refuse))
     assert _no_children_left()
+
+
+def test_a_thread_started_after_worker_count_means_no_helpers():
+    """The last word on forking is fork_imap's own, at the moment it would fork."""
+    started, stop = threading.Event(), threading.Event()
+    other = threading.Thread(target=lambda: (started.set(), stop.wait()))
+    other.start()
+    started.wait()
+    try:
+        answers = fork_map(_slow_square, list(range(6)), weights=[1] * 6, workers=3)
+    finally:
+        stop.set()
+        other.join()
+    assert {pid for _, pid in answers} == {os.getpid()}
+    assert _no_children_left()

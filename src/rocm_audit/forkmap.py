@@ -107,6 +107,8 @@ class _Pool:
 
     def start(self, answer: Callable[[int], bytes]) -> None:
         self.tickets = _ticket_pipe(len(self.order))
+        if threading.active_count() != 1:  # a thread started since worker_count: no helpers after all
+            return
         for _ in range(self.helpers):
             try:
                 read_end, write_end = os.pipe()
