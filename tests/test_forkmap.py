@@ -21,6 +21,13 @@ def _no_children_left() -> bool:
     return False
 
 
+@pytest.fixture
+def alone(monkeypatch):
+    """This process counts as single-threaded, as the CLI is: other tests of the session may have
+    left threads behind, and fork_imap forks no helper beside a thread."""
+    monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)
+
+
 def fork_map(function, items, weights, workers):
     """The answers in item order (each item must come exactly once)."""
     answers = list(fork_imap(function, items, weights, workers))
@@ -33,7 +40,7 @@ def _slow_square(n: int) -> tuple[int, int]:
     return n * n, os.getpid()
 
 
-def test_results_come_back_in_item_order_from_several_processes():
+def test_results_come_back_in_item_order_from_several_processes(alone):
     items = list(range(40))
     answers = fork_map(_slow_square, items, weights=[1] * 40, workers=3)
     assert [square for square, _ in answers] == [n * n for n in items]
@@ -43,11 +50,13 @@ def test_results_come_back_in_item_order_from_several_processes():
 
 
 @pytest.mark.parametrize("how", ["raises", "dies", "garbles"])
-def test_what_a_helper_fails_to_deliver_is_computed_here(how):
+def test_what_a_helper_fails_to_deliver_is_computed_here(alone, how, tmp_path):
     parent = os.getpid()
 
     def square(n: int) -> tuple[int, int]:
+        time.sleep(0.005)  # long enough for the helper to take some of the work
         if os.getpid() != parent:
+            (tmp_path / f"helper-{os.getpid()}").touch()  # proof that a helper did run
             if how == "raises":
                 raise RuntimeError("helper trouble")
             if how == "dies":
@@ -59,10 +68,11 @@ def test_what_a_helper_fails_to_deliver_is_computed_here(how):
     answers = fork_map(square, list(range(20)), weights=list(range(20)), workers=2)
     assert [square for square, _ in answers] == [n * n for n in range(20)]
     assert {pid for _, pid in answers} == {parent}
+    assert list(tmp_path.glob("helper-*"))
     assert _no_children_left()
 
 
-def test_an_exception_here_still_reaps_the_helpers():
+def test_an_exception_here_still_reaps_the_helpers(alone):
     parent = os.getpid()
 
     def work(n: int) -> int:
@@ -76,7 +86,7 @@ def test_an_exception_here_still_reaps_the_helpers():
     assert _no_children_left()
 
 
-def test_a_caller_busy_with_each_answer_leaves_the_computing_to_the_helpers():
+def test_a_caller_busy_with_each_answer_leaves_the_computing_to_the_helpers(alone):
     """Whoever is free takes the next item: while this process is busy with the answers it hands
     back, a helper computes."""
     parent = os.getpid()
@@ -96,14 +106,14 @@ def test_heaviest_items_go_first_and_every_item_comes_once():
     assert served == [1, 3, 4, 0, 2]
 
 
-def test_more_tickets_than_a_default_pipe_holds():
+def test_more_tickets_than_a_default_pipe_holds(alone):
     count = 20_000  # 80,000 bytes of tickets: the pipe is enlarged first
     answers = fork_map(lambda n: n + 1, list(range(count)), weights=[1] * count, workers=2)
     assert answers == [n + 1 for n in range(count)]
     assert _no_children_left()
 
 
-def test_a_caller_that_stops_early_leaves_no_helper_behind():
+def test_a_caller_that_stops_early_leaves_no_helper_behind(alone):
     answers = fork_imap(_slow_square, list(range(50)), weights=[1] * 50, workers=3)
     next(answers)
     answers.close()
@@ -134,7 +144,7 @@ def _stamped(n: int) -> tuple[int, float]:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_meanwhile_runs_before_the_first_answer_while_helpers_already_work(workers):
+def test_meanwhile_runs_before_the_first_answer_while_helpers_already_work(alone, workers):
     """dedup journals its plan in `meanwhile`: it must end before any answer is handed back (the
     caller changes files only on answers), while helpers have been comparing all along."""
     events: list[str] = []
@@ -155,7 +165,7 @@ def test_meanwhile_runs_before_the_first_answer_while_helpers_already_work(worke
     assert _no_children_left()
 
 
-def test_an_exception_in_meanwhile_stops_everything_and_reaps_the_helpers():
+def test_an_exception_in_meanwhile_stops_everything_and_reaps_the_helpers(alone):
     def refuse() -> None:
         raise OSError(30, "Read-only file system")
 
