@@ -23,9 +23,9 @@ import re
 import stat
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rocm_audit import __version__, elfread
 from rocm_audit.discovery import resolve_roots
@@ -58,9 +58,6 @@ from rocm_audit.inventory import (
 )
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.rules_catalog import policy
-
-if TYPE_CHECKING:
-    from rocm_audit.loader import LoaderModel
 
 MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "dedup-manifest.jsonl"
@@ -549,15 +546,39 @@ class _NeededBefore:
     resolved: dict[str, str | None]  # DT_NEEDED name -> the path glibc would load
 
 
-def _needed_snapshot(plan: DedupPlan, loader: LoaderModel) -> dict[str, _NeededBefore]:
+def _needed_before(paths: Sequence[str]) -> dict[str, _NeededBefore]:
+    """DT_NEEDED resolution of each library, as the loader sees it now (read-only: any process)."""
+    from rocm_audit.loader import LoaderModel
+
+    loader = LoaderModel()
     snapshot: dict[str, _NeededBefore] = {}
-    for group in plan.groups:
-        for planned in group.duplicates:
-            dynamic = loader.dynamic_of(planned.record.path)
-            if dynamic is not None:
-                resolutions = loader.resolve_all(planned.record.path, dynamic)
-                snapshot[planned.record.path] = _NeededBefore(dynamic, {n: r.path for n, r in resolutions.items()})
+    for path in paths:
+        dynamic = loader.dynamic_of(path)
+        if dynamic is not None:
+            resolutions = loader.resolve_all(path, dynamic)
+            snapshot[path] = _NeededBefore(dynamic, {n: r.path for n, r in resolutions.items()})
     return snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class _SnapshotShare:
+    """Some of the duplicates whose DT_NEEDED resolution is recorded before the first change."""
+
+    paths: tuple[str, ...]
+
+
+SNAPSHOT_SHARE = 256  # libraries per share: each is a few ms of reading dynamic sections
+
+
+@dataclass(slots=True)
+class _BeforeChanges:
+    """What an applying run's first round does before its first change: journal the plan (in this
+    process, once the comparisons have begun) and record DT_NEEDED resolutions (in any process;
+    the resolutions arrive in ``snapshot``)."""
+
+    journal: Callable[[], None]
+    snapshot_paths: list[str]
+    snapshot: dict[str, _NeededBefore] = field(default_factory=dict)
 
 
 def _verify(plan: DedupPlan, before: dict[str, _NeededBefore], findings: list[Finding]) -> bool:
@@ -615,8 +636,6 @@ class ApplyResult:
 
 def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Finding]) -> ApplyResult:
     """Carry out the plan; every skip or failure becomes a finding and the run goes on."""
-    from rocm_audit.loader import LoaderModel
-
     result = ApplyResult()
     if not plan.groups:
         return result
@@ -630,19 +649,17 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
             return result
         result.manifest = manifest = os.path.abspath(manifest_path or default_manifest_path(plan))
         run_id = os.urandom(8).hex()
-        before: dict[str, _NeededBefore] = {}
 
-        def journal_first() -> None:
-            """Runs while helpers already compare (they only read); no change is made before it returns."""
-            before.update(_needed_snapshot(plan, LoaderModel()))
+        def journal() -> None:
             try:
                 _journal(manifest, plan.groups, run_id, header=True)
             except OSError as exc:
                 raise _NoManifest(exc.strerror) from None
             _remove_leftovers(plan.inventory, findings)
 
+        first = _BeforeChanges(journal, [d.record.path for g in plan.groups for d in g.duplicates])
         try:
-            pending = _regrouped(_apply_groups(plan.groups, plan, result, findings, journal_first),
+            pending = _regrouped(_apply_groups(plan.groups, plan, result, findings, first),
                                  plan, result, findings, run_id)
         except _NoManifest as missing:  # no manifest, no way back (a read-only tree fails here too)
             findings.append(make_finding(
@@ -653,7 +670,7 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
         while pending:
             pending = _regrouped(_apply_groups(pending, plan, result, findings), plan, result, findings, run_id)
         plan.groups[:] = sorted((g for g in plan.groups if g.duplicates), key=lambda g: g.keeper.path)
-        result.verified = _verify(plan, before, findings)
+        result.verified = _verify(plan, first.snapshot, findings)
     return result
 
 
@@ -666,12 +683,13 @@ def _skip_all(groups: list[DedupGroup], result: ApplyResult) -> None:
 
 
 def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult, findings: list[Finding],
-                  journal_first: Callable[[], None] | None = None) -> list[tuple[DedupGroup, list[PlannedLink]]]:
+                  first: _BeforeChanges | None = None) -> list[tuple[DedupGroup, list[PlannedLink]]]:
     """Re-check and byte-compare every planned pair, and replace each duplicate as soon as its
-    comparison is in: forked helpers share the reading while this process renames. journal_first
-    runs before the first change, while the comparisons have begun. Returns the members whose
-    bytes differ from their keeper's, by group (only an inexact plan has them: they agreed on size,
-    head and tail)."""
+    comparison is in: forked helpers share the reading while this process renames. ``first``
+    (the first round) is done before the first change: its snapshot shares go first to whoever is
+    free, its journal runs here meanwhile, and pairs compared before both are done wait. Returns
+    the members whose bytes differ from their keeper's, by group (only an inexact plan has them:
+    they agreed on size, head and tail)."""
     pairs: list[tuple[DedupGroup, PlannedLink, _Before]] = []
     for group in groups:
         for planned in group.duplicates:
@@ -703,28 +721,54 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
             result.bytes_freed += group.size
 
     # Pieces of about PIECE_BYTES each, so that processes share even one pair of 1 GB libraries.
-    items: list[_PairPiece] = []
+    compared: list[_PairPiece] = []
     owners: list[int] = []
     for number, (group, planned, _) in enumerate(pairs):
         if planned.hardlink:
             continue  # one inode: nothing to compare
         for byte_range in pieces(group.keeper.size, PIECE_BYTES // 2):
-            items.append(_PairPiece(group.keeper.path, planned.record.path, group.keeper.size, byte_range))
+            compared.append(_PairPiece(group.keeper.path, planned.record.path, group.keeper.size, byte_range))
             owners.append(number)
+    weights = [2 * (piece.byte_range[1] - piece.byte_range[0]) for piece in compared]
+    workers = worker_count(sum(weights), PARALLEL_MIN_BYTES)
+    items: list[_PairPiece | _SnapshotShare] = list(compared)
+    shares_left = 0
+    if first is not None:  # heaviest first: the snapshot shares are taken before any piece
+        paths = first.snapshot_paths
+        for start in range(0, len(paths), SNAPSHOT_SHARE):
+            items.append(_SnapshotShare(tuple(paths[start:start + SNAPSHOT_SHARE])))
+            weights.append(sum(weights) + 1)
+            shares_left += 1
     outstanding = Counter(owners)
     problems: dict[int, str] = {}
+    waiting: list[int] = []  # pairs compared before the snapshot was complete
     stats = plan.stats
-    weights = [2 * (piece.byte_range[1] - piece.byte_range[0]) for piece in items]
     bytes_before, bytes_read = stats.bytes_read, 0
-    answers = fork_imap(lambda piece: _compare_piece(piece, stats), items, weights,
-                        worker_count(sum(weights), PARALLEL_MIN_BYTES), meanwhile=journal_first)
-    for index, (problem, count) in answers:
+
+    def work(item: _PairPiece | _SnapshotShare) -> Any:
+        return _needed_before(item.paths) if isinstance(item, _SnapshotShare) else _compare_piece(item, stats)
+
+    for index, answer in fork_imap(work, items, weights, workers, meanwhile=first.journal if first else None):
+        item = items[index]
+        if isinstance(item, _SnapshotShare):
+            assert first is not None  # only the first round has shares
+            first.snapshot.update(answer)
+            shares_left -= 1
+            if not shares_left:
+                for number in waiting:
+                    finish(number, problems.get(number))
+            continue
+        problem, count = answer
         bytes_read += count  # helpers count in their own copy of stats
         number = owners[index]
         if problem is not None:
             problems.setdefault(number, problem)
         outstanding[number] -= 1
-        if not outstanding[number]:
+        if outstanding[number]:
+            continue
+        if shares_left:
+            waiting.append(number)
+        else:
             finish(number, problems.get(number))
     stats.bytes_read = bytes_before + bytes_read
     for number, (_, planned, _) in enumerate(pairs):

@@ -308,11 +308,10 @@ def test_leftover_temporary_link_is_reported_then_removed(sdk, run_cli):
 def test_verification_reports_a_changed_dt_needed_resolution(sdk):
     """_verify compares DT_NEEDED resolution before and after: break it and it must say so."""
     from rocm_audit import dedup as dedup_module
-    from rocm_audit.loader import LoaderModel
 
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
     plan = make_plan(build_inventory(roots))
-    before = dedup_module._needed_snapshot(plan, LoaderModel())
+    before = dedup_module._needed_before([d.record.path for g in plan.groups for d in g.duplicates])
     comgr_devel = str(sdk.devel / "lib" / "libamd_comgr.so.3")
     assert before[comgr_devel].resolved["librocm_sysdeps_z.so.1"] == str(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
     os.unlink(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
@@ -561,3 +560,46 @@ def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_r
     assert skipped.value.rule == "DUP003" and "ctime" in skipped.value.message
     assert victim.read_bytes() == bytes(data) and not os.path.islink(victim)
     assert not [p for p in os.listdir(victim.parent) if p.startswith(dedup_module.TEMP_PREFIX)]  # link removed
+
+
+def test_with_helpers_no_change_is_made_before_the_whole_dt_needed_snapshot_is_in(sdk, monkeypatch):
+    """The snapshot that verification compares against is taken in shares by whichever process is
+    free; every share must be in before the first link, and all of them must reach _verify."""
+    from rocm_audit import dedup as dedup_module
+
+    made: list[dedup_module._BeforeChanges] = []
+
+    class Recorded(dedup_module._BeforeChanges):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    complete_at_each_link: list[bool] = []
+    link = dedup_module._link
+
+    def checked_link(group, planned, before):
+        complete_at_each_link.append(set(made[0].snapshot) == set(made[0].snapshot_paths))
+        return link(group, planned, before)
+
+    seen_by_verify: list[set[str]] = []
+    verify = dedup_module._verify
+
+    def recording_verify(plan, before, findings):
+        seen_by_verify.append(set(before))
+        return verify(plan, before, findings)
+
+    monkeypatch.setattr(dedup_module, "_BeforeChanges", Recorded)
+    monkeypatch.setattr(dedup_module, "_link", checked_link)
+    monkeypatch.setattr(dedup_module, "_verify", recording_verify)
+    monkeypatch.setattr(dedup_module, "SNAPSHOT_SHARE", 2)  # several shares
+    monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)
+    roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
+    plan = make_plan(build_inventory(roots), exact=False)
+    duplicates = {d.record.path for g in plan.groups for d in g.duplicates}
+    findings = []
+    result = apply_plan(plan, str(sdk.site / "manifest.jsonl"), findings)
+    assert result.replaced == len(duplicates) and result.verified is True
+    assert complete_at_each_link and all(complete_at_each_link)
+    assert seen_by_verify == [duplicates]  # every duplicate is an ELF library with a dynamic section
