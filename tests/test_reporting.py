@@ -7,6 +7,8 @@ import json
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from junitparser import Failure, JUnitXml
 from sarif import loader as sarif_loader
 
@@ -148,3 +150,32 @@ def test_policy_targets_and_extra_targets_reach_verify_arch(tmp_path, run_cli, m
                      expect=1)
     assert [t["target"] for t in result.report["targets"]] == ["gfx942", "gfx950"]
     assert "extra_targets" in result.report["targets_source"]
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(document=_json_values, records_at=st.integers(0, 4))
+def test_laid_out_json_is_the_same_document_as_the_compact_one(document, records_at):
+    """to_json lays out the top levels itself and leaves the rest to the C encoder: whatever the
+    layout, a reader must get exactly the compact document (lone surrogates included)."""
+    from rocm_audit.report import to_json
+
+    laid_out = to_json(document, records_at=records_at)
+    assert json.loads(laid_out) == json.loads(to_json(document, indent=None))
+    laid_out.encode("utf-8")  # always valid UTF-8
+
+
+def test_laid_out_json_has_one_finding_per_line(sdk, run_cli):
+    report = run_cli("dedup", "--check", "-p", str(sdk.site), "--format", "json", expect=1)
+    lines = report.stdout.splitlines()
+    assert lines[0] == "{" and lines[-1] == "}"
+    findings = report.report["findings"]
+    assert findings
+    for finding in findings:  # each finding is one record: one line, two levels in
+        assert "    " + json.dumps(finding, separators=(", ", ": "), ensure_ascii=False) in \
+            [line.rstrip(",") for line in lines]

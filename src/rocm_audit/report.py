@@ -39,12 +39,37 @@ def _default(value: object) -> object:
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def to_json(document: object, *, indent: int | None = 2) -> str:
+def to_json(document: object, *, indent: int | None = 2, records_at: int = 2) -> str:
     """JSON text that is always valid UTF-8: a file name's undecodable bytes (held as lone
     surrogates by os.fsdecode) are written as \\udcXX escapes, which json.loads and os.fsencode
-    turn back into the exact bytes."""
-    text = json.dumps(document, default=_default, indent=indent, sort_keys=False, ensure_ascii=False)
+    turn back into the exact bytes.
+
+    With ``indent``, objects and arrays are laid out one member per line above depth
+    ``records_at``; a value at that depth (a finding, a code object, a dedup group: one record)
+    is one line, written by the C encoder. json.dumps(indent=...) runs the pure-Python encoder
+    over every value: 60 ms of a 0.2 s `scan --targets` of librocsparse (888 code objects)."""
+    if indent is None:
+        text = json.dumps(document, default=_default, sort_keys=False, ensure_ascii=False)
+    else:
+        text = _laid_out(document, 0, " " * indent, records_at)
     return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
+
+
+def _laid_out(value: object, depth: int, step: str, records_at: int) -> str:
+    if depth < records_at and value:
+        inner = step * (depth + 1)
+        if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+            members = [f"{inner}{_compact(key)}: {_laid_out(item, depth + 1, step, records_at)}"
+                       for key, item in value.items()]
+            return "{\n" + ",\n".join(members) + "\n" + step * depth + "}"
+        if isinstance(value, (list, tuple)):
+            members = [inner + _laid_out(item, depth + 1, step, records_at) for item in value]
+            return "[\n" + ",\n".join(members) + "\n" + step * depth + "]"
+    return _compact(value)
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, default=_default, separators=(", ", ": "), ensure_ascii=False)
 
 
 def finding_to_dict(one: Finding) -> dict[str, Any]:

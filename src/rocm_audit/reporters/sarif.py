@@ -83,7 +83,7 @@ def render_sarif(outcome: CommandOutcome) -> str:
             "results": results,
         }],
     }
-    return to_json(document)
+    return to_json(document, records_at=4)  # one result per line
 
 
 def _result(one: Finding, index_of: dict[str, int], bases: dict[str, str]) -> dict[str, Any]:
