@@ -733,11 +733,11 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
     workers = worker_count(sum(weights), PARALLEL_MIN_BYTES)
     items: list[_PairPiece | _SnapshotShare] = list(compared)
     shares_left = 0
-    if first is not None:  # heaviest first: the snapshot shares are taken before any piece
-        paths = first.snapshot_paths
+    if first is not None:  # heavier than all pieces together: the snapshot shares are taken first
+        paths, share_weight = first.snapshot_paths, sum(weights) + 1
         for start in range(0, len(paths), SNAPSHOT_SHARE):
             items.append(_SnapshotShare(tuple(paths[start:start + SNAPSHOT_SHARE])))
-            weights.append(sum(weights) + 1)
+            weights.append(share_weight)
             shares_left += 1
     outstanding = Counter(owners)
     problems: dict[int, str] = {}
