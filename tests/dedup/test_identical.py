@@ -207,3 +207,29 @@ def _pair_classes(directory: Path, other: str, other_bytes: bytes, digested: boo
     candidates = [Candidate(str(directory / name), len(data), hashlib.blake2b(data[:8], digest_size=16).digest()
                             if digested else None) for name, data in (("a", base), (other, other_bytes))]
     return partition_identical(candidates, CompareStats(), [])
+
+
+@pytest.mark.parametrize("chunk_bytes", [16, identical.CHUNK_BYTES])
+def test_read_buffers_start_on_a_page_boundary_and_compare_only_their_own_bytes(monkeypatch, chunk_bytes):
+    import ctypes
+
+    monkeypatch.setattr(identical, "CHUNK_BYTES", chunk_bytes)
+    buffers = CompareStats().buffers(3)
+    assert len({id(b.storage) for b in buffers}) == 3
+    for buffer in buffers:
+        assert ctypes.addressof(ctypes.c_char.from_buffer(buffer.view)) % identical.BUFFER_ALIGNMENT == 0
+        assert len(buffer.view) == chunk_bytes
+        buffer.storage[:] = b"x" * len(buffer.storage)  # what lies outside the view must not count
+        buffer.view[:4] = b"abcd"
+        assert buffer.begins_with(memoryview(b"abcd")) and buffer.begins_with(memoryview(b"abc"))
+        assert not buffer.begins_with(memoryview(b"abce"))
+        assert not buffer.begins_with(memoryview(b"xabc"))
+
+
+def test_without_ctypes_buffers_are_unaligned_and_classes_stay_exact(tmp_path, small_blocks, monkeypatch):
+    monkeypatch.setattr(identical, "_address_of", lambda buffer: None)
+    variants = [bytes(range(40)), bytes(range(1, 41)), bytes(range(40))[:-1] + b"!"]
+    contents = _write(tmp_path, variants, [0, 1, 0, 2, 1, 0])
+    assert CompareStats().buffers(1)[0].start == 0
+    classes = partition_identical([Candidate(p, 40, None) for p in contents], CompareStats(), [])
+    assert {frozenset(c.path for c in cls) for cls in classes} == _reference(contents)
