@@ -28,9 +28,9 @@ def alone(monkeypatch):
     monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)
 
 
-def fork_map(function, items, weights, workers):
+def fork_map(function, items, priorities, workers):
     """The answers in item order (each item must come exactly once)."""
-    answers = list(fork_imap(function, items, weights, workers))
+    answers = list(fork_imap(function, items, priorities, workers))
     assert sorted(index for index, _ in answers) == list(range(len(items)))
     return [answer for _, answer in sorted(answers, key=lambda pair: pair[0])]
 
@@ -42,7 +42,7 @@ def _slow_square(n: int) -> tuple[int, int]:
 
 def test_results_come_back_in_item_order_from_several_processes(alone):
     items = list(range(40))
-    answers = fork_map(_slow_square, items, weights=[1] * 40, workers=3)
+    answers = fork_map(_slow_square, items, priorities=[1] * 40, workers=3)
     assert [square for square, _ in answers] == [n * n for n in items]
     assert len({pid for _, pid in answers}) == 3  # this process and two helpers did the work
     assert os.getpid() in {pid for _, pid in answers}
@@ -65,7 +65,7 @@ def test_what_a_helper_fails_to_deliver_is_computed_here(alone, how, tmp_path):
                 return (n, lambda: None)  # type: ignore[return-value]  # cannot be pickled
         return n * n, os.getpid()
 
-    answers = fork_map(square, list(range(20)), weights=list(range(20)), workers=2)
+    answers = fork_map(square, list(range(20)), priorities=list(range(20)), workers=2)
     assert [square for square, _ in answers] == [n * n for n in range(20)]
     assert {pid for _, pid in answers} == {parent}
     assert list(tmp_path.glob("helper-*"))
@@ -82,7 +82,7 @@ def test_an_exception_here_still_reaps_the_helpers(alone):
         return n
 
     with pytest.raises(KeyError):
-        fork_map(work, list(range(10)), weights=[1] * 10, workers=3)
+        fork_map(work, list(range(10)), priorities=[1] * 10, workers=3)
     assert _no_children_left()
 
 
@@ -91,7 +91,7 @@ def test_a_caller_busy_with_each_answer_leaves_the_computing_to_the_helpers(alon
     back, a helper computes."""
     parent = os.getpid()
     computed_by: dict[int, int] = {}
-    for index, (_, pid) in fork_imap(_slow_square, list(range(30)), weights=[1] * 30, workers=2):
+    for index, (_, pid) in fork_imap(_slow_square, list(range(30)), priorities=[1] * 30, workers=2):
         computed_by[index] = pid
         time.sleep(0.02)  # the caller's own work on an answer (dedup: the rename)
     assert sorted(computed_by) == list(range(30))  # every item exactly once
@@ -100,21 +100,21 @@ def test_a_caller_busy_with_each_answer_leaves_the_computing_to_the_helpers(alon
     assert _no_children_left()
 
 
-def test_heaviest_items_go_first_and_every_item_comes_once():
-    weights = [5, 100, 1, 50, 7]
-    served = [index for index, _ in fork_imap(lambda n: n, list(range(5)), weights, workers=1)]
-    assert served == [1, 3, 4, 0, 2]
+def test_highest_priority_goes_first_ties_in_item_order_and_every_item_comes_once():
+    priorities = [5, 100, 1, 50, 7, 50]
+    served = [index for index, _ in fork_imap(lambda n: n, list(range(6)), priorities, workers=1)]
+    assert served == [1, 3, 5, 4, 0, 2]
 
 
 def test_more_tickets_than_a_default_pipe_holds(alone):
     count = 20_000  # 80,000 bytes of tickets: the pipe is enlarged first
-    answers = fork_map(lambda n: n + 1, list(range(count)), weights=[1] * count, workers=2)
+    answers = fork_map(lambda n: n + 1, list(range(count)), priorities=[1] * count, workers=2)
     assert answers == [n + 1 for n in range(count)]
     assert _no_children_left()
 
 
 def test_a_caller_that_stops_early_leaves_no_helper_behind(alone):
-    answers = fork_imap(_slow_square, list(range(50)), weights=[1] * 50, workers=3)
+    answers = fork_imap(_slow_square, list(range(50)), priorities=[1] * 50, workers=3)
     next(answers)
     answers.close()
     assert _no_children_left()
@@ -181,7 +181,7 @@ def test_a_thread_started_after_worker_count_means_no_helpers():
     other.start()
     started.wait()
     try:
-        answers = fork_map(_slow_square, list(range(6)), weights=[1] * 6, workers=3)
+        answers = fork_map(_slow_square, list(range(6)), priorities=[1] * 6, workers=3)
     finally:
         stop.set()
         other.join()

@@ -303,7 +303,8 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
             if not ranges:  # head and tail were all of it
                 group(number, [list(paths)])
     pieces_in: dict[int, list[list[list[Candidate]]]] = defaultdict(list)
-    # Groups are built as answers come in, while helpers still compare the rest.
+    # Groups are built as answers come in, while helpers still compare the rest; heaviest first
+    # keeps the end of the run balanced.
     for index, outcome in fork_imap(compare, items, item_weights, workers):
         item, number = items[index], item_buckets[index]
         take(number, outcome)
@@ -721,23 +722,28 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
             result.bytes_freed += group.size
 
     # Pieces of about PIECE_BYTES each, so that processes share even one pair of 1 GB libraries.
+    # Smallest pairs first, each pair's pieces one after another: pairs complete from the start,
+    # and this process, which alone makes the links, has a steady supply of them while helpers
+    # read the large pairs (largest first, the first link waited for every 1 GB pair's last piece).
     compared: list[_PairPiece] = []
     owners: list[int] = []
-    for number, (group, planned, _) in enumerate(pairs):
+    for number in sorted(range(len(pairs)), key=lambda n: pairs[n][0].size):
+        group, planned, _ = pairs[number]
         if planned.hardlink:
             continue  # one inode: nothing to compare
         for byte_range in pieces(group.keeper.size, PIECE_BYTES // 2):
             compared.append(_PairPiece(group.keeper.path, planned.record.path, group.keeper.size, byte_range))
             owners.append(number)
-    weights = [2 * (piece.byte_range[1] - piece.byte_range[0]) for piece in compared]
-    workers = worker_count(sum(weights), PARALLEL_MIN_BYTES)
+    workers = worker_count(sum(2 * (end - start) for start, end in (p.byte_range for p in compared)),
+                           PARALLEL_MIN_BYTES)
     items: list[_PairPiece | _SnapshotShare] = list(compared)
+    priorities = list(range(len(compared), 0, -1))  # in the order just built
     shares_left = 0
-    if first is not None:  # heavier than all pieces together: the snapshot shares are taken first
-        paths, share_weight = first.snapshot_paths, sum(weights) + 1
+    if first is not None:  # the snapshot shares go before every piece: no link is made without them
+        paths = first.snapshot_paths
         for start in range(0, len(paths), SNAPSHOT_SHARE):
             items.append(_SnapshotShare(tuple(paths[start:start + SNAPSHOT_SHARE])))
-            weights.append(share_weight)
+            priorities.append(len(compared) + 1)
             shares_left += 1
     outstanding = Counter(owners)
     problems: dict[int, str] = {}
@@ -748,7 +754,7 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
     def work(item: _PairPiece | _SnapshotShare) -> Any:
         return _needed_before(item.paths) if isinstance(item, _SnapshotShare) else _compare_piece(item, stats)
 
-    for index, answer in fork_imap(work, items, weights, workers, meanwhile=first.journal if first else None):
+    for index, answer in fork_imap(work, items, priorities, workers, meanwhile=first.journal if first else None):
         item = items[index]
         if isinstance(item, _SnapshotShare):
             assert first is not None  # only the first round has shares

@@ -5,8 +5,9 @@ Why processes: comparing files is a copy out of the page cache (kernel, no GIL) 
 while a forked helper that takes half of the work takes the plan's comparison from 0.19 s to 0.13 s
 on two CPUs (README "Benchmark").
 
-How work is shared: every item is a ticket in one pipe, heaviest first, written before any helper
-exists; whoever is free (a helper, or this process between the results it hands back) takes the
+How work is shared: every item is a ticket in one pipe, in the caller's order of priority (the
+heaviest first balances the end of a run; dedup's apply wants pairs to finish early), written
+before any helper exists; whoever is free (a helper, or this process between the results it hands back) takes the
 next ticket with one 4-byte read, which the kernel serves whole to one reader. A helper streams
 each answer back as a frame through its own pipe as soon as it has it, so the caller can act on
 answers while the comparison goes on (dedup renames while helpers compare), and no one idles
@@ -47,16 +48,17 @@ def worker_count(total_weight: int, min_weight: int) -> int:
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
-def fork_imap(function: Callable[[_Item], _Result], items: Sequence[_Item], weights: Sequence[int],
+def fork_imap(function: Callable[[_Item], _Result], items: Sequence[_Item], priorities: Sequence[int],
               workers: int, meanwhile: Callable[[], None] | None = None) -> Iterator[tuple[int, _Result]]:
-    """``(index, function(items[index]))`` for every item exactly once, as answers come in.
+    """``(index, function(items[index]))`` for every item exactly once, as answers come in; items
+    are taken highest priority first (ties in item order).
 
     Between two answers it yields, this process either hands back what helpers have delivered or,
     when nothing is waiting, computes the next item itself: a caller that spends time on each
     answer gets proportionally fewer items to compute. With ``workers < 2`` it is a plain loop.
     ``meanwhile`` runs here once the helpers have started and before the first answer: work that
     needs no answer overlaps the helpers' first items (an exception from it stops everything)."""
-    order = sorted(range(len(items)), key=lambda i: -weights[i])
+    order = sorted(range(len(items)), key=lambda i: -priorities[i])
     pool: _Pool | None = None
     if workers > 1 and len(items) > 1:
         import pickle  # before forking: each helper needs it too

@@ -149,9 +149,9 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
     if sharing != "one process":
         fork_imap = dedup_module.fork_imap
 
-        def counting_fork_imap(function, items, weights, workers, meanwhile=None):
+        def counting_fork_imap(function, items, priorities, workers, meanwhile=None):
             asked.append((len(items), workers))
-            return fork_imap(function, items, weights, workers, meanwhile)
+            return fork_imap(function, items, priorities, workers, meanwhile)
 
         monkeypatch.setattr(dedup_module, "fork_imap", counting_fork_imap)
         monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
@@ -191,6 +191,49 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
         assert all(processes == 3 for _, processes in asked)
         pairs = 7 + 1  # the apply's first round compares keeper-devel, keeper-libraries too
         assert max(items for items, _ in asked) > pairs  # the trio's comparisons came in pieces
+
+
+def test_apply_hands_out_the_snapshot_then_pairs_smallest_first_each_in_one_run_of_pieces(sdk, monkeypatch):
+    """The order of work that lets the first link come early: every snapshot share before any
+    comparison (no link is made without the snapshot), then the pairs from the smallest up, the
+    pieces of one pair one after another from its first byte to its last."""
+    from rocm_audit import dedup as dedup_module
+    from rocm_audit.identical import CHUNK_BYTES
+
+    handed_out: list[list] = []
+    fork_imap = dedup_module.fork_imap
+
+    def recording_fork_imap(function, items, priorities, workers, meanwhile=None):
+        order = sorted(range(len(items)), key=lambda i: -priorities[i])  # fork_imap's documented order
+        handed_out.append([items[i] for i in order])
+        return fork_imap(function, items, priorities, workers, meanwhile)
+
+    monkeypatch.setattr(dedup_module, "fork_imap", recording_fork_imap)
+    monkeypatch.setattr(dedup_module, "PIECE_BYTES", 2 * CHUNK_BYTES)  # pieces of one chunk per file
+    monkeypatch.setattr(dedup_module, "SNAPSHOT_SHARE", 2)
+    big = random.Random(3).randbytes(5 * CHUNK_BYTES + 17)
+    for tree in (sdk.core, sdk.devel):
+        (tree / "lib" / "libbig.so.1").write_bytes((sdk.core / "lib" / "libamd_comgr.so.3").read_bytes() + big)
+    outcome = run_dedup([str(sdk.site)], mode="apply")
+    assert outcome.sections["dedup"]["replaced"] >= 4
+    first_round = next(r for r in handed_out if any(isinstance(i, dedup_module._PairPiece) for i in r))
+    shares = [item for item in first_round if isinstance(item, dedup_module._SnapshotShare)]
+    assert len(shares) >= 2 and first_round[:len(shares)] == shares
+    pieces = first_round[len(shares):]
+    assert pieces and all(isinstance(item, dedup_module._PairPiece) for item in pieces)
+    runs: list[tuple[str, str]] = []
+    for item in pieces:
+        if not runs or runs[-1] != (item.keeper, item.victim):
+            runs.append((item.keeper, item.victim))
+    assert len(runs) == len(set(runs))  # no pair's pieces are split up by another pair's
+    sizes = []
+    for pair in runs:
+        of_pair = [p for p in pieces if (p.keeper, p.victim) == pair]
+        sizes.append(of_pair[0].size)
+        bounds = [b for p in of_pair for b in p.byte_range]  # 0, a, a, b, b, ..., size
+        assert bounds[0] == 0 and bounds[-1] == of_pair[0].size and bounds[1:-1:2] == bounds[2:-1:2]
+    assert sizes == sorted(sizes) and sizes[-1] > 5 * CHUNK_BYTES
+    assert len([p for p in pieces if p.size > 5 * CHUNK_BYTES]) == 6  # libbig in pieces of one chunk
 
 
 def test_file_modified_between_plan_and_apply_is_skipped_and_reported(sdk):
@@ -506,9 +549,9 @@ def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, 
 
     asked: list[tuple[int, int]] = []  # (pieces among the items, processes)
 
-    def counting_fork_imap(function, items, weights, workers):
+    def counting_fork_imap(function, items, priorities, workers):
         asked.append((sum(isinstance(item, dedup_module._Piece) for item in items), workers))
-        return fork_imap(function, items, weights, workers)
+        return fork_imap(function, items, priorities, workers)
 
     fork_imap = dedup_module.fork_imap
     monkeypatch.setattr(dedup_module, "fork_imap", counting_fork_imap)
