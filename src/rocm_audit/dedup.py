@@ -312,9 +312,9 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
             group(number, outcome.classes)
             continue
         _, members, expected = probable[item.probable]
-        by_path = {one.path: one for one in members}
+        member_by_path = {one.path: one for one in members}
         partitions = pieces_in[item.probable]
-        partitions.append([[by_path[p] for p in cls] for cls in outcome.classes])
+        partitions.append([[member_by_path[p] for p in cls] for cls in outcome.classes])
         if len(partitions) == expected:
             group(number, [[one.path for one in cls] for cls in refine(members, partitions)])
             del pieces_in[item.probable]
@@ -785,17 +785,17 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
 
 def _regrouped(differing: list[tuple[DedupGroup, list[PlannedLink]]], plan: DedupPlan, result: ApplyResult,
                findings: list[Finding], run_id: str) -> list[DedupGroup]:
-    """New exact groups of the members that differ from their keeper, journalled before any change."""
+    """New exact groups of the members that differ from their keeper, journalled (one fsync for
+    them all) before any change."""
     pending: list[DedupGroup] = []
     for group, different in differing:
-        regrouped = _regroup(group, different, plan, findings)
-        try:
-            _journal(result.manifest or "", regrouped, run_id, header=False)
-        except OSError as exc:
-            findings.append(make_finding("DUP005", result.manifest or "",
-                                         f"cannot write the revert manifest: {exc.strerror}"))
-            _skip_all(regrouped, result)
-        pending.extend(regrouped)
+        pending.extend(_regroup(group, different, plan, findings))
+    try:
+        _journal(result.manifest or "", pending, run_id, header=False)
+    except OSError as exc:
+        findings.append(make_finding("DUP005", result.manifest or "",
+                                     f"cannot write the revert manifest: {exc.strerror}"))
+        _skip_all(pending, result)
     return pending
 
 

@@ -133,6 +133,25 @@ def test_loading_both_paths_maps_one_inode_after_dedup(sdk):
     assert inodes_mapped() == 1
 
 
+def _write_trio(sdk) -> tuple[dict[str, Path], bytes, bytes]:
+    """Three same-size libraries whose heads and tails agree; the core copy (the keeper by rule)
+    differs in the middle, the other two are equal. Returns (paths by tree, the equal bytes, the
+    core copy's bytes)."""
+    from rocm_audit.identical import CHUNK_BYTES
+
+    library = bytearray((sdk.core / "lib" / "libamd_comgr.so.3").read_bytes())
+    library[len(library) // 3] ^= 0x01  # a library of its own, not another copy of comgr
+    library = bytes(library + random.Random(7).randbytes(6 * CHUNK_BYTES))  # bytes past the ELF's end
+    middle_changed = bytearray(library)
+    middle_changed[len(library) // 2] ^= 0x01
+    trio = {"core": sdk.core / "lib" / "libtrio.so.1", "libraries": sdk.libraries / "lib" / "libtrio.so.1",
+            "devel": sdk.devel / "lib" / "libtrio.so.1"}
+    trio["core"].write_bytes(bytes(middle_changed))
+    trio["libraries"].write_bytes(library)
+    trio["devel"].write_bytes(library)
+    return trio, library, bytes(middle_changed)
+
+
 @pytest.mark.parametrize("sharing", ["one process", "helpers compare pieces"])
 def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(sdk, run_cli, monkeypatch,
                                                                                  sharing):
@@ -143,7 +162,6 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
     comparison (the dry run's and the apply's) is cut into one-chunk pieces that several processes
     share, and the outcome must not change."""
     from rocm_audit import dedup as dedup_module
-    from rocm_audit.identical import CHUNK_BYTES
 
     asked: list[tuple[int, int]] = []  # (items, processes) per comparison
     if sharing != "one process":
@@ -158,16 +176,7 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
         monkeypatch.setattr(dedup_module, "PIECE_BYTES", 1)  # pieces of one chunk
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
         monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)
-    library = bytearray((sdk.core / "lib" / "libamd_comgr.so.3").read_bytes())
-    library[len(library) // 3] ^= 0x01  # a library of its own, not another copy of comgr
-    library = bytes(library + random.Random(7).randbytes(6 * CHUNK_BYTES))  # bytes past the ELF's end
-    middle_changed = bytearray(library)
-    middle_changed[len(library) // 2] ^= 0x01
-    trio = {"core": sdk.core / "lib" / "libtrio.so.1", "libraries": sdk.libraries / "lib" / "libtrio.so.1",
-            "devel": sdk.devel / "lib" / "libtrio.so.1"}
-    trio["core"].write_bytes(bytes(middle_changed))
-    trio["libraries"].write_bytes(library)
-    trio["devel"].write_bytes(library)
+    trio, library, middle_changed = _write_trio(sdk)
     before = snapshot(sdk.site)
     dry = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0).report["dedup"]
     applied = run_cli("dedup", "-p", str(sdk.site), "--format", "json", expect=0).report["dedup"]
@@ -234,6 +243,45 @@ def test_apply_hands_out_the_snapshot_then_pairs_smallest_first_each_in_one_run_
         assert bounds[0] == 0 and bounds[-1] == of_pair[0].size and bounds[1:-1:2] == bounds[2:-1:2]
     assert sizes == sorted(sizes) and sizes[-1] > 5 * CHUNK_BYTES
     assert len([p for p in pieces if p.size > 5 * CHUNK_BYTES]) == 6  # libbig in pieces of one chunk
+
+
+def test_a_manifest_that_cannot_be_written_means_no_change_at_all(sdk, run_cli, tmp_path):
+    before = snapshot(sdk.site)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    report = run_cli("dedup", "-p", str(sdk.site), "--manifest", str(blocker / "manifest.jsonl"),
+                     "--format", "json", expect=1).report
+    refused = [f for f in report["findings"] if f["rule"] == "DUP005" and "revert manifest" in f["message"]]
+    assert refused and "nothing changed" in refused[0]["message"]
+    assert report["dedup"]["replaced"] == 0 and report["dedup"]["manifest"] is None
+    assert snapshot(sdk.site) == before
+
+
+def test_when_the_regrouped_members_cannot_be_journalled_they_stay_and_the_rest_is_done(sdk, monkeypatch):
+    """The manifest turns into a directory after the first plan is journalled (a real EISDIR on
+    the next append): the members regrouped at apply time are left alone, every planned change
+    that was journalled is made, and the run says why."""
+    from rocm_audit import dedup as dedup_module
+
+    trio, library, _ = _write_trio(sdk)
+    journal = dedup_module._journal
+
+    def journal_then_block(manifest_path, groups, run_id, *, header):
+        journal(manifest_path, groups, run_id, header=header)
+        if header:
+            os.replace(manifest_path, manifest_path + ".kept")
+            os.mkdir(manifest_path)
+
+    monkeypatch.setattr(dedup_module, "_journal", journal_then_block)
+    outcome = run_dedup([str(sdk.site)], mode="apply")
+    section = outcome.sections["dedup"]
+    refused = [f for f in outcome.findings if f.rule == "DUP005" and "revert manifest" in f.message]
+    assert len(refused) == 1 and "Is a directory" in refused[0].message
+    for path in (trio["libraries"], trio["devel"]):
+        assert stat.S_ISREG(os.lstat(path).st_mode) and path.read_bytes() == library
+    replaced = {d["path"] for g in section["groups"] for d in g["duplicates"] if d["status"] == "replaced"}
+    assert replaced == set(expected_links(sdk))
+    assert all(os.path.islink(p) and os.readlink(p) == text for p, text in expected_links(sdk).items())
 
 
 def test_file_modified_between_plan_and_apply_is_skipped_and_reported(sdk):
