@@ -42,8 +42,8 @@ def wrap(module, name: str, label: str | None = None) -> None:
 
 def main() -> None:
     mode, site = sys.argv[1], sys.argv[2]
-    for name in ("build_inventory", "make_plan", "partition_identical", "_group_from", "_needed_snapshot", "_apply_groups", "_look_before", "_link",
-                 "_journal", "_prepare_link", "_commit_link", "same_bytes", "_verify", "check_mode_findings"):
+    for name in ("build_inventory", "make_plan", "partition_identical", "_group_from", "_needed_before",
+                 "_apply_groups", "_look_before", "_link", "_journal", "same_bytes", "_verify", "check_mode_findings"):
         wrap(dedup, name)
     wrap(dedup.os, "replace", "os.replace (rename over the duplicate)")
     wrap(dedup.os, "symlink", "os.symlink")

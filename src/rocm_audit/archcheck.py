@@ -151,7 +151,7 @@ def scan_inventory(inventory: Inventory) -> list[FileCodeObjects]:
             scanned = (
                 _scan_one(record)
                 if _may_hold_code(record)
-                else FileCodeObjects(record.path, record.sdk_tree, record.kind.value)
+                else FileCodeObjects(record.path, record.sdk_tree, record.opened_kind.value)
             )
             arches = _database_arches(kind, rel)
             if arches and not scanned.code_objects:
@@ -552,7 +552,7 @@ def inventory_summary(
     inventory = build_inventory(roots, progress)
     counts = {kind.value: 0 for kind in FileKind}
     for record in inventory.files:
-        counts[record.kind.value] += 1
+        counts[record.opened_kind.value] += 1
 
     def render(outcome: CommandOutcome) -> str:
         lines = [f"{name}: {count}" for name, count in outcome.sections["file_kinds"].items()]

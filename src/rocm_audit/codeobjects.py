@@ -854,7 +854,7 @@ def _kpack_archive_listing(result: FileCodeObjects, fh: _File) -> None:
 
 def scan_file(record: FileRecord) -> FileCodeObjects:
     """Every code object in one file. Never raises for malformed content: those become findings."""
-    result = FileCodeObjects(record.path, record.sdk_tree, record.kind.value)
+    result = FileCodeObjects(record.path, record.sdk_tree, record.opened_kind.value)
     try:
         fd = os.open(record.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:

@@ -34,7 +34,8 @@ def read_versions(path: str) -> VersionFacts:
             for section in elf.iter_sections():
                 if isinstance(section, GNUVerNeedSection):
                     for need, auxiliaries in section.iter_versions():
-                        needed.setdefault(need.name, set()).update(a.name for a in auxiliaries)
+                        if need.name:  # a nameless entry names no library to look in
+                            needed.setdefault(need.name, set()).update(a.name for a in auxiliaries)
                 elif isinstance(section, GNUVerDefSection):
                     for _definition, auxiliaries in section.iter_versions():
                         defined.update(a.name for a in auxiliaries)

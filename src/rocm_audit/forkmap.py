@@ -81,11 +81,11 @@ def fork_imap(function: Callable[[_Item], _Result], items: Sequence[_Item], prio
             for index, payload in pool.delivered(wait=False):
                 done.add(index)
                 yield index, pickle.loads(payload)  # our own child's bytes, never user input
-            index = pool.claim()
-            if index is None:
+            claimed = pool.claim()
+            if claimed is None:
                 break
-            done.add(index)
-            yield index, function(items[index])
+            done.add(claimed)
+            yield claimed, function(items[claimed])
         for index, payload in pool.delivered(wait=True):
             done.add(index)
             yield index, pickle.loads(payload)
@@ -207,7 +207,8 @@ def _claim(tickets: int, order: list[int]) -> int | None:
     ticket = os.read(tickets, _TICKET.size)
     if len(ticket) < _TICKET.size:
         return None
-    return order[_TICKET.unpack(ticket)[0]]
+    position: int = _TICKET.unpack(ticket)[0]
+    return order[position]
 
 
 def _serve(tickets: int, order: list[int], answer: Callable[[int], bytes], out: int) -> None:

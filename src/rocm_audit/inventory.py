@@ -51,6 +51,13 @@ class FileRecord:
     elf: elfread.ElfHeader | None = None
 
     @property
+    def opened_kind(self) -> FileKind:
+        """The kind of a file the inventory opened (every command but dedup opens every file)."""
+        if self.kind is None:
+            raise ValueError(f"{self.path}: listed without being opened, so its kind is unknown")
+        return self.kind
+
+    @property
     def identity(self) -> tuple[int, int]:
         """(st_dev, st_ino): what glibc uses to tell two loaded files apart (formats.md 4)."""
         return (self.dev, self.ino)
