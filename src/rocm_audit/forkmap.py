@@ -36,7 +36,7 @@ _Result = TypeVar("_Result")
 
 MAX_WORKERS = 4  # processes in all, this one included; memory bandwidth caps the gain beyond
 
-_TICKET = struct.Struct("<I")  # a position in the heaviest-first order
+_TICKET = struct.Struct("<I")  # a position in the order of priority
 _FRAME = struct.Struct("<IQ")  # item index, length of the pickled answer that follows
 _RESULT_PIPE_BYTES = 1 << 20  # answers a helper may have in flight before it waits for us
 

@@ -36,9 +36,11 @@ HeadFilter = Callable[[str, int, memoryview], bool]
 
 
 # Reads land at page-aligned addresses. The kernel copies out of the page cache with `rep movsb`,
-# whose speed depends on where the destination starts: on the bench machine (AMD EPYC, KVM) a
-# destination 16 bytes past a 32-byte boundary, which is where malloc's blocks start, read the
-# bench tree's candidates in 0.64 s against 0.34 s page-aligned (8 bytes off: 1.6 s).
+# which on the bench machine (AMD EPYC, KVM) is slow when the destination starts 1-31 bytes past a
+# page boundary (the source, a cached page, starts on one): reading the bench tree's candidates
+# took 0.6-0.67 s 16 bytes past and 1.45-1.8 s 8 bytes past, against 0.32-0.42 s at 0, 32 and
+# more. malloc serves a block this large from its own mmap, 16 bytes past a page boundary, so a
+# plain bytearray(CHUNK_BYTES) sits right in the slow zone.
 BUFFER_ALIGNMENT = 4096
 
 
