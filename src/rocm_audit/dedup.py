@@ -734,8 +734,7 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
         for byte_range in pieces(group.keeper.size, PIECE_BYTES // 2):
             compared.append(_PairPiece(group.keeper.path, planned.record.path, group.keeper.size, byte_range))
             owners.append(number)
-    workers = worker_count(sum(2 * (end - start) for start, end in (p.byte_range for p in compared)),
-                           PARALLEL_MIN_BYTES)
+    workers = worker_count(sum(2 * (p.byte_range[1] - p.byte_range[0]) for p in compared), PARALLEL_MIN_BYTES)
     items: list[_PairPiece | _SnapshotShare] = list(compared)
     priorities = list(range(len(compared), 0, -1))  # in the order just built
     shares_left = 0

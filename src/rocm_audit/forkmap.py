@@ -7,11 +7,11 @@ on two CPUs (README "Benchmark").
 
 How work is shared: every item is a ticket in one pipe, in the caller's order of priority (the
 heaviest first balances the end of a run; dedup's apply wants pairs to finish early), written
-before any helper exists; whoever is free (a helper, or this process between the results it hands back) takes the
-next ticket with one 4-byte read, which the kernel serves whole to one reader. A helper streams
-each answer back as a frame through its own pipe as soon as it has it, so the caller can act on
-answers while the comparison goes on (dedup renames while helpers compare), and no one idles
-while another still holds a long list of work given out in advance.
+before any helper exists; whoever is free (a helper, or this process between the results it hands
+back) takes the next ticket with one 4-byte read, which the kernel serves whole to one reader. A
+helper streams each answer back as a frame through its own pipe as soon as it has it, so the caller
+can act on answers while the comparison goes on (dedup renames while helpers compare), and no one
+idles while another still holds a long list of work given out in advance.
 
 Rules that keep this safe with other people's files: the function must only read; helpers are
 forked only while this process has a single thread (no lock can be held by a thread that does
