@@ -7,9 +7,9 @@ import gc
 import os
 import sys
 
-from rocm_audit.dedup import run_dedup
-from rocm_audit.policy import load_policy, using_policy
-from rocm_audit.render import render_text
+from rocm_audit.dedup.engine import run_dedup
+from rocm_audit.output.text import render_text
+from rocm_audit.rulebook.policy import load_policy, using_policy
 
 gc.freeze()
 gc.set_threshold(50_000, 20, 20)

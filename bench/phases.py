@@ -48,7 +48,7 @@ def main() -> None:
     wrap(dedup.os, "replace", "os.replace (rename over the duplicate)")
     wrap(dedup.os, "symlink", "os.symlink")
     try:
-        from rocm_audit.policy import load_policy, using_policy
+        from rocm_audit.rulebook.policy import load_policy, using_policy
 
         context = using_policy(load_policy([]))
     except ImportError:  # an older rocm-audit without policies
@@ -67,7 +67,7 @@ def main() -> None:
             sys.stdout.close()
             sys.stdout = stdout
         rendered = time.perf_counter() - t
-    result = {"mode": mode, "import rocm_audit.cli + dedup": round(imported, 4), "run_dedup": round(total, 4),
+    result = {"mode": mode, "import rocm_audit.cli.app + dedup": round(imported, 4), "run_dedup": round(total, 4),
               "render text": round(rendered, 4)}
     result.update({k: round(v, 4) for k, v in spent.items()})
     print(json.dumps(result))

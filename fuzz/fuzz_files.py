@@ -19,14 +19,14 @@ import tempfile
 import atheris
 
 with atheris.instrument_imports(include=["rocm_audit"]):
-    from rocm_audit.codeobjects import scan_file
-    from rocm_audit.discovery import AuditRoot
-    from rocm_audit.elfversions import read_versions
+    from rocm_audit.elf.versions import read_versions
     from rocm_audit.errors import FormatError
     from rocm_audit.formats import ccob, hip_fatbin, kpack, offload_binary, offload_bundle
     from rocm_audit.formats.amdgpu_elf import iter_notes, parse_header, parse_metadata
-    from rocm_audit.inventory import FileKind, build_inventory, read_dynamic_info
-    from rocm_audit.llvm_cl import classify
+    from rocm_audit.gpu.codeobjects import scan_file
+    from rocm_audit.llvm.roles import classify
+    from rocm_audit.tree.discovery import AuditRoot
+    from rocm_audit.tree.inventory import FileKind, build_inventory, read_dynamic_info
 
 WORKDIR = tempfile.mkdtemp(prefix="rocm-audit-fuzz-")
 TARGET = os.path.join(WORKDIR, "libfuzz.so.1")

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from rocm_audit.report import load_schema
+from rocm_audit.output.report import load_schema
 from support.sdk_tree import SdkTree, build_sdk_tree
 
 
@@ -24,7 +24,7 @@ def report_validator() -> jsonschema.Draft202012Validator:
 @pytest.fixture()
 def run_cli(report_validator):
     """Run the CLI in-process; JSON output is parsed and validated against the shipped schema."""
-    from rocm_audit.cli import app
+    from rocm_audit.cli.app import app
 
     def invoke(*args: str, expect: int | None = None):
         runner = CliRunner()

@@ -82,13 +82,15 @@ def test_exit_codes_are_the_same_on_every_command(command, tmp_path, sdk, run_cl
 
 @pytest.mark.parametrize("command", sorted(CLEAN_AND_DIRTY))
 def test_internal_errors_exit_3_on_every_command(command, tmp_path, monkeypatch):
-    from rocm_audit import cli, inventory
+    from rocm_audit.cli import app as cli
+    from rocm_audit.tree import inventory
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug")
 
     monkeypatch.setattr(inventory, "build_inventory", broken)
-    for module in ("rocm_audit.dedup", "rocm_audit.check", "rocm_audit.archcheck", "rocm_audit.llvm_clashes"):
+    modules = ("rocm_audit.dedup.engine", "rocm_audit.audit.check", "rocm_audit.gpu.verify", "rocm_audit.llvm.clashes")
+    for module in modules:
         loaded = sys.modules.get(module) or __import__(module, fromlist=["x"])
         if hasattr(loaded, "build_inventory"):
             monkeypatch.setattr(loaded, "build_inventory", broken)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from rocm_audit import cli
+from rocm_audit.cli import app as cli
 
 HEAVY_MODULES = ("elftools", "lief", "msgpack", "zstandard", "docker", "jsonschema")
 
@@ -29,7 +29,7 @@ def test_python_dash_m_and_the_console_script_both_answer_help():
 
 
 def test_importing_the_cli_loads_no_heavy_module():
-    probe = ("import sys, rocm_audit.cli\n"
+    probe = ("import sys, rocm_audit.cli.app\n"
              f"print(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))")
     done = run(sys.executable, "-c", probe)
     assert done.returncode == 0 and done.stdout.strip() == ""
@@ -46,7 +46,7 @@ def test_usage_errors_exit_2_with_one_line_and_no_traceback(tmp_path):
 
 
 def test_internal_errors_exit_3_and_show_a_traceback_only_with_debug(monkeypatch, capsys, tmp_path):
-    from rocm_audit import dedup
+    from rocm_audit.dedup import engine as dedup
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug")
@@ -67,7 +67,7 @@ def test_version():
 
 
 def test_default_path_is_this_interpreters_site_packages_and_an_empty_result_says_where_it_looked():
-    from rocm_audit.discovery import default_site_packages
+    from rocm_audit.tree.discovery import default_site_packages
 
     looked = default_site_packages()
     assert looked and all(os.path.isdir(p) for p in looked)

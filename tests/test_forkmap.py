@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rocm_audit.forkmap import fork_imap, worker_count
+from rocm_audit.tree.forkmap import fork_imap, worker_count
 
 
 def _no_children_left() -> bool:
@@ -25,7 +25,7 @@ def _no_children_left() -> bool:
 def alone(monkeypatch):
     """This process counts as single-threaded, as the CLI is: other tests of the session may have
     left threads behind, and fork_imap forks no helper beside a thread."""
-    monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)
+    monkeypatch.setattr("rocm_audit.tree.forkmap.threading.active_count", lambda: 1)
 
 
 def fork_map(function, items, priorities, workers):
@@ -121,7 +121,7 @@ def test_a_caller_that_stops_early_leaves_no_helper_behind(alone):
 
 
 def test_no_helpers_for_small_jobs_or_while_other_threads_run(monkeypatch):
-    from rocm_audit import forkmap
+    from rocm_audit.tree import forkmap
 
     with monkeypatch.context() as patched:  # as in the CLI: no thread but this one
         patched.setattr(forkmap.threading, "active_count", lambda: 1)

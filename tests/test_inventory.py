@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.discovery import AuditRoot, resolve_roots
-from rocm_audit.inventory import FileKind, build_inventory, read_dynamic_info
+from rocm_audit.tree.discovery import AuditRoot, resolve_roots
+from rocm_audit.tree.inventory import FileKind, build_inventory, read_dynamic_info
 from support.memory import PEAK_RSS_KIB_EXPR
 from support.tools import require_tool
 
@@ -132,7 +132,7 @@ def test_memory_stays_bounded_on_a_huge_library(tmp_path, zoo):
             handle.write((zoo / "libplain.so.1").read_bytes())
             handle.truncate(700 << 20)
     probe = textwrap.dedent(f"""
-        from rocm_audit.dedup import run_dedup
+        from rocm_audit.dedup.engine import run_dedup
         outcome = run_dedup([{str(tmp_path)!r}], mode="check")
         groups = outcome.sections["dedup"]["groups"]
         print(len(groups), {PEAK_RSS_KIB_EXPR} // 1024)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.discovery import resolve_roots
-from rocm_audit.inventory import build_inventory
-from rocm_audit.loader import LoaderModel
-from rocm_audit.postbuild import post_build_findings, site_python
+from rocm_audit.postbuild.checks import post_build_findings, site_python
+from rocm_audit.tree.discovery import resolve_roots
+from rocm_audit.tree.inventory import build_inventory
+from rocm_audit.tree.loader import LoaderModel
 from support.sdk_tree import build_library
 
 
@@ -86,7 +86,7 @@ def test_clean_tree_has_no_post_build_finding(site):
 
 def test_a_library_built_for_a_newer_glibc_is_an_error_the_loader_agrees(site):
     target = site / "pkg" / "lib" / "libnewglibc.so.1"
-    from rocm_audit.elfversions import read_versions
+    from rocm_audit.elf.versions import read_versions
 
     needed = sorted(read_versions(str(target)).needed["libc.so.6"])
     old = next(v for v in needed if v.startswith("GLIBC_2.")).encode()

@@ -163,7 +163,7 @@ _json_values = st.recursive(
 def test_laid_out_json_is_the_same_document_as_the_compact_one(document, records_at):
     """to_json lays out the top levels itself and leaves the rest to the C encoder: whatever the
     layout, a reader must get exactly the compact document (lone surrogates included)."""
-    from rocm_audit.report import to_json
+    from rocm_audit.output.report import to_json
 
     laid_out = to_json(document, records_at=records_at)
     assert json.loads(laid_out) == json.loads(to_json(document, indent=None))

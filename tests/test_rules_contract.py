@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import rocm_audit
-from rocm_audit.rules_catalog import shipped_catalogue
+from rocm_audit.rulebook.catalogue import shipped_catalogue
 
 RULE_ID = re.compile(r"^[A-Z]{3,5}[0-9]{3}$")
 

@@ -1,3 +1,3 @@
-from rocm_audit.cli import entry
+from rocm_audit.cli.app import entry
 
 entry()

@@ -69,7 +69,7 @@ def make_finding(
 ) -> Finding:
     """Build a finding whose severity defaults to the rule's default in the shipped catalogue."""
     if severity is None:
-        from rocm_audit.rules_catalog import default_severity
+        from rocm_audit.rulebook.catalogue import default_severity
 
         severity = default_severity(rule)
     return Finding(

@@ -169,9 +169,9 @@ def section_bytes(path: Path, name: str) -> tuple[int, bytes]:
 
 def scan_path(path: Path):
     """rocm_audit's view of one file, through the inventory as the commands see it."""
-    from rocm_audit.codeobjects import scan_file
-    from rocm_audit.discovery import resolve_roots
-    from rocm_audit.inventory import build_inventory
+    from rocm_audit.gpu.codeobjects import scan_file
+    from rocm_audit.tree.discovery import resolve_roots
+    from rocm_audit.tree.inventory import build_inventory
 
     roots, _ = resolve_roots([str(path)])
     inventory = build_inventory(roots)

@@ -296,7 +296,7 @@ def test_a_1_gib_hip_fatbin_is_listed_in_little_memory(tmp_path):
         handle.write(bytes(table))
     assert os.stat(path).st_blocks * 512 < 64 << 20  # sparse: the test itself stays small on disk
     probe = (
-        "import sys\nfrom rocm_audit.cli import main\n"
+        "import sys\nfrom rocm_audit.cli.app import main\n"
         f"code = main(['scan', '--targets', '-q', '-p', {str(path)!r}, '--format', 'json', '-o', "
         f"{str(tmp_path / 'out.json')!r}])\n"
         f"print({PEAK_RSS_KIB_EXPR}, code)\n"

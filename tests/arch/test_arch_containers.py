@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from arch_writers import amdgpu_header, bundle, ccob, host_elf, kpack_archive, scan_path
 
-from rocm_audit.codeobjects import FileCodeObjects
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import ccob as ccob_format
 from rocm_audit.formats import offload_bundle
+from rocm_audit.gpu.codeobjects import FileCodeObjects
 from support.memory import peak_rss_kib, reset_peak_rss
 
 SHT_PROGBITS, SHT_NOBITS, SHF_ALLOC = 1, 8, 2
@@ -392,7 +392,7 @@ def test_many_long_window_ccobs_are_read_with_bounded_memory(tmp_path):
     one += b"\0" * (-len(one) % 4096)
     path = tmp_path / "libwindows.so"
     host_elf([(".hip_fatbin", SHT_PROGBITS, SHF_ALLOC, one * 4)], str(path))
-    probe = ("from rocm_audit.cli import main\n"
+    probe = ("from rocm_audit.cli.app import main\n"
              f"code = main(['scan', '--targets', '-q', '-p', {str(path)!r}, '--format', 'json', '-o', "
              f"{str(tmp_path / 'out.json')!r}])\n"
              f"print({PEAK_RSS_KIB_EXPR}, code)\n")

@@ -10,7 +10,7 @@ import pytest
 import zstandard
 from arch_writers import scan_path, section_bytes
 
-from rocm_audit.codeobjects import FileCodeObjects
+from rocm_audit.gpu.codeobjects import FileCodeObjects
 
 JAX_TARGETS = [
     "gfx900",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.dedup import apply_plan, make_plan, revert_manifests, run_dedup
-from rocm_audit.discovery import resolve_roots
-from rocm_audit.inventory import TEMP_PREFIX, build_inventory
+from rocm_audit.dedup.engine import apply_plan, make_plan, revert_manifests, run_dedup
+from rocm_audit.tree.discovery import resolve_roots
+from rocm_audit.tree.inventory import TEMP_PREFIX, build_inventory
 from support.sdk_tree import resolved_bytes, snapshot
 
 CORE_DUPLICATES = ("librocm_sysdeps_z.so.1", "libamd_comgr.so.3", "libamdhip64.so.7")
@@ -137,7 +137,7 @@ def _write_trio(sdk) -> tuple[dict[str, Path], bytes, bytes]:
     """Three same-size libraries whose heads and tails agree; the core copy (the keeper by rule)
     differs in the middle, the other two are equal. Returns (paths by tree, the equal bytes, the
     core copy's bytes)."""
-    from rocm_audit.identical import CHUNK_BYTES
+    from rocm_audit.tree.identical import CHUNK_BYTES
 
     library = bytearray((sdk.core / "lib" / "libamd_comgr.so.3").read_bytes())
     library[len(library) // 3] ^= 0x01  # a library of its own, not another copy of comgr
@@ -161,7 +161,7 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
     exact plan of a dry run says, and the revert manifest must undo it. With helpers, every
     comparison (the dry run's and the apply's) is cut into one-chunk pieces that several processes
     share, and the outcome must not change."""
-    from rocm_audit import dedup as dedup_module
+    from rocm_audit.dedup import engine as dedup_module
 
     asked: list[tuple[int, int]] = []  # (items, processes) per comparison
     if sharing != "one process":
@@ -175,7 +175,7 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
         monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
         monkeypatch.setattr(dedup_module, "PIECE_BYTES", 1)  # pieces of one chunk
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
-        monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)
+        monkeypatch.setattr("rocm_audit.tree.forkmap.threading.active_count", lambda: 1)
     trio, library, middle_changed = _write_trio(sdk)
     before = snapshot(sdk.site)
     dry = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0).report["dedup"]
@@ -206,8 +206,8 @@ def test_apply_hands_out_the_snapshot_then_pairs_smallest_first_each_in_one_run_
     """The order of work that lets the first link come early: every snapshot share before any
     comparison (no link is made without the snapshot), then the pairs from the smallest up, the
     pieces of one pair one after another from its first byte to its last."""
-    from rocm_audit import dedup as dedup_module
-    from rocm_audit.identical import CHUNK_BYTES
+    from rocm_audit.dedup import engine as dedup_module
+    from rocm_audit.tree.identical import CHUNK_BYTES
 
     handed_out: list[list] = []
     fork_imap = dedup_module.fork_imap
@@ -261,7 +261,7 @@ def test_when_the_regrouped_members_cannot_be_journalled_they_stay_and_the_rest_
     """The manifest turns into a directory after the first plan is journalled (a real EISDIR on
     the next append): the members regrouped at apply time are left alone, every planned change
     that was journalled is made, and the run says why."""
-    from rocm_audit import dedup as dedup_module
+    from rocm_audit.dedup import engine as dedup_module
 
     trio, library, _ = _write_trio(sdk)
     journal = dedup_module._journal
@@ -398,7 +398,7 @@ def test_leftover_temporary_link_is_reported_then_removed(sdk, run_cli):
 
 def test_verification_reports_a_changed_dt_needed_resolution(sdk):
     """_verify compares DT_NEEDED resolution before and after: break it and it must say so."""
-    from rocm_audit import dedup as dedup_module
+    from rocm_audit.dedup import engine as dedup_module
 
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
     plan = make_plan(build_inventory(roots))
@@ -455,7 +455,7 @@ def test_shuffled_directory_order_gives_the_same_plan(sdk, monkeypatch):
     """rdfind's disorderfs idea: the plan must not depend on the order the OS lists entries in."""
     import random
 
-    from rocm_audit import inventory
+    from rocm_audit.tree import inventory
 
     reference = run_dedup([str(sdk.site)], mode="dry-run").sections["dedup"]["groups"]
     original_scandir = os.scandir
@@ -493,8 +493,8 @@ def test_exclusive_modes_are_a_usage_error(sdk, run_cli, argv):
 
 
 def test_keeper_rule_ranks_exact_tree_names_before_patterns(tmp_path):
-    from rocm_audit.dedup import keeper_sort_key
-    from rocm_audit.inventory import FileKind, FileRecord
+    from rocm_audit.dedup.engine import keeper_sort_key
+    from rocm_audit.tree.inventory import FileKind, FileRecord
 
     order = ["_rocm_sdk_core", "_rocm_sdk_libraries*", "_rocm_sdk_*", "_rocm_sdk_devel"]
 
@@ -569,15 +569,15 @@ def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, 
     """Classes, malformed-file findings (made while classifying) and read failures come back from
     the helpers exactly as a single process finds them; also when each bucket's middle is cut into
     pieces (libpair_a and libpair_b agree on size, head and tail and differ in the middle)."""
-    from rocm_audit import dedup as dedup_module
-    from rocm_audit.dedup import hardlinked
+    from rocm_audit.dedup import engine as dedup_module
+    from rocm_audit.dedup.engine import hardlinked
 
     library = (sdk.core / "lib" / "libamd_comgr.so.3").read_bytes()
     broken = bytearray(library)
     broken[0x20:0x28] = (1 << 40).to_bytes(8, "little")  # program headers past the end of the file
     for tree in (sdk.core, sdk.devel):
         (tree / "lib" / "libbroken.so.1").write_bytes(bytes(broken))
-    from rocm_audit.identical import CHUNK_BYTES
+    from rocm_audit.tree.identical import CHUNK_BYTES
 
     big = bytearray(library + random.Random(3).randbytes(5 * CHUNK_BYTES))  # bytes past the ELF's end
     for tree in (sdk.core, sdk.devel):
@@ -606,7 +606,7 @@ def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, 
     single = plan()
     monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)  # other tests may leave threads
+    monkeypatch.setattr("rocm_audit.tree.forkmap.threading.active_count", lambda: 1)  # other tests may leave threads
     if piece_bytes:
         monkeypatch.setattr(dedup_module, "PIECE_BYTES", piece_bytes)
     shared = plan()
@@ -628,8 +628,8 @@ def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_r
     bytes in between and restores size and mtime still moves the ctime, which nobody can set back."""
     import time
 
-    from rocm_audit import dedup as dedup_module
-    from rocm_audit.identical import CompareStats
+    from rocm_audit.dedup import engine as dedup_module
+    from rocm_audit.tree.identical import CompareStats
 
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
     plan = make_plan(build_inventory(roots))
@@ -656,7 +656,7 @@ def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_r
 def test_with_helpers_no_change_is_made_before_the_whole_dt_needed_snapshot_is_in(sdk, monkeypatch):
     """The snapshot that verification compares against is taken in shares by whichever process is
     free; every share must be in before the first link, and all of them must reach _verify."""
-    from rocm_audit import dedup as dedup_module
+    from rocm_audit.dedup import engine as dedup_module
 
     made: list[dedup_module._BeforeChanges] = []
 
@@ -685,7 +685,7 @@ def test_with_helpers_no_change_is_made_before_the_whole_dt_needed_snapshot_is_i
     monkeypatch.setattr(dedup_module, "SNAPSHOT_SHARE", 2)  # several shares
     monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    monkeypatch.setattr("rocm_audit.forkmap.threading.active_count", lambda: 1)
+    monkeypatch.setattr("rocm_audit.tree.forkmap.threading.active_count", lambda: 1)
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
     plan = make_plan(build_inventory(roots), exact=False)
     duplicates = {d.record.path for g in plan.groups for d in g.duplicates}

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocm_audit import identical
-from rocm_audit.identical import Candidate, CompareStats, partition_identical, same_bytes
+from rocm_audit.tree import identical
+from rocm_audit.tree.identical import Candidate, CompareStats, partition_identical, same_bytes
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from llvm_builders import (
 )
 from typer.testing import CliRunner
 
-from rocm_audit.report import load_schema
+from rocm_audit.output.report import load_schema
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +42,7 @@ def schema_validator() -> jsonschema.Draft202012Validator:
 @pytest.fixture(scope="session")
 def llvm_cli(schema_validator):
     """Run `rocm-audit llvm ...` in-process; JSON output is parsed and schema-validated."""
-    from rocm_audit.cli import app
+    from rocm_audit.cli.app import app
 
     def invoke(*args: str, expect: int | None = None):
         result = CliRunner().invoke(app, ["llvm", *args], catch_exceptions=False)

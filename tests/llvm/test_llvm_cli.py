@@ -169,7 +169,7 @@ def test_exporters_that_bind_each_other_are_a_warning_until_a_probe_confirms_the
 
 
 def test_a_contradicted_prediction_is_reported(fake_llvms):
-    from rocm_audit.llvm_clashes import Clash, Expect, LlvmOptions, Reason, Risk, probe_clashes
+    from rocm_audit.llvm.clashes import Clash, Expect, LlvmOptions, Reason, Risk, probe_clashes
 
     wrong = Clash(
         reason=Reason.INTERPOSABLE_EXPORTERS,
@@ -204,8 +204,8 @@ def test_report_file_is_written_and_summary_goes_to_stderr(
 
 def test_help_and_import_stay_light():
     code = (
-        "import sys, rocm_audit.cli, rocm_audit.commands.llvm; "
-        "heavy = ('elftools', 'rocm_audit.llvm_cl', 'rocm_audit.probes'); "
+        "import sys, rocm_audit.cli.app, rocm_audit.cli.commands.llvm; "
+        "heavy = ('elftools', 'rocm_audit.llvm.roles', 'rocm_audit.llvm.probes'); "
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
     done = subprocess.run(
@@ -214,7 +214,7 @@ def test_help_and_import_stay_light():
     assert done.stdout.strip() == "[]"
     from typer.testing import CliRunner
 
-    from rocm_audit.cli import app
+    from rocm_audit.cli.app import app
 
     text = CliRunner().invoke(app, ["llvm", "--help"]).output
     for option in (

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from llvm_builders import cc_shared
 
-from rocm_audit.closure import HostView, ProcessModel, load_closure
-from rocm_audit.loader import LoaderModel
-from rocm_audit.probes import ProbeOutcome, probe_closure
+from rocm_audit.llvm.closure import HostView, ProcessModel, load_closure
+from rocm_audit.llvm.probes import ProbeOutcome, probe_closure
+from rocm_audit.tree.loader import LoaderModel
 
 LEAF = "int leaf(void) { return 7; }\n"
 MID = "int leaf(void); int mid(void) { return leaf(); }\n"

@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from rocm_audit.inventory import read_dynamic_info
-from rocm_audit.llvm_cl import ClFacts, Role, classify
-from rocm_audit.llvm_clashes import Expect, agrees, predict_closure, predict_pair
-from rocm_audit.probes import PAIR_MODES, ProbeOutcome, probe_closure, probe_pair
+from rocm_audit.llvm.clashes import Expect, agrees, predict_closure, predict_pair
+from rocm_audit.llvm.probes import PAIR_MODES, ProbeOutcome, probe_closure, probe_pair
+from rocm_audit.llvm.roles import ClFacts, Role, classify
+from rocm_audit.tree.inventory import read_dynamic_info
 
 ABORT, CLEAN = Expect.ABORT, Expect.CLEAN
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from llvm_builders import cc_shared
 
-from rocm_audit.probes import (
+from rocm_audit.llvm.probes import (
     OUTPUT_LIMIT_BYTES,
     LoadStep,
     ProbeOutcome,

@@ -14,9 +14,9 @@ from llvm_builders import (
     llvmlite_library,
 )
 
-from rocm_audit import llvm_cl
-from rocm_audit.inventory import read_dynamic_info
-from rocm_audit.llvm_cl import Role, classify
+from rocm_audit.llvm import roles as llvm_cl
+from rocm_audit.llvm.roles import Role, classify
+from rocm_audit.tree.inventory import read_dynamic_info
 
 
 def facts(path):
@@ -122,7 +122,7 @@ def test_windowed_scans_find_what_a_whole_read_finds(lookalikes, monkeypatch, wi
     for name, path in lookalikes.items():
         assert facts(path) == expected[name], name
     with open(lookalikes["hidden"], "rb") as stream:
-        from rocm_audit import elfread
+        from rocm_audit.elf import read as elfread
 
         view = llvm_cl._ElfView(
             stream, os.path.getsize(lookalikes["hidden"]), elfread.parse_header(stream.read(64))

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocm_audit import elfread
-from rocm_audit.discovery import AuditRoot
+from rocm_audit.elf import read as elfread
 from rocm_audit.errors import ConfigError, FormatError, UsageError
-from rocm_audit.inventory import build_inventory, read_dynamic_info
+from rocm_audit.tree.discovery import AuditRoot
+from rocm_audit.tree.inventory import build_inventory, read_dynamic_info
 from support.sdk_tree import build_library
 
 EXAMPLES = 2000 if os.environ.get("ROCM_AUDIT_SLOW") == "1" else 150
@@ -80,7 +80,7 @@ def test_absurd_program_header_fields_are_format_errors_not_allocations(seed, tm
 @FUZZ
 @given(st.lists(st.text(max_size=200), max_size=6))
 def test_manifest_reader_rejects_garbage_with_a_usage_error(tmp_path, lines):
-    from rocm_audit.dedup import revert_manifests
+    from rocm_audit.dedup.engine import revert_manifests
 
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("\n".join(lines), encoding="utf-8", errors="surrogateescape")
@@ -95,7 +95,7 @@ def test_manifest_reader_rejects_garbage_with_a_usage_error(tmp_path, lines):
 @FUZZ
 @given(st.text(max_size=400))
 def test_rules_parser_gives_config_errors_only(tmp_path, text):
-    from rocm_audit.policy import load_policy
+    from rocm_audit.rulebook.policy import load_policy
 
     path = tmp_path / "rules.toml"
     path.write_text(text, encoding="utf-8", errors="surrogateescape")

@@ -20,11 +20,11 @@ from support.sdk_tree import build_sdk_tree
 from support.tools import require_tool
 
 FORCE_HELPERS = (
-    "import os, rocm_audit.dedup as dedup\n"
+    "import os, rocm_audit.dedup.engine as dedup\n"
     "dedup.PARALLEL_MIN_BYTES = 0\n"
     "dedup.PIECE_BYTES = 1\n"
     "os.sched_getaffinity = lambda pid: {0, 1, 2}\n"
-    "from rocm_audit.cli import entry\n"
+    "from rocm_audit.cli.app import entry\n"
     "entry()\n"
 )
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.inventory import TEMP_PREFIX  # noqa: E402
+from rocm_audit.tree.inventory import TEMP_PREFIX  # noqa: E402
 from support.sdk_tree import build_sdk_tree  # noqa: E402
 from support.tools import require_tool  # noqa: E402
 

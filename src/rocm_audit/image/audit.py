@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocm_audit.check import CheckOptions, run_check
+from rocm_audit.audit.check import CheckOptions, run_check
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image import merge, tarstream, waste

@@ -1,0 +1,141 @@
+"""`rocm-audit check`: the whole audit in one pass over one inventory.
+
+dedup in check mode, verify-arch, llvm (static; probes on request) and the post-build checks all
+read the same inventory, so every file is walked and classified once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_audit.errors import UsageError
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.tree.discovery import AuditRoot, resolve_roots
+from rocm_audit.tree.inventory import Inventory, build_inventory
+from rocm_audit.tree.loader import LoaderModel
+
+
+@dataclass(slots=True)
+class CheckOptions:
+    targets: list[str] = field(default_factory=list)  # as on the verify-arch command line
+    environ: dict[str, str] | None = None  # for $GPU_ARCH; None = os.environ
+    sysroot: str = "/"  # the system the audited files run on (an unpacked image root)
+    probe: bool = False
+    probe_timeout_s: float | None = None
+    skip: frozenset[str] = frozenset()  # any of "dedup", "verify-arch", "llvm", "post-build"
+
+
+def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptions) -> CommandOutcome:
+    """Run every check over an inventory already built. Raises UsageError for bad targets."""
+    started = time.monotonic()
+    findings: list[Finding] = list(inventory.findings)
+    sections: dict[str, Any] = {"sdk_trees": inventory.sdk_trees}
+    ran: list[str] = []
+    summaries: list[str] = []
+
+    if "dedup" not in options.skip:
+        from rocm_audit.dedup.engine import ApplyResult, check_mode_findings, dedup_section, make_plan
+
+        plan = make_plan(inventory)
+        findings.extend(plan.findings)
+        findings.extend(check_mode_findings(plan))
+        sections["dedup"] = dedup_section(plan, "check", ApplyResult(), time.monotonic() - started)
+        ran.append("dedup")
+        summaries.append(f"{len(plan.groups)} duplicate group(s)")
+
+    if "verify-arch" not in options.skip:
+        from rocm_audit.gpu import verify as archcheck
+
+        environ = dict(os.environ) if options.environ is None else options.environ
+        try:
+            required, source = archcheck.requested_targets(options.targets, [r.path for r in inventory.roots],
+                                                           environ)
+        except UsageError:
+            if options.targets:
+                raise  # targets the user named must be valid
+            required, source = [], ""
+        scans = archcheck.scan_inventory(inventory)
+        carriers = archcheck.build_carriers(scans)
+        findings.extend(archcheck.scan_findings(scans))
+        if required:
+            for carrier in carriers:
+                findings.extend(archcheck.judge(carrier, required))
+            sections["targets"] = [{"target": t.spelled, "agent": str(t.agent)} for t in required]
+            sections["targets_source"] = source
+            missing = sum(1 for c in carriers if c.missing)
+            summaries.append(f"{len(carriers)} GPU code carrier(s), {missing} missing a target")
+        else:
+            findings.append(make_finding(
+                "CHK001", looked[0] if looked else "",
+                "no GPU targets to verify: pass them (rocm-audit check gfx942 gfx950), set GPU_ARCH, "
+                "or install _rocm_sdk_core with share/therock/dist_info.json"))
+            summaries.append(f"{len(carriers)} GPU code carrier(s), targets unknown")
+        sections["carriers"] = [archcheck.carrier_to_dict(c) for c in carriers]
+        ran.append("verify-arch")
+
+    if "llvm" not in options.skip:
+        from rocm_audit.llvm import clashes as llvm_clashes
+
+        llvm_options = llvm_clashes.LlvmOptions(probe=options.probe, sysroot=options.sysroot)
+        if options.probe_timeout_s is not None:
+            llvm_options.probe_timeout_s = options.probe_timeout_s
+        analysis = llvm_clashes.analyse(inventory, llvm_options)
+        findings.extend(analysis.findings)
+        if options.probe:
+            findings.extend(llvm_clashes.probe_clashes(analysis.clashes, llvm_options))
+        sections["libraries"] = [llvm_clashes.library_to_dict(one, analysis.library_in_scan.get(one.path, True),
+                                                              analysis.library_identity.get(one.path))
+                                 for one in analysis.libraries]
+        sections["clashes"] = [llvm_clashes.clash_to_dict(c) for c in analysis.clashes]
+        ran.append("llvm")
+        summaries.append(f"{len(analysis.clashes)} LLVM clash(es)")
+
+    if "post-build" not in options.skip:
+        from rocm_audit.postbuild.checks import post_build_findings
+
+        findings.extend(post_build_findings(inventory, LoaderModel(sysroot=options.sysroot)))
+        ran.append("post-build")
+
+    elapsed = time.monotonic() - started
+    sections["summary"] = {"checks": ran, "files_scanned": len(inventory.files), "elapsed_s": round(elapsed, 3)}
+    return CommandOutcome(
+        command="check", findings=findings, inputs=looked, sections=sections, render_text=_render_text,
+        summary=f"check: {len(inventory.files)} files; " + "; ".join(summaries) + f"; {elapsed:.2f} s")
+
+
+def run_check(paths: list[str] | None, options: CheckOptions,
+              progress: Callable[[int, int], None] | None = None,
+              roots: list[AuditRoot] | None = None) -> CommandOutcome:
+    """Resolve the paths (or take prepared roots), build one inventory, audit it."""
+    if options.probe and options.sysroot not in ("", "/"):
+        raise UsageError("--probe loads libraries with this host's loader; it cannot audit another system root")
+    looked: list[str]
+    if roots is None:
+        roots, looked = resolve_roots(paths)
+    else:
+        looked = [r.given for r in roots]
+    inventory = build_inventory(roots, progress)
+    return audit_inventory(inventory, looked, options)
+
+
+def _render_text(outcome: CommandOutcome) -> str:
+    lines = []
+    dedup = outcome.sections.get("dedup")
+    if dedup is not None:
+        lines.append(f"dedup: {len(dedup['groups'])} group(s) of identical SDK libraries"
+                     + (f", {dedup['bytes_freed']:,} bytes to free" if dedup["groups"] else ""))
+    if "carriers" in outcome.sections:
+        carriers = outcome.sections["carriers"]
+        missing = [c for c in carriers if c.get("missing")]
+        targets = ", ".join(t["target"] for t in outcome.sections.get("targets", [])) or "unknown"
+        lines.append(f"verify-arch: {len(carriers)} carrier(s), {len(missing)} missing a target of {targets}")
+    if "clashes" in outcome.sections:
+        llvm_roles = [lib for lib in outcome.sections["libraries"] if lib.get("role") not in ("none", None)]
+        lines.append(f"llvm: {len(llvm_roles)} LLVM exporter(s)/registrant(s)/private copies, "
+                     f"{len(outcome.sections['clashes'])} clash(es)")
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""`rocm-audit image`: audit a finished image from outside, from a Docker daemon or an archive."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import typer
+
+from rocm_audit.cli.app import (
+    FailOn,
+    FailOnOption,
+    FormatOption,
+    OutputFormat,
+    OutputOption,
+    QuietOption,
+    RulesOption,
+    emit,
+    run,
+)
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``64G``, ``500MiB``, ``1048576`` -> bytes (binary multiples). Raises UsageError."""
+    from rocm_audit.errors import UsageError
+
+    match = _SIZE.match(text)
+    if not match:
+        raise UsageError(f"--max-bytes takes a size such as 64G or 500M, not {text!r}")
+    unit = (match.group(2) or "B")[0].upper()
+    return int(match.group(1)) << {"B": 0, "K": 10, "M": 20, "G": 30, "T": 40}[unit]
+
+
+def command(
+    ref: Annotated[
+        str | None,
+        typer.Argument(  # noqa: UP045
+            metavar="[REF]",
+            help="Image in the Docker daemon (name:tag or id); with --archive, which image "
+            "of a multi-image archive.",
+        ),
+    ] = None,
+    archive: Annotated[
+        str | None,
+        typer.Option(  # noqa: UP045
+            "--archive",
+            metavar="FILE",
+            help="No daemon: a `docker save` tarball (legacy or OCI, optionally "
+            "gzip/zstd) or an OCI image layout (directory or tar).",
+        ),
+    ] = None,
+    targets: Annotated[
+        list[str] | None,
+        typer.Option(  # noqa: UP045
+            "--target",
+            "-t",
+            metavar="TARGET",
+            help='GPU targets for verify-arch (gfx950 or "gfx942;gfx950"); '
+            "repeatable. Default: GPU_ARCH from the image's config, "
+            "else its dist_info.json.",
+        ),
+    ] = None,
+    layers: Annotated[
+        bool,
+        typer.Option(
+            "--layers",
+            help="With REF: read the layers (docker save, streamed) instead of a container export, "
+            "for the layer-aware waste analysis.",
+        ),
+    ] = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Extract every file, not only site-packages and the loader's directories.",
+        ),
+    ] = False,
+    max_bytes: Annotated[
+        str,
+        typer.Option(
+            "--max-bytes",
+            metavar="SIZE",
+            help="Refuse images whose layers hold more than SIZE bytes.",
+        ),
+    ] = "64G",
+    max_entries: Annotated[
+        int,
+        typer.Option(
+            "--max-entries",
+            metavar="N",
+            min=1,
+            help="Refuse images whose layers hold more than N entries.",
+        ),
+    ] = 4_000_000,
+    skip: Annotated[
+        list[str] | None,
+        typer.Option(  # noqa: UP045
+            "--skip",
+            metavar="CHECK",
+            help="Leave out dedup, verify-arch, llvm or post-build; repeatable.",
+        ),
+    ] = None,
+    fmt: FormatOption = OutputFormat.text,
+    output: OutputOption = None,
+    fail_on: FailOnOption = FailOn.error,
+    quiet: QuietOption = False,
+    rules: RulesOption = None,
+) -> None:
+    """Audit an image without running it: merge its layers (whiteouts applied) in a private dir,
+    run every check of `rocm-audit check` on its site-packages, and show which layer holds each copy
+    of duplicated content.
+
+    REF: create a container without starting it, stream its files out, remove it (needs the
+    `docker` extra). --archive FILE: no daemon at all.
+    """
+
+    def body() -> int:
+        from rocm_audit.audit.check import CheckOptions
+        from rocm_audit.errors import UsageError
+        from rocm_audit.image.audit import ImageOptions, audit_archive
+
+        known = {"dedup", "verify-arch", "llvm", "post-build"}
+        unknown = set(skip or []) - known
+        if unknown:
+            raise UsageError(
+                f"--skip takes {', '.join(sorted(known))}; not {', '.join(sorted(unknown))}"
+            )
+        if archive is None and ref is None:
+            raise UsageError(
+                "name an image (rocm-audit image REF) or an archive "
+                "(rocm-audit image --archive FILE)"
+            )
+        if layers and archive is not None:
+            raise UsageError("--layers is for REF (an archive is always read layer by layer)")
+        options = ImageOptions(
+            check=CheckOptions(targets=list(targets or []), environ={}, skip=frozenset(skip or [])),
+            ref=ref if archive is not None else None,
+            max_bytes=parse_size(max_bytes),
+            max_entries=max_entries,
+            full=full,
+        )
+        if archive is not None:
+            import os
+
+            if not os.path.exists(archive):
+                raise UsageError(f"archive does not exist: {archive}")
+            outcome = audit_archive(archive, options)
+        else:
+            from rocm_audit.image.daemon import audit_daemon_image
+
+            outcome = audit_daemon_image(ref or "", options, layers=layers)
+        return emit(outcome, fmt, output, fail_on, quiet)
+
+    run(body, rules)

@@ -1,0 +1,116 @@
+"""`rocm-audit llvm`: LLVM command-line option double registrations, predicted and probed."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from rocm_audit.cli.app import (
+    FailOn,
+    FailOnOption,
+    FormatOption,
+    OutputFormat,
+    OutputOption,
+    PathsOption,
+    QuietOption,
+    RulesOption,
+    emit,
+    run,
+)
+
+
+def command(
+    paths: PathsOption = None,
+    probe: Annotated[
+        bool,
+        typer.Option(
+            "--probe",
+            help="Confirm each clash by loading the libraries in a sandboxed child process "
+            "(runs their constructors: probe only images you would run).",
+        ),
+    ] = False,
+    probe_timeout: Annotated[
+        float,
+        typer.Option(
+            "--probe-timeout",
+            metavar="SECONDS",
+            min=0.1,
+            help="Kill a probe after this long (inconclusive).",
+        ),
+    ] = 60.0,
+    preload: Annotated[
+        Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
+        typer.Option(  # noqa: UP045
+            "--preload",
+            metavar="LIB",
+            help="Treat LIB as preloaded RTLD_GLOBAL (as rocm_sdk.preload_libraries does): "
+            "in the predictions and before each probe; repeatable.",
+        ),
+    ] = None,
+    preload_rocm_sdk: Annotated[
+        bool,
+        typer.Option(
+            "--preload-rocm-sdk",
+            help="Model and probe with rocm_sdk's own preloads (amd_comgr, amdhip64, hiprtc, "
+            "rocm_kpack from _rocm_sdk_core/lib, RTLD_GLOBAL), as `rocm-sdk test` and "
+            "rocm_sdk.initialize_process do.",
+        ),
+    ] = False,
+    closure: Annotated[
+        Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
+        typer.Option(  # noqa: UP045
+            "--closure",
+            metavar="PATH",
+            help="Show the load closure of PATH (what dlopen(PATH) maps); repeatable.",
+        ),
+    ] = None,
+    sysroot: Annotated[
+        str,
+        typer.Option(
+            "--sysroot",
+            metavar="DIR",
+            help="Resolve default library directories and ld.so.conf under DIR "
+            "(an unpacked image).",
+        ),
+    ] = "/",
+    ld_library_path: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(  # noqa: UP045
+            "--ld-library-path",
+            metavar="DIRS",
+            help="Colon-separated LD_LIBRARY_PATH to model (and probe with).",
+        ),
+    ] = None,
+    fmt: FormatOption = OutputFormat.text,
+    output: OutputOption = None,
+    fail_on: FailOnOption = FailOn.error,
+    quiet: QuietOption = False,
+    rules: RulesOption = None,
+) -> None:
+    """Report every LLVM `cl::opt` double registration the scanned libraries can hit.
+
+    Each shared library gets a role from its ELF facts (exporter, registrant, private-copy, none);
+    duplicated exporters/registrants, exporters that bind each other and load closures holding two
+    LLVMs are reported with the load modes they fire in and a fix. Exit 1 on any high-risk or
+    probe-confirmed clash.
+    """
+
+    def body() -> int:
+        from rocm_audit.cli.progress import progress_line
+        from rocm_audit.llvm.clashes import LlvmOptions, run_llvm
+
+        options = LlvmOptions(
+            probe=probe,
+            probe_timeout_s=probe_timeout,
+            preload=tuple(preload or ()),
+            preload_rocm_sdk=preload_rocm_sdk,
+            closure_paths=tuple(closure or ()),
+            sysroot=sysroot,
+            ld_library_path=tuple(d for d in (ld_library_path or "").split(":") if d),
+        )
+        with progress_line("llvm: scanning", quiet) as progress:
+            outcome = run_llvm(paths, options, progress=progress)
+        return emit(outcome, fmt, output, fail_on, quiet)
+
+    run(body, rules)

@@ -1,0 +1,45 @@
+"""`rocm-audit rules`: the rules and policy settings in force, and where each came from."""
+
+from __future__ import annotations
+
+from rocm_audit.cli.app import FailOn, FormatOption, OutputFormat, OutputOption, RulesOption, emit, run
+
+
+def command(rules: RulesOption = None, fmt: FormatOption = OutputFormat.text, output: OutputOption = None) -> None:
+    """List the rules in force (id, severity, title) and the policy settings, with their sources."""
+
+    def body() -> int:
+        from rocm_audit.outcome import CommandOutcome
+        from rocm_audit.rulebook.policy import active_policy
+
+        policy = active_policy()
+        listed = [{
+            "id": rule.id, "title": rule.title, "severity": rule.severity.value,
+            "severity_source": policy.severity_sources.get(rule.id, rule.source),
+            "defined_in": rule.source, "rationale": rule.rationale, "fix": rule.fix,
+        } for rule in sorted(policy.rules.values(), key=lambda r: r.id)]
+        settings = [{"area": area, "key": key, "value": value, "source": policy.setting_sources.get((area, key), "")}
+                    for area, table in sorted(policy.settings.items()) for key, value in sorted(table.items())]
+        ignores = [{"rule": i.rule, "path": i.path_glob, "reason": i.reason, "source": i.source}
+                   for i in policy.ignores]
+        return emit(CommandOutcome(
+            command="rules", findings=[], inputs=list(policy.files),
+            sections={"rules": listed, "policy": settings, "ignores": ignores},
+            render_text=_render), fmt, output, FailOn.never)
+
+    run(body, rules)
+
+
+def _render(outcome) -> str:  # type: ignore[no-untyped-def]
+    lines = [f"{'rule':8} {'severity':8} {'source':34} title"]
+    for rule in outcome.sections["rules"]:
+        lines.append(f"{rule['id']:8} {rule['severity']:8} {rule['severity_source']:34} {rule['title']}")
+    lines.append("")
+    lines.append("policy:")
+    for setting in outcome.sections["policy"]:
+        lines.append(f"  {setting['area']}.{setting['key']} = {setting['value']!r}  ({setting['source']})")
+    if outcome.sections["ignores"]:
+        lines.append("ignored:")
+        for ignore in outcome.sections["ignores"]:
+            lines.append(f"  {ignore['rule']} {ignore['path']}: {ignore['reason']}  ({ignore['source']})")
+    return "\n".join(lines)

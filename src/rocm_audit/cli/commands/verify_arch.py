@@ -1,0 +1,56 @@
+"""`rocm-audit verify-arch`: prove every device-code carrier runs on the required GPU targets."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from rocm_audit.cli.app import (
+    FailOn,
+    FailOnOption,
+    FormatOption,
+    OutputFormat,
+    OutputOption,
+    PathsOption,
+    QuietOption,
+    RulesOption,
+    emit,
+    run,
+)
+
+
+def command(
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(  # noqa: UP045
+            metavar="TARGET",
+            help='GPU targets: gfx950, gfx942:sramecc+:xnack-, or one list "gfx942;gfx950". '
+            "Default: $GPU_ARCH, else dist_amdgpu_targets of "
+            "_rocm_sdk_core/share/therock/dist_info.json.",
+        ),
+    ] = None,
+    paths: PathsOption = None,
+    fmt: FormatOption = OutputFormat.text,
+    output: OutputOption = None,
+    fail_on: FailOnOption = FailOn.error,
+    quiet: QuietOption = False,
+    rules: RulesOption = None,
+) -> None:
+    """Check that every library, code-object file and kernel database carries code for each target.
+
+    Judged as the HIP runtime picks code objects: the exact processor with compatible xnack/sramecc
+    settings, else the generic target (gfx9-4-generic for gfx942/gfx950), else SPIR-V (a warning).
+    Every translation unit of a library must match. A bare processor name means its usual setting:
+    sramecc+ and xnack- where the processor has those features.
+    """
+
+    def body() -> int:
+        from rocm_audit.cli.progress import progress_line
+        from rocm_audit.gpu.verify import verify_arch
+
+        with progress_line("verify-arch: scanning", quiet) as progress:
+            outcome = verify_arch(paths, list(targets or []), progress=progress)
+        return emit(outcome, fmt, output, fail_on, quiet)
+
+    run(body, rules)

@@ -1,0 +1,1014 @@
+"""Find every GPU code object in a file, whatever the container, reading headers only.
+
+One entry point, ``scan_file(record)``, returns the file's translation units and code objects plus
+findings for anything malformed (each naming the byte offset). Containers: ``.hip_fatbin`` holding
+plain bundles and CCOB v1/v2/v3 (formats.md 2.2-2.5), ``.hipFatBinSegment`` wrappers (HIPF/HIPK),
+kpack references and archives (1.7), ``.llvm.offloading`` (2.6), standalone files sniffed by magic
+(2.1), and raw AMDGPU ELFs embedded in read-only data. Reads are ``pread`` windows: memory does not
+grow with section size, and a CCOB is inflated as a bounded stream.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rocm_audit.elf import read as elfread
+from rocm_audit.elf.sections import SHF_EXECINSTR, Section, read_sections
+from rocm_audit.errors import FormatError
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle
+from rocm_audit.gpu.targets import FEATURES, TargetId, parse_target_id
+from rocm_audit.tree.inventory import FileKind, FileRecord
+
+log = logging.getLogger(__name__)
+
+ReadAt = Callable[[int, int], bytes]
+
+CO_HEAD_BYTES = 64 << 10  # bytes of each compressed entry kept to read its ELF header and notes
+MAX_NOTE_BYTES = 4 << 20
+MAX_PHNUM = 512
+MAX_SHNUM_FOR_NOTES = 4096
+BUNDLE_WINDOW = 64 << 10
+MAX_EMBEDDED = 4096
+SCAN_CHUNK = 1 << 20
+CCOB_HASH_CHECK_BYTES = 16 << 20  # inflate at most this much beyond the last entry head for MD5
+MAX_CCOB_STREAM = 4 << 30  # hard cap on inflated bytes walked per CCOB, whatever it declares
+RAW_ELF_SIGNATURE = b"\x7fELF\x02\x01\x01"  # 64-bit, LSB, EV_CURRENT: AMDGPU code objects
+EMBEDDED_SECTION_PREFIXES = (".rodata", ".data", ".ldata", ".lrodata")  # HSA runtime: .data
+
+
+@dataclass(frozen=True, slots=True)
+class CodeObject:
+    """One code object (or host entry) as listed by ``scan --targets`` and judged by verify-arch."""
+
+    container: str  # offload-bundle | ccob | kpack | offload-binary | raw-elf | embedded-elf
+    location: str  # human-readable place, e.g. ".hip_fatbin+0x1000 entry 2"
+    file_offset: int | None  # where its bytes start in the file (None inside compressed data)
+    size: int
+    tu: int | None  # translation unit (bundle) index; None for objects outside any TU
+    entry_id: str | None  # bundle entry ID as written, or kpack TOC key
+    kind: str  # host | hip | hipv4 | hcc | openmp | device
+    target: str | None  # target ID used for matching (from e_flags when readable)
+    target_source: str  # e_flags | bundle-id | kpack-toc | offload-binary | none
+    bundle_target: str | None = None  # target ID the bundle/TOC names, when there is one
+    code_object_version: int | None = None
+    generic_version: int | None = None
+    metadata_target: str | None = None  # amdhsa.target from NT_AMDGPU_METADATA, as an ID
+    kernels: int | None = None
+
+
+@dataclass(slots=True)
+class FileCodeObjects:
+    path: str
+    sdk_tree: str | None
+    file_kind: str = ""
+    containers: list[str] = field(default_factory=list)
+    code_objects: list[CodeObject] = field(default_factory=list)
+    tu_count: int = 0  # translation units the HIP runtime registers (bundles or wrappers)
+    wrappers: int | None = None
+    kpack_ref: bool = False
+    findings: list[Finding] = field(default_factory=list)
+    # (file offset, size in the file, "offload-bundle" | "ccob") of each bundle, in file order.
+    bundles: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def add_container(self, name: str) -> None:
+        if name not in self.containers:
+            self.containers.append(name)
+
+
+class _File:
+    """pread helper bound to one open file."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset >= self.size or length <= 0:
+            return b""
+        return os.pread(self.fd, min(length, self.size - offset), offset)
+
+    def reader(self, start: int, limit: int) -> ReadAt:
+        """A ReadAt over [start, start+limit) of the file."""
+
+        def read_at(offset: int, length: int) -> bytes:
+            if offset >= limit:
+                return b""
+            return self.read(start + offset, min(length, limit - offset))
+
+        return read_at
+
+
+def _buffer_reader(buf: bytes) -> ReadAt:
+    def read_at(offset: int, length: int) -> bytes:
+        return buf[offset : offset + length]
+
+    return read_at
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    identity: amdgpu_elf.CodeObjectIdentity
+    metadata: amdgpu_elf.CodeObjectMetadata | None
+    metadata_complete: bool  # False when the notes lie beyond the bytes we kept
+
+
+def inspect_code_object(read_at: ReadAt, size: int, base: int) -> _Facts:
+    """ELF header and metadata notes of one AMDGPU code object. Raises FormatError."""
+    layout = amdgpu_elf.parse_header(read_at(0, amdgpu_elf.ELF64_HEADER_SIZE), base)
+    ranges: list[tuple[int, int]] = []
+    complete = True
+    if layout.e_phnum:
+        if layout.e_phnum > MAX_PHNUM:
+            raise FormatError(amdgpu_elf.FMT, base + 0x38, f"e_phnum {layout.e_phnum} is absurd")
+        length = layout.e_phnum * amdgpu_elf.ELF64_PHDR_SIZE
+        if layout.e_phoff + length > size:
+            raise FormatError(
+                amdgpu_elf.FMT, base + 0x20, "program headers run past the code object"
+            )
+        table = read_at(layout.e_phoff, length)
+        if len(table) < length:
+            complete = False
+        else:
+            ranges = amdgpu_elf.note_ranges_from_phdrs(table, base + layout.e_phoff, layout.e_phnum)
+    if not ranges and complete and layout.e_shnum and layout.e_shnum <= MAX_SHNUM_FOR_NOTES:
+        length = layout.e_shnum * amdgpu_elf.ELF64_SHDR_SIZE
+        if layout.e_shoff + length > size:
+            raise FormatError(
+                amdgpu_elf.FMT, base + 0x28, "section headers run past the code object"
+            )
+        table = read_at(layout.e_shoff, length)
+        if len(table) < length:
+            complete = False
+        else:
+            ranges = amdgpu_elf.note_ranges_from_shdrs(table, base + layout.e_shoff, layout.e_shnum)
+    notes: list[amdgpu_elf.Note] = []
+    for offset, length in ranges:
+        if offset + length > size:
+            raise FormatError(amdgpu_elf.FMT, base + offset, "note runs past the code object")
+        if length > MAX_NOTE_BYTES:
+            complete = False
+            continue
+        data = read_at(offset, length)
+        if len(data) < length:
+            complete = False
+            continue
+        notes.extend(amdgpu_elf.iter_notes(data, base + offset))
+    metadata = amdgpu_elf.parse_metadata(notes, base) if notes else None
+    return _Facts(layout.identity, metadata, complete)
+
+
+def _device_record(
+    *,
+    container: str,
+    location: str,
+    file_offset: int | None,
+    size: int,
+    tu: int | None,
+    entry_id: str | None,
+    kind: str,
+    bundle_target: str | None,
+    facts: _Facts | None,
+    listed_source: str,
+) -> CodeObject:
+    target, source = bundle_target, (listed_source if bundle_target else "none")
+    cov = generic = None
+    metadata_target = None
+    kernels = None
+    if facts is not None:
+        identity = facts.identity
+        cov = identity.code_object_version
+        generic = identity.generic_version if (cov or 0) >= 6 else None
+        if identity.target_id is not None:
+            target, source = identity.target_id, "e_flags"
+        if facts.metadata is not None:
+            kernels = facts.metadata.kernel_count
+            if facts.metadata.target:
+                metadata_target = amdgpu_elf.target_id_from_isa_name(facts.metadata.target)
+    return CodeObject(
+        container,
+        location,
+        file_offset,
+        size,
+        tu,
+        entry_id,
+        kind,
+        target,
+        source,
+        bundle_target,
+        cov,
+        generic,
+        metadata_target,
+        kernels,
+    )
+
+
+def _consistency_findings(
+    path: str, obj: CodeObject, facts: _Facts | None, offset: int
+) -> list[Finding]:
+    """ARCH003/ARCH006: the bundle id, e_flags and amdhsa.target must name the same target."""
+    found: list[Finding] = []
+    if facts is not None and facts.identity.processor is None:
+        found.append(
+            make_finding(
+                "ARCH006",
+                path,
+                f"{obj.location}: EF_AMDGPU_MACH {facts.identity.mach:#x} is not a known processor",
+                data={"offset": offset, "mach": facts.identity.mach},
+            )
+        )
+    if obj.target_source != "e_flags" or obj.target is None:
+        return found
+    if obj.bundle_target is not None and obj.bundle_target != obj.target:
+        named = parse_target_id(obj.bundle_target)
+        if (
+            named is None
+            or named.processor != obj.target.split(":")[0]
+            or not _features_agree(named, obj.target)
+        ):
+            found.append(
+                make_finding(
+                    "ARCH003",
+                    path,
+                    f"{obj.location}: bundle id names {obj.bundle_target} "
+                    f"but the ELF header says {obj.target}",
+                    data={
+                        "offset": offset,
+                        "bundle_target": obj.bundle_target,
+                        "e_flags_target": obj.target,
+                    },
+                )
+            )
+    if obj.metadata_target is not None and obj.metadata_target != obj.target:
+        found.append(
+            make_finding(
+                "ARCH003",
+                path,
+                f"{obj.location}: amdhsa.target names {obj.metadata_target} "
+                f"but the ELF header says {obj.target}",
+                data={
+                    "offset": offset,
+                    "metadata_target": obj.metadata_target,
+                    "e_flags_target": obj.target,
+                },
+            )
+        )
+    return found
+
+
+def _features_agree(named: TargetId, header_target: str) -> bool:
+    header = parse_target_id(header_target)
+    if header is None:
+        return False
+    return all(named.feature(f) is None or named.feature(f) == header.feature(f) for f in FEATURES)
+
+
+def _malformed(result: FileCodeObjects, exc: FormatError, what: str) -> None:
+    result.findings.append(
+        make_finding(
+            "ARCH004",
+            result.path,
+            f"{what}: {exc.fmt}: {exc.reason} (at file offset {exc.offset:#x})",
+            data={"offset": exc.offset, "format": exc.fmt},
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain bundles and CCOBs
+
+
+def _is_amdgcn(entry_id: offload_bundle.EntryId) -> bool:
+    """Entries holding AMDGPU ELF code objects (not host, SPIR-V or another offload target)."""
+    return not entry_id.is_host and entry_id.triple.startswith("amdgcn-")
+
+
+def _read_bundle_table(read_at: ReadAt, base: int, available: int) -> offload_bundle.Bundle:
+    window = min(BUNDLE_WINDOW, available)
+    while True:
+        buf = read_at(0, window)
+        try:
+            return offload_bundle.parse_bundle(buf, base, available)
+        except offload_bundle.IncompleteTable as more:
+            limit = min(available, offload_bundle.max_table_bytes())
+            if window >= limit:
+                raise FormatError(
+                    offload_bundle.FMT, base, "entry table is larger than any valid one"
+                ) from None
+            window = min(limit, max(window * 2, more.needed))
+
+
+def _bundle_objects(
+    result: FileCodeObjects, fh: _File, start: int, available: int, tu: int | None, place: str
+) -> int:
+    """List a plain bundle at file offset ``start``; returns its size in bytes."""
+    bundle = _read_bundle_table(fh.reader(start, available), start, available)
+    for number, entry in enumerate(bundle.entries):
+        location = f"{place} entry {number}"
+        entry_start = start + entry.offset
+        facts = None
+        kind = entry.entry_id.kind
+        if _is_amdgcn(entry.entry_id) and entry.size:
+            try:
+                facts = inspect_code_object(
+                    fh.reader(entry_start, entry.size), entry.size, entry_start
+                )
+            except FormatError as exc:
+                _malformed(result, exc, location)
+        obj = _device_record(
+            container="offload-bundle",
+            location=location,
+            file_offset=entry_start,
+            size=entry.size,
+            tu=tu,
+            entry_id=entry.entry_id.raw,
+            kind=kind,
+            bundle_target=entry.entry_id.target,
+            facts=facts,
+            listed_source="bundle-id",
+        )
+        result.code_objects.append(obj)
+        result.findings.extend(_consistency_findings(result.path, obj, facts, entry_start))
+    return bundle.end
+
+
+def _ccob_objects(
+    result: FileCodeObjects, fh: _File, start: int, available: int, tu: int | None, place: str
+) -> int:
+    """List a CCOB at file offset ``start``; returns its size in bytes (v1: up to the next CCOB)."""
+    header = ccob.parse_header(fh.read(start, ccob.MAX_HEADER_SIZE), start, available)
+    if header.total_size is not None:
+        total = header.total_size
+    else:
+        total = _next_magic(fh, start + 4, start + available, ccob.CCOB_MAGIC) - start
+    compressed = total - header.header_size
+    payload_start = start + header.header_size
+    result.add_container(f"ccob-v{header.version}-{header.method_name}")
+    if not ccob.plausible_size(header, compressed):
+        raise FormatError(
+            ccob.FMT,
+            start + 8,
+            f"declares {header.uncompressed_size} uncompressed bytes from "
+            f"{compressed} compressed: not a plausible bundle",
+        )
+    stream = ccob.PayloadStream(
+        header,
+        fh.reader(payload_start, compressed),
+        compressed,
+        payload_start,
+        limit=min(header.uncompressed_size, MAX_CCOB_STREAM),
+    )
+    try:
+        window = min(BUNDLE_WINDOW, header.uncompressed_size)
+        prefix = stream.read(window)
+        while True:
+            try:
+                bundle = offload_bundle.parse_bundle(prefix, 0, header.uncompressed_size)
+                break
+            except offload_bundle.IncompleteTable as more:
+                limit = min(header.uncompressed_size, offload_bundle.max_table_bytes())
+                if len(prefix) >= limit:
+                    raise FormatError(
+                        ccob.FMT, start, "inflated entry table is larger than any valid one"
+                    ) from None
+                extra = stream.read(min(limit, max(len(prefix) * 2, more.needed)) - len(prefix))
+                if not extra:
+                    raise FormatError(
+                        ccob.FMT, start, "stream ends inside the bundle entry table"
+                    ) from None
+                prefix += extra
+            except FormatError as exc:
+                raise FormatError(
+                    ccob.FMT,
+                    start,
+                    f"inflated bundle: {exc.reason} (at inflated offset {exc.offset:#x})",
+                ) from None
+        # Entry heads: walk the stream once in entry order, keeping only each entry's first bytes.
+        for number, entry in sorted(enumerate(bundle.entries), key=lambda item: item[1].offset):
+            location = f"{place} entry {number}"
+            facts = None
+            if _is_amdgcn(entry.entry_id) and entry.size:
+                want = min(entry.size, CO_HEAD_BYTES)
+                head = _stream_slice(stream, prefix, entry.offset, want)
+                if len(head) < want:
+                    _malformed(
+                        result,
+                        FormatError(
+                            ccob.FMT,
+                            start,
+                            f"stream ends before entry {number} "
+                            f"({entry.size} bytes at inflated {entry.offset:#x})",
+                        ),
+                        location,
+                    )
+                else:
+                    try:
+                        facts = inspect_code_object(_buffer_reader(head), entry.size, start)
+                    except FormatError as exc:
+                        _malformed(result, exc, location + " (inflated)")
+            obj = _device_record(
+                container="ccob",
+                location=location,
+                file_offset=None,
+                size=entry.size,
+                tu=tu,
+                entry_id=entry.entry_id.raw,
+                kind=entry.entry_id.kind,
+                bundle_target=entry.entry_id.target,
+                facts=facts,
+                listed_source="bundle-id",
+            )
+            result.code_objects.append(obj)
+            result.findings.extend(_consistency_findings(result.path, obj, facts, start))
+        # The hash covers the whole payload; check it when the rest is cheap to inflate.
+        if header.uncompressed_size - stream.position <= CCOB_HASH_CHECK_BYTES:
+            stream.skip(header.uncompressed_size - stream.position)
+            if stream.hash_matches(header) is False:
+                _malformed(
+                    result,
+                    FormatError(ccob.FMT, start + header.header_size - 8, "payload MD5 does not match"),
+                    place,
+                )
+        return total
+    finally:
+        stream.close()  # frees zstd's window now, not when the garbage collector gets to it
+
+
+def _stream_slice(stream: ccob.PayloadStream, buffered: bytes, offset: int, length: int) -> bytes:
+    """Bytes [offset, offset+length) of the inflated payload; ``buffered`` holds its first bytes.
+
+    The stream only moves forward, so an entry that starts before the stream position and is not
+    wholly inside ``buffered`` (overlapping entries) cannot be read and gives b"".
+    """
+    if offset + length <= len(buffered):
+        return buffered[offset : offset + length]
+    if offset < len(buffered) and stream.position == len(buffered):
+        return buffered[offset:] + stream.read(offset + length - len(buffered))
+    if stream.position < offset:
+        stream.skip(offset - stream.position)
+    if stream.position != offset:
+        return b""
+    return stream.read(length)
+
+
+def _next_magic(fh: _File, start: int, end: int, magic: bytes) -> int:
+    """File offset of the next ``magic`` in [start, end), else ``end`` (LLVM's CCOB v1 rule)."""
+    pos = start
+    while pos < end:
+        chunk = fh.read(pos, min(SCAN_CHUNK, end - pos))
+        if not chunk:
+            break
+        hit = chunk.find(magic)
+        if hit >= 0:
+            return pos + hit
+        pos += max(len(chunk) - len(magic) + 1, 1)
+    return end
+
+
+def _first_nonzero(fh: _File, pos: int, end: int) -> int:
+    """File offset of the first non-zero byte in [pos, end), else ``end`` (chunked reads)."""
+    while pos < end:
+        chunk = fh.read(pos, min(SCAN_CHUNK, end - pos))
+        if not chunk:
+            return end
+        rest = chunk.lstrip(b"\0")
+        if rest:
+            return pos + len(chunk) - len(rest)
+        pos += len(chunk)
+    return end
+
+
+def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section) -> int:
+    """Each container in ``.hip_fatbin`` is one translation unit; returns how many were read.
+
+    Containers follow each other directly (LLVM's CCOB search) or at the next 4 KiB boundary of
+    the section (each TU's section is 4096-aligned); zero padding between them is skipped.
+    """
+    start, end = section.offset, section.offset + section.size
+    align = offload_bundle.BUNDLE_ALIGN
+    pos = start
+    tu = 0
+    while pos < end:
+        head = fh.read(pos, min(32, end - pos))
+        place = f".hip_fatbin+{pos - start:#x}"
+        is_container = head.startswith((offload_bundle.BUNDLE_MAGIC, ccob.CCOB_MAGIC))
+        gap = -(pos - start) % align
+        if not is_container and gap and pos + gap < end and not fh.read(pos, gap).strip(b"\0"):
+            # Padding shorter than the 32 bytes looked at above: the next container may already
+            # start inside them, at the boundary.
+            pos += gap
+            continue
+        if not is_container and not head.strip(b"\0"):
+            found = _first_nonzero(fh, pos, end)
+            if found >= end:
+                break
+            # Skip the padding to the boundary before the first data byte; a container that does
+            # not start on a boundary is reported as unexpected bytes below.
+            pos = max(pos, start + (found - start) // align * align)
+            if not fh.read(pos, min(32, end - pos)).strip(b"\0"):
+                pos = found
+            continue
+        try:
+            if head.startswith(offload_bundle.BUNDLE_MAGIC):
+                result.add_container("offload-bundle")
+                size = _bundle_objects(result, fh, pos, end - pos, tu, place)
+                result.bundles.append((pos, size, "offload-bundle"))
+            elif head.startswith(ccob.CCOB_MAGIC):
+                size = _ccob_objects(result, fh, pos, end - pos, tu, place)
+                result.bundles.append((pos, size, "ccob"))
+            else:
+                reason = f"no bundle or CCOB magic at section offset {pos - start:#x}"
+                raise FormatError(".hip_fatbin", pos, reason)
+        except FormatError as exc:
+            _malformed(result, exc, place)
+            return tu + 1 if is_container else tu
+        tu += 1
+        pos += max(size, 1)
+    return tu
+
+
+# ---------------------------------------------------------------------------------------------
+# Standalone files and embedded code objects
+
+
+def _raw_elf_object(
+    result: FileCodeObjects,
+    fh: _File,
+    start: int,
+    size: int,
+    container: str,
+    place: str,
+    tu: int | None,
+) -> CodeObject | None:
+    try:
+        facts = inspect_code_object(fh.reader(start, size), size, start)
+    except FormatError as exc:
+        _malformed(result, exc, place)
+        return None
+    obj = _device_record(
+        container=container,
+        location=place,
+        file_offset=start,
+        size=size,
+        tu=tu,
+        entry_id=None,
+        kind="device",
+        bundle_target=None,
+        facts=facts,
+        listed_source="none",
+    )
+    result.code_objects.append(obj)
+    result.findings.extend(_consistency_findings(result.path, obj, facts, start))
+    return obj
+
+
+def _embedded_elfs(result: FileCodeObjects, fh: _File, sections: list[Section], tu: int) -> int:
+    """Raw AMDGPU ELFs inside read-only data sections (HSA runtime blit kernels, Mojo kernels)."""
+    found = 0
+    for section in sections:
+        if not section.has_file_bytes or section.flags & SHF_EXECINSTR:
+            continue
+        if not section.name.startswith(EMBEDDED_SECTION_PREFIXES):
+            continue
+        start, end = section.offset, section.offset + section.size
+        pos = start
+        while pos < end and found < MAX_EMBEDDED:
+            chunk = fh.read(pos, min(SCAN_CHUNK, end - pos))
+            hit = chunk.find(RAW_ELF_SIGNATURE)
+            if hit < 0:
+                if len(chunk) < SCAN_CHUNK:
+                    break
+                pos += len(chunk) - len(RAW_ELF_SIGNATURE) + 1
+                continue
+            at = pos + hit
+            head = fh.read(at, amdgpu_elf.ELF64_HEADER_SIZE)
+            step = 1
+            if amdgpu_elf.is_amdgpu_elf(head):
+                try:
+                    layout = amdgpu_elf.parse_header(head, at)
+                    extent = layout.min_size
+                except FormatError:
+                    extent = 0
+                if 0 < extent <= end - at:
+                    place = f"{section.name}+{at - start:#x}"
+                    if (
+                        _raw_elf_object(result, fh, at, extent, "embedded-elf", place, tu)
+                        is not None
+                    ):
+                        found += 1
+                        step = extent
+            pos = at + step
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# kpack
+
+_CO_INDEX = re.compile(r"#(\d+)$")
+
+
+class _LoadedArchive:
+    """A parsed .kpack TOC, indexed by key stem, with the zstd frame table read on first use."""
+
+    def __init__(self, path: str, toc: kpack.KpackToc) -> None:
+        self.path = path
+        self.toc = toc
+        self._frames: list[tuple[int, int]] | None = None
+        # "<relpath>#<co_index>" and "<prefix>/<relpath>" keys, by stem: (co_index or None, kernel).
+        self.by_stem: dict[str, list[tuple[int | None, kpack.KpackKernel]]] = {}
+        for kernel in toc.kernels:
+            match = _CO_INDEX.search(kernel.key)
+            stem = (kernel.key[: match.start()] if match else kernel.key).lstrip("/")
+            index = int(match.group(1)) if match else None
+            self.by_stem.setdefault(stem, []).append((index, kernel))
+
+    def frames(self, fh: _File) -> list[tuple[int, int]]:
+        if self._frames is None:
+            assert self.toc.zstd_blob is not None
+            blob_offset, blob_size = self.toc.zstd_blob
+            self._frames = kpack.zstd_frame_offsets(
+                fh.reader(blob_offset, blob_size), blob_size, blob_offset
+            )
+        return self._frames
+
+
+# Many libraries share one per-arch archive (blas_lib_gfx942.kpack): parse each TOC once per run.
+_ARCHIVES: dict[tuple[str, int, int, int, int], _LoadedArchive | None] = {}
+_MAX_CACHED_ARCHIVES = 256
+
+
+def _load_archive(path: str, result: FileCodeObjects) -> _LoadedArchive | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        result.findings.append(
+            make_finding(
+                "ARCH005", result.path, f"cannot open kpack archive {path}: {exc.strerror}"
+            )
+        )
+        return None
+    try:
+        st = os.fstat(fd)
+        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in _ARCHIVES:
+            return _ARCHIVES[key]  # a broken archive was reported when it was first read
+        if len(_ARCHIVES) >= _MAX_CACHED_ARCHIVES:
+            _ARCHIVES.clear()
+        loaded: _LoadedArchive | None = None
+        try:
+            header = kpack.parse_kpack_header(os.pread(fd, 16, 0), st.st_size)
+            toc_bytes = os.pread(fd, st.st_size - header.toc_offset, header.toc_offset)
+            loaded = _LoadedArchive(
+                path, kpack.parse_kpack_toc(toc_bytes, header.toc_offset, st.st_size)
+            )
+        except FormatError as exc:
+            result.findings.append(
+                make_finding(
+                    "ARCH004",
+                    path,
+                    f"{exc.fmt}: {exc.reason} (at file offset {exc.offset:#x})",
+                    data={"offset": exc.offset, "format": exc.fmt},
+                )
+            )
+        _ARCHIVES[key] = loaded
+        return loaded
+    finally:
+        os.close(fd)
+
+
+def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObjects) -> list[str]:
+    """Search paths relative to the library; ``@GFXARCH@`` matches every arch present."""
+    base_dir = os.path.dirname(library)
+    paths: list[str] = []
+    for pattern in ref.search_paths:
+        full = os.path.normpath(os.path.join(base_dir, pattern))
+        candidates = (
+            sorted(glob.glob(glob.escape(full).replace(glob.escape("@GFXARCH@"), "*")))
+            if "@GFXARCH@" in full
+            else ([full] if os.path.exists(full) else [])
+        )
+        for candidate in candidates:
+            if candidate.endswith(".kpm"):
+                try:
+                    with open(candidate, "rb") as handle:
+                        manifest = kpack.parse_kpm(handle.read(kpack.MAX_REF_BYTES * 16), 0)
+                except FormatError as exc:
+                    result.findings.append(
+                        make_finding(
+                            "ARCH004",
+                            candidate,
+                            f"{exc.fmt}: {exc.reason}",
+                            data={"offset": exc.offset, "format": exc.fmt},
+                        )
+                    )
+                    continue
+                except OSError as exc:
+                    result.findings.append(
+                        make_finding(
+                            "ARCH005", result.path, f"cannot read {candidate}: {exc.strerror}"
+                        )
+                    )
+                    continue
+                for arch in sorted(manifest.files_by_arch):
+                    paths.append(
+                        os.path.join(os.path.dirname(candidate), manifest.files_by_arch[arch])
+                    )
+            else:
+                paths.append(candidate)
+    if not paths:
+        result.findings.append(
+            make_finding(
+                "ARCH005",
+                result.path,
+                f"no kpack archive found for search paths {list(ref.search_paths)}",
+                data={"search_paths": list(ref.search_paths)},
+            )
+        )
+    return list(dict.fromkeys(paths))
+
+
+def _kernels_for(
+    archive: _LoadedArchive, library: str, kernel_name: str, tu_count: int
+) -> list[tuple[int, kpack.KpackKernel]]:
+    """(TU, kernel) pairs of one library: keys ``<kernel_name>#<i>`` (newer flow), or keys whose
+    stem is a path suffix of the library, ``_rocm_sdk_libraries/lib/libk.so`` (older flow)."""
+    parts = library.replace(os.sep, "/").split("/")
+    stems = [kernel_name.lstrip("/")] + ["/".join(parts[i:]) for i in range(len(parts))]
+    found: list[tuple[int, kpack.KpackKernel]] = []
+    for stem in dict.fromkeys(stems):
+        for index, kernel in archive.by_stem.get(stem, []):
+            if index is None:
+                if tu_count == 1:  # a key without "#i" can only name a single-TU library
+                    found.append((0, kernel))
+            elif index < tu_count:
+                found.append((index, kernel))
+    return found
+
+
+def _kpack_objects(
+    result: FileCodeObjects, fh: _File, library: str, ref: kpack.KpackRef, tu_count: int
+) -> None:
+    result.add_container("kpack")
+    for archive_path in _kpack_archive_paths(library, ref, result):
+        archive = _load_archive(archive_path, result)
+        if archive is None:
+            continue
+        for tu, kernel in _kernels_for(archive, library, ref.kernel_name, tu_count):
+            facts = _kpack_kernel_facts(archive, kernel, result)
+            obj = _device_record(
+                container="kpack",
+                location=f"{archive_path}:{kernel.key}@{kernel.arch}",
+                file_offset=None,
+                size=kernel.original_size,
+                tu=tu,
+                entry_id=kernel.key,
+                kind="device",
+                bundle_target=kernel.arch,
+                facts=facts,
+                listed_source="kpack-toc",
+            )
+            result.code_objects.append(obj)
+            result.findings.extend(_consistency_findings(result.path, obj, facts, 0))
+
+
+def _kpack_kernel_facts(
+    archive: _LoadedArchive, kernel: kpack.KpackKernel, result: FileCodeObjects
+) -> _Facts | None:
+    """ELF facts of one archived kernel: a pread of its blob, or its zstd frame's first bytes."""
+    try:
+        with open(archive.path, "rb", buffering=0) as handle:
+            fh = _File(handle.fileno(), os.fstat(handle.fileno()).st_size)
+            if kernel.blob is not None:
+                offset, size = kernel.blob
+                return inspect_code_object(fh.reader(offset, size), size, offset)
+            if archive.toc.zstd_blob is None:
+                return None
+            blob_offset, _blob_size = archive.toc.zstd_blob
+            frames = archive.frames(fh)
+            if kernel.ordinal >= len(frames):
+                raise FormatError(
+                    "kpack", blob_offset, f"kernel ordinal {kernel.ordinal} has no zstd frame"
+                )
+            frame_offset, frame_size = frames[kernel.ordinal]
+            import zstandard  # noqa: PLC0415 - heavy module, loaded on first use (style.md 3)
+
+            frame = fh.read(blob_offset + frame_offset, frame_size)
+            try:
+                reader = zstandard.ZstdDecompressor().stream_reader(frame)
+                head = reader.read(min(CO_HEAD_BYTES, max(kernel.original_size, 64)))
+            except zstandard.ZstdError as exc:
+                raise FormatError(
+                    "kpack", blob_offset + frame_offset, f"zstd frame is corrupt: {exc}"
+                ) from None
+            return inspect_code_object(
+                _buffer_reader(head), kernel.original_size or len(head), blob_offset + frame_offset
+            )
+    except FormatError as exc:
+        result.findings.append(
+            make_finding(
+                "ARCH004",
+                archive.path,
+                f"{exc.fmt}: {exc.reason} (at file offset {exc.offset:#x})",
+                data={"offset": exc.offset, "format": exc.fmt},
+            )
+        )
+    except OSError as exc:
+        result.findings.append(
+            make_finding("ARCH005", result.path, f"cannot read {archive.path}: {exc.strerror}")
+        )
+    return None
+
+
+def _kpack_archive_listing(result: FileCodeObjects, fh: _File) -> None:
+    """A standalone .kpack archive: list its kernels (it is per-arch content, not a carrier)."""
+    result.add_container("kpack-archive")
+    archive = _load_archive(result.path, result)
+    if archive is None:
+        return
+    for kernel in archive.toc.kernels:
+        facts = _kpack_kernel_facts(archive, kernel, result)
+        result.code_objects.append(
+            _device_record(
+                container="kpack",
+                location=f"{kernel.key}@{kernel.arch}",
+                file_offset=kernel.blob[0] if kernel.blob else None,
+                size=kernel.original_size,
+                tu=None,
+                entry_id=kernel.key,
+                kind="device",
+                bundle_target=kernel.arch,
+                facts=facts,
+                listed_source="kpack-toc",
+            )
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def scan_file(record: FileRecord) -> FileCodeObjects:
+    """Every code object in one file. Never raises for malformed content: those become findings."""
+    result = FileCodeObjects(record.path, record.sdk_tree, record.opened_kind.value)
+    try:
+        fd = os.open(record.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        result.findings.append(make_finding("SCAN001", record.path, f"cannot open: {exc.strerror}"))
+        return result
+    try:
+        fh = _File(fd, os.fstat(fd).st_size)
+        if record.kind is FileKind.CODE_OBJECT:
+            result.add_container("raw-elf")
+            result.tu_count = 1
+            _raw_elf_object(result, fh, 0, fh.size, "raw-elf", "file", 0)
+        elif record.kind in (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE, FileKind.OTHER_ELF):
+            if record.elf is not None and record.elf.is_64 and record.elf.little_endian:
+                _scan_host_elf(result, fh, record.elf)
+        else:
+            _scan_standalone(result, fh, record.magic)
+    except FormatError as exc:
+        _malformed(result, exc, "file")
+    except OSError as exc:
+        result.findings.append(make_finding("SCAN001", record.path, f"cannot read: {exc.strerror}"))
+    finally:
+        os.close(fd)
+    return result
+
+
+def _scan_standalone(result: FileCodeObjects, fh: _File, magic: bytes) -> None:
+    if magic.startswith(offload_bundle.BUNDLE_MAGIC):
+        result.add_container("offload-bundle")
+        result.tu_count = 1
+        result.bundles.append(
+            (0, _bundle_objects(result, fh, 0, fh.size, 0, "file"), "offload-bundle")
+        )
+    elif magic.startswith(ccob.CCOB_MAGIC):
+        result.tu_count = 1
+        result.bundles.append((0, _ccob_objects(result, fh, 0, fh.size, 0, "file"), "ccob"))
+    elif magic.startswith(kpack.KPACK_MAGIC):
+        _kpack_archive_listing(result, fh)
+    elif magic.startswith(offload_binary.OFFLOAD_BINARY_MAGIC):
+        result.add_container("offload-binary")
+        _offload_binaries(result, fh, 0, fh.size, "file")
+
+
+def _offload_binaries(
+    result: FileCodeObjects, fh: _File, start: int, size: int, place: str
+) -> None:
+    limit = min(size, 64 << 20)  # the entry table and strings sit at the front; images are not read
+    buf = fh.read(start, limit)
+    try:
+        binaries = (
+            offload_binary.parse_section(buf, start)
+            if size <= limit
+            else [offload_binary.parse_offload_binary(buf, start)]
+        )
+    except FormatError as exc:
+        _malformed(result, exc, place)
+        return
+    for number, binary in enumerate(binaries):
+        for image in binary.images:
+            target = image.arch if image.arch and image.arch.startswith("gfx") else None
+            result.code_objects.append(
+                CodeObject(
+                    "offload-binary",
+                    f"{place} binary {number} ({image.image_kind})",
+                    None,
+                    image.image_size,
+                    None,
+                    image.triple,
+                    "/".join(image.offload_kinds) or "device",
+                    target,
+                    "offload-binary" if target else "none",
+                    target,
+                )
+            )
+
+
+def _scan_host_elf(result: FileCodeObjects, fh: _File, header: elfread.ElfHeader) -> None:
+    try:
+        sections = read_sections(fh.fd, header, fh.size)
+    except FormatError as exc:
+        _malformed(result, exc, "section headers")
+        return
+    by_name = {s.name: s for s in sections}
+    wrappers: list[hip_fatbin.FatbinWrapper] = []
+    segment = by_name.get(".hipFatBinSegment")
+    if segment is not None and segment.has_file_bytes:
+        try:
+            wrappers = hip_fatbin.parse_wrappers(
+                fh.read(
+                    segment.offset,
+                    min(segment.size, hip_fatbin.WRAPPER_SIZE * hip_fatbin.MAX_WRAPPERS + 1),
+                ),
+                segment.offset,
+            )
+        except FormatError as exc:
+            _malformed(result, exc, ".hipFatBinSegment")
+        result.wrappers = len(wrappers)
+    fatbin = by_name.get(".hip_fatbin")
+    kpackd = any(w.magic == hip_fatbin.HIPK_MAGIC for w in wrappers)
+    ref_section = by_name.get(".rocm_kpack_ref")
+    if kpackd or ref_section is not None:
+        result.kpack_ref = True
+        if ref_section is None or not ref_section.has_file_bytes:
+            result.findings.append(
+                make_finding("ARCH005", result.path, "HIPK wrappers but no .rocm_kpack_ref section")
+            )
+        else:
+            try:
+                ref = kpack.parse_kpack_ref(
+                    fh.read(ref_section.offset, min(ref_section.size, kpack.MAX_REF_BYTES + 1)),
+                    ref_section.offset,
+                )
+            except FormatError as exc:
+                _malformed(result, exc, ".rocm_kpack_ref")
+            else:
+                result.tu_count = max(len(wrappers), 1)
+                _kpack_objects(result, fh, result.path, ref, result.tu_count)
+    elif fatbin is not None and fatbin.has_file_bytes:
+        result.add_container("hip-fatbin")
+        bundles = _walk_fatbin(result, fh, fatbin)
+        result.tu_count = bundles
+        # -fgpu-rdc: every TU's wrapper registers the one device-linked bundle, so more wrappers
+        # than bundles is normal there; fewer wrappers, or several bundles that do not pair
+        # up, is not.
+        if wrappers and (bundles > len(wrappers) or (bundles > 1 and bundles != len(wrappers))):
+            result.findings.append(
+                make_finding(
+                    "ARCH007",
+                    result.path,
+                    f"{len(wrappers)} .hipFatBinSegment wrappers but {bundles} bundles "
+                    "in .hip_fatbin",
+                    data={"wrappers": len(wrappers), "bundles": bundles},
+                )
+            )
+    elif wrappers:
+        # HIPF wrappers register fat binaries that are not in the file: every TU fails to load.
+        where = segment.offset if segment is not None else 0
+        state = "has no file bytes" if fatbin is not None else "is missing"
+        result.findings.append(
+            make_finding(
+                "ARCH004",
+                result.path,
+                f"{len(wrappers)} HIPF wrappers but .hip_fatbin {state} "
+                f"(wrapper table at file offset {where:#x})",
+                data={"offset": where, "format": ".hipFatBinSegment"},
+            )
+        )
+        result.add_container("hip-fatbin")
+        result.tu_count = len(wrappers)
+    offloading = by_name.get(".llvm.offloading")
+    if offloading is not None and offloading.has_file_bytes:
+        result.add_container("offload-binary")
+        _offload_binaries(result, fh, offloading.offset, offloading.size, ".llvm.offloading")
+    if result.tu_count == 0:
+        # Only when no fat binary serves as the TU list: a runtime's own embedded kernels.
+        if _embedded_elfs(result, fh, sections, 0):
+            result.add_container("embedded-elf")
+            result.tu_count = 1

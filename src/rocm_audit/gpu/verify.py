@@ -1,0 +1,569 @@
+"""`verify-arch` and `scan --targets`: which GPU targets every device-code carrier serves.
+
+A carrier is something the runtime loads device code from as one unit: a host library or executable
+with a fat binary (judged per translation unit, formats.md 2.9), a standalone code-object file, a
+set of per-arch files that differ only by the arch in their name (``libMIOpenCK*_gfx942.so``), or a
+per-arch kernel database (Tensile ``library/``, AOTriton ``aotriton.images``). Library code: returns
+a ``CommandOutcome`` and never prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_audit.errors import UsageError
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.gpu.codeobjects import CodeObject, FileCodeObjects, scan_file
+from rocm_audit.gpu.targets import (
+    MatchKind,
+    RequiredTarget,
+    TargetId,
+    arch_tokens,
+    best_match,
+    match_code_object,
+    parse_target_id,
+    resolve_required,
+    split_target_args,
+)
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.tree.discovery import enclosing_sdk_tree, resolve_roots
+from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
+
+DIST_INFO = os.path.join("_rocm_sdk_core", "share", "therock", "dist_info.json")
+HOST_KINDS = (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE, FileKind.OTHER_ELF)
+
+# Per-arch kernel databases (formats.md 2.10): (kind, directory suffix that roots the database).
+_DATABASE_ROOTS = (
+    ("tensile", ("rocblas", "library")),
+    ("tensile", ("hipblaslt", "library")),
+    ("tensile", ("hipsparselt", "library")),
+    ("aotriton", ("aotriton.images",)),
+    ("aotriton", ("aotriton", "kernels")),
+)
+# MIOpen find/perf databases are optional (MIOpen compiles or searches without them):
+# listed, not judged.
+_LISTED_ONLY_ROOTS = (("miopen-db", ("miopen", "db")),)
+_MIOPEN_ARCH = re.compile(
+    r"^(gfx(?:90a|900|906|908|940|941|942|950|1010|1030|1100|1101|1102|1150|1151|1200|1201|"
+    r"1250)(?:-strict)?)"
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requested targets
+
+
+def requested_targets(
+    args: list[str], roots: Iterable[str], environ: dict[str, str]
+) -> tuple[list[RequiredTarget], str]:
+    """Targets from arguments, else $GPU_ARCH, else the policy's ``targets``, else dist_info.json;
+    plus the policy's ``extra_targets`` (``--rules``). Returns (targets, source). Raises UsageError."""
+    from rocm_audit.rulebook.catalogue import policy
+
+    settings = policy("verify-arch")
+    names = split_target_args(args)
+    source = "command line"
+    if not names and environ.get("GPU_ARCH", "").strip():
+        names, source = split_target_args([environ["GPU_ARCH"]]), "$GPU_ARCH"
+    if not names and settings.get("targets"):
+        names, source = split_target_args(list(settings["targets"])), "rules file (policy.verify-arch.targets)"
+    if not names:
+        for path in _dist_info_candidates(roots):
+            names = _targets_from_dist_info(path)
+            if names:
+                source = path
+                break
+    extra = [n for n in split_target_args(list(settings.get("extra_targets", []))) if n not in names]
+    if extra:
+        names = names + extra
+        source += " + rules file (policy.verify-arch.extra_targets)"
+    if not names:
+        raise UsageError(
+            'no GPU target given: pass targets (verify-arch gfx942 gfx950, or "gfx942;gfx950"), '
+            f"set GPU_ARCH, or audit a tree with {DIST_INFO}"
+        )
+    return [resolve_required(name) for name in names], source
+
+
+def _dist_info_candidates(roots: Iterable[str]) -> list[str]:
+    found = []
+    for root in roots:
+        tree = enclosing_sdk_tree(root)
+        base = os.path.dirname(tree) if tree else root
+        candidate = os.path.join(base, DIST_INFO)
+        if os.path.isfile(candidate) and candidate not in found:
+            found.append(candidate)
+    return found
+
+
+def _targets_from_dist_info(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    value = document.get("dist_amdgpu_targets") if isinstance(document, dict) else None
+    if isinstance(value, str):
+        return split_target_args([value])
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return split_target_args(value)
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Scanning every file
+
+
+def _database_root(path: str) -> tuple[str, str, bool] | None:
+    """(kind, root dir, judged) when ``path`` lies in a per-arch kernel database."""
+    parts = path.split(os.sep)
+    for table, judged in ((_DATABASE_ROOTS, True), (_LISTED_ONLY_ROOTS, False)):
+        for kind, suffix in table:
+            for index in range(len(parts) - len(suffix)):
+                if tuple(parts[index : index + len(suffix)]) == suffix:
+                    return kind, os.sep.join(parts[: index + len(suffix)]), judged
+    return None
+
+
+def _database_arches(kind: str, rel_path: str) -> list[str]:
+    if kind == "miopen-db":
+        match = _MIOPEN_ARCH.match(os.path.basename(rel_path))
+        return [match.group(1).replace("-strict", "")] if match else []
+    if kind == "aotriton":
+        # amd-gfx942 (a chip) or amd-gfx11xx / amd-gfx110x (a family: x = any character).
+        return [m for m in re.findall(r"amd-(gfx[0-9a-z]+)", rel_path)]
+    return arch_tokens(rel_path)
+
+
+def scan_inventory(inventory: Inventory) -> list[FileCodeObjects]:
+    """Code objects of every file that can hold some, in path order; kernel-database files too."""
+    results = []
+    for record in sorted(inventory.files, key=lambda r: r.path):
+        database = _database_root(record.path)
+        if database is not None:
+            kind, root, _judged = database
+            rel = os.path.relpath(record.path, root)
+            scanned = (
+                _scan_one(record)
+                if _may_hold_code(record)
+                else FileCodeObjects(record.path, record.sdk_tree, record.opened_kind.value)
+            )
+            arches = _database_arches(kind, rel)
+            if arches and not scanned.code_objects:
+                scanned.add_container(f"database:{kind}")
+                for arch in arches:
+                    scanned.code_objects.append(
+                        CodeObject(
+                            f"database:{kind}",
+                            rel,
+                            None,
+                            record.size,
+                            None,
+                            None,
+                            "device",
+                            arch,
+                            "file-name",
+                            arch,
+                        )
+                    )
+            if scanned.code_objects or scanned.findings:
+                results.append(scanned)
+            continue
+        if _may_hold_code(record):
+            scanned = _scan_one(record)
+            if scanned.code_objects or scanned.findings:
+                results.append(scanned)
+    return results
+
+
+def _may_hold_code(record: FileRecord) -> bool:
+    if record.kind in HOST_KINDS or record.kind is FileKind.CODE_OBJECT:
+        return True
+    return record.magic.startswith(
+        (b"__CLANG_OFFLOAD_BUNDLE__", b"CCOB", b"KPAK", b"\x10\xff\x10\xad")
+    )
+
+
+def _scan_one(record: FileRecord) -> FileCodeObjects:
+    return scan_file(record)
+
+
+# ---------------------------------------------------------------------------------------------
+# Carriers and judgement
+
+
+@dataclass(slots=True)
+class Carrier:
+    path: str
+    package: str | None
+    kind: str  # library | code-object-file | per-arch-files | kernel-database
+    containers: list[str]
+    tus: list[list[CodeObject]]  # device code objects per translation unit
+    members: list[str] = field(default_factory=list)
+    matches: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def code_objects(self) -> list[CodeObject]:
+        return [obj for tu in self.tus for obj in tu]
+
+    def targets(self) -> list[str]:
+        return sorted({obj.target for obj in self.code_objects if obj.target})
+
+
+def _package(sdk_tree: str | None) -> str | None:
+    return os.path.basename(sdk_tree) if sdk_tree else None
+
+
+def _device_objects(scanned: FileCodeObjects) -> list[CodeObject]:
+    return [obj for obj in scanned.code_objects if obj.kind in ("hip", "hipv4", "hcc", "device")]
+
+
+def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
+    """Group scanned files into the units the runtime loads; a per-arch file joins its siblings."""
+    carriers: list[Carrier] = []
+    groups: dict[str, Carrier] = {}
+    for scanned in scans:
+        database = _database_root(scanned.path)
+        if database is not None:
+            kind, root, judged = database
+            if not judged:
+                continue
+            carrier = groups.get(root)
+            if carrier is None:
+                carrier = Carrier(
+                    root, _package(scanned.sdk_tree), f"kernel-database:{kind}", [], [[]]
+                )
+                groups[root] = carrier
+                carriers.append(carrier)
+            carrier.members.append(scanned.path)
+            carrier.tus[0].extend(_device_objects(scanned))
+            for name in scanned.containers:
+                if name not in carrier.containers:
+                    carrier.containers.append(name)
+            continue
+        if scanned.file_kind == FileKind.OTHER_ELF.value:
+            continue  # relocatable objects are linked into a carrier; the runtime never loads them
+        if scanned.tu_count == 0:
+            # Host-only code, a file with the magic string but no fat binary, a stray
+            # .llvm.offloading, or a .kpack archive (judged through the libraries that use it).
+            continue
+        tus: list[list[CodeObject]] = [[] for _ in range(scanned.tu_count)]
+        for obj in _device_objects(scanned):
+            if obj.tu is not None and obj.tu < len(tus):
+                tus[obj.tu].append(obj)
+        name = os.path.basename(scanned.path)
+        if _is_per_arch_file(name, [obj for tu in tus for obj in tu]):
+            # libMIOpenCK<x>_gfx942.so, Kernels_gfx950.hsaco: one file per arch; judge the set.
+            pattern = os.path.join(
+                os.path.dirname(scanned.path), re.sub(r"gfx[0-9a-z]+(?:-[0-9a-z]+)*", "gfx*", name)
+            )
+            carrier = groups.get(pattern)
+            if carrier is None:
+                carrier = Carrier(pattern, _package(scanned.sdk_tree), "per-arch-files", [], [[]])
+                groups[pattern] = carrier
+                carriers.append(carrier)
+            carrier.members.append(scanned.path)
+            carrier.tus[0].extend(obj for tu in tus for obj in tu)
+            for container in scanned.containers:
+                if container not in carrier.containers:
+                    carrier.containers.append(container)
+            continue
+        in_host = any(c in scanned.containers for c in ("hip-fatbin", "kpack", "embedded-elf"))
+        kind = "library" if in_host else "code-object-file"
+        carriers.append(
+            Carrier(scanned.path, _package(scanned.sdk_tree), kind, list(scanned.containers), tus)
+        )
+    return sorted(carriers, key=lambda c: c.path)
+
+
+def _is_per_arch_file(name: str, objects: list[CodeObject]) -> bool:
+    """One arch in the file name, and the file holds code for that arch only (X_gfx942.hsaco)."""
+    tokens = arch_tokens(name)
+    if len(tokens) != 1:
+        return False
+    processor = tokens[0].split(":")[0]
+    return bool(objects) and all(
+        obj.target is not None and obj.target.split(":")[0] == processor for obj in objects
+    )
+
+
+def _entry_match(obj: CodeObject, agent: TargetId) -> MatchKind | None:
+    if obj.target is None:
+        return None
+    if obj.target_source == "file-name" and "x" in obj.target.split(":")[0][3:]:
+        # AOTriton family folders: amd-gfx11xx covers gfx1100..gfx11ff.
+        family = obj.target.split(":")[0]
+        pattern = "^" + re.escape(family).replace("x", "[0-9a-z]") + "$"
+        return MatchKind.NATIVE if re.match(pattern, agent.processor) else None
+    code = parse_target_id(obj.target)
+    if code is None:
+        return None
+    return match_code_object(
+        code,
+        agent,
+        code_object_version=obj.code_object_version,
+        generic_version=obj.generic_version,
+    )
+
+
+def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
+    """Fill ``matches``/``missing``; return ARCH001/ARCH002/ARCH008 findings."""
+    findings: list[Finding] = []
+    for target in required:
+        per_tu = [best_match([_entry_match(obj, target.agent) for obj in tu]) for tu in carrier.tus]
+        tus_without = [index for index, how in enumerate(per_tu) if how is None]
+        order = [MatchKind.NATIVE, MatchKind.GENERIC, MatchKind.SPIRV]
+        how = None if tus_without else max(per_tu, key=lambda k: order.index(k) if k else -1)
+        carrier.matches.append(
+            {
+                "target": target.spelled,
+                "agent": str(target.agent),
+                "how": how.value if how else None,
+                "tus_without": tus_without,
+            }
+        )
+        if how is None:
+            carrier.missing.append(target.spelled)
+        elif how is MatchKind.SPIRV:
+            findings.append(
+                make_finding(
+                    "ARCH002",
+                    carrier.path,
+                    f"{target.spelled} is served only by SPIR-V (JIT-compiled at load time)",
+                    data={"target": target.spelled},
+                )
+            )
+    if carrier.missing:
+        rule = (
+            "ARCH008"
+            if carrier.kind.startswith("kernel-database") or carrier.kind == "per-arch-files"
+            else "ARCH001"
+        )
+        detail = ""
+        if len(carrier.tus) > 1:
+            lacking = sorted(
+                {i for m in carrier.matches if m["how"] is None for i in m["tus_without"]}
+            )
+            detail = f" (translation units without it: {_compact(lacking)} of {len(carrier.tus)})"
+        found = ", ".join(carrier.targets()) or "none"
+        findings.append(
+            make_finding(
+                rule,
+                carrier.path,
+                f"no code object for {', '.join(carrier.missing)}{detail}; found: {found}",
+                data={"missing": list(carrier.missing), "targets": carrier.targets()},
+            )
+        )
+    return findings
+
+
+def _compact(numbers: list[int], limit: int = 12) -> str:
+    text = ", ".join(str(n) for n in numbers[:limit])
+    return text + (f", ... ({len(numbers)} in all)" if len(numbers) > limit else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def scan_findings(scans: list[FileCodeObjects]) -> list[Finding]:
+    """Every finding the readers raised while scanning (malformed containers, kpack problems)."""
+    return [finding for scanned in scans for finding in scanned.findings]
+
+
+
+
+def carrier_to_dict(carrier: Carrier) -> dict[str, Any]:
+    found_via = sorted(
+        {(obj.target or "", obj.target_source, obj.container) for obj in carrier.code_objects}
+    )
+    return {
+        "path": carrier.path,
+        "package": carrier.package,
+        "kind": carrier.kind,
+        "containers": sorted(carrier.containers),
+        "tu_count": len(carrier.tus) if carrier.kind in ("library", "code-object-file") else None,
+        "members": sorted(carrier.members),
+        "targets": carrier.targets(),
+        "found_via": [{"target": t, "source": s, "container": c} for t, s, c in found_via if t],
+        "matches": carrier.matches,
+        "missing": sorted(carrier.missing),
+    }
+
+
+def code_object_to_dict(path: str, obj: CodeObject) -> dict[str, Any]:
+    return {
+        "path": path,
+        "container": obj.container,
+        "location": obj.location,
+        "file_offset": obj.file_offset,
+        "size": obj.size,
+        "tu": obj.tu,
+        "entry_id": obj.entry_id,
+        "kind": obj.kind,
+        "target": obj.target,
+        "target_source": obj.target_source,
+        "bundle_target": obj.bundle_target,
+        "code_object_version": obj.code_object_version,
+        "generic_version": obj.generic_version,
+        "metadata_target": obj.metadata_target,
+        "kernels": obj.kernels,
+    }
+
+
+def verify_arch(
+    paths: list[str] | None,
+    target_args: list[str],
+    *,
+    environ: dict[str, str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CommandOutcome:
+    """Judge every carrier under ``paths`` against the requested targets. Raises UsageError."""
+    roots, looked = resolve_roots(paths)
+    required, source = requested_targets(
+        target_args, [r.path for r in roots], dict(os.environ) if environ is None else environ
+    )
+    inventory = build_inventory(roots, progress)
+    scans = scan_inventory(inventory)
+    carriers = build_carriers(scans)
+    findings = list(inventory.findings) + scan_findings(scans)
+    for carrier in carriers:
+        findings.extend(judge(carrier, required))
+    failing = sum(1 for c in carriers if c.missing)
+    outcome = CommandOutcome(
+        command="verify-arch",
+        findings=findings,
+        inputs=looked,
+        sections={
+            "targets": [{"target": t.spelled, "agent": str(t.agent)} for t in required],
+            "targets_source": source,
+            "carriers": [carrier_to_dict(c) for c in carriers],
+        },
+        render_text=render_verify_text,
+        summary=f"verify-arch: {len(carriers)} carrier(s), {failing} missing a target of "
+        f"{', '.join(t.spelled for t in required)}",
+    )
+    return outcome
+
+
+def list_targets(
+    paths: list[str] | None, *, progress: Callable[[int, int], None] | None = None
+) -> CommandOutcome:
+    """Every code object in every file under ``paths`` (``scan --targets``)."""
+    roots, looked = resolve_roots(paths)
+    inventory = build_inventory(roots, progress)
+    scans = scan_inventory(inventory)
+    objects = [code_object_to_dict(s.path, obj) for s in scans for obj in s.code_objects]
+    files = [
+        {
+            "path": s.path,
+            "package": _package(s.sdk_tree),
+            "containers": sorted(s.containers),
+            "tu_count": s.tu_count,
+            "wrappers": s.wrappers,
+            "kpack": s.kpack_ref,
+            "code_objects": len(s.code_objects),
+        }
+        for s in scans
+    ]
+    return CommandOutcome(
+        command="scan",
+        findings=list(inventory.findings) + scan_findings(scans),
+        inputs=looked,
+        sections={"code_object_files": files, "code_objects": objects},
+        render_text=render_scan_text,
+        summary=f"scan: {len(objects)} code object(s) in {len(files)} file(s)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Text rendering (pure functions of the outcome's sections)
+
+
+def _rel(path: str, package: str | None) -> str:
+    if package:
+        marker = os.sep + package + os.sep
+        index = path.find(marker)
+        if index >= 0:
+            return path[index + len(marker) :]
+    return path
+
+
+def render_verify_text(outcome: CommandOutcome) -> str:
+    targets = ", ".join(
+        f"{t['target']} (as {t['agent']})" if t["target"] != t["agent"] else t["target"]
+        for t in outcome.sections["targets"]
+    )
+    lines = [f"Targets: {targets}  [from {outcome.sections['targets_source']}]"]
+    carriers = outcome.sections["carriers"]
+    if not carriers:
+        lines.append("No device-code carriers found.")
+    by_package: dict[str, list[dict[str, Any]]] = {}
+    for carrier in carriers:
+        by_package.setdefault(carrier["package"] or "(outside SDK packages)", []).append(carrier)
+    for package in sorted(by_package):
+        group = by_package[package]
+        bad = sum(1 for c in group if c["missing"])
+        lines.append("")
+        lines.append(f"{package}: {len(group)} carrier(s), {bad} missing a target")
+        for carrier in group:
+            status = "MISSING" if carrier["missing"] else "ok"
+            tus = f", {carrier['tu_count']} TU" if carrier["tu_count"] else ""
+            members = f", {len(carrier['members'])} file(s)" if carrier["members"] else ""
+            how = "; ".join(f"{m['target']} {m['how'] or 'missing'}" for m in carrier["matches"])
+            lines.append(
+                f"  {status:<7} {_rel(carrier['path'], carrier['package'])}  "
+                f"[{', '.join(carrier['containers'])}{tus}{members}]  {how}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def render_scan_text(outcome: CommandOutcome) -> str:
+    lines: list[str] = []
+    by_path: dict[str, list[dict[str, Any]]] = {}
+    for obj in outcome.sections["code_objects"]:
+        by_path.setdefault(obj["path"], []).append(obj)
+    for info in outcome.sections["code_object_files"]:
+        tus = f", {info['tu_count']} TU" if info["tu_count"] else ""
+        lines.append(f"{info['path']}  [{', '.join(info['containers'])}{tus}]")
+        for obj in by_path.get(info["path"], []):
+            cov = f"cov{obj['code_object_version']}" if obj["code_object_version"] else ""
+            ident = obj["entry_id"] or obj["target"] or "?"
+            target = obj["target"] or "-"
+            lines.append(
+                f"    {obj['location']:<36} {obj['kind']:<6} {target:<28} {cov:<5} {ident}"
+            )
+    if not lines:
+        lines.append("No GPU code objects found.")
+    return "\n".join(lines) + "\n"
+
+
+def inventory_summary(
+    paths: list[str] | None, *, progress: Callable[[int, int], None] | None = None
+) -> CommandOutcome:
+    """Plain ``scan``: how many files of each kind, and the SDK trees, under ``paths``."""
+    roots, looked = resolve_roots(paths)
+    inventory = build_inventory(roots, progress)
+    counts = {kind.value: 0 for kind in FileKind}
+    for record in inventory.files:
+        counts[record.opened_kind.value] += 1
+
+    def render(outcome: CommandOutcome) -> str:
+        lines = [f"{name}: {count}" for name, count in outcome.sections["file_kinds"].items()]
+        lines += [f"SDK tree: {tree}" for tree in outcome.sections["sdk_trees"]]
+        return "\n".join(lines) + "\n"
+
+    return CommandOutcome(
+        command="scan",
+        findings=list(inventory.findings),
+        inputs=looked,
+        sections={"sdk_trees": inventory.sdk_trees, "file_kinds": counts},
+        render_text=render,
+        summary=f"scan: {len(inventory.files)} file(s)",
+    )

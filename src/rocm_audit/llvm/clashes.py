@@ -1,0 +1,947 @@
+"""`rocm-audit llvm`: every LLVM command-line option double registration an image can hit.
+
+From ELF facts (``llvm_cl``) and load closures (``closure``), three kinds of clash (formats.md 3.2,
+3.4), each with the load modes in which it fires and a fix; ``--probe`` then confirms each one in a
+sandboxed child (``probes``) and keeps prediction and outcome side by side.
+
+1. Duplicates: two or more inodes of one exporter or registrant (same SONAME or same bytes): HIGH.
+2. Interposable exporters: different exporters whose llvm::cl data bind to each other (unversioned
+   or one version node) once the first is in the global scope: MEDIUM.
+3. Closures: two LLVM exporters in the load closure of one library or executable: HIGH when they
+   bind to each other (they share one lookup scope whatever the RTLD flags), else MEDIUM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import fnmatch
+import glob
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_audit.elf import read as elfread
+from rocm_audit.errors import FormatError, UsageError
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.llvm.closure import Closure, HostView, ProcessModel
+from rocm_audit.llvm.probes import (
+    CLOSURE_MODES,
+    DEFAULT_TIMEOUT_S,
+    PAIR_MODES,
+    ProbeOutcome,
+    ProbeResult,
+    probe_closure,
+    probe_pair,
+)
+from rocm_audit.llvm.roles import ClFacts, Role, classify
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.rulebook.catalogue import policy
+from rocm_audit.tree.discovery import resolve_roots
+from rocm_audit.tree.identical import Candidate, CompareStats, ReadFailure, partition_identical
+from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory, read_dynamic_info
+from rocm_audit.tree.loader import LoaderModel
+
+log = logging.getLogger(__name__)
+
+MAX_VIA_ROOTS = 20  # closure roots listed per clash; the count says how many there were
+
+
+class Expect(str, enum.Enum):
+    """What a load in one mode is predicted to do."""
+
+    ABORT = "abort"  # double registration: LLVM prints the message and aborts
+    UNSAFE = "unsafe"  # other llvm::cl data interposed, registry not: crash possible (e.g. at exit)
+    CLEAN = "clean"
+
+
+class Risk(str, enum.Enum):
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+
+class Reason(str, enum.Enum):
+    DUPLICATE_EXPORTER = "duplicate-exporter"
+    DUPLICATE_REGISTRANT = "duplicate-registrant"
+    INTERPOSABLE_EXPORTERS = "interposable-exporters"
+    CLOSURE_INTERPOSITION = "closure-interposition"
+    CLOSURE_TWO_LLVMS = "closure-two-llvms"
+
+
+# Each rule's catalogue severity matches the clash risk (high: error, medium: warning), so a
+# rules file can override it like any other rule's.
+_RULE_OF_REASON = {
+    Reason.DUPLICATE_EXPORTER: "LLVM001",
+    Reason.DUPLICATE_REGISTRANT: "LLVM001",
+    Reason.INTERPOSABLE_EXPORTERS: "LLVM002",
+    Reason.CLOSURE_INTERPOSITION: "LLVM003",
+    Reason.CLOSURE_TWO_LLVMS: "LLVM004",
+}
+
+
+@dataclass(slots=True)
+class Clash:
+    reason: Reason
+    risk: Risk
+    paths: tuple[str, ...]
+    predictions: dict[str, Expect]  # probe mode -> expectation
+    fix: str
+    soname: str | None = None
+    version_node: str | None = None
+    identical: bool | None = None  # duplicates: every copy has the same bytes
+    via: tuple[str, ...] = ()  # closure clashes: roots whose closure holds the pair
+    via_count: int = 0
+    probe_root: str | None = None  # closure clashes: the root a probe dlopens (a library if any)
+    probes: list[ProbeResult] = field(default_factory=list)
+
+    @property
+    def mode(self) -> str:
+        """When the clash fires: "any", "first-global", "both-global" or "none"."""
+        return mode_of(self.predictions)
+
+    @property
+    def kind(self) -> str:
+        return (
+            "closure"
+            if self.reason in (Reason.CLOSURE_INTERPOSITION, Reason.CLOSURE_TWO_LLVMS)
+            else "pair"
+        )
+
+    @property
+    def confirmed(self) -> bool | None:
+        """True: a probe saw the double registration; False: probes ran, none saw it; None."""
+        if any(p.outcome is ProbeOutcome.CONFIRMED for p in self.probes):
+            return True
+        if any(p.outcome in (ProbeOutcome.CLEAN, ProbeOutcome.CRASH_AT_EXIT) for p in self.probes):
+            return False
+        return None
+
+    @property
+    def option(self) -> str | None:
+        return next((p.option for p in self.probes if p.option), None)
+
+    def sort_key(self) -> tuple[tuple[str, ...], str]:
+        return (self.paths, self.reason.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions (formats.md 3.2 and 4): pure functions of ClFacts, shared by detection and tests.
+
+
+def binds_data(consumer: ClFacts, provider: ClFacts) -> bool:
+    """Whether consumer's references to llvm::cl data resolve to provider's definitions when
+    provider comes first in consumer's lookup scope (glibc ``check_match``: an unversioned side
+    matches anything, otherwise the version names must agree)."""
+    if (
+        consumer.role is not Role.EXPORTER
+        or provider.role is not Role.EXPORTER
+        or consumer.symbolic
+    ):
+        return False
+    return (
+        consumer.version_node is None
+        or provider.version_node is None
+        or consumer.version_node == provider.version_node
+    )
+
+
+def _interposed(consumer: ClFacts) -> Expect:
+    # TopLevelSubCommand through a GLOB_DAT slot shares the registry itself (abort, observed with
+    # LLVM 14-16); without it only other data is shared (LLVM 19 copies: SIGSEGV at exit).
+    return Expect.ABORT if consumer.interposable_registry else Expect.UNSAFE
+
+
+def predict_pair(
+    first: ClFacts,
+    second: ClFacts,
+    *,
+    same_file: bool,
+    same_library: bool,
+    preloaded: tuple[bool, bool] = (False, False),
+) -> dict[str, Expect]:
+    """Expected outcome of loading first, then second, in each of probes.PAIR_MODES.
+
+    same_file: one (st_dev, st_ino), so glibc maps it once. same_library: one SONAME or the same
+    bytes, so two registrants bind to one registry. preloaded: the file (or another path to it)
+    is preloaded RTLD_GLOBAL before both, as rocm_sdk.preload_libraries does.
+    """
+    clean = {mode: Expect.CLEAN for mode in PAIR_MODES}
+    if same_file:
+        return clean
+    if first.role is Role.REGISTRANT and second.role is Role.REGISTRANT and same_library:
+        # Both import addArgument from the one libLLVM the process has: any RTLD mode (7818).
+        return {mode: Expect.ABORT for mode in PAIR_MODES}
+    if preloaded[1] and not preloaded[0]:
+        first, second = second, first  # the preloaded one is mapped first, whatever the steps say
+    if binds_data(second, first):
+        expect = _interposed(second)
+        # The second binds to the first only when the first is in the global scope.
+        return {
+            mode: (expect if first_global or any(preloaded) else Expect.CLEAN)
+            for mode, (first_global, _second_global) in PAIR_MODES.items()
+        }
+    return clean
+
+
+def predict_closure(earlier: ClFacts, later: ClFacts) -> dict[str, Expect]:
+    """Expected outcome of dlopening a root whose closure maps earlier before later (BFS order).
+
+    Objects of one dlopen share its local scope, so later binds to earlier whatever the flags.
+    """
+    expect = _interposed(later) if binds_data(later, earlier) else Expect.CLEAN
+    return {mode: expect for mode in CLOSURE_MODES}
+
+
+def mode_of(predictions: dict[str, Expect]) -> str:
+    firing = {mode for mode, expect in predictions.items() if expect is not Expect.CLEAN}
+    if not firing:
+        return "none"
+    if firing == set(predictions):
+        return "any"
+    if firing == {"global-global", "global-local"}:
+        return "first-global"
+    if firing == {"global-global"}:
+        return "both-global"
+    return ",".join(sorted(firing))
+
+
+def agrees(expect: Expect, outcome: ProbeOutcome) -> bool | None:
+    """Whether a probe outcome matches the prediction; None when the probe says nothing."""
+    if outcome in (ProbeOutcome.INCONCLUSIVE, ProbeOutcome.LOAD_ERROR):
+        return None
+    if expect is Expect.ABORT:
+        return outcome is ProbeOutcome.CONFIRMED
+    if expect is Expect.UNSAFE:
+        return outcome in (ProbeOutcome.CONFIRMED, ProbeOutcome.CRASH_AT_EXIT)
+    return outcome is ProbeOutcome.CLEAN
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis
+
+
+@dataclass(slots=True)
+class LlvmOptions:
+    probe: bool = False
+    probe_timeout_s: float = DEFAULT_TIMEOUT_S
+    preload: tuple[str, ...] = ()  # loaded RTLD_GLOBAL before every probe, and modelled so
+    preload_rocm_sdk: bool = False  # add what rocm_sdk.preload_libraries would load
+    closure_paths: tuple[str, ...] = ()
+    sysroot: str = "/"
+    ld_library_path: tuple[str, ...] = ()
+
+
+# rocm_sdk.initialize_process preloads these (RTLD_GLOBAL) before anything else; `rocm-sdk test`
+# then loads every library (formats.md 1.5; TheRock rocm_sdk/__init__.py).
+ROCM_SDK_PRELOADS = ("amd_comgr", "amdhip64", "hiprtc", "rocm_kpack")
+
+
+def rocm_sdk_preloads(sdk_trees: Iterable[str]) -> list[str]:
+    """The file rocm_sdk.find_libraries picks for each preload: the first sorted lib/lib<name>.so*
+    match in a _rocm_sdk_core tree."""
+    cores = sorted(tree for tree in sdk_trees if os.path.basename(tree) == "_rocm_sdk_core")
+    found = []
+    for short in ROCM_SDK_PRELOADS:
+        for core in cores:
+            matches = sorted(glob.glob(os.path.join(glob.escape(core), "lib", f"lib{short}.so*")))
+            if matches:
+                found.append(matches[0])
+                break
+    return found
+
+
+def _identities(paths: Iterable[str]) -> frozenset[tuple[int, int]]:
+    identities = set()
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        identities.add((st.st_dev, st.st_ino))
+    return frozenset(identities)
+
+
+@dataclass(slots=True)
+class LlvmAnalysis:
+    libraries: list[ClFacts]
+    library_in_scan: dict[str, bool]
+    library_identity: dict[str, tuple[int, int]]
+    clashes: list[Clash]
+    closures: list[Closure]
+    closure_roles: dict[str, Role]
+    findings: list[Finding]
+
+
+class _Facts:
+    """ClFacts by file identity: every file is classified once, scanned or reached by a closure."""
+
+    def __init__(self, inventory: Inventory, findings: list[Finding]) -> None:
+        self.inventory = inventory
+        self.findings = findings
+        self.by_identity: dict[tuple[int, int], ClFacts] = {}
+        self._dynamic: dict[str, elfread.DynamicInfo | None] = {}
+        self._records = {r.path: r for r in inventory.files}
+
+    def dynamic(self, path: str) -> elfread.DynamicInfo | None:
+        """DT_NEEDED and friends of a regular file (a scanned one from the inventory's cache)."""
+        if path not in self._dynamic:
+            record = self._records.get(path)
+            try:
+                self._dynamic[path] = (
+                    self.inventory.dynamic(record)
+                    if record is not None
+                    else read_dynamic_info(path)
+                )
+            except (OSError, FormatError):
+                self._dynamic[path] = None
+        return self._dynamic[path]
+
+    def of(self, path: str, identity: tuple[int, int], real_path: str | None = None) -> ClFacts:
+        """Facts of the file at path; real_path is the regular file to open when path is a link."""
+        facts = self.by_identity.get(identity)
+        if facts is None:
+            facts = self._classify(path, real_path or path)
+            self.by_identity[identity] = facts
+        return facts
+
+    def _classify(self, path: str, real_path: str) -> ClFacts:
+        try:
+            record = self._records.get(real_path)
+            dynamic = (
+                self.inventory.dynamic(record)
+                if record is not None
+                else read_dynamic_info(real_path)
+            )
+            return dataclasses.replace(classify(real_path, dynamic), path=path)
+        except FormatError as exc:
+            self.findings.append(
+                make_finding(
+                    "LLVM009",
+                    path,
+                    f"{exc.reason} at offset {exc.offset:#x}",
+                    data={"offset": exc.offset},
+                )
+            )
+        except OSError as exc:
+            self.findings.append(make_finding("LLVM009", path, f"cannot read: {exc.strerror}"))
+        return ClFacts(path, Role.UNKNOWN, None, None, 0, False, False, None, False, None, False)
+
+
+def _keeper(
+    paths: Sequence[str], records: dict[str, FileRecord], owner_order: Sequence[str]
+) -> str:
+    """The copy to keep: the runtime package's (dedup's owner order), then the shortest path."""
+
+    def rank(path: str) -> tuple[int, int, str]:
+        record = records.get(path)
+        tree = os.path.basename(record.sdk_tree) if record is not None and record.sdk_tree else ""
+        owner = next(
+            (i for i, pattern in enumerate(owner_order) if tree and fnmatch.fnmatch(tree, pattern)),
+            len(owner_order),
+        )
+        return (owner, len(path), path)
+
+    return min(paths, key=rank)
+
+
+def _identical_classes(records: Sequence[FileRecord], findings: list[Finding]) -> list[set[str]]:
+    """Classes of byte-identical files among records (one path per inode)."""
+    by_size: dict[int, list[FileRecord]] = {}
+    for record in records:
+        by_size.setdefault(record.size, []).append(record)
+    classes: list[set[str]] = []
+    failures: list[ReadFailure] = []
+    stats = CompareStats()
+    for same_size in by_size.values():
+        if len(same_size) < 2:
+            continue
+        candidates = [Candidate(r.path, r.size, r.head_digest) for r in same_size]
+        for cls in partition_identical(candidates, stats, failures):
+            classes.append({c.path for c in cls})
+    for failure in failures:
+        message = f"cannot read for comparison: {failure.error.strerror}"
+        findings.append(make_finding("LLVM009", failure.path, message))
+    return classes
+
+
+def _duplicate_clashes(
+    inventory: Inventory,
+    facts: _Facts,
+    findings: list[Finding],
+    preloaded: frozenset[tuple[int, int]] = frozenset(),
+) -> tuple[list[Clash], dict[tuple[int, int], int]]:
+    """Clash kind 1, plus the group number of every exporter/registrant inode."""
+    records = {r.path: r for r in inventory.files}
+    paths_by_identity: dict[tuple[int, int], list[str]] = {}
+    for record in inventory.by_kind(FileKind.SHARED_LIBRARY):
+        if facts.of(record.path, record.identity).llvm_role:
+            paths_by_identity.setdefault(record.identity, []).append(record.path)
+    for identity, paths in paths_by_identity.items():
+        linked = sorted(link.path for link in inventory.links if inventory.resolved(link) in paths)
+        if len(paths) + len(linked) > 1:
+            findings.append(
+                make_finding(
+                    "LLVM010",
+                    sorted(paths)[0],
+                    f"one inode reached through {len(paths) + len(linked)} paths "
+                    f"(hardlinks or symlinks): the loader maps it once",
+                    related=sorted(paths)[1:] + linked,
+                    data={"inode": identity[1]},
+                )
+            )
+    representatives = {identity: sorted(paths)[0] for identity, paths in paths_by_identity.items()}
+    # Union-find over "same SONAME" and "same bytes".
+    parent = {identity: identity for identity in representatives}
+
+    def find(item: tuple[int, int]) -> tuple[int, int]:
+        while parent[item] != item:
+            parent[item] = parent[parent[item]]
+            item = parent[item]
+        return item
+
+    def union(a: tuple[int, int], b: tuple[int, int]) -> None:
+        parent[find(a)] = find(b)
+
+    by_soname: dict[str, tuple[int, int]] = {}
+    for identity, _path in sorted(representatives.items(), key=lambda item: item[1]):
+        soname = facts.by_identity[identity].soname
+        if soname:
+            if soname in by_soname:
+                union(identity, by_soname[soname])
+            else:
+                by_soname[soname] = identity
+    identity_of_path = {path: identity for identity, path in representatives.items()}
+    identical = _identical_classes([records[p] for p in representatives.values()], findings)
+    for cls in identical:
+        members = [identity_of_path[p] for p in cls]
+        for other in members[1:]:
+            union(members[0], other)
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for identity in representatives:
+        groups.setdefault(find(identity), []).append(identity)
+    group_of = {identity: n for n, members in enumerate(groups.values()) for identity in members}
+    owner_order = policy("dedup").get("owner_order", [])
+    clashes = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        paths = sorted(representatives[i] for i in members)
+        first_facts = facts.by_identity[members[0]]
+        same_bytes = any(set(paths) <= cls for cls in identical)
+        ordered = sorted(members, key=lambda i: representatives[i])
+        a, b = facts.by_identity[ordered[0]], facts.by_identity[ordered[1]]
+        predictions = predict_pair(
+            a,
+            b,
+            same_file=False,
+            same_library=True,
+            preloaded=(ordered[0] in preloaded, ordered[1] in preloaded),
+        )
+        registrant = first_facts.role is Role.REGISTRANT
+        keeper = _keeper(paths, records, owner_order)
+        others = ", ".join(p for p in paths if p != keeper)
+        if same_bytes:
+            fix = (
+                f"Identical copies: run `rocm-audit dedup` (keeps {keeper}, links the others to "
+                f"it), or replace {others} by a symlink to {keeper}."
+            )
+        else:
+            shared = "SONAME" if first_facts.soname else "content"
+            fix = (
+                f"Different builds share one {shared}: keep only {keeper} and delete {others}, "
+                f"or give each build its own SONAME and symbol version node."
+            )
+        clashes.append(
+            Clash(
+                reason=Reason.DUPLICATE_REGISTRANT if registrant else Reason.DUPLICATE_EXPORTER,
+                risk=Risk.HIGH,
+                paths=tuple(paths),
+                predictions=predictions,
+                fix=fix,
+                soname=first_facts.soname,
+                version_node=first_facts.version_node,
+                identical=same_bytes,
+            )
+        )
+    return clashes, group_of
+
+
+def _interposable_clashes(
+    exporters: list[tuple[tuple[int, int], str, ClFacts]],
+    group_of: dict[tuple[int, int], int],
+    preloaded: frozenset[tuple[int, int]] = frozenset(),
+) -> list[Clash]:
+    """Clash kind 2: different exporters (not copies of one library) that bind each other's data."""
+    clashes = []
+    for index, (id_a, path_a, a) in enumerate(exporters):
+        for id_b, path_b, b in exporters[index + 1 :]:
+            if group_of[id_a] == group_of[id_b]:
+                continue  # copies of one library: kind 1 already names them
+            # Probe (and report) the order in which the second binds to the first.
+            if binds_data(b, a):
+                first, second = (path_a, a, id_a), (path_b, b, id_b)
+            elif binds_data(a, b):
+                first, second = (path_b, b, id_b), (path_a, a, id_a)
+            else:
+                continue
+            predictions = predict_pair(
+                first[1],
+                second[1],
+                same_file=False,
+                same_library=False,
+                preloaded=(first[2] in preloaded, second[2] in preloaded),
+            )
+            clashes.append(
+                Clash(
+                    reason=Reason.INTERPOSABLE_EXPORTERS,
+                    risk=Risk.MEDIUM,
+                    paths=(first[0], second[0]),
+                    predictions=predictions,
+                    soname=second[1].soname,
+                    version_node=second[1].version_node,
+                    fix=(
+                        "Never load both into one process. If both are needed, rebuild one with "
+                        "its own symbol version node (LLVM_VERSION_SUFFIX with "
+                        "LLVM_ENABLE_SYMBOL_VERSIONING) or link LLVM into it statically with "
+                        f"hidden visibility; meanwhile do not load {first[0]} RTLD_GLOBAL (or "
+                        f"preload it): {second[0]} binds to it."
+                    ),
+                )
+            )
+    return clashes
+
+
+def _closure_clashes(
+    roots: Iterable[str],
+    process_of: Callable[[], ProcessModel],
+    host: HostView,
+    facts: _Facts,
+    executables: frozenset[str] = frozenset(),
+) -> list[Clash]:
+    """Clash kind 3: two LLVM exporters mapped by one dlopen (or one executable's start-up)."""
+    found: dict[tuple[tuple[int, int], tuple[int, int]], tuple[Clash, list[str]]] = {}
+    for root in roots:
+        closure = process_of().dlopen(root)
+        exporters = []
+        for loaded in closure.objects:
+            one = facts.of(loaded.path, loaded.identity, host.realpath(loaded.path))
+            if one.role is Role.EXPORTER:
+                exporters.append((loaded, one))
+        for index, (earlier, earlier_facts) in enumerate(exporters):
+            for later, later_facts in exporters[index + 1 :]:
+                key = (earlier.identity, later.identity)
+                if key in found:
+                    found[key][1].append(root)
+                    continue
+                predictions = predict_closure(earlier_facts, later_facts)
+                binding = any(expect is not Expect.CLEAN for expect in predictions.values())
+                if binding:
+                    fix = (
+                        f"{root} maps both {earlier.path} and {later.path} and the second binds "
+                        f"to the first's registry: drop the DT_NEEDED or RUNPATH entry that "
+                        f"reaches {later.path}, or hide LLVM in one of them (static link, "
+                        "-fvisibility=hidden, version script `local: *;`)."
+                    )
+                else:
+                    fix = (
+                        f"{root} maps two LLVMs: versioned symbols keep their registries apart, "
+                        "but each keeps its own global state; use one LLVM, or hide LLVM in one "
+                        "of them."
+                    )
+                clash = Clash(
+                    reason=Reason.CLOSURE_INTERPOSITION if binding else Reason.CLOSURE_TWO_LLVMS,
+                    risk=Risk.HIGH if binding else Risk.MEDIUM,
+                    paths=(earlier.path, later.path),
+                    predictions=predictions,
+                    fix=fix,
+                    soname=later_facts.soname,
+                    version_node=later_facts.version_node,
+                )
+                found[key] = (clash, [root])
+    clashes = []
+    for clash, via in found.values():
+        ordered = sorted(set(via))
+        clash.via = tuple(ordered[:MAX_VIA_ROOTS])
+        clash.via_count = len(ordered)
+        # glibc will not dlopen a PIE executable: probe through a library root when there is one.
+        clash.probe_root = next((r for r in ordered if r not in executables), ordered[0])
+        clashes.append(clash)
+    return clashes
+
+
+def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
+    """Roles, clashes and requested closures for an inventory (probes not run)."""
+    findings: list[Finding] = []
+    facts = _Facts(inventory, findings)
+    loader = LoaderModel(sysroot=options.sysroot, ld_library_path=options.ld_library_path)
+    host = HostView(options.sysroot)
+
+    def process() -> ProcessModel:
+        return ProcessModel(loader, facts.dynamic, host)
+
+    libraries = inventory.by_kind(FileKind.SHARED_LIBRARY)
+    for record in libraries:
+        facts.of(record.path, record.identity)
+    preloaded = _identities(options.preload)
+    clashes, group_of = _duplicate_clashes(inventory, facts, findings, preloaded)
+    exporters: dict[tuple[int, int], tuple[tuple[int, int], str, ClFacts]] = {}
+    for record in sorted(libraries, key=lambda r: r.path):  # one entry per inode, first path
+        one = facts.by_identity[record.identity]
+        if one.role is Role.EXPORTER and record.identity not in exporters:
+            exporters[record.identity] = (record.identity, record.path, one)
+    clashes += _interposable_clashes(list(exporters.values()), group_of, preloaded)
+    roots = sorted(
+        r.path
+        for r in inventory.by_kind(FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE)
+        if facts.dynamic(r.path) is not None
+    )
+    executables = frozenset(r.path for r in inventory.by_kind(FileKind.EXECUTABLE))
+    clashes += _closure_clashes(roots, process, host, facts, executables)
+    clashes.sort(key=Clash.sort_key)
+
+    closures = [process().dlopen(path) for path in options.closure_paths]
+    closure_roles = {
+        o.path: facts.of(o.path, o.identity, host.realpath(o.path)).role
+        for c in closures
+        for o in c.objects
+    }
+
+    # A hardlinked file is classified once and listed under each of its paths.
+    library_list = [_at_path(facts.by_identity[r.identity], r.path) for r in libraries]
+    in_scan = {r.path: True for r in libraries}
+    identity_of = {r.path: r.identity for r in libraries}
+    # Exporters and registrants that only a closure reached (a system libLLVM) are listed too;
+    # scanned executables (closure roots) are not libraries.
+    scanned = {r.path for r in inventory.files}
+    for identity, one in facts.by_identity.items():
+        if one.path not in scanned and one.llvm_role:
+            library_list.append(one)
+            in_scan[one.path] = False
+            identity_of[one.path] = identity
+    library_list.sort(key=lambda one: one.path)
+    for one in library_list:
+        if one.role is Role.PRIVATE_COPY and in_scan.get(one.path):
+            findings.append(
+                make_finding(
+                    "LLVM011",
+                    one.path,
+                    "links LLVM's command-line registry privately (exports none of it)",
+                )
+            )
+    for clash in clashes:
+        findings.append(_clash_finding(clash))
+    return LlvmAnalysis(
+        library_list, in_scan, identity_of, clashes, closures, closure_roles, findings
+    )
+
+
+def _at_path(facts: ClFacts, path: str) -> ClFacts:
+    return facts if facts.path == path else dataclasses.replace(facts, path=path)
+
+
+def _clash_finding(clash: Clash) -> Finding:
+    copies = f"{len(clash.paths)} distinct inodes of"
+    example = f" (e.g. {clash.via[0]})" if clash.via else ""
+    what = {
+        Reason.DUPLICATE_EXPORTER: f"{copies} LLVM exporter {clash.soname or ''}",
+        Reason.DUPLICATE_REGISTRANT: f"{copies} cl::opt registrant {clash.soname or ''}",
+        Reason.INTERPOSABLE_EXPORTERS: "LLVM exporters bind each other's command-line registry",
+        Reason.CLOSURE_INTERPOSITION: f"one load closure maps two LLVMs, one registry{example}",
+        Reason.CLOSURE_TWO_LLVMS: f"one load closure maps two different LLVMs{example}",
+    }[clash.reason]
+    return make_finding(
+        _RULE_OF_REASON[clash.reason],
+        clash.paths[0],
+        f"{' '.join(what.split())}; fires: {clash.mode}; fix: {clash.fix}",
+        related=clash.paths[1:],
+        data={"reason": clash.reason.value, "mode": clash.mode},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Probing
+
+
+def probe_clashes(clashes: Sequence[Clash], options: LlvmOptions) -> list[Finding]:
+    """Run every clash's probes (one child per mode); return the findings they lead to."""
+    findings: list[Finding] = []
+    common: dict[str, Any] = {
+        "timeout_s": options.probe_timeout_s,
+        "preload": options.preload,
+        "ld_library_path": options.ld_library_path,
+    }
+    for clash in clashes:
+        for mode in clash.predictions:
+            if clash.kind == "closure":
+                root = clash.probe_root or clash.via[0]
+                result = probe_closure(root, mode, watch=clash.paths, **common)
+            else:
+                result = probe_pair(clash.paths[0], clash.paths[1], mode, **common)
+            log.info("probe %s %s: %s", mode, " + ".join(clash.paths), result.outcome.value)
+            clash.probes.append(result)
+        findings.extend(_probe_findings(clash))
+    return findings
+
+
+def _probe_findings(clash: Clash) -> list[Finding]:
+    findings = []
+    subject, related = clash.paths[0], clash.paths[1:]
+    confirmed = [p.mode for p in clash.probes if p.outcome is ProbeOutcome.CONFIRMED]
+    if confirmed:
+        option = f" of option '{clash.option}'" if clash.option else ""
+        findings.append(
+            make_finding(
+                "LLVM005",
+                subject,
+                f"probe confirmed double registration{option} (modes: {', '.join(confirmed)})",
+                related=related,
+                data={"option": clash.option, "modes": confirmed},
+            )
+        )
+    crashed = [p.mode for p in clash.probes if p.outcome is ProbeOutcome.CRASH_AT_EXIT]
+    if crashed:
+        findings.append(
+            make_finding(
+                "LLVM006",
+                subject,
+                f"probe loaded the libraries, then crashed at exit (modes: {', '.join(crashed)})",
+                related=related,
+                data={"modes": crashed},
+            )
+        )
+    for result in clash.probes:
+        verdict = agrees(clash.predictions[result.mode], result.outcome)
+        if verdict is None:
+            findings.append(
+                make_finding(
+                    "LLVM008",
+                    subject,
+                    f"probe {result.mode} inconclusive: {result.detail}",
+                    related=related,
+                    data={"mode": result.mode},
+                )
+            )
+        elif not verdict:
+            findings.append(
+                make_finding(
+                    "LLVM007",
+                    subject,
+                    f"probe {result.mode}: predicted {clash.predictions[result.mode].value}, "
+                    f"observed {result.outcome.value}",
+                    related=related,
+                    data={
+                        "mode": result.mode,
+                        "predicted": clash.predictions[result.mode].value,
+                        "observed": result.outcome.value,
+                    },
+                )
+            )
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------
+# Report sections and text
+
+
+def library_to_dict(
+    one: ClFacts, in_scan: bool, identity: tuple[int, int] | None
+) -> dict[str, Any]:
+    return {
+        "path": one.path,
+        "role": one.role.value,
+        "soname": one.soname,
+        "version_node": one.version_node,
+        "exported_cl_symbols": one.exported_cl_symbols,
+        "imports_add_argument": one.imports_add_argument,
+        "has_initialisers": one.has_initialisers,
+        "embeds_registry": one.embeds_registry,
+        "symbolic": one.symbolic,
+        "interposable_registry": one.interposable_registry,
+        "nodelete": one.nodelete,
+        "in_scan": in_scan,
+        "device": identity[0] if identity else None,
+        "inode": identity[1] if identity else None,
+    }
+
+
+def clash_to_dict(clash: Clash) -> dict[str, Any]:
+    return {
+        "paths": list(clash.paths),
+        "reason": clash.reason.value,
+        "severity": clash.risk.value,
+        "mode": clash.mode,
+        "confirmed": clash.confirmed,
+        "option": clash.option,
+        "fix": clash.fix,
+        "soname": clash.soname,
+        "version_node": clash.version_node,
+        "identical": clash.identical,
+        "via": list(clash.via),
+        "via_count": clash.via_count,
+        "predictions": {mode: expect.value for mode, expect in clash.predictions.items()},
+        "probes": [
+            {
+                "mode": p.mode,
+                "outcome": p.outcome.value,
+                "option": p.option,
+                "returncode": p.returncode,
+                "detail": p.detail,
+                "preload": list(p.preload),
+                "steps": list(p.steps),
+                "stderr_tail": p.stderr_tail,
+                "instances": p.instances,
+                "agrees": agrees(clash.predictions[p.mode], p.outcome),
+            }
+            for p in clash.probes
+        ],
+    }
+
+
+def closure_to_dict(closure: Closure, roles: dict[str, Role]) -> dict[str, Any]:
+    return {
+        "root": closure.root,
+        "objects": [
+            {
+                "path": o.path,
+                "request": o.request,
+                "via": o.via,
+                "needed_by": o.needed_by,
+                "depth": o.depth,
+                "soname": o.soname,
+                "device": o.identity[0],
+                "inode": o.identity[1],
+                "role": roles.get(o.path, Role.NONE).value,
+            }
+            for o in closure.objects
+        ],
+        "missing": [
+            {"needed_by": m.needed_by, "name": m.name, "detail": m.detail} for m in closure.missing
+        ],
+        "truncated": closure.truncated,
+    }
+
+
+def render_llvm(analysis: LlvmAnalysis) -> str:
+    lines: list[str] = []
+    interesting = [one for one in analysis.libraries if one.role is not Role.NONE]
+    count = {role: sum(1 for one in analysis.libraries if one.role is role) for role in Role}
+    lines.append(
+        f"LLVM libraries: {count[Role.EXPORTER]} exporter(s), {count[Role.REGISTRANT]} "
+        f"registrant(s), {count[Role.PRIVATE_COPY]} private copy(ies), {count[Role.NONE]} other"
+        + (f", {count[Role.UNKNOWN]} unreadable" if count[Role.UNKNOWN] else "")
+    )
+    for one in interesting:
+        details = ", ".join(x for x in (one.soname, one.version_node) if x)
+        scope = "" if analysis.library_in_scan.get(one.path, True) else " [reached by a closure]"
+        lines.append(
+            f"  {one.role.value:<13}{one.path}" + (f"  ({details})" if details else "") + scope
+        )
+    if analysis.clashes:
+        lines.append(f"Clashes: {len(analysis.clashes)}")
+    for clash in analysis.clashes:
+        status = {
+            True: f"CONFIRMED{f' (option {clash.option!r})' if clash.option else ''}",
+            False: "not reproduced",
+            None: "not probed",
+        }[clash.confirmed]
+        lines.append(
+            f"  {clash.risk.value.upper()} {clash.reason.value}, fires: {clash.mode}, {status}"
+        )
+        lines.extend(f"      {path}" for path in clash.paths)
+        if clash.via:
+            shown = clash.via[:3]
+            hidden = clash.via_count - len(shown)
+            lines.append(f"    via: {', '.join(shown)}" + (f" (+{hidden} more)" if hidden else ""))
+        prediction = ", ".join(
+            f"{mode} {expect.value}" for mode, expect in clash.predictions.items()
+        )
+        lines.append(f"    predicted: {prediction}")
+        if clash.probes:
+            lines.append(
+                "    probed:    "
+                + ", ".join(
+                    f"{p.mode} {p.outcome.value}"
+                    + (
+                        ""
+                        if agrees(clash.predictions[p.mode], p.outcome) is not False
+                        else " (contradicts)"
+                    )
+                    for p in clash.probes
+                )
+            )
+        lines.append(f"    fix: {clash.fix}")
+    for closure in analysis.closures:
+        lines.append(f"Closure of {closure.root}: {len(closure.objects)} object(s)")
+        for o in closure.objects:
+            role = analysis.closure_roles.get(o.path, Role.NONE)
+            tag = f" [{role.value}]" if role is not Role.NONE else ""
+            lines.append(f"  {'  ' * o.depth}{o.path}  ({o.via}: {o.request}){tag}")
+        lines.extend(
+            f"  missing: {m.name} (needed by {m.needed_by}): {m.detail}" for m in closure.missing
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_llvm(
+    paths: list[str] | None,
+    options: LlvmOptions,
+    progress: Callable[[int, int], None] | None = None,
+) -> CommandOutcome:
+    """Scan, analyse, optionally probe; the outcome the CLI renders. Raises UsageError."""
+    options = dataclasses.replace(options)  # filled in below; the caller's stays as it was
+    if options.probe and options.sysroot not in ("", "/"):
+        raise UsageError(
+            "--probe loads libraries with this host's loader; it cannot model --sysroot"
+        )
+    for option, given in (("--closure", options.closure_paths), ("--preload", options.preload)):
+        for path in given:
+            if not os.path.isfile(path):
+                raise UsageError(f"{option}: not a file: {path}")
+    roots, looked = resolve_roots(paths)
+    inventory = build_inventory(roots, progress)
+    if options.preload_rocm_sdk:
+        found = rocm_sdk_preloads(inventory.sdk_trees)
+        if not found:
+            raise UsageError(
+                "--preload-rocm-sdk: no _rocm_sdk_core/lib/lib{"
+                + ",".join(ROCM_SDK_PRELOADS)
+                + "}.so* in the scanned trees"
+            )
+        options.preload = (*options.preload, *found)
+    options.closure_paths = tuple(os.path.abspath(p) for p in options.closure_paths)
+    analysis = analyse(inventory, options)
+    findings = list(inventory.findings) + analysis.findings
+    if options.probe:
+        findings += probe_clashes(analysis.clashes, options)
+    sections: dict[str, Any] = {
+        "libraries": [
+            library_to_dict(
+                one,
+                analysis.library_in_scan.get(one.path, True),
+                analysis.library_identity.get(one.path),
+            )
+            for one in analysis.libraries
+        ],
+        "clashes": [clash_to_dict(c) for c in analysis.clashes],
+    }
+    if analysis.closures:
+        sections["closures"] = [
+            closure_to_dict(c, analysis.closure_roles) for c in analysis.closures
+        ]
+    high = sum(1 for c in analysis.clashes if c.risk is Risk.HIGH)
+    confirmed = sum(1 for c in analysis.clashes if c.confirmed)
+    summary = (
+        f"llvm: {len(analysis.libraries)} libraries, {len(analysis.clashes)} clash(es), {high} high"
+        + (f", {confirmed} confirmed by probe" if options.probe else "")
+    )
+    return CommandOutcome(
+        command="llvm",
+        findings=findings,
+        inputs=looked,
+        sections=sections,
+        render_text=lambda _outcome: render_llvm(analysis),
+        summary=summary,
+    )

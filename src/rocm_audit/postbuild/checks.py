@@ -1,0 +1,131 @@
+"""Post-build checks that real ROCm Dockerfiles need (peers.md 8, auditwheel-like):
+
+* POST001: a symbol version a file needs (``GLIBC_2.39``, ``GLIBCXX_3.4.32``) that the library
+  its loader would find does not define: glibc refuses to load it ("version ... not found");
+* POST002: a DT_NEEDED entry no search path resolves (its own RPATH/RUNPATH, ld.so.conf, the
+  default directories under the audited system root);
+* POST003: a Python extension module whose ABI tag does not match the interpreter of the
+  site-packages it sits in, or whose platform tag does not match its ELF machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from rocm_audit.elf.read import DynamicInfo
+from rocm_audit.elf.versions import VersionFacts, format_version, newest, read_versions, split_version
+from rocm_audit.errors import FormatError
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory
+from rocm_audit.tree.loader import LoaderModel
+
+_EXTENSION = re.compile(r"\.cpython-(\d)(\d+)[a-z]*-([A-Za-z0-9_]+)-([A-Za-z0-9_]+)-([A-Za-z0-9_]+)\.so$")
+_SITE_PYTHON = re.compile(r"/python(\d)\.(\d+)t?/(?:site|dist)-packages(?:/|$)")
+# ELF e_machine of the platform tags a wheel can carry.
+_MACHINE_OF_TAG = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "s390x": 22, "riscv64": 243, "i686": 3}
+
+
+@dataclass(slots=True)
+class _VersionCache:
+    facts: dict[str, VersionFacts | None] = field(default_factory=dict)
+
+    def get(self, path: str) -> VersionFacts | None:
+        if path not in self.facts:
+            try:
+                self.facts[path] = read_versions(path)
+            except (OSError, FormatError):
+                self.facts[path] = None
+        return self.facts[path]
+
+
+def site_python(path: str) -> tuple[int, int] | None:
+    """The interpreter version a site-packages path belongs to, from ``lib/python3.X/site-packages``."""
+    match = _SITE_PYTHON.search(path)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def check_extension_tag(record: FileRecord) -> Finding | None:
+    match = _EXTENSION.search(os.path.basename(record.path))
+    if match is None:
+        return None
+    major, minor, machine = int(match.group(1)), int(match.group(2)), match.group(3)
+    expected = site_python(record.path)
+    if expected is not None and (major, minor) != expected:
+        return make_finding(
+            "POST003", record.path,
+            f"extension built for CPython {major}.{minor} sits in the site-packages of Python "
+            f"{expected[0]}.{expected[1]}: `import` will not find it",
+            data={"tag": f"cpython-{major}{minor}", "interpreter": f"{expected[0]}.{expected[1]}"})
+    wanted_machine = _MACHINE_OF_TAG.get(machine)
+    if record.elf is not None and wanted_machine is not None and record.elf.e_machine != wanted_machine:
+        return make_finding(
+            "POST003", record.path,
+            f"platform tag says {machine} but the ELF machine is {record.elf.e_machine}",
+            data={"tag": machine, "e_machine": record.elf.e_machine})
+    return None
+
+
+def post_build_findings(inventory: Inventory, loader: LoaderModel | None = None) -> list[Finding]:
+    """POST001-POST003 over every host ELF file of the inventory."""
+    loader = loader or LoaderModel()
+    versions = _VersionCache()
+    findings: list[Finding] = []
+    for record in inventory.by_kind(FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE):
+        tag_problem = check_extension_tag(record)
+        if tag_problem is not None:
+            findings.append(tag_problem)
+        try:
+            dynamic = inventory.dynamic(record)
+        except (OSError, FormatError) as exc:
+            offset = getattr(exc, "offset", 0)
+            findings.append(make_finding("SCAN002", record.path, f"dynamic section unreadable: {exc}",
+                                         data={"offset": offset}))
+            continue
+        if not dynamic.needed:
+            continue
+        providers = _resolve_needed(record, dynamic, loader, findings)
+        facts = versions.get(record.path)
+        if facts is None:
+            continue
+        for needed_name, wanted in sorted(facts.needed.items()):
+            provider = providers.get(needed_name)
+            if provider is None:
+                continue  # unresolved: POST002 already says so
+            provided = versions.get(provider)
+            if provided is None:
+                continue
+            missing = sorted(wanted - provided.defined)
+            if missing:
+                findings.append(_version_finding(record.path, needed_name, provider, missing, provided))
+    return findings
+
+
+def _resolve_needed(record: FileRecord, dynamic: DynamicInfo, loader: LoaderModel,
+                    findings: list[Finding]) -> dict[str, str]:
+    providers: dict[str, str] = {}
+    for name in dynamic.needed:
+        resolution = loader.resolve(name, record.path, dynamic)
+        if resolution.path is None:
+            findings.append(make_finding(
+                "POST002", record.path,
+                f"DT_NEEDED {name} is not found by its own RPATH/RUNPATH, ld.so.conf or the default directories",
+                data={"needed": name, "rpath": list(dynamic.rpath), "runpath": list(dynamic.runpath)}))
+        else:
+            providers[name] = resolution.path
+    return providers
+
+
+def _version_finding(path: str, needed_name: str, provider: str, missing: list[str],
+                     provided: VersionFacts) -> Finding:
+    families = sorted({parts[0] for parts in filter(None, map(split_version, missing))})
+    offered = []
+    for family in families:
+        best = newest(provided.defined, family)
+        offered.append(f"{family} up to {format_version(best)}" if best else f"no {family} versions")
+    return make_finding(
+        "POST001", path,
+        f"needs {', '.join(missing)} from {needed_name}, but {provider} defines "
+        f"{'; '.join(offered) if offered else 'none of them'}",
+        related=[provider], data={"needed": needed_name, "missing": missing, "provider": provider})

@@ -1,0 +1,128 @@
+"""The rule catalogue and default policy shipped in ``rocm_audit/rules/*.toml``.
+
+Each TOML file holds ``[rules.<ID>]`` tables (title, severity, rationale, fix, optional params) and
+optionally ``[policy.<area>]`` tables. Files are merged in name order; an id defined twice is an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_audit.errors import ConfigError
+from rocm_audit.findings import Severity
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+_RULE_KEYS = {"title", "severity", "rationale", "fix", "params"}
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    title: str
+    severity: Severity
+    rationale: str
+    fix: str
+    params: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Catalogue:
+    rules: dict[str, Rule]
+    policy: dict[str, dict[str, Any]]
+    sources: tuple[str, ...]
+
+
+def _parse_rule(rule_id: str, table: object, source: str) -> Rule:
+    if not isinstance(table, dict):
+        raise ConfigError(source, "a rule must be a table", key=f"rules.{rule_id}")
+    unknown = set(table) - _RULE_KEYS
+    if unknown:
+        raise ConfigError(source, f"unknown keys {sorted(unknown)}", key=f"rules.{rule_id}")
+    for key in ("title", "severity", "rationale", "fix"):
+        if not isinstance(table.get(key), str) or not table[key]:
+            raise ConfigError(source, "missing or empty string", key=f"rules.{rule_id}.{key}")
+    try:
+        severity = Severity(table["severity"])
+    except ValueError:
+        raise ConfigError(
+            source,
+            f"severity must be one of {[s.value for s in Severity]}",
+            key=f"rules.{rule_id}.severity",
+        ) from None
+    params = table.get("params", {})
+    if not isinstance(params, dict):
+        raise ConfigError(source, "params must be a table", key=f"rules.{rule_id}.params")
+    return Rule(
+        id=rule_id,
+        title=table["title"],
+        severity=severity,
+        rationale=table["rationale"],
+        fix=table["fix"],
+        params=dict(params),
+        source=source,
+    )
+
+
+def _rules_folder() -> Any:
+    """The package's rules directory. A pip install unpacks the package, so the directory is read
+    as it is; importlib.resources (whose import pulls in zipfile and tempfile: 3-5 ms of every run)
+    only serves a package imported from a zip archive."""
+    from pathlib import Path
+
+    folder = Path(__file__).with_name("rules")
+    if folder.is_dir():
+        return folder
+    from importlib import resources
+
+    return resources.files("rocm_audit") / "rules"
+
+
+@functools.lru_cache(maxsize=1)
+def shipped_catalogue() -> Catalogue:
+    """Load every ``rules/*.toml`` shipped in the package. Raises ConfigError on a bad file."""
+    rules: dict[str, Rule] = {}
+    policy: dict[str, dict[str, Any]] = {}
+    sources: list[str] = []
+    folder = _rules_folder()
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".toml"):
+            continue
+        source = f"rocm_audit/rules/{entry.name}"
+        sources.append(source)
+        try:
+            document = tomllib.loads(entry.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(source, str(exc)) from None
+        for rule_id, table in document.get("rules", {}).items():
+            if rule_id in rules:
+                raise ConfigError(source, "rule defined twice", key=f"rules.{rule_id}")
+            rules[rule_id] = _parse_rule(rule_id, table, source)
+        for area, table in document.get("policy", {}).items():
+            policy.setdefault(area, {}).update(table)
+    return Catalogue(rules=rules, policy=policy, sources=tuple(sources))
+
+
+def rule(rule_id: str) -> Rule:
+    try:
+        return shipped_catalogue().rules[rule_id]
+    except KeyError:
+        raise KeyError(f"rule {rule_id} is not in the shipped catalogue") from None
+
+
+def default_severity(rule_id: str) -> Severity:
+    return rule(rule_id).severity
+
+
+def policy(area: str) -> dict[str, Any]:
+    """Settings of one policy area in force: shipped defaults plus any --rules overrides."""
+    from rocm_audit.rulebook.policy import active_policy
+
+    return active_policy().area(area)

@@ -1,0 +1,292 @@
+"""Walk audited roots and classify every regular file by content (never by suffix).
+
+The walk never follows a symbolic link (directory links are recorded, not entered), reads at most
+the first block of each file, and keeps memory proportional to the number of files, not their size.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import stat
+from collections.abc import Callable, Container, Iterator
+from dataclasses import dataclass, field
+
+from rocm_audit.elf import read as elfread
+from rocm_audit.errors import FormatError
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.tree.discovery import AuditRoot, enclosing_sdk_tree, is_sdk_tree_name
+from rocm_audit.tree.identical import head_digest
+
+HEAD_BYTES = 4096
+MAGIC_BYTES = 32
+TEMP_PREFIX = ".rocm-audit-tmp."  # every temporary name rocm-audit creates starts with this
+
+
+class FileKind(str, enum.Enum):
+    SHARED_LIBRARY = "shared-library"  # ELF ET_DYN, host machine, not an executable
+    EXECUTABLE = "executable"  # ET_EXEC, or a PIE (DF_1_PIE, or PT_INTERP without SONAME)
+    CODE_OBJECT = "amdgpu-code-object"  # e_machine EM_AMDGPU (224), any e_type
+    OTHER_ELF = "other-elf"  # relocatable objects, core files, malformed ELF
+    NOT_ELF = "not-elf"
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    path: str
+    root: str
+    sdk_tree: str | None
+    kind: FileKind | None  # None: listed but not opened (see build_inventory's worth_reading)
+    dev: int
+    ino: int
+    nlink: int
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    ctime_ns: int
+    magic: bytes  # empty when not opened
+    head_digest: bytes | None  # of the first HEAD_BYTES; None when not opened
+    elf: elfread.ElfHeader | None = None
+
+    @property
+    def opened_kind(self) -> FileKind:
+        """The kind of a file the inventory opened (every command but dedup opens every file)."""
+        if self.kind is None:
+            raise ValueError(f"{self.path}: listed without being opened, so its kind is unknown")
+        return self.kind
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """(st_dev, st_ino): what glibc uses to tell two loaded files apart (formats.md 4)."""
+        return (self.dev, self.ino)
+
+    def rel_path(self) -> str:
+        return os.path.relpath(self.path, self.root)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRecord:
+    path: str
+    root: str
+    sdk_tree: str | None
+    target_text: str
+
+
+@dataclass(slots=True)
+class Inventory:
+    roots: list[AuditRoot]
+    files: list[FileRecord] = field(default_factory=list)
+    links: list[LinkRecord] = field(default_factory=list)
+    sdk_trees: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    _dynamic: dict[str, elfread.DynamicInfo] = field(default_factory=dict)
+    _resolved: dict[str, str | None] = field(default_factory=dict)
+
+    def dynamic(self, record: FileRecord) -> elfread.DynamicInfo:
+        """SONAME, DT_NEEDED, RPATH/RUNPATH of an ELF file, read once on first use."""
+        cached = self._dynamic.get(record.path)
+        if cached is None:
+            cached = read_dynamic_info(record.path)
+            self._dynamic[record.path] = cached
+        return cached
+
+    def resolved(self, link: LinkRecord) -> str | None:
+        """The real path a symbolic link leads to when that exists inside its root, else None.
+        Resolved on first use: few commands ask, and realpath costs an lstat per path component."""
+        if link.path not in self._resolved:
+            real = os.path.realpath(link.path)
+            inside = real == link.root or real.startswith(link.root.rstrip("/") + "/")
+            self._resolved[link.path] = real if inside and os.path.exists(real) else None
+        return self._resolved[link.path]
+
+    def by_kind(self, *kinds: FileKind) -> list[FileRecord]:
+        return [r for r in self.files if r.kind in kinds]
+
+
+def read_dynamic_info(path: str, *, follow_symlinks: bool = False) -> elfread.DynamicInfo:
+    """Read the dynamic facts of one ELF file. Raises FormatError or OSError."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, HEAD_BYTES, 0)
+        header = elfread.parse_header(head)
+        phdrs = elfread.read_program_headers(fd, header, head, size)
+        return elfread.read_dynamic(fd, header, phdrs, size)
+    finally:
+        os.close(fd)
+
+
+def classify(fd: int, head: bytes, size: int) -> tuple[FileKind, elfread.ElfHeader | None]:
+    if head[:4] != elfread.ELF_MAGIC:
+        return FileKind.NOT_ELF, None
+    header = elfread.parse_header(head)
+    if header.e_machine == elfread.EM_AMDGPU:
+        return FileKind.CODE_OBJECT, header
+    if header.e_type == elfread.ET_EXEC:
+        return FileKind.EXECUTABLE, header
+    if header.e_type != elfread.ET_DYN:
+        return FileKind.OTHER_ELF, header
+    if elfread.PT_INTERP in elfread.program_header_types(fd, header, head, size):
+        # A PIE executable and a runnable library (libc.so.6) both have PT_INTERP; DF_1_PIE or a
+        # missing SONAME tells the executable apart.
+        phdrs = elfread.read_program_headers(fd, header, head, size)
+        dynamic = elfread.read_dynamic(fd, header, phdrs, size)
+        if dynamic.flags_1 & elfread.DF_1_PIE or dynamic.soname is None:
+            return FileKind.EXECUTABLE, header
+    return FileKind.SHARED_LIBRARY, header
+
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def _walk(root: AuditRoot, findings: list[Finding]) -> Iterator[tuple[str, os.stat_result]]:
+    """Yield (path, lstat) for every non-directory entry under root, in sorted order."""
+    if root.single_file:
+        try:
+            yield root.path, os.lstat(root.path)
+        except OSError as exc:
+            findings.append(make_finding("SCAN001", root.path, f"cannot stat: {exc.strerror}"))
+        return
+    stack = [root.path]
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as entries:
+                listed = sorted(entries, key=lambda e: e.name)
+        except OSError as exc:
+            findings.append(make_finding("SCAN001", directory, f"cannot list directory: {exc.strerror}"))
+            continue
+        subdirs = []
+        for entry in listed:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError as exc:
+                findings.append(make_finding("SCAN001", entry.path, f"cannot stat: {exc.strerror}"))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append(entry.path)
+            else:
+                yield entry.path, st
+        stack.extend(reversed(subdirs))
+
+
+@dataclass(frozen=True, slots=True)
+class ListedFile:
+    """A regular file as the walk saw it, before anything was opened."""
+
+    path: str
+    root: AuditRoot
+    sdk_tree: str | None
+    stat: os.stat_result
+
+
+# Given every listed regular file, the paths worth opening; the rest are recorded from lstat alone.
+ReadSelector = Callable[[list[ListedFile]], Container[str]]
+
+
+def build_inventory(roots: list[AuditRoot], progress: ProgressCallback | None = None,
+                    worth_reading: ReadSelector | None = None) -> Inventory:
+    """Walk every root and classify its files. Problems become findings; the walk goes on.
+
+    With ``worth_reading``, only the selected files are opened; the others get ``kind=None``
+    (dedup opens only files whose size another file shares, as the peers do: peers.md 1).
+    """
+    inventory = Inventory(roots=list(roots))
+    trees: set[str] = set()
+    listed: list[ListedFile] = []
+    for root in roots:
+        root_tree = enclosing_sdk_tree(root.path)
+        tree_of_dir: dict[str, str | None] = {}  # the owning tree is a property of the directory
+        for path, st in _walk(root, inventory.findings):
+            directory = os.path.dirname(path)
+            if directory in tree_of_dir:
+                sdk_tree = tree_of_dir[directory]
+            else:
+                rel_dir = os.path.dirname(os.path.relpath(path, root.path))
+                sdk_tree = tree_of_dir[directory] = _tree_of(root.path, rel_dir, root_tree)
+            if sdk_tree:
+                trees.add(sdk_tree)
+            if os.path.basename(path).startswith(TEMP_PREFIX):
+                inventory.findings.append(make_finding(
+                    "SCAN004", path, "temporary file left by an interrupted rocm-audit run"))
+            if stat.S_ISLNK(st.st_mode):
+                try:
+                    link = LinkRecord(path, root.path, sdk_tree, os.readlink(path))
+                except OSError as exc:
+                    inventory.findings.append(make_finding("SCAN001", path, f"cannot read link: {exc.strerror}"))
+                    continue
+                inventory.links.append(link)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue  # FIFOs, sockets and devices are never opened: reading one can hang
+            if root.sdk_only and sdk_tree is None:
+                continue
+            listed.append(ListedFile(path, root, sdk_tree, st))
+    selected = None if worth_reading is None else worth_reading(listed)
+    for seen_files, entry in enumerate(listed, 1):
+        if selected is None or entry.path in selected:
+            record = _file_record(entry, inventory.findings)
+        else:
+            record = _unread_record(entry)
+        if record is not None:
+            inventory.files.append(record)
+        if progress is not None:
+            progress(seen_files, entry.stat.st_size)
+    inventory.sdk_trees = sorted(trees)
+    return inventory
+
+
+def _tree_of(root_path: str, rel_dir: str, root_tree: str | None) -> str | None:
+    if root_tree is not None:
+        return root_tree
+    if rel_dir in ("", "."):
+        return None
+    parts = rel_dir.split(os.sep)
+    for depth, name in enumerate(parts):
+        if is_sdk_tree_name(name):
+            return os.path.join(root_path, *parts[: depth + 1])
+    return None
+
+
+def _file_record(entry: ListedFile, findings: list[Finding]) -> FileRecord | None:
+    path = entry.path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        findings.append(make_finding("SCAN001", path, f"cannot open: {exc.strerror}"))
+        return None
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (entry.stat.st_dev, entry.stat.st_ino):
+            findings.append(make_finding("SCAN001", path, "file was replaced while it was being read"))
+            return None
+        head = os.pread(fd, HEAD_BYTES, 0)
+        try:
+            kind, header = classify(fd, head, opened.st_size)
+        except FormatError as exc:
+            findings.append(make_finding("SCAN002", path, exc.reason, data={"offset": exc.offset}))
+            kind, header = FileKind.OTHER_ELF, None
+    except OSError as exc:
+        findings.append(make_finding("SCAN001", path, f"cannot read: {exc.strerror}"))
+        return None
+    finally:
+        os.close(fd)
+    return _record(entry, opened, kind, head[:MAGIC_BYTES], head_digest(head), header)
+
+
+def _unread_record(entry: ListedFile) -> FileRecord:
+    return _record(entry, entry.stat, None, b"", None, None)
+
+
+def _record(entry: ListedFile, st: os.stat_result, kind: FileKind | None, magic: bytes, head_digest: bytes | None,
+            header: elfread.ElfHeader | None) -> FileRecord:
+    return FileRecord(
+        path=entry.path, root=entry.root.path, sdk_tree=entry.sdk_tree, kind=kind,
+        dev=st.st_dev, ino=st.st_ino, nlink=st.st_nlink, size=st.st_size,
+        mode=st.st_mode, uid=st.st_uid, gid=st.st_gid,
+        mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns,
+        magic=magic, head_digest=head_digest, elf=header,
+    )

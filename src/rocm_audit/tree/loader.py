@@ -1,0 +1,145 @@
+"""A model of glibc's search for DT_NEEDED libraries, good enough to say which files one process
+loads together (formats.md 4; glibc elf/dl-load.c ``_dl_map_object``).
+
+Order for a name without ``/``: DT_RPATH of the object and then of its loaders (only while the
+object has no DT_RUNPATH), LD_LIBRARY_PATH, DT_RUNPATH, ld.so.conf directories, then the default
+directories. ``$ORIGIN`` is the directory of the path the object was loaded by, not of a symlink
+target (formats.md 4, observed). Everything is resolved under ``sysroot`` so an unpacked image can
+be modelled from outside.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from rocm_audit.elf import read as elfread
+from rocm_audit.errors import FormatError
+
+DEFAULT_LIB = "lib/x86_64-linux-gnu"  # what $LIB expands to on Debian/Ubuntu x86_64
+DEFAULT_PLATFORM = "x86_64"
+DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+_DST = re.compile(r"\$(ORIGIN|LIB|PLATFORM)\b|\$\{(ORIGIN|LIB|PLATFORM)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    name: str
+    path: str | None  # the path glibc would open (under sysroot), None when not found
+    via: str  # "rpath", "ld_library_path", "runpath", "ld.so.conf", "default", "path", "not-found"
+
+
+@dataclass(slots=True)
+class LoaderModel:
+    sysroot: str = "/"
+    lib: str = DEFAULT_LIB
+    platform: str = DEFAULT_PLATFORM
+    ld_library_path: tuple[str, ...] = ()
+    default_dirs: tuple[str, ...] = DEFAULT_DIRS
+    _conf_dirs: tuple[str, ...] | None = field(default=None, repr=False)
+    _dynamic_cache: dict[str, elfread.DynamicInfo | None] = field(default_factory=dict, repr=False)
+
+    def in_root(self, absolute: str) -> str:
+        """Map an absolute path inside the modelled system to a host path."""
+        if self.sysroot in ("", "/"):
+            return absolute
+        return os.path.join(self.sysroot, absolute.lstrip("/"))
+
+    def expand(self, entry: str, origin_dir: str) -> str | None:
+        """Expand $ORIGIN/$LIB/$PLATFORM in one search-path entry; origin_dir is a host path."""
+        def substitute(match: re.Match[str]) -> str:
+            token = match.group(1) or match.group(2)
+            if token == "ORIGIN":
+                return origin_dir
+            return self.lib if token == "LIB" else self.platform
+
+        expanded = _DST.sub(substitute, entry)
+        if not expanded:
+            return None
+        if "$ORIGIN" in entry or "${ORIGIN}" in entry:
+            return os.path.normpath(expanded)
+        return os.path.normpath(self.in_root(expanded)) if os.path.isabs(expanded) else None
+
+    def conf_dirs(self) -> tuple[str, ...]:
+        """Directories from /etc/ld.so.conf (and its includes) under the sysroot."""
+        if self._conf_dirs is None:
+            found: list[str] = []
+            self._read_conf(self.in_root("/etc/ld.so.conf"), found, depth=0)
+            self._conf_dirs = tuple(found)
+        return self._conf_dirs
+
+    def _read_conf(self, path: str, found: list[str], depth: int) -> None:
+        if depth > 8:
+            return
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                lines = handle.read(1 << 20).splitlines()
+        except OSError:
+            return
+        for line in lines:
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            if line.startswith("include"):
+                pattern = line.split(None, 1)[1] if " " in line or "\t" in line else ""
+                if not os.path.isabs(pattern):
+                    pattern = os.path.join("/etc", pattern)
+                for included in sorted(glob.glob(self.in_root(pattern))):
+                    self._read_conf(included, found, depth + 1)
+            elif os.path.isabs(line):
+                host = self.in_root(line)
+                if host not in found:
+                    found.append(host)
+
+    def dynamic_of(self, path: str) -> elfread.DynamicInfo | None:
+        if path not in self._dynamic_cache:
+            from rocm_audit.tree.inventory import read_dynamic_info
+
+            try:
+                # The loader follows links, as ld.so does; only regular files are opened.
+                self._dynamic_cache[path] = (read_dynamic_info(path, follow_symlinks=True)
+                                             if os.path.isfile(path) else None)
+            except (OSError, FormatError):
+                self._dynamic_cache[path] = None
+        return self._dynamic_cache[path]
+
+    def search_order(self, path_used: str, dynamic: elfread.DynamicInfo,
+                     loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = ()) -> list[tuple[str, str]]:
+        """(directory, source) pairs in glibc's order for DT_NEEDED of the object at path_used."""
+        order: list[tuple[str, str]] = []
+        origin = os.path.dirname(path_used)
+        if not dynamic.runpath:
+            for owner_path, owner_dynamic in ((path_used, dynamic), *reversed(loader_chain)):
+                if owner_dynamic.runpath:
+                    # A DT_RUNPATH hides that object's own DT_RPATH, but the walk goes on up
+                    # the loader chain (glibc get-dynamic-info.h, dl-load.c; observed).
+                    continue
+                owner_origin = os.path.dirname(owner_path)
+                order.extend((d, "rpath") for d in self._expand_all(owner_dynamic.rpath, owner_origin))
+        order.extend((d, "ld_library_path") for d in self._expand_all(self.ld_library_path, origin))
+        order.extend((d, "runpath") for d in self._expand_all(dynamic.runpath, origin))
+        order.extend((d, "ld.so.conf") for d in self.conf_dirs())
+        order.extend((self.in_root(d), "default") for d in self.default_dirs)
+        return order
+
+    def _expand_all(self, entries: Iterable[str], origin: str) -> list[str]:
+        return [d for d in (self.expand(e, origin) for e in entries) if d is not None]
+
+    def resolve(self, name: str, path_used: str, dynamic: elfread.DynamicInfo,
+                loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = (),
+                accept: Callable[[str], bool] | None = None) -> Resolution:
+        """Which file a DT_NEEDED ``name`` of the object loaded as path_used resolves to."""
+        if "/" in name:
+            candidate = name if os.path.isabs(name) else os.path.join(os.path.dirname(path_used), name)
+            return Resolution(name, candidate if os.path.isfile(candidate) else None, "path")
+        for directory, source in self.search_order(path_used, dynamic, loader_chain):
+            candidate = os.path.join(directory, name)
+            if os.path.isfile(candidate) and (accept is None or accept(candidate)):
+                return Resolution(name, candidate, source)
+        return Resolution(name, None, "not-found")
+
+    def resolve_all(self, path_used: str, dynamic: elfread.DynamicInfo) -> dict[str, Resolution]:
+        return {name: self.resolve(name, path_used, dynamic) for name in dynamic.needed}
