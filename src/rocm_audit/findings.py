@@ -2,45 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rocm_audit.rulebook.catalogue import default_severity
+from rocm_audit.severity import Severity
 
-class Severity(str, enum.Enum):
-    """Finding severity; ordered info < warning < error."""
-
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
-
-    @property
-    def rank(self) -> int:
-        return _RANK[self]
-
-    def __ge__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank >= other.rank
-
-    def __gt__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank > other.rank
-
-    def __le__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank <= other.rank
-
-    def __lt__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank < other.rank
-
-
-_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+__all__ = ["Finding", "Severity", "make_finding", "sorted_findings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +38,6 @@ def make_finding(
 ) -> Finding:
     """Build a finding whose severity defaults to the rule's default in the shipped catalogue."""
     if severity is None:
-        from rocm_audit.rulebook.catalogue import default_severity
-
         severity = default_severity(rule)
     return Finding(
         rule=rule,
@@ -84,11 +51,3 @@ def make_finding(
 
 def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(findings, key=Finding.sort_key)
-
-
-def worst_severity(findings: Iterable[Finding]) -> Severity | None:
-    worst: Severity | None = None
-    for one in findings:
-        if worst is None or one.severity > worst:
-            worst = one.severity
-    return worst

@@ -493,22 +493,20 @@ def test_exclusive_modes_are_a_usage_error(sdk, run_cli, argv):
 
 
 def test_keeper_rule_ranks_exact_tree_names_before_patterns(tmp_path):
-    from rocm_audit.dedup.engine import keeper_sort_key
-    from rocm_audit.tree.inventory import FileKind, FileRecord
+    from rocm_audit.tree.keeper import KeeperRule
 
     order = ["_rocm_sdk_core", "_rocm_sdk_libraries*", "_rocm_sdk_*", "_rocm_sdk_devel"]
 
-    def record(tree: str, rel: str) -> FileRecord:
-        return FileRecord(path=f"/sp/{tree}/{rel}", root="/sp", sdk_tree=f"/sp/{tree}", kind=FileKind.SHARED_LIBRARY,
-                          dev=1, ino=hash(tree + rel) & 0xFFFF, nlink=1, size=1, mode=0o100644, uid=0, gid=0,
-                          mtime_ns=0, ctime_ns=0, magic=b"", head_digest=b"")
+    def record(tree: str, rel: str) -> tuple[str, str]:
+        return f"/sp/{tree}/{rel}", f"/sp/{tree}"
 
     candidates = [record("_rocm_sdk_devel", "lib/libx.so.1"), record("_rocm_profiler_sdk_x", "lib/libx.so.1"),
                   record("_rocm_sdk_extra", "lib/libx.so.1"),
                   record("_rocm_sdk_libraries_gfx950_dcgpu", "lib/libx.so.1"),
                   record("_rocm_sdk_core", "lib/libx.so.1.2.3"), record("_rocm_sdk_core", "lib/libx.so.1")]
-    ranked = sorted(candidates, key=lambda r: keeper_sort_key(r, "libx.so.1", order))
-    assert [r.path for r in ranked] == [
+    rule = KeeperRule(tuple(order))
+    ranked = sorted(candidates, key=lambda r: rule.sort_key(r[0], r[1], "libx.so.1"))
+    assert [path for path, _ in ranked] == [
         "/sp/_rocm_sdk_core/lib/libx.so.1",  # the SONAME-named file wins inside the owner
         "/sp/_rocm_sdk_core/lib/libx.so.1.2.3",
         "/sp/_rocm_sdk_libraries_gfx950_dcgpu/lib/libx.so.1",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import fnmatch
 import functools
 import os
 import re
@@ -32,7 +31,7 @@ from rocm_audit.elf import read as elfread
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
-from rocm_audit.rulebook.catalogue import policy
+from rocm_audit.rulebook.policy import policy
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.forkmap import fork_imap, worker_count
 from rocm_audit.tree.identical import (
@@ -59,6 +58,7 @@ from rocm_audit.tree.inventory import (
     build_inventory,
     classify,
 )
+from rocm_audit.tree.keeper import KeeperRule
 
 MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "dedup-manifest.jsonl"
@@ -100,31 +100,6 @@ class DedupPlan:
     findings: list[Finding]
     stats: CompareStats
     exact: bool = True  # False: members agree on size, head and tail; apply_plan compares the rest
-
-
-def _owner_rank(record: FileRecord, owner_order: list[str]) -> int:
-    """Position of the tree in owner_order; an exact name beats a pattern that also matches."""
-    return _tree_rank(os.path.basename(record.sdk_tree or ""), tuple(owner_order))
-
-
-@functools.lru_cache(maxsize=256)  # a plan ranks thousands of records from a handful of trees
-def _tree_rank(tree_name: str, owner_order: tuple[str, ...]) -> int:
-    if tree_name in owner_order:
-        return owner_order.index(tree_name)
-    for rank, pattern in enumerate(owner_order):
-        if fnmatch.fnmatchcase(tree_name, pattern):
-            return rank
-    return len(owner_order)
-
-
-def keeper_sort_key(record: FileRecord, soname: str | None, owner_order: list[str]) -> tuple[Any, ...]:
-    """Lower is better: runtime owner, SONAME-named file, shorter path, byte-wise path order."""
-    return (
-        _owner_rank(record, owner_order),
-        0 if soname and os.path.basename(record.path) == soname else 1,
-        len(record.path),
-        os.fsencode(record.path),
-    )
 
 
 def relative_link_text(keeper_real: str, link_path: str, realdir: Callable[[str], str] = os.path.realpath,
@@ -251,7 +226,7 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
     # chunk is read whole).
     weights = [len(b) * (b[0].size if exact else min(b[0].size, CHUNK_BYTES)) for b in buckets]
     workers = worker_count(sum(weights), PARALLEL_MIN_BYTES)
-    owner_order: list[str] = list(policy("dedup").get("owner_order", []))
+    keeper_rule = KeeperRule.from_policy()
     realdir = functools.lru_cache(maxsize=None)(os.path.realpath)  # one realpath per directory
     reldir = functools.lru_cache(maxsize=None)(os.path.relpath)  # one relpath per directory pair
     groups: list[DedupGroup] = []
@@ -274,7 +249,7 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
         for paths in classes:
             keys = [(r.root, r.dev, r.ino) for r in (by_path[p] for p in paths)]
             grouped.update(keys)
-            made = _group_from([r for key in keys for r in paths_by_inode[key]], inventory, owner_order,
+            made = _group_from([r for key in keys for r in paths_by_inode[key]], inventory, keeper_rule,
                                found_by_bucket[bucket_number], realdir, reldir)
             if made is not None:
                 groups.append(made)
@@ -325,23 +300,22 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
     # A single inode with several paths in the trees is a hardlink group on its own.
     for key, records in paths_by_inode.items():
         if key not in grouped and len(records) > 1:
-            made = _group_from(records, inventory, owner_order, findings, realdir, reldir)
+            made = _group_from(records, inventory, keeper_rule, findings, realdir, reldir)
             if made is not None:
                 groups.append(made)
     return groups
 
 
-def _group_from(records: list[FileRecord], inventory: Inventory, owner_order: list[str],
+def _group_from(records: list[FileRecord], inventory: Inventory, keeper_rule: KeeperRule,
                 findings: list[Finding], realdir: Callable[[str], str] = os.path.realpath,
                 reldir: Callable[[str, str], str] = os.path.relpath) -> DedupGroup | None:
     soname = None
-    ranks = [_owner_rank(r, owner_order) for r in records]
-    if len(set(ranks)) < len(ranks):  # the SONAME tie-break only orders records of one owner rank
+    if keeper_rule.needs_soname([r.sdk_tree for r in records]):
         try:
             soname = inventory.dynamic(records[0]).soname
         except (OSError, Exception) as exc:  # noqa: BLE001 - a malformed dynamic section only loses the SONAME tie-break
             findings.append(make_finding("SCAN002", records[0].path, f"cannot read the dynamic section: {exc}"))
-    ordered = sorted(records, key=lambda r: keeper_sort_key(r, soname, owner_order))
+    ordered = sorted(records, key=lambda r: keeper_rule.sort_key(r.path, r.sdk_tree, soname))
     keeper = ordered[0]
     # records are regular files (lstat), so realpath(file) == realpath(its directory) + its name
     keeper_real = os.path.join(realdir(os.path.dirname(keeper.path)), os.path.basename(keeper.path))

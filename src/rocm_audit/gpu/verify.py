@@ -63,7 +63,7 @@ def requested_targets(
 ) -> tuple[list[RequiredTarget], str]:
     """Targets from arguments, else $GPU_ARCH, else the policy's ``targets``, else dist_info.json;
     plus the policy's ``extra_targets`` (``--rules``). Returns (targets, source). Raises UsageError."""
-    from rocm_audit.rulebook.catalogue import policy
+    from rocm_audit.rulebook.policy import policy
 
     settings = policy("verify-arch")
     names = split_target_args(args)

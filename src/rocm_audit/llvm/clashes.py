@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import fnmatch
 import glob
 import logging
 import os
@@ -38,10 +37,10 @@ from rocm_audit.llvm.probes import (
 )
 from rocm_audit.llvm.roles import ClFacts, Role, classify
 from rocm_audit.outcome import CommandOutcome
-from rocm_audit.rulebook.catalogue import policy
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.identical import Candidate, CompareStats, ReadFailure, partition_identical
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory, read_dynamic_info
+from rocm_audit.tree.keeper import KeeperRule
 from rocm_audit.tree.loader import LoaderModel
 
 log = logging.getLogger(__name__)
@@ -330,23 +329,6 @@ class _Facts:
         return ClFacts(path, Role.UNKNOWN, None, None, 0, False, False, None, False, None, False)
 
 
-def _keeper(
-    paths: Sequence[str], records: dict[str, FileRecord], owner_order: Sequence[str]
-) -> str:
-    """The copy to keep: the runtime package's (dedup's owner order), then the shortest path."""
-
-    def rank(path: str) -> tuple[int, int, str]:
-        record = records.get(path)
-        tree = os.path.basename(record.sdk_tree) if record is not None and record.sdk_tree else ""
-        owner = next(
-            (i for i, pattern in enumerate(owner_order) if tree and fnmatch.fnmatch(tree, pattern)),
-            len(owner_order),
-        )
-        return (owner, len(path), path)
-
-    return min(paths, key=rank)
-
-
 def _identical_classes(records: Sequence[FileRecord], findings: list[Finding]) -> list[set[str]]:
     """Classes of byte-identical files among records (one path per inode)."""
     by_size: dict[int, list[FileRecord]] = {}
@@ -423,7 +405,7 @@ def _duplicate_clashes(
     for identity in representatives:
         groups.setdefault(find(identity), []).append(identity)
     group_of = {identity: n for n, members in enumerate(groups.values()) for identity in members}
-    owner_order = policy("dedup").get("owner_order", [])
+    keeper_rule = KeeperRule.from_policy()
     clashes = []
     for members in groups.values():
         if len(members) < 2:
@@ -441,7 +423,9 @@ def _duplicate_clashes(
             preloaded=(ordered[0] in preloaded, ordered[1] in preloaded),
         )
         registrant = first_facts.role is Role.REGISTRANT
-        keeper = _keeper(paths, records, owner_order)
+        keeper = keeper_rule.choose(
+            paths, lambda p: records[p].sdk_tree if p in records else None, first_facts.soname
+        )
         others = ", ".join(p for p in paths if p != keeper)
         if same_bytes:
             fix = (

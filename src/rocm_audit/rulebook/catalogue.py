@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocm_audit.errors import ConfigError
-from rocm_audit.findings import Severity
+from rocm_audit.severity import Severity
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -119,10 +119,3 @@ def rule(rule_id: str) -> Rule:
 
 def default_severity(rule_id: str) -> Severity:
     return rule(rule_id).severity
-
-
-def policy(area: str) -> dict[str, Any]:
-    """Settings of one policy area in force: shipped defaults plus any --rules overrides."""
-    from rocm_audit.rulebook.policy import active_policy
-
-    return active_policy().area(area)

@@ -210,3 +210,8 @@ def using_policy(current: Policy) -> Iterator[Policy]:
         yield current
     finally:
         _ACTIVE.reset(token)
+
+
+def policy(area: str) -> dict[str, Any]:
+    """Settings of one policy area in force: shipped defaults plus any --rules overrides."""
+    return active_policy().area(area)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rocm_audit.cli.app import FailOn, FormatOption, OutputFormat, OutputOption, RulesOption, emit, run
+from rocm_audit.cli.common import FailOn, FormatOption, OutputFormat, OutputOption, RulesOption, emit, run
 
 
 def command(rules: RulesOption = None, fmt: FormatOption = OutputFormat.text, output: OutputOption = None) -> None:

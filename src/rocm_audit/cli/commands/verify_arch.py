@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.app import (
+from rocm_audit.cli.common import (
     FailOn,
     FailOnOption,
     FormatOption,

@@ -1,0 +1,139 @@
+"""What every command shares: the option declarations, the policy in force, rendering and exit codes.
+
+Commands import this module; the command group (app.py) imports the commands. Nothing here
+imports a command, so the CLI has no import cycle.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Annotated, Optional
+
+import typer
+
+from rocm_audit.errors import RocmAuditError
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.severity import Severity
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+EPILOG = ("Exit codes: 0 clean; 1 findings at or above --fail-on (dedup --check: work to do); "
+          "2 usage or configuration error; 3 internal error.")
+
+
+class OutputFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+    junit = "junit"
+    github = "github"
+
+
+class FailOn(str, enum.Enum):
+    error = "error"
+    warning = "warning"
+    info = "info"
+    never = "never"
+
+
+PathsOption = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option("-p", "--path", metavar="PATH",
+                 help="site-packages dir, _rocm_sdk_* tree, any dir or a single file; repeatable. "
+                      "Default: every site-packages dir of this interpreter."),
+]
+FormatOption = Annotated[OutputFormat, typer.Option(
+    "--format", help="text, json (versioned schema), sarif (2.1.0), junit (XML) or github (Actions annotations).")]
+OutputOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically) instead of stdout."),
+]
+FailOnOption = Annotated[
+    FailOn, typer.Option("--fail-on", help="Lowest severity that makes the exit code 1.")]
+QuietOption = Annotated[bool, typer.Option("-q", "--quiet", help="No progress line and no summary on stderr.")]
+RulesOption = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option("--rules", metavar="FILE",
+                 help="TOML rules file: severity overrides, ignores (with a reason), policy settings; repeatable."),
+]
+
+
+class _State:
+    debug = False
+    verbose = 0
+
+
+def fail_on_severity(fail_on: FailOn) -> Severity | None:
+    return None if fail_on is FailOn.never else Severity(fail_on.value)
+
+
+def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on: FailOn,
+         quiet: bool = False) -> int:
+    """Apply the policy, render the outcome, write it, and return the exit code.
+
+    When the report is machine-readable or goes to a file, the one-line summary goes to stderr
+    (unless quiet), so a person watching the build still sees what happened."""
+    from rocm_audit.rulebook.policy import active_policy
+
+    outcome.findings, outcome.suppressed = active_policy().apply(outcome.findings)
+    threshold = fail_on_severity(fail_on)
+    if fmt is OutputFormat.json:
+        from rocm_audit.output.report import build_report, to_json
+
+        text = to_json(build_report(outcome.command, outcome.findings, inputs=outcome.inputs,
+                                    sections=outcome.sections, suppressed=outcome.suppressed))
+    elif fmt is OutputFormat.sarif:
+        from rocm_audit.output.sarif import render_sarif
+
+        text = render_sarif(outcome)
+    elif fmt is OutputFormat.junit:
+        from rocm_audit.output.junit import render_junit
+
+        text = render_junit(outcome, threshold)
+    elif fmt is OutputFormat.github:
+        from rocm_audit.output.github import render_github
+
+        text = render_github(outcome)
+    else:
+        from rocm_audit.output.text import render_text
+
+        text = render_text(outcome)
+    if output:
+        from rocm_audit.output.report import write_atomic
+
+        write_atomic(output, text)
+    else:
+        # Renderers escape file names; backslashreplace is the net under anything they missed.
+        if hasattr(sys.stdout, "buffer"):
+            sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
+        else:  # a test runner's text stream
+            sys.stdout.write(text)
+        sys.stdout.flush()
+    if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
+        typer.echo(outcome.summary, err=True)
+    if threshold is None:
+        return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
+    return outcome.exit_code(threshold)
+
+
+def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
+    """Run a command body under the policy in force; map errors to exit codes (no traceback unless --debug)."""
+    try:
+        from rocm_audit.rulebook.policy import load_policy, using_policy
+
+        with using_policy(load_policy(rules_files or [])):
+            code = body()
+    except RocmAuditError as exc:
+        typer.echo(f"rocm-audit: error: {exc.message}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the one place internal errors are turned into exit 3
+        if _State.debug:
+            traceback.print_exc()
+        typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
+        raise typer.Exit(EXIT_INTERNAL) from None
+    raise typer.Exit(code)
