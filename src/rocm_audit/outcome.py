@@ -1,8 +1,8 @@
-"""What every command returns to the CLI: findings, the JSON sections, and a text rendering."""
+"""What every command returns to the CLI: findings and the JSON sections. Data only: the renderers in
+output/ turn it into text, JSON, SARIF, JUnit or GitHub annotations."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,6 @@ class CommandOutcome:
     findings: list[Finding]
     inputs: list[str] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)
-    render_text: Callable[[CommandOutcome], str] | None = None
     # Set by commands whose own contract decides failure (dedup --check: "anything would change").
     force_failure: bool = False
     # One human line for stderr when the report itself goes to a file or is JSON.

@@ -104,7 +104,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
     elapsed = time.monotonic() - started
     sections["summary"] = {"checks": ran, "files_scanned": len(inventory.files), "elapsed_s": round(elapsed, 3)}
     return CommandOutcome(
-        command="check", findings=findings, inputs=looked, sections=sections, render_text=_render_text,
+        command="check", findings=findings, inputs=looked, sections=sections,
         summary=f"check: {len(inventory.files)} files; " + "; ".join(summaries) + f"; {elapsed:.2f} s")
 
 
@@ -121,21 +121,3 @@ def run_check(paths: list[str] | None, options: CheckOptions,
         looked = [r.given for r in roots]
     inventory = build_inventory(roots, progress)
     return audit_inventory(inventory, looked, options)
-
-
-def _render_text(outcome: CommandOutcome) -> str:
-    lines = []
-    dedup = outcome.sections.get("dedup")
-    if dedup is not None:
-        lines.append(f"dedup: {len(dedup['groups'])} group(s) of identical SDK libraries"
-                     + (f", {dedup['bytes_freed']:,} bytes to free" if dedup["groups"] else ""))
-    if "carriers" in outcome.sections:
-        carriers = outcome.sections["carriers"]
-        missing = [c for c in carriers if c.get("missing")]
-        targets = ", ".join(t["target"] for t in outcome.sections.get("targets", [])) or "unknown"
-        lines.append(f"verify-arch: {len(carriers)} carrier(s), {len(missing)} missing a target of {targets}")
-    if "clashes" in outcome.sections:
-        llvm_roles = [lib for lib in outcome.sections["libraries"] if lib.get("role") not in ("none", None)]
-        lines.append(f"llvm: {len(llvm_roles)} LLVM exporter(s)/registrant(s)/private copies, "
-                     f"{len(outcome.sections['clashes'])} clash(es)")
-    return "\n".join(lines)

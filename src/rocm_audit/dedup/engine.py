@@ -914,41 +914,11 @@ def run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None =
         summary = f"dedup: no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}"
     return CommandOutcome(
         command="dedup", findings=findings, inputs=[r.path for r in roots], sections=sections,
-        render_text=_render_text, force_failure=(mode == "check" and bool(plan.groups)), summary=summary)
-
-
-def _render_text(outcome: CommandOutcome) -> str:
-    from rocm_audit.output.text import display
-
-    section = outcome.sections["dedup"]
-    lines = []
-    mode = section["mode"]
-    for group in section["groups"]:
-        lines.append(f"keep {display(group['keeper'])}  ({group['size']:,} bytes, {group['reason']})")
-        for d in group["duplicates"]:
-            mark = {"planned": "would link", "replaced": "linked", "skipped": "SKIPPED",
-                    "failed": "FAILED"}[d["status"]]
-            lines.append(f"  {mark:10} {display(d['path'])} -> {display(d['link_text'])}"
-                         f"{'  (was a hardlink)' if d['hardlink'] else ''}")
-    if mode == "dry-run" and section["shell_preview"]:
-        lines.append("# equivalent shell (rocm-audit also re-checks each pair just before changing it):")
-        lines.extend(section["shell_preview"])
-    if section["manifest"]:
-        lines.append(f"revert manifest: {display(section['manifest'])}")
-    if section["verified"] is False:
-        lines.append("VERIFICATION FAILED: see the DUP006 findings below")
-    lines.append(outcome.summary or "")
-    return "\n".join(lines)
+        force_failure=(mode == "check" and bool(plan.groups)), summary=summary)
 
 
 # --------------------------------------------------------------------------------------------
 # Revert
-
-
-def _display(text: str) -> str:
-    from rocm_audit.output.text import display
-
-    return display(text)
 
 
 def _read_manifest(path: str) -> list[dict[str, Any]]:
@@ -1092,6 +1062,4 @@ def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
         command="dedup", findings=findings, inputs=[os.path.abspath(p) for p in manifest_paths],
         sections={"revert": {"manifests": [os.path.abspath(p) for p in manifest_paths],
                              "restored": sorted(restored), "already_original": already, "failed": failed}},
-        render_text=lambda o: "\n".join([*(f"restored {_display(p)}" for p in o.sections["revert"]["restored"]),
-                                         o.summary or ""]),
         summary=summary)

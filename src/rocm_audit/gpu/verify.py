@@ -445,7 +445,6 @@ def verify_arch(
             "targets_source": source,
             "carriers": [carrier_to_dict(c) for c in carriers],
         },
-        render_text=render_verify_text,
         summary=f"verify-arch: {len(carriers)} carrier(s), {failing} missing a target of "
         f"{', '.join(t.spelled for t in required)}",
     )
@@ -477,71 +476,8 @@ def list_targets(
         findings=list(inventory.findings) + scan_findings(scans),
         inputs=looked,
         sections={"code_object_files": files, "code_objects": objects},
-        render_text=render_scan_text,
         summary=f"scan: {len(objects)} code object(s) in {len(files)} file(s)",
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Text rendering (pure functions of the outcome's sections)
-
-
-def _rel(path: str, package: str | None) -> str:
-    if package:
-        marker = os.sep + package + os.sep
-        index = path.find(marker)
-        if index >= 0:
-            return path[index + len(marker) :]
-    return path
-
-
-def render_verify_text(outcome: CommandOutcome) -> str:
-    targets = ", ".join(
-        f"{t['target']} (as {t['agent']})" if t["target"] != t["agent"] else t["target"]
-        for t in outcome.sections["targets"]
-    )
-    lines = [f"Targets: {targets}  [from {outcome.sections['targets_source']}]"]
-    carriers = outcome.sections["carriers"]
-    if not carriers:
-        lines.append("No device-code carriers found.")
-    by_package: dict[str, list[dict[str, Any]]] = {}
-    for carrier in carriers:
-        by_package.setdefault(carrier["package"] or "(outside SDK packages)", []).append(carrier)
-    for package in sorted(by_package):
-        group = by_package[package]
-        bad = sum(1 for c in group if c["missing"])
-        lines.append("")
-        lines.append(f"{package}: {len(group)} carrier(s), {bad} missing a target")
-        for carrier in group:
-            status = "MISSING" if carrier["missing"] else "ok"
-            tus = f", {carrier['tu_count']} TU" if carrier["tu_count"] else ""
-            members = f", {len(carrier['members'])} file(s)" if carrier["members"] else ""
-            how = "; ".join(f"{m['target']} {m['how'] or 'missing'}" for m in carrier["matches"])
-            lines.append(
-                f"  {status:<7} {_rel(carrier['path'], carrier['package'])}  "
-                f"[{', '.join(carrier['containers'])}{tus}{members}]  {how}"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def render_scan_text(outcome: CommandOutcome) -> str:
-    lines: list[str] = []
-    by_path: dict[str, list[dict[str, Any]]] = {}
-    for obj in outcome.sections["code_objects"]:
-        by_path.setdefault(obj["path"], []).append(obj)
-    for info in outcome.sections["code_object_files"]:
-        tus = f", {info['tu_count']} TU" if info["tu_count"] else ""
-        lines.append(f"{info['path']}  [{', '.join(info['containers'])}{tus}]")
-        for obj in by_path.get(info["path"], []):
-            cov = f"cov{obj['code_object_version']}" if obj["code_object_version"] else ""
-            ident = obj["entry_id"] or obj["target"] or "?"
-            target = obj["target"] or "-"
-            lines.append(
-                f"    {obj['location']:<36} {obj['kind']:<6} {target:<28} {cov:<5} {ident}"
-            )
-    if not lines:
-        lines.append("No GPU code objects found.")
-    return "\n".join(lines) + "\n"
 
 
 def inventory_summary(
@@ -554,16 +490,10 @@ def inventory_summary(
     for record in inventory.files:
         counts[record.opened_kind.value] += 1
 
-    def render(outcome: CommandOutcome) -> str:
-        lines = [f"{name}: {count}" for name, count in outcome.sections["file_kinds"].items()]
-        lines += [f"SDK tree: {tree}" for tree in outcome.sections["sdk_trees"]]
-        return "\n".join(lines) + "\n"
-
     return CommandOutcome(
         command="scan",
         findings=list(inventory.findings),
         inputs=looked,
         sections={"sdk_trees": inventory.sdk_trees, "file_kinds": counts},
-        render_text=render,
         summary=f"scan: {len(inventory.files)} file(s)",
     )

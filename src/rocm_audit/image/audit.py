@@ -230,8 +230,6 @@ def _audit_merged(
         + (f", {wasted:,} bytes in identical copies" if wasted is not None else "")
         + (f"; {outcome.summary}" if outcome.summary else "")
     )
-    render_check = outcome.render_text
-    outcome.render_text = lambda o: _render_text(o, render_check)
     return outcome
 
 
@@ -286,35 +284,6 @@ def _failed(
     return CommandOutcome(
         command="image", findings=findings, inputs=[label], summary=f"image: not audited: {message}"
     )
-
-
-def _render_text(outcome: CommandOutcome, inner: Callable[[CommandOutcome], str] | None) -> str:
-    section = outcome.sections.get("image", {})
-    lines = []
-    source = section.get("source", {})
-    lines.append(
-        f"image: {source.get('ref') or source.get('path')} "
-        f"({source.get('format', source.get('kind'))}), {len(section.get('layers', []))} layer(s); "
-        f"audited {', '.join(section.get('audited_paths', []))}"
-    )
-    waste_part = section.get("waste")
-    if waste_part is not None:
-        lines.append(
-            f"image: {waste_part['wasted_bytes']:,} bytes in identical copies "
-            f"({waste_part['same_layer_bytes']:,} within single layers, "
-            f"{waste_part['cross_layer_bytes']:,} across layers); a later RUN frees none of it"
-        )
-        for group in waste_part["groups"][:10]:
-            copies = "; ".join(
-                f"{c['path']} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
-                for c in group["copies"]
-            )
-            lines.append(
-                f"  {group['size']:,} bytes x{len(group['copies'])} [{group['scope']}]: {copies}"
-            )
-    if inner is not None:
-        lines.append(inner(outcome))
-    return "\n".join(line for line in lines if line)
 
 
 class _Workdir:

@@ -808,67 +808,6 @@ def closure_to_dict(closure: Closure, roles: dict[str, Role]) -> dict[str, Any]:
     }
 
 
-def render_llvm(analysis: LlvmAnalysis) -> str:
-    lines: list[str] = []
-    interesting = [one for one in analysis.libraries if one.role is not Role.NONE]
-    count = {role: sum(1 for one in analysis.libraries if one.role is role) for role in Role}
-    lines.append(
-        f"LLVM libraries: {count[Role.EXPORTER]} exporter(s), {count[Role.REGISTRANT]} "
-        f"registrant(s), {count[Role.PRIVATE_COPY]} private copy(ies), {count[Role.NONE]} other"
-        + (f", {count[Role.UNKNOWN]} unreadable" if count[Role.UNKNOWN] else "")
-    )
-    for one in interesting:
-        details = ", ".join(x for x in (one.soname, one.version_node) if x)
-        scope = "" if analysis.library_in_scan.get(one.path, True) else " [reached by a closure]"
-        lines.append(
-            f"  {one.role.value:<13}{one.path}" + (f"  ({details})" if details else "") + scope
-        )
-    if analysis.clashes:
-        lines.append(f"Clashes: {len(analysis.clashes)}")
-    for clash in analysis.clashes:
-        status = {
-            True: f"CONFIRMED{f' (option {clash.option!r})' if clash.option else ''}",
-            False: "not reproduced",
-            None: "not probed",
-        }[clash.confirmed]
-        lines.append(
-            f"  {clash.risk.value.upper()} {clash.reason.value}, fires: {clash.mode}, {status}"
-        )
-        lines.extend(f"      {path}" for path in clash.paths)
-        if clash.via:
-            shown = clash.via[:3]
-            hidden = clash.via_count - len(shown)
-            lines.append(f"    via: {', '.join(shown)}" + (f" (+{hidden} more)" if hidden else ""))
-        prediction = ", ".join(
-            f"{mode} {expect.value}" for mode, expect in clash.predictions.items()
-        )
-        lines.append(f"    predicted: {prediction}")
-        if clash.probes:
-            lines.append(
-                "    probed:    "
-                + ", ".join(
-                    f"{p.mode} {p.outcome.value}"
-                    + (
-                        ""
-                        if agrees(clash.predictions[p.mode], p.outcome) is not False
-                        else " (contradicts)"
-                    )
-                    for p in clash.probes
-                )
-            )
-        lines.append(f"    fix: {clash.fix}")
-    for closure in analysis.closures:
-        lines.append(f"Closure of {closure.root}: {len(closure.objects)} object(s)")
-        for o in closure.objects:
-            role = analysis.closure_roles.get(o.path, Role.NONE)
-            tag = f" [{role.value}]" if role is not Role.NONE else ""
-            lines.append(f"  {'  ' * o.depth}{o.path}  ({o.via}: {o.request}){tag}")
-        lines.extend(
-            f"  missing: {m.name} (needed by {m.needed_by}): {m.detail}" for m in closure.missing
-        )
-    return "\n".join(lines) + "\n"
-
-
 def run_llvm(
     paths: list[str] | None,
     options: LlvmOptions,
@@ -926,6 +865,5 @@ def run_llvm(
         findings=findings,
         inputs=looked,
         sections=sections,
-        render_text=lambda _outcome: render_llvm(analysis),
         summary=summary,
     )

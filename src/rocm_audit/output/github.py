@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from rocm_audit.findings import Severity
 from rocm_audit.outcome import CommandOutcome
-from rocm_audit.output.text import display
+from rocm_audit.output.escape import display
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 
 
 def _escape_data(text: str) -> str:
-    text = display(text, keep_newlines=True)  # the workflow-command escapes below carry newlines
+    """Workflow-command data escapes (%, CR, LF); names inside were already made one line by display()."""
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
@@ -21,9 +21,9 @@ def _escape_property(text: str) -> str:
 def render_github(outcome: CommandOutcome) -> str:
     lines = []
     for one in outcome.findings:
-        message = one.message
+        message = display(one.message)
         if one.related_paths:
-            message += "\nrelated: " + ", ".join(one.related_paths)
-        lines.append(f"::{_COMMAND[one.severity]} file={_escape_property(one.path)},"
+            message += "\nrelated: " + ", ".join(display(p) for p in one.related_paths)
+        lines.append(f"::{_COMMAND[one.severity]} file={_escape_property(display(one.path))},"
                      f"title={_escape_property(one.rule)}::{_escape_data(message)}")
     return "\n".join(lines) + ("\n" if lines else "")

@@ -7,8 +7,8 @@ from collections import defaultdict
 
 from rocm_audit.findings import Finding, Severity
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.output.escape import display
 from rocm_audit.output.prefixes import rule_prefixes
-from rocm_audit.output.text import display
 from rocm_audit.rulebook.policy import active_policy
 
 

@@ -9,9 +9,9 @@ from typing import Any
 from rocm_audit import __version__
 from rocm_audit.findings import Finding, Severity
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.output.escape import display
 from rocm_audit.output.prefixes import rule_prefixes
 from rocm_audit.output.report import to_json
-from rocm_audit.output.text import display
 from rocm_audit.rulebook.policy import active_policy
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"

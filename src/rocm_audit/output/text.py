@@ -1,32 +1,16 @@
-"""Text rendering of a command outcome: the command's own section, then the findings."""
+"""Text rendering of a command outcome: the command's own section, then the findings, then the counts.
+
+Pure: the outcome's data in, one string out; every name passes through output/escape.py."""
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 from rocm_audit.findings import Severity, sorted_findings
 from rocm_audit.outcome import CommandOutcome
-
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f\udc80-\udcff]")
-
-
-def display(text: str, *, keep_newlines: bool = False) -> str:
-    """Text safe for a terminal or a log line: control characters and undecodable bytes of a file
-    name (held as surrogates by os.fsdecode) become backslash escapes, so one finding stays one line."""
-    def escape(match: re.Match[str]) -> str:
-        char = match.group()
-        if keep_newlines and char in "\r\n":
-            return char
-        if "\udc80" <= char <= "\udcff":
-            return f"\\x{ord(char) - 0xDC00:02x}"
-        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, f"\\x{ord(char):02x}")
-
-    if text.isprintable():  # the common case, in C: no control character and no surrogate
-        return text
-    return _UNPRINTABLE.sub(escape, text)
-
+from rocm_audit.output.escape import display
+from rocm_audit.output.text_sections import section_lines
 
 _COLOURS = {Severity.ERROR: "\x1b[31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
 
@@ -52,10 +36,11 @@ def render_findings(outcome: CommandOutcome, colour: bool) -> list[str]:
 def render_text(outcome: CommandOutcome) -> str:
     colour = use_colour()
     parts: list[str] = []
-    if outcome.render_text is not None:
-        body = outcome.render_text(outcome)
-        if body:
-            parts.append(body.rstrip("\n"))
+    body = section_lines(outcome.command, outcome.sections)
+    if outcome.command == "dedup" and outcome.summary:  # dedup closes its own section with the summary
+        body.append(display(outcome.summary))
+    if body:
+        parts.append("\n".join(body).rstrip("\n"))
     findings = render_findings(outcome, colour)
     if findings:
         parts.append("\n".join(findings))

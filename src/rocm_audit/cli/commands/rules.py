@@ -24,22 +24,6 @@ def command(rules: RulesOption = None, fmt: FormatOption = OutputFormat.text, ou
                    for i in policy.ignores]
         return emit(CommandOutcome(
             command="rules", findings=[], inputs=list(policy.files),
-            sections={"rules": listed, "policy": settings, "ignores": ignores},
-            render_text=_render), fmt, output, FailOn.never)
+            sections={"rules": listed, "policy": settings, "ignores": ignores}), fmt, output, FailOn.never)
 
     run(body, rules)
-
-
-def _render(outcome) -> str:  # type: ignore[no-untyped-def]
-    lines = [f"{'rule':8} {'severity':8} {'source':34} title"]
-    for rule in outcome.sections["rules"]:
-        lines.append(f"{rule['id']:8} {rule['severity']:8} {rule['severity_source']:34} {rule['title']}")
-    lines.append("")
-    lines.append("policy:")
-    for setting in outcome.sections["policy"]:
-        lines.append(f"  {setting['area']}.{setting['key']} = {setting['value']!r}  ({setting['source']})")
-    if outcome.sections["ignores"]:
-        lines.append("ignored:")
-        for ignore in outcome.sections["ignores"]:
-            lines.append(f"  {ignore['rule']} {ignore['path']}: {ignore['reason']}  ({ignore['source']})")
-    return "\n".join(lines)
