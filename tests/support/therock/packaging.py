@@ -152,7 +152,7 @@ def artifact_entries(artifacts: list[Artifact]) -> Iterator[tuple[str, Path]]:
 
 def populate_runtime(package: Package, artifacts: list[Artifact]) -> None:
     """populate_runtime_files + _populate_runtime_symlink: no symlinks in a runtime tree."""
-    package.platform_dir
+    _ = package.platform_dir  # created (with its __init__.py) even if nothing lands in it
     for relpath, entry in artifact_entries(artifacts):
         if relpath in package.materialized:
             continue
@@ -256,7 +256,7 @@ def write_wheel(package: Package, version: str, index_dir: Path) -> Path:
     tag = "py3-none-linux_x86_64" if platform else "py3-none-any"
     wheel_path = index_dir / f"{safe_name}-{version}-{tag}.whl"
     dist_info = f"{safe_name}-{version}.dist-info"
-    metadata = [f"Metadata-Version: 2.1", f"Name: {package.dist_name}", f"Version: {version}"]
+    metadata = ["Metadata-Version: 2.1", f"Name: {package.dist_name}", f"Version: {version}"]
     metadata += [f"Requires-Dist: {req}" for req in package.requires]
     for extra, requirements in package.extras.items():
         metadata.append(f"Provides-Extra: {extra}")

@@ -75,7 +75,7 @@ def _expand_devel_contents(pure_path: Path, site_lib_path: Path) -> None:
         if directory.exists():
             shutil.rmtree(directory)
 
-    with open(record_path, "at") as record:
+    with open(record_path, "a") as record:
         fcntl.lockf(record, fcntl.LOCK_EX)
         try:
             with tarfile.open(tarball, mode) as archive:
