@@ -14,16 +14,16 @@ ld.so.cache beyond the ld.so.conf directories, hwcaps subdirectories, LD_PRELOAD
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rocm_audit.elf import read as elfread
 from rocm_audit.errors import FormatError
 from rocm_audit.tree.inventory import read_dynamic_info
-from rocm_audit.tree.loader import LoaderModel
+from rocm_audit.tree.loader import HostView, LoaderModel
 
-MAX_LINKS = 40  # ELOOP limit of Linux path resolution
+__all__ = ["Closure", "HostView", "LoadedObject", "Missing", "ProcessModel", "load_closure"]
+
 MAX_OBJECTS = 4096  # a closure larger than this is cut short and says so
 
 
@@ -75,95 +75,6 @@ def _read_dynamic(path: str) -> elfread.DynamicInfo | None:
         return None
 
 
-@dataclass(slots=True)
-class HostView:
-    """The modelled file system: paths under ``sysroot`` with symbolic links kept inside it."""
-
-    sysroot: str = "/"
-    _listing: dict[str, frozenset[str]] = field(default_factory=dict)
-    _real: dict[str, str | None] = field(default_factory=dict)
-    _elf_key: dict[str, tuple[int, int] | None] = field(default_factory=dict)
-
-    def realpath(self, path: str) -> str | None:
-        """Where ``path`` resolves, absolute link targets taken under sysroot; None if absent."""
-        if path not in self._real:
-            self._real[path] = self._resolve(path)
-        return self._real[path]
-
-    def _resolve(self, path: str) -> str | None:
-        if self.sysroot in ("", "/"):
-            real = os.path.realpath(path)
-            return real if os.path.exists(real) else None
-        root = os.path.realpath(self.sysroot)
-        relative = os.path.relpath(path, root)
-        if relative == ".." or relative.startswith("../"):
-            return None
-        pending = [p for p in relative.split(os.sep) if p not in ("", ".")]
-        current = root
-        followed = 0
-        while pending:
-            part = pending.pop(0)
-            if part == "..":
-                current = os.path.dirname(current) if current != root else root
-                continue
-            candidate = os.path.join(current, part)
-            try:
-                st = os.lstat(candidate)
-            except OSError:
-                return None
-            if stat.S_ISLNK(st.st_mode):
-                followed += 1
-                if followed > MAX_LINKS:
-                    return None
-                target = os.readlink(candidate)
-                if os.path.isabs(target):
-                    current = root
-                pending[:0] = [p for p in target.split("/") if p not in ("", ".")]
-            else:
-                current = candidate
-        return current
-
-    def names_in(self, directory: str) -> frozenset[str]:
-        """Entry names of a directory (cached: one listing per directory and model)."""
-        if directory not in self._listing:
-            real = self.realpath(directory)
-            try:
-                names = frozenset(os.listdir(real)) if real else frozenset()
-            except OSError:
-                names = frozenset()
-            self._listing[directory] = names
-        return self._listing[directory]
-
-    def identity(self, path: str) -> tuple[int, int] | None:
-        real = self.realpath(path)
-        if real is None:
-            return None
-        try:
-            st = os.stat(real)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
-
-    def elf_key(self, path: str) -> tuple[int, int] | None:
-        """(EI_CLASS, e_machine) of an ELF file, or None: glibc skips files of another class."""
-        if path not in self._elf_key:
-            key = None
-            real = self.realpath(path)
-            if real is not None:
-                try:
-                    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                    try:
-                        head = os.pread(fd, 64, 0)
-                    finally:
-                        os.close(fd)
-                    header = elfread.parse_header(head)
-                    key = (header.elf_class, header.e_machine)
-                except (OSError, FormatError):
-                    key = None
-            self._elf_key[path] = key
-        return self._elf_key[path]
-
-
 class ProcessModel:
     """One process (one link-map namespace) into which libraries are dlopened in turn."""
 
@@ -174,7 +85,7 @@ class ProcessModel:
         host: HostView | None = None,
     ) -> None:
         self.loader = loader
-        self.host = host or HostView(loader.sysroot)
+        self.host = host or loader.host
         self._dynamic_of = dynamic_of or _read_dynamic
         self._dynamic_cache: dict[str, elfread.DynamicInfo] = {}
         self._loaded: list[_Mapped] = []
@@ -204,28 +115,15 @@ class ProcessModel:
     def _search(
         self, name: str, requester: _Mapped, want: tuple[int, int] | None
     ) -> tuple[str, str] | str:
-        """(path, source) of the file glibc would map, or why there is none."""
+        """(path, source) of the file glibc would map, or why there is none: the one search of
+        tree/loader.py, walked with the loader chain of this process."""
         chain: list[tuple[str, elfread.DynamicInfo]] = []
         owner = requester.loader
         while owner is not None:
             chain.append((owner.path, owner.dynamic))
             owner = owner.loader
         chain.reverse()  # LoaderModel.search_order wants the outermost loader first
-        for directory, source in self.loader.search_order(requester.path, requester.dynamic, chain):
-            if name not in self.host.names_in(directory):
-                continue
-            candidate = os.path.join(directory, name)
-            if self.host.identity(candidate) is None:
-                continue
-            key = self.host.elf_key(candidate)
-            if key is None:
-                # open_verify fails ("invalid ELF header", "file too short") and open_path stops
-                # there: glibc searches on only after ENOENT/EACCES (observed, glibc 2.36).
-                return f"not an ELF file: {candidate}"
-            if want is not None and key != want:
-                continue  # another ELF class or machine: glibc skips it and searches on
-            return candidate, source
-        return "not found"
+        return self.loader.find(name, requester.path, requester.dynamic, chain, want)
 
     def dlopen(self, path: str) -> Closure:
         """Map ``path`` (a host path, as given to dlopen) and its dependencies: its closure."""

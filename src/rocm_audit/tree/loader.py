@@ -13,7 +13,8 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+import stat
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
@@ -22,6 +23,7 @@ from rocm_audit.errors import FormatError
 DEFAULT_LIB = "lib/x86_64-linux-gnu"  # what $LIB expands to on Debian/Ubuntu x86_64
 DEFAULT_PLATFORM = "x86_64"
 DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+MAX_LINKS = 40  # ELOOP limit of Linux path resolution
 _DST = re.compile(r"\$(ORIGIN|LIB|PLATFORM)\b|\$\{(ORIGIN|LIB|PLATFORM)\}")
 
 
@@ -30,6 +32,98 @@ class Resolution:
     name: str
     path: str | None  # the path glibc would open (under sysroot), None when not found
     via: str  # "rpath", "ld_library_path", "runpath", "ld.so.conf", "default", "path", "not-found"
+    detail: str = ""  # why nothing was found ("not found", "not an ELF file: ...")
+
+
+@dataclass(slots=True)
+class HostView:
+    """The modelled file system: paths under ``sysroot`` with symbolic links kept inside it."""
+
+    sysroot: str = "/"
+    _listing: dict[str, frozenset[str]] = field(default_factory=dict)
+    _real: dict[str, str | None] = field(default_factory=dict)
+    _elf_key: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+
+    def realpath(self, path: str) -> str | None:
+        """Where ``path`` resolves, absolute link targets taken under sysroot; None if absent."""
+        if path not in self._real:
+            self._real[path] = self._resolve(path)
+        return self._real[path]
+
+    def _resolve(self, path: str) -> str | None:
+        if self.sysroot in ("", "/"):
+            real = os.path.realpath(path)
+            return real if os.path.exists(real) else None
+        root = os.path.realpath(self.sysroot)
+        relative = os.path.relpath(path, root)
+        if relative == ".." or relative.startswith("../"):
+            return None
+        pending = [p for p in relative.split(os.sep) if p not in ("", ".")]
+        current = root
+        followed = 0
+        while pending:
+            part = pending.pop(0)
+            if part == "..":
+                current = os.path.dirname(current) if current != root else root
+                continue
+            candidate = os.path.join(current, part)
+            try:
+                st = os.lstat(candidate)
+            except OSError:
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                followed += 1
+                if followed > MAX_LINKS:
+                    return None
+                target = os.readlink(candidate)
+                if os.path.isabs(target):
+                    current = root
+                pending[:0] = [p for p in target.split("/") if p not in ("", ".")]
+            else:
+                current = candidate
+        return current
+
+    def names_in(self, directory: str) -> frozenset[str]:
+        """Entry names of a directory (cached: one listing per directory and model)."""
+        if directory not in self._listing:
+            real = self.realpath(directory)
+            try:
+                names = frozenset(os.listdir(real)) if real else frozenset()
+            except OSError:
+                names = frozenset()
+            self._listing[directory] = names
+        return self._listing[directory]
+
+    def identity(self, path: str) -> tuple[int, int] | None:
+        real = self.realpath(path)
+        if real is None:
+            return None
+        try:
+            st = os.stat(real)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+    def elf_key(self, path: str) -> tuple[int, int] | None:
+        """(EI_CLASS, e_machine) of an ELF file, or None: glibc skips files of another class."""
+        if path not in self._elf_key:
+            key = None
+            real = self.realpath(path)
+            if real is not None:
+                try:
+                    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                    try:
+                        head = os.pread(fd, 64, 0)
+                    finally:
+                        os.close(fd)
+                    header = elfread.parse_header(head)
+                    key = (header.elf_class, header.e_machine)
+                except (OSError, FormatError):
+                    key = None
+            self._elf_key[path] = key
+        return self._elf_key[path]
+
+
 
 
 @dataclass(slots=True)
@@ -39,8 +133,18 @@ class LoaderModel:
     platform: str = DEFAULT_PLATFORM
     ld_library_path: tuple[str, ...] = ()
     default_dirs: tuple[str, ...] = DEFAULT_DIRS
+    host: HostView | None = None  # the modelled file system; built from sysroot when not given
     _conf_dirs: tuple[str, ...] | None = field(default=None, repr=False)
     _dynamic_cache: dict[str, elfread.DynamicInfo | None] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.host is None:
+            self.host = HostView(self.sysroot)
+
+    @property
+    def view(self) -> HostView:
+        assert self.host is not None  # set in __post_init__
+        return self.host
 
     def in_root(self, absolute: str) -> str:
         """Map an absolute path inside the modelled system to a host path."""
@@ -98,10 +202,12 @@ class LoaderModel:
         if path not in self._dynamic_cache:
             from rocm_audit.tree.inventory import read_dynamic_info
 
+            # The loader follows links, as ld.so does, but a link's absolute target lies under
+            # the sysroot; only regular files are opened.
+            real = self.view.realpath(path)
             try:
-                # The loader follows links, as ld.so does; only regular files are opened.
-                self._dynamic_cache[path] = (read_dynamic_info(path, follow_symlinks=True)
-                                             if os.path.isfile(path) else None)
+                self._dynamic_cache[path] = (read_dynamic_info(real, follow_symlinks=True)
+                                             if real is not None and self.view.identity(path) else None)
             except (OSError, FormatError):
                 self._dynamic_cache[path] = None
         return self._dynamic_cache[path]
@@ -128,18 +234,39 @@ class LoaderModel:
     def _expand_all(self, entries: Iterable[str], origin: str) -> list[str]:
         return [d for d in (self.expand(e, origin) for e in entries) if d is not None]
 
-    def resolve(self, name: str, path_used: str, dynamic: elfread.DynamicInfo,
-                loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = (),
-                accept: Callable[[str], bool] | None = None) -> Resolution:
-        """Which file a DT_NEEDED ``name`` of the object loaded as path_used resolves to."""
+    def find(self, name: str, path_used: str, dynamic: elfread.DynamicInfo,
+             loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = (),
+             want: tuple[int, int] | None = None) -> tuple[str, str] | str:
+        """(path, source) of the file glibc maps for DT_NEEDED ``name`` of the object loaded as
+        path_used, or why there is none. ``want`` is the requester's (EI_CLASS, e_machine):
+        glibc skips a file of another class and searches on, but stops at a file that is no ELF
+        at all (open_verify; observed, glibc 2.36). Every path is looked at through the sysroot:
+        an absolute link inside it never resolves into the auditing host."""
+        view = self.view
         if "/" in name:
             candidate = name if os.path.isabs(name) else os.path.join(os.path.dirname(path_used), name)
-            return Resolution(name, candidate if os.path.isfile(candidate) else None, "path")
+            return (candidate, "path") if view.identity(candidate) else "not found"
         for directory, source in self.search_order(path_used, dynamic, loader_chain):
+            if name not in view.names_in(directory):
+                continue
             candidate = os.path.join(directory, name)
-            if os.path.isfile(candidate) and (accept is None or accept(candidate)):
-                return Resolution(name, candidate, source)
-        return Resolution(name, None, "not-found")
+            if view.identity(candidate) is None:
+                continue
+            key = view.elf_key(candidate)
+            if key is None:
+                return f"not an ELF file: {candidate}"
+            if want is not None and key != want:
+                continue
+            return candidate, source
+        return "not found"
+
+    def resolve(self, name: str, path_used: str, dynamic: elfread.DynamicInfo,
+                loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = ()) -> Resolution:
+        """Which file a DT_NEEDED ``name`` of the object loaded as path_used resolves to."""
+        found = self.find(name, path_used, dynamic, loader_chain, self.view.elf_key(path_used))
+        if isinstance(found, str):
+            return Resolution(name, None, "not-found", found)
+        return Resolution(name, found[0], found[1])
 
     def resolve_all(self, path_used: str, dynamic: elfread.DynamicInfo) -> dict[str, Resolution]:
         return {name: self.resolve(name, path_used, dynamic) for name in dynamic.needed}
