@@ -692,3 +692,24 @@ def test_with_helpers_no_change_is_made_before_the_whole_dt_needed_snapshot_is_i
     assert result.replaced == len(duplicates) and result.verified is True
     assert complete_at_each_link and all(complete_at_each_link)
     assert seen_by_verify == [duplicates]  # every duplicate is an ELF library with a dynamic section
+
+
+@pytest.mark.parametrize(("tie_break", "kept"), [
+    (["soname-name", "shortest-path", "path-order"], "lib/libtie.so.1"),  # the SONAME-named file
+    (["shortest-path", "soname-name", "path-order"], "lib/a.so"),  # the shortest path, though not the SONAME
+    (["path-order"], "lib/a.so"),
+])
+def test_tie_break_in_the_rules_file_decides_the_keeper(tmp_path, run_cli, tie_break, kept):
+    """Two byte-identical copies inside one tree rank alike by owner; the tie-break setting decides."""
+    import shutil
+
+    from support.sdk_tree import build_library
+
+    site = tmp_path / "site-packages"
+    library = build_library(site / "_rocm_sdk_core" / "lib", "tie", "libtie.so.1")
+    shutil.copy2(library, site / "_rocm_sdk_core" / "lib" / "a.so")
+    rules = tmp_path / "rules.toml"
+    rules.write_text(f"[policy.dedup]\ntie_break = {tie_break!r}\n".replace("'", '"'))
+    result = run_cli("dedup", "--dry-run", "-p", str(site), "--rules", str(rules), "--format", "json", expect=0)
+    (group,) = result.report["dedup"]["groups"]
+    assert group["keeper"] == str(site / "_rocm_sdk_core" / kept)
