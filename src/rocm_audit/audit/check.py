@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocm_audit.errors import UsageError
+from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.discovery import AuditRoot, resolve_roots
-from rocm_audit.tree.inventory import Inventory, build_inventory
-from rocm_audit.tree.loader import LoaderModel
+from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
+from rocm_audit.tree.loader import HostView, LoaderModel
 
 
 @dataclass(slots=True)
@@ -28,6 +28,37 @@ class CheckOptions:
     probe: bool = False
     probe_timeout_s: float | None = None
     skip: frozenset[str] = frozenset()  # any of "dedup", "verify-arch", "llvm", "post-build"
+
+
+def read_facts(inventory: Inventory, skip: frozenset[str]) -> None:
+    """The fact pass: each file is opened once for every fact the checks not skipped will ask for
+    (tree/facts.py). A fact that cannot be read is remembered; the check that asks reports it."""
+    from rocm_audit.gpu.verify import code_objects_of, may_hold_code
+    from rocm_audit.llvm.clashes import role_facts_of
+
+    host_kinds = (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE)
+    for record in inventory.files:
+        readers: list[Callable[[Inventory, FileRecord], object]] = []
+        if "verify-arch" not in skip and may_hold_code(record):
+            readers.append(code_objects_of)
+        if "llvm" not in skip and record.kind is FileKind.SHARED_LIBRARY:
+            readers.append(role_facts_of)
+        if "post-build" not in skip and record.kind in host_kinds:
+            readers.append(_versions_if_needed)
+        if not readers:
+            continue
+        with inventory.facts.holding(record):
+            for read in readers:
+                try:
+                    read(inventory, record)
+                except (OSError, FormatError):
+                    pass
+
+
+def _versions_if_needed(inventory: Inventory, record: FileRecord) -> object:
+    from rocm_audit.postbuild.checks import versions_of
+
+    return versions_of(inventory, record) if inventory.dynamic(record).needed else None
 
 
 def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptions) -> CommandOutcome:
@@ -47,6 +78,8 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         sections["dedup"] = dedup_section(plan, "check", ApplyResult(), time.monotonic() - started)
         ran.append("dedup")
         summaries.append(f"{len(plan.groups)} duplicate group(s)")
+
+    read_facts(inventory, options.skip)
 
     if "verify-arch" not in options.skip:
         from rocm_audit.gpu import verify as archcheck
@@ -98,7 +131,8 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
     if "post-build" not in options.skip:
         from rocm_audit.postbuild.checks import post_build_findings
 
-        findings.extend(post_build_findings(inventory, LoaderModel(sysroot=options.sysroot)))
+        host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys())
+        findings.extend(post_build_findings(inventory, LoaderModel(sysroot=options.sysroot, host=host)))
         ran.append("post-build")
 
     elapsed = time.monotonic() - started

@@ -42,6 +42,7 @@ from rocm_audit.tree.identical import (
     HeadFilter,
     ReadFailure,
     equal_over,
+    keeping_open,
     middle_pieces,
     partition_identical,
     pieces,
@@ -150,7 +151,8 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
     # kind None: not opened yet (dedup's own inventory); the comparison classifies those.
     candidates = [r for r in inventory.files if r.sdk_tree is not None and (r.kind is None or r.kind in kinds)]
     paths_by_inode = _paths_by_inode(candidates)
-    groups = _groups_among(paths_by_inode, inventory, findings, stats, exact=exact, kinds=kinds)
+    with keeping_open():  # a file compared in pieces is opened once, by all processes together
+        groups = _groups_among(paths_by_inode, inventory, findings, stats, exact=exact, kinds=kinds)
     for records in paths_by_inode.values():
         if records[0].nlink > len(records):
             findings.append(make_finding(
@@ -268,6 +270,9 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
         outcome = compare(bucket, full=False)
         take(number, outcome)
         by_path = {r.path: r for r in bucket}
+        if not outcome.failures:  # members in no probable class differ in head or tail from all others
+            in_classes = {p for cls in outcome.classes for p in cls}
+            inventory.identical.record([r.identity for r in bucket if r.path not in in_classes], [])
         for paths in outcome.classes:
             members = tuple(Candidate(p, by_path[p].size, None) for p in paths)
             ranges = middle_pieces(bucket[0].size, PIECE_BYTES // len(members))
@@ -285,6 +290,10 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
         item, number = items[index], item_buckets[index]
         take(number, outcome)
         if not isinstance(item, _Piece):
+            if exact and not outcome.failures:  # compared in full: later checks need not read again
+                identity_of = {r.path: r.identity for r in buckets[number]}
+                inventory.identical.record([r.identity for r in buckets[number]],
+                                           [[identity_of[p] for p in cls] for cls in outcome.classes])
             group(number, outcome.classes)
             continue
         _, members, expected = probable[item.probable]
@@ -292,7 +301,12 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
         partitions = pieces_in[item.probable]
         partitions.append([[member_by_path[p] for p in cls] for cls in outcome.classes])
         if len(partitions) == expected:
-            group(number, [[one.path for one in cls] for cls in refine(members, partitions)])
+            refined = refine(members, partitions)
+            if not any(f.rule == "SCAN001" for f in found_by_bucket[number]):  # no piece failed to read
+                identity_of = {r.path: r.identity for r in buckets[number]}
+                inventory.identical.record([identity_of[one.path] for one in members],
+                                           [[identity_of[one.path] for one in cls] for cls in refined])
+            group(number, [[one.path for one in cls] for cls in refined])
             del pieces_in[item.probable]
     stats.bytes_read = bytes_before + bytes_read
     for number in sorted(found_by_bucket):

@@ -8,6 +8,7 @@ pyelftools reads only the section headers and these two small sections, through 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -20,15 +21,17 @@ class VersionFacts:
     defined: frozenset[str]  # version nodes this file defines (its own SONAME node included)
 
 
-def read_versions(path: str) -> VersionFacts:
-    """Version needs and definitions of one ELF file. Raises FormatError or OSError."""
+def read_versions(path: str, fd: int | None = None) -> VersionFacts:
+    """Version needs and definitions of one ELF file (read from fd when given: the caller keeps it
+    open and closes it). Raises FormatError or OSError."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
     from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
 
     needed: dict[str, set[str]] = {}
     defined: set[str] = set()
-    with open(path, "rb") as handle:
+    with (open(path, "rb") if fd is None else os.fdopen(fd, "rb", closefd=False)) as handle:
+        handle.seek(0)
         try:
             elf = ELFFile(handle)
             for section in elf.iter_sections():

@@ -852,14 +852,17 @@ def _kpack_archive_listing(result: FileCodeObjects, fh: _File) -> None:
 # Entry point
 
 
-def scan_file(record: FileRecord) -> FileCodeObjects:
-    """Every code object in one file. Never raises for malformed content: those become findings."""
+def scan_file(record: FileRecord, fd: int | None = None) -> FileCodeObjects:
+    """Every code object in one file (read from fd when given: the caller keeps it open and closes
+    it). Never raises for malformed content: those become findings."""
     result = FileCodeObjects(record.path, record.sdk_tree, record.opened_kind.value)
-    try:
-        fd = os.open(record.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        result.findings.append(make_finding("SCAN001", record.path, f"cannot open: {exc.strerror}"))
-        return result
+    owned = fd is None
+    if fd is None:
+        try:
+            fd = os.open(record.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            result.findings.append(make_finding("SCAN001", record.path, f"cannot open: {exc.strerror}"))
+            return result
     try:
         fh = _File(fd, os.fstat(fd).st_size)
         if record.kind is FileKind.CODE_OBJECT:
@@ -876,7 +879,8 @@ def scan_file(record: FileRecord) -> FileCodeObjects:
     except OSError as exc:
         result.findings.append(make_finding("SCAN001", record.path, f"cannot read: {exc.strerror}"))
     finally:
-        os.close(fd)
+        if owned:
+            os.close(fd)
     return result
 
 

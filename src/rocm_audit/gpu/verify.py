@@ -9,6 +9,7 @@ a ``CommandOutcome`` and never prints.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -149,12 +150,14 @@ def scan_inventory(inventory: Inventory) -> list[FileCodeObjects]:
             kind, root, _judged = database
             rel = os.path.relpath(record.path, root)
             scanned = (
-                _scan_one(record)
-                if _may_hold_code(record)
+                code_objects_of(inventory, record)
+                if may_hold_code(record)
                 else FileCodeObjects(record.path, record.sdk_tree, record.opened_kind.value)
             )
             arches = _database_arches(kind, rel)
             if arches and not scanned.code_objects:
+                # the cached fact stays as read; the database's arches go on a copy
+                scanned = dataclasses.replace(scanned, containers=list(scanned.containers), code_objects=[])
                 scanned.add_container(f"database:{kind}")
                 for arch in arches:
                     scanned.code_objects.append(
@@ -174,14 +177,15 @@ def scan_inventory(inventory: Inventory) -> list[FileCodeObjects]:
             if scanned.code_objects or scanned.findings:
                 results.append(scanned)
             continue
-        if _may_hold_code(record):
-            scanned = _scan_one(record)
+        if may_hold_code(record):
+            scanned = code_objects_of(inventory, record)
             if scanned.code_objects or scanned.findings:
                 results.append(scanned)
     return results
 
 
-def _may_hold_code(record: FileRecord) -> bool:
+def may_hold_code(record: FileRecord) -> bool:
+    """Whether a file can carry device code (host ELF, code object, or a container's magic)."""
     if record.kind in HOST_KINDS or record.kind is FileKind.CODE_OBJECT:
         return True
     return record.magic.startswith(
@@ -189,8 +193,10 @@ def _may_hold_code(record: FileRecord) -> bool:
     )
 
 
-def _scan_one(record: FileRecord) -> FileCodeObjects:
-    return scan_file(record)
+def code_objects_of(inventory: Inventory, record: FileRecord) -> FileCodeObjects:
+    """The code-object fact of one inventory file, read once per run (per path: the findings of a
+    scan name the path it was read through)."""
+    return inventory.facts.get(record, "code-objects", lambda fd: scan_file(record, fd), per_path=True)
 
 
 # ---------------------------------------------------------------------------------------------

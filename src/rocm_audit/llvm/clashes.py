@@ -314,7 +314,11 @@ class _Facts:
                 if record is not None
                 else read_dynamic_info(real_path)
             )
-            return dataclasses.replace(classify(real_path, dynamic), path=path)
+            if record is not None:
+                found = role_facts_of(self.inventory, record)
+            else:
+                found = classify(real_path, dynamic)
+            return dataclasses.replace(found, path=path)
         except FormatError as exc:
             self.findings.append(
                 make_finding(
@@ -329,8 +333,15 @@ class _Facts:
         return ClFacts(path, Role.UNKNOWN, None, None, 0, False, False, None, False, None, False)
 
 
-def _identical_classes(records: Sequence[FileRecord], findings: list[Finding]) -> list[set[str]]:
-    """Classes of byte-identical files among records (one path per inode)."""
+def role_facts_of(inventory: Inventory, record: FileRecord) -> ClFacts:
+    """The LLVM-role fact of one inventory file, read once per run. Raises FormatError or OSError."""
+    dynamic = inventory.dynamic(record)
+    return inventory.facts.get(record, "llvm-role", lambda fd: classify(record.path, dynamic, fd))
+
+
+def _identical_classes(inventory: Inventory, records: Sequence[FileRecord], findings: list[Finding]) -> list[set[str]]:
+    """Classes of byte-identical files among records (one path per inode); what this run compared
+    already (dedup's plan, in `check`) is not read again."""
     by_size: dict[int, list[FileRecord]] = {}
     for record in records:
         by_size.setdefault(record.size, []).append(record)
@@ -339,6 +350,11 @@ def _identical_classes(records: Sequence[FileRecord], findings: list[Finding]) -
     stats = CompareStats()
     for same_size in by_size.values():
         if len(same_size) < 2:
+            continue
+        known = inventory.identical.classes_among([r.identity for r in same_size])
+        if known is not None:
+            path_of = {r.identity: r.path for r in same_size}
+            classes.extend({path_of[i] for i in members} for members in known)
             continue
         candidates = [Candidate(r.path, r.size, r.head_digest) for r in same_size]
         for cls in partition_identical(candidates, stats, failures):
@@ -396,7 +412,7 @@ def _duplicate_clashes(
             else:
                 by_soname[soname] = identity
     identity_of_path = {path: identity for identity, path in representatives.items()}
-    identical = _identical_classes([records[p] for p in representatives.values()], findings)
+    identical = _identical_classes(inventory, [records[p] for p in representatives.values()], findings)
     for cls in identical:
         members = [identity_of_path[p] for p in cls]
         for other in members[1:]:
@@ -560,8 +576,8 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
     """Roles, clashes and requested closures for an inventory (probes not run)."""
     findings: list[Finding] = []
     facts = _Facts(inventory, findings)
-    loader = LoaderModel(sysroot=options.sysroot, ld_library_path=options.ld_library_path)
-    host = HostView(options.sysroot)
+    host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys())
+    loader = LoaderModel(sysroot=options.sysroot, ld_library_path=options.ld_library_path, host=host)
 
     def process() -> ProcessModel:
         return ProcessModel(loader, facts.dynamic, host)

@@ -308,10 +308,14 @@ def _glob_dat_against(view: _ElfView, symbol_index: int) -> bool | None:
     return False
 
 
-def classify(path: str, dynamic: elfread.DynamicInfo) -> ClFacts:
-    """Role and registry facts of the shared library at path. Raises FormatError or OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as stream:
+def classify(path: str, dynamic: elfread.DynamicInfo, fd: int | None = None) -> ClFacts:
+    """Role and registry facts of the shared library at path (read from fd when given: the caller
+    keeps it open and closes it). Raises FormatError or OSError."""
+    owned = fd is None
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb", closefd=owned) as stream:
+        stream.seek(0)
         file_size = os.fstat(stream.fileno()).st_size
         header = elfread.parse_header(stream.read(64))
         try:

@@ -29,15 +29,30 @@ _MACHINE_OF_TAG = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "s390x": 22, "ri
 
 @dataclass(slots=True)
 class _VersionCache:
+    """Symbol versions by path: files of the inventory through its fact store (read once per run,
+    whichever check asks), other providers (system libraries) read here once."""
+
+    inventory: Inventory
     facts: dict[str, VersionFacts | None] = field(default_factory=dict)
+    records: dict[str, FileRecord] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.records = {r.path: r for r in self.inventory.files}
 
     def get(self, path: str) -> VersionFacts | None:
         if path not in self.facts:
+            record = self.records.get(path)
             try:
-                self.facts[path] = read_versions(path)
+                self.facts[path] = (versions_of(self.inventory, record) if record is not None
+                                    else read_versions(path))
             except (OSError, FormatError):
                 self.facts[path] = None
         return self.facts[path]
+
+
+def versions_of(inventory: Inventory, record: FileRecord) -> VersionFacts:
+    """The symbol-version fact of one inventory file. Raises FormatError or OSError."""
+    return inventory.facts.get(record, "versions", lambda fd: read_versions(record.path, fd))
 
 
 def site_python(path: str) -> tuple[int, int] | None:
@@ -70,7 +85,7 @@ def check_extension_tag(record: FileRecord) -> Finding | None:
 def post_build_findings(inventory: Inventory, loader: LoaderModel | None = None) -> list[Finding]:
     """POST001-POST003 over every host ELF file of the inventory."""
     loader = loader or LoaderModel()
-    versions = _VersionCache()
+    versions = _VersionCache(inventory)
     findings: list[Finding] = []
     for record in inventory.by_kind(FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE):
         tag_problem = check_extension_tag(record)

@@ -11,8 +11,9 @@ step byte-compares before any change).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 HEAD_BYTES = 4096
@@ -94,11 +95,82 @@ class ReadFailure(Exception):
         return ReadFailure, (self.path, self.error)  # crosses the pipe of a forkmap helper
 
 
+class _Descriptors:
+    """Descriptors kept open across the comparisons of one plan (``keeping_open``).
+
+    A plan reads a large pair's head and tail here, then its middle in pieces, some in forked
+    helpers: without this each piece opened the files again. Inside the scope a path is opened
+    once; forked helpers inherit the descriptors (pread leaves the shared offset alone) and open
+    nothing for what the parent already holds. Outside the scope every open is fresh, as dedup's
+    apply needs: the comparison just before a change must read the file that is there now.
+    """
+
+    LIMIT = 256  # descriptors held at most; idle ones beyond it are closed, oldest first
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.fds: dict[str, int] = {}
+        self.in_use: dict[int, int] = {}
+
+    def take(self, path: str) -> int:
+        fd = self.fds.pop(path, None)
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._make_room()
+        self.fds[path] = fd  # most recently used last
+        self.in_use[fd] = self.in_use.get(fd, 0) + 1
+        return fd
+
+    def release(self, fd: int) -> bool:
+        """False when fd is not one of ours (the caller closes it)."""
+        count = self.in_use.get(fd)
+        if count is None:
+            return False
+        if count > 1:
+            self.in_use[fd] = count - 1
+        else:
+            del self.in_use[fd]
+        return True
+
+    def _make_room(self) -> None:
+        idle = [path for path, fd in self.fds.items() if fd not in self.in_use]
+        for path in idle[: max(0, len(self.fds) + 1 - self.LIMIT)]:
+            os.close(self.fds.pop(path))
+
+    def close_all(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        self.in_use.clear()
+
+
+_HELD = _Descriptors()
+
+
+@contextlib.contextmanager
+def keeping_open() -> Iterator[None]:
+    """Within this scope each compared file is opened once (see _Descriptors)."""
+    _HELD.active += 1
+    try:
+        yield
+    finally:
+        _HELD.active -= 1
+        if not _HELD.active:
+            _HELD.close_all()
+
+
 def _open(path: str) -> int:
     try:
+        if _HELD.active:
+            return _HELD.take(path)
         return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise ReadFailure(path, exc) from None
+
+
+def _close(fd: int) -> None:
+    if not _HELD.release(fd):
+        os.close(fd)
 
 
 def _fill(fd: int, path: str, view: memoryview, offset: int) -> bool:
@@ -210,7 +282,7 @@ def _with_head_digests(candidates: Sequence[Candidate], stats: CompareStats,
             except OSError as exc:
                 raise ReadFailure(one.path, exc) from None
             finally:
-                os.close(fd)
+                _close(fd)
         except ReadFailure as failure:
             failures.append(failure)
             continue
@@ -246,11 +318,11 @@ def _lockstep(members: list[Candidate], ranges: list[tuple[int, int]], stats: Co
                             complete = _fill(fds[index], members[index].path, view, offset)
                         except ReadFailure as failure:
                             failures.append(failure)
-                            os.close(fds.pop(index))
+                            _close(fds.pop(index))
                             continue
                         stats.bytes_read += length
                         if not complete:  # shorter than its size a moment ago: not a duplicate
-                            os.close(fds.pop(index))
+                            _close(fds.pop(index))
                             continue
                         for rep_block, rep_members in representatives:
                             if rep_block.begins_with(view):
@@ -262,7 +334,7 @@ def _lockstep(members: list[Candidate], ranges: list[tuple[int, int]], stats: Co
                         if len(rep_members) > 1:
                             next_classes.append(rep_members)
                         else:  # no partner left: stop reading this file
-                            os.close(fds.pop(rep_members[0]))
+                            _close(fds.pop(rep_members[0]))
                 classes = next_classes
                 offset += length
             if range_number == 0 and head_filter is not None:
@@ -270,7 +342,7 @@ def _lockstep(members: list[Candidate], ranges: list[tuple[int, int]], stats: Co
         return [[members[i] for i in cls] for cls in classes]
     finally:
         for fd in fds.values():
-            os.close(fd)
+            _close(fd)
 
 
 def _keep(cls: list[int], members: list[Candidate], fds: dict[int, int], buffers: list[ReadBuffer],
@@ -279,7 +351,7 @@ def _keep(cls: list[int], members: list[Candidate], fds: dict[int, int], buffers
     if head_filter(members[first].path, fds[first], buffers[first].view[:head_length]):
         return True
     for index in cls:
-        os.close(fds.pop(index))
+        _close(fds.pop(index))
     return False
 
 
@@ -313,7 +385,7 @@ def _head_passes(path: str, head_filter: HeadFilter, stats: CompareStats, failur
         failures.append(ReadFailure(path, exc))
         return False
     finally:
-        os.close(fd)
+        _close(fd)
 
 
 def file_digest(path: str, stats: CompareStats) -> bytes:
@@ -335,7 +407,7 @@ def file_digest(path: str, stats: CompareStats) -> bytes:
             stats.bytes_read += count
             offset += count
     finally:
-        os.close(fd)
+        _close(fd)
     return hasher.digest()
 
 
@@ -348,7 +420,7 @@ def same_bytes(path_a: str, path_b: str, size: int, stats: CompareStats,
     try:
         fd_b = _open(path_b)
     except ReadFailure:
-        os.close(fd_a)
+        _close(fd_a)
         raise
     try:
         buffer_a, buffer_b = stats.buffers(2)
@@ -365,8 +437,8 @@ def same_bytes(path_a: str, path_b: str, size: int, stats: CompareStats,
         # Nothing may follow: a file that grew is not the file we compared.
         return end < size or (not os.pread(fd_a, 1, size) and not os.pread(fd_b, 1, size))
     finally:
-        os.close(fd_a)
-        os.close(fd_b)
+        _close(fd_a)
+        _close(fd_b)
 
 
 def pieces(size: int, piece_bytes: int) -> list[tuple[int, int]]:
@@ -374,3 +446,33 @@ def pieces(size: int, piece_bytes: int) -> list[tuple[int, int]]:
     empty file), for processes to compare separately."""
     step = max(CHUNK_BYTES, piece_bytes - piece_bytes % CHUNK_BYTES)
     return [(offset, min(offset + step, size)) for offset in range(0, size, step)] or [(0, 0)]
+
+
+class KnownClasses:
+    """Which files one run has already compared byte for byte, and what it found, by (st_dev, st_ino).
+
+    dedup's plan records every size bucket it compared in full; a later check over the same
+    inventory (llvm's identical copies, in `rocm-audit check`) asks here first and reads again
+    only what was never compared."""
+
+    def __init__(self) -> None:
+        self._class_of: dict[tuple[int, int], int] = {}
+
+    def record(self, compared: Sequence[tuple[int, int]], classes: Sequence[Sequence[tuple[int, int]]]) -> None:
+        """``compared`` were all read in full; ``classes`` are those of them with equal bytes."""
+        for members in classes:
+            number = len(self._class_of)
+            for identity in members:
+                self._class_of[identity] = number
+        for identity in compared:
+            if identity not in self._class_of:
+                self._class_of[identity] = len(self._class_of)  # equal to nothing it was compared with
+
+    def classes_among(self, identities: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]] | None:
+        """Classes (of two or more) among files of one size, or None if any of them was never compared."""
+        if not identities or any(i not in self._class_of for i in identities):
+            return None
+        by_class: dict[int, list[tuple[int, int]]] = {}
+        for identity in identities:
+            by_class.setdefault(self._class_of[identity], []).append(identity)
+        return [members for members in by_class.values() if len(members) > 1]

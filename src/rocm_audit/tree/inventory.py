@@ -16,7 +16,8 @@ from rocm_audit.elf import read as elfread
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.tree.discovery import AuditRoot, enclosing_sdk_tree, is_sdk_tree_name
-from rocm_audit.tree.identical import head_digest
+from rocm_audit.tree.facts import FileFacts
+from rocm_audit.tree.identical import KnownClasses, head_digest
 
 HEAD_BYTES = 4096
 MAGIC_BYTES = 32
@@ -81,16 +82,18 @@ class Inventory:
     links: list[LinkRecord] = field(default_factory=list)
     sdk_trees: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    _dynamic: dict[str, elfread.DynamicInfo] = field(default_factory=dict)
+    facts: FileFacts = field(default_factory=FileFacts)  # every per-file fact of this run, read once
+    identical: KnownClasses = field(default_factory=KnownClasses)  # what this run compared, and found
     _resolved: dict[str, str | None] = field(default_factory=dict)
 
     def dynamic(self, record: FileRecord) -> elfread.DynamicInfo:
-        """SONAME, DT_NEEDED, RPATH/RUNPATH of an ELF file, read once on first use."""
-        cached = self._dynamic.get(record.path)
-        if cached is None:
-            cached = read_dynamic_info(record.path)
-            self._dynamic[record.path] = cached
-        return cached
+        """SONAME, DT_NEEDED, RPATH/RUNPATH of an ELF file, read once on first use. Raises
+        FormatError or OSError (every time it is asked, for a file that cannot be read)."""
+        return self.facts.get(record, "dynamic", dynamic_info_of)
+
+    def elf_keys(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """(EI_CLASS, e_machine) of every ELF file the walk classified, by (st_dev, st_ino)."""
+        return {r.identity: (r.elf.elf_class, r.elf.e_machine) for r in self.files if r.elf is not None}
 
     def resolved(self, link: LinkRecord) -> str | None:
         """The real path a symbolic link leads to when that exists inside its root, else None.
@@ -110,13 +113,18 @@ def read_dynamic_info(path: str, *, follow_symlinks: bool = False) -> elfread.Dy
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
-        size = os.fstat(fd).st_size
-        head = os.pread(fd, HEAD_BYTES, 0)
-        header = elfread.parse_header(head)
-        phdrs = elfread.read_program_headers(fd, header, head, size)
-        return elfread.read_dynamic(fd, header, phdrs, size)
+        return dynamic_info_of(fd)
     finally:
         os.close(fd)
+
+
+def dynamic_info_of(fd: int) -> elfread.DynamicInfo:
+    """The dynamic facts of the ELF file open at fd (read with pread: the offset is left alone)."""
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, HEAD_BYTES, 0)
+    header = elfread.parse_header(head)
+    phdrs = elfread.read_program_headers(fd, header, head, size)
+    return elfread.read_dynamic(fd, header, phdrs, size)
 
 
 def classify(fd: int, head: bytes, size: int) -> tuple[FileKind, elfread.ElfHeader | None]:

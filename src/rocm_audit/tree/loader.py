@@ -14,7 +14,7 @@ import glob
 import os
 import re
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
@@ -40,6 +40,9 @@ class HostView:
     """The modelled file system: paths under ``sysroot`` with symbolic links kept inside it."""
 
     sysroot: str = "/"
+    # (EI_CLASS, e_machine) of files already classified (the inventory's walk), by (st_dev, st_ino):
+    # looked up instead of opening the file again.
+    known_elf_keys: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     _listing: dict[str, frozenset[str]] = field(default_factory=dict)
     _real: dict[str, str | None] = field(default_factory=dict)
     _elf_key: dict[str, tuple[int, int] | None] = field(default_factory=dict)
@@ -109,7 +112,10 @@ class HostView:
         if path not in self._elf_key:
             key = None
             real = self.realpath(path)
-            if real is not None:
+            identity = self.identity(path) if real is not None else None
+            if identity is not None and identity in self.known_elf_keys:
+                key = self.known_elf_keys[identity]
+            elif real is not None:
                 try:
                     fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
                     try:
