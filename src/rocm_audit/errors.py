@@ -37,10 +37,3 @@ class FormatError(RocmAuditError):
         super().__init__(f"{fmt}: {reason} (at offset {offset:#x})")
         self.fmt, self.offset, self.reason = fmt, offset, reason
 
-
-class UnsafeChangeError(RocmAuditError):
-    """A re-check just before a change failed: the change was not made."""
-
-
-class ProbeError(RocmAuditError):
-    """A load probe could not be run."""

@@ -30,6 +30,17 @@ class CheckOptions:
     skip: frozenset[str] = frozenset()  # any of "dedup", "verify-arch", "llvm", "post-build"
 
 
+CHECKS = ("dedup", "verify-arch", "llvm", "post-build")
+
+
+def checks_to_skip(names: list[str]) -> frozenset[str]:
+    """The --skip names, checked. Raises UsageError for a name that is no check."""
+    unknown = set(names) - set(CHECKS)
+    if unknown:
+        raise UsageError(f"--skip takes {', '.join(sorted(CHECKS))}; not {', '.join(sorted(unknown))}")
+    return frozenset(names)
+
+
 def read_facts(inventory: Inventory, skip: frozenset[str]) -> None:
     """The fact pass: each file is opened once for every fact the checks not skipped will ask for
     (tree/facts.py). A fact that cannot be read is remembered; the check that asks reports it."""

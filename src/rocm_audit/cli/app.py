@@ -34,7 +34,6 @@ def _root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     _State.debug = debug
-    _State.verbose = verbose
     if verbose:
         import logging
 

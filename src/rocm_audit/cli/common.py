@@ -7,9 +7,12 @@ imports a command, so the CLI has no import cycle.
 from __future__ import annotations
 
 import enum
+import inspect
 import sys
 import traceback
+import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Optional
 
 import typer
@@ -63,7 +66,61 @@ RulesOption = Annotated[
 
 class _State:
     debug = False
-    verbose = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """How a command reports: the options every command shares, declared once below."""
+
+    fmt: OutputFormat = OutputFormat.text
+    output: str | None = None
+    fail_on: FailOn = FailOn.error
+    quiet: bool = False
+    rules: tuple[str, ...] = ()
+
+
+# name -> (annotation with the typer option, default): the shared options, in --help order.
+_SHARED_OPTIONS: dict[str, tuple[object, object]] = {
+    "fmt": (FormatOption, OutputFormat.text),
+    "output": (OutputOption, None),
+    "fail_on": (FailOnOption, FailOn.error),
+    "quiet": (QuietOption, False),
+    "rules": (RulesOption, None),
+}
+
+
+def reporting_command(*, shared: tuple[str, ...] = tuple(_SHARED_OPTIONS),
+                      fail_on: FailOn = FailOn.error) -> Callable[[Callable[..., CommandOutcome]],
+                                                                  Callable[..., None]]:
+    """Declare a command from a function ``produce(report: Report, **own_options) -> CommandOutcome``.
+
+    The shared options (``shared``, of --format, -o, --fail-on, -q, --rules) are added to the
+    command's signature here, after its own; the command runs ``produce`` under the policy of
+    --rules, renders the outcome and exits with its code. ``fail_on`` is used when --fail-on is
+    not one of the command's options."""
+    def declare(produce: Callable[..., CommandOutcome]) -> Callable[..., None]:
+        hints = typing.get_type_hints(produce, include_extras=True)
+        own = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
+               for parameter in inspect.signature(produce).parameters.values() if parameter.name != "report"]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_SHARED_OPTIONS[name][1],
+                                   annotation=_SHARED_OPTIONS[name][0]) for name in shared]
+
+        def command(**given: object) -> None:
+            settings: dict[str, object] = {name: given.pop(name) for name in shared}
+            settings["rules"] = tuple(typing.cast("list[str] | None", settings.get("rules")) or ())
+            settings.setdefault("fail_on", fail_on)
+            report = Report(**settings)  # type: ignore[arg-type]
+            run(lambda: emit(produce(report, **given), report.fmt, report.output, report.fail_on, report.quiet),
+                list(report.rules))
+
+        command.__signature__ = inspect.Signature([*own, *added])  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+        command.__doc__ = produce.__doc__
+        command.__name__ = produce.__name__
+        command.__module__ = produce.__module__
+        return command
+
+    return declare
 
 
 def fail_on_severity(fail_on: FailOn) -> Severity | None:

@@ -22,9 +22,6 @@ MAX_ENTRIES = 4096  # far above the ~30 targets real bundles carry; bounds the t
 MAX_ID_BYTES = 1024
 BUNDLE_ALIGN = 4096  # HIP fat binaries use -bundle-align=4096 (formats.md 2.2)
 
-# Offload kinds comgr considers for HIP (formats.md 2.2); "openmp" bundles are not HIP's.
-HIP_KINDS = frozenset({"hip", "hipv4", "hcc"})
-
 
 class IncompleteTable(FormatError):
     """The entry table continues past the bytes given; retry with at least ``needed`` bytes."""

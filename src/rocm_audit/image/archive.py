@@ -19,7 +19,6 @@ import json
 import os
 import posixpath
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -400,6 +399,3 @@ def iter_layer_streams(
         finally:
             raw.close()
 
-
-def remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)

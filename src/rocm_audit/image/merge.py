@@ -472,12 +472,6 @@ def _is_real_dir(path: str) -> bool:
         return False
 
 
-def _remove(path: str) -> None:
-    if _is_real_dir(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
 
 __all__ = [
     "Copy",

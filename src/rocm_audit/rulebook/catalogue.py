@@ -37,7 +37,6 @@ class Rule:
 class Catalogue:
     rules: dict[str, Rule]
     policy: dict[str, dict[str, Any]]
-    sources: tuple[str, ...]
 
 
 def _parse_rule(rule_id: str, table: object, source: str) -> Rule:
@@ -90,13 +89,11 @@ def shipped_catalogue() -> Catalogue:
     """Load every ``rules/*.toml`` shipped in the package. Raises ConfigError on a bad file."""
     rules: dict[str, Rule] = {}
     policy: dict[str, dict[str, Any]] = {}
-    sources: list[str] = []
     folder = _rules_folder()
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".toml"):
             continue
         source = f"rocm_audit/rules/{entry.name}"
-        sources.append(source)
         try:
             document = tomllib.loads(entry.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
@@ -107,7 +104,7 @@ def shipped_catalogue() -> Catalogue:
             rules[rule_id] = _parse_rule(rule_id, table, source)
         for area, table in document.get("policy", {}).items():
             policy.setdefault(area, {}).update(table)
-    return Catalogue(rules=rules, policy=policy, sources=tuple(sources))
+    return Catalogue(rules=rules, policy=policy)
 
 
 def rule(rule_id: str) -> Rule:

@@ -63,9 +63,6 @@ class FileRecord:
         """(st_dev, st_ino): what glibc uses to tell two loaded files apart (formats.md 4)."""
         return (self.dev, self.ino)
 
-    def rel_path(self) -> str:
-        return os.path.relpath(self.path, self.root)
-
 
 @dataclass(frozen=True, slots=True)
 class LinkRecord:

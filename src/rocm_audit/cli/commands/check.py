@@ -6,21 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from rocm_audit.cli.common import (
-    FailOn,
-    FailOnOption,
-    FormatOption,
-    OutputFormat,
-    OutputOption,
-    PathsOption,
-    QuietOption,
-    RulesOption,
-    emit,
-    run,
-)
+from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.outcome import CommandOutcome
 
 
+@reporting_command()
 def command(
+    report: Report,
     targets: Annotated[Optional[list[str]], typer.Argument(  # noqa: UP045
         metavar="[TARGET]...", help="GPU targets (gfx950, gfx942:sramecc+:xnack-, or \"gfx942;gfx950\"). "
                                     "Default: $GPU_ARCH, else dist_info.json of _rocm_sdk_core.")] = None,
@@ -30,27 +22,14 @@ def command(
                                          help="Root of the system the files run on (an unpacked image).")] = "/",
     skip: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
         "--skip", metavar="CHECK", help="Leave out dedup, verify-arch, llvm or post-build; repeatable.")] = None,
-    fmt: FormatOption = OutputFormat.text,
-    output: OutputOption = None,
-    fail_on: FailOnOption = FailOn.error,
-    quiet: QuietOption = False,
-    rules: RulesOption = None,
-) -> None:
+) -> CommandOutcome:
     """Run every check over one inventory: dedup (check mode), verify-arch, llvm and post-build checks."""
 
-    def body() -> int:
-        from rocm_audit.audit.check import CheckOptions, run_check
-        from rocm_audit.cli.progress import progress_line
-        from rocm_audit.errors import UsageError
+    from rocm_audit.audit.check import CheckOptions, checks_to_skip, run_check
+    from rocm_audit.cli.progress import progress_line
 
-        known = {"dedup", "verify-arch", "llvm", "post-build"}
-        unknown = set(skip or []) - known
-        if unknown:
-            raise UsageError(f"--skip takes {', '.join(sorted(known))}; not {', '.join(sorted(unknown))}")
-        options = CheckOptions(targets=list(targets or []), sysroot=sysroot, probe=probe,
-                               skip=frozenset(skip or []))
-        with progress_line("check: scanning", quiet) as progress:
-            outcome = run_check(paths, options, progress)
-        return emit(outcome, fmt, output, fail_on, quiet)
-
-    run(body, rules)
+    options = CheckOptions(targets=list(targets or []), sysroot=sysroot, probe=probe,
+                           skip=checks_to_skip(skip or []))
+    with progress_line("check: scanning", report.quiet) as progress:
+        outcome = run_check(paths, options, progress)
+    return outcome

@@ -6,21 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from rocm_audit.cli.common import (
-    FailOn,
-    FailOnOption,
-    FormatOption,
-    OutputFormat,
-    OutputOption,
-    PathsOption,
-    QuietOption,
-    RulesOption,
-    emit,
-    run,
-)
+from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.outcome import CommandOutcome
 
 
+@reporting_command()
 def command(
+    report: Report,
     paths: PathsOption = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the plan (and an equivalent shell script); change nothing.")] = False,
@@ -33,34 +25,26 @@ def command(
     revert: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
         "--revert", metavar="MANIFEST",
         help="Turn the links recorded in MANIFEST back into regular files; repeatable.")] = None,
-    fmt: FormatOption = OutputFormat.text,
-    output: OutputOption = None,
-    fail_on: FailOnOption = FailOn.error,
-    quiet: QuietOption = False,
-    rules: RulesOption = None,
-) -> None:
+) -> CommandOutcome:
     """Replace byte-identical SDK shared libraries by relative symlinks to the runtime copy.
 
     The copy in the runtime package (_rocm_sdk_core, then _rocm_sdk_libraries*) is kept; devel
     copies and hardlinks become symlinks, each made atomically after a fresh byte comparison.
     """
 
-    def body() -> int:
-        from rocm_audit.errors import UsageError
+    from rocm_audit.errors import UsageError
 
-        if sum(bool(x) for x in (dry_run, check, revert)) > 1:
-            raise UsageError("--dry-run, --check and --revert exclude each other")
-        if revert:
-            from rocm_audit.dedup.engine import revert_manifests
+    if sum(bool(x) for x in (dry_run, check, revert)) > 1:
+        raise UsageError("--dry-run, --check and --revert exclude each other")
+    if revert:
+        from rocm_audit.dedup.engine import revert_manifests
 
-            outcome = revert_manifests(revert)
-        else:
-            from rocm_audit.cli.progress import progress_line
-            from rocm_audit.dedup.engine import run_dedup
+        outcome = revert_manifests(revert)
+    else:
+        from rocm_audit.cli.progress import progress_line
+        from rocm_audit.dedup.engine import run_dedup
 
-            mode = "check" if check else "dry-run" if dry_run else "apply"
-            with progress_line("dedup: scanning", quiet) as progress:
-                outcome = run_dedup(paths, mode=mode, manifest_path=manifest, progress=progress)
-        return emit(outcome, fmt, output, fail_on, quiet)
-
-    run(body, rules)
+        mode = "check" if check else "dry-run" if dry_run else "apply"
+        with progress_line("dedup: scanning", report.quiet) as progress:
+            outcome = run_dedup(paths, mode=mode, manifest_path=manifest, progress=progress)
+    return outcome

@@ -7,17 +7,8 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import (
-    FailOn,
-    FailOnOption,
-    FormatOption,
-    OutputFormat,
-    OutputOption,
-    QuietOption,
-    RulesOption,
-    emit,
-    run,
-)
+from rocm_audit.cli.common import Report, reporting_command
+from rocm_audit.outcome import CommandOutcome
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
@@ -33,7 +24,9 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) << {"B": 0, "K": 10, "M": 20, "G": 30, "T": 40}[unit]
 
 
+@reporting_command()
 def command(
+    report: Report,
     ref: Annotated[
         str | None,
         typer.Argument(  # noqa: UP045
@@ -102,12 +95,7 @@ def command(
             help="Leave out dedup, verify-arch, llvm or post-build; repeatable.",
         ),
     ] = None,
-    fmt: FormatOption = OutputFormat.text,
-    output: OutputOption = None,
-    fail_on: FailOnOption = FailOn.error,
-    quiet: QuietOption = False,
-    rules: RulesOption = None,
-) -> None:
+) -> CommandOutcome:
     """Audit an image without running it: merge its layers (whiteouts applied) in a private dir,
     run every check of `rocm-audit check` on its site-packages, and show which layer holds each copy
     of duplicated content.
@@ -116,41 +104,32 @@ def command(
     `docker` extra). --archive FILE: no daemon at all.
     """
 
-    def body() -> int:
-        from rocm_audit.audit.check import CheckOptions
-        from rocm_audit.errors import UsageError
-        from rocm_audit.image.audit import ImageOptions, audit_archive
+    from rocm_audit.audit.check import CheckOptions, checks_to_skip
+    from rocm_audit.errors import UsageError
+    from rocm_audit.image.audit import ImageOptions, audit_archive
 
-        known = {"dedup", "verify-arch", "llvm", "post-build"}
-        unknown = set(skip or []) - known
-        if unknown:
-            raise UsageError(
-                f"--skip takes {', '.join(sorted(known))}; not {', '.join(sorted(unknown))}"
-            )
-        if archive is None and ref is None:
-            raise UsageError(
-                "name an image (rocm-audit image REF) or an archive "
-                "(rocm-audit image --archive FILE)"
-            )
-        if layers and archive is not None:
-            raise UsageError("--layers is for REF (an archive is always read layer by layer)")
-        options = ImageOptions(
-            check=CheckOptions(targets=list(targets or []), environ={}, skip=frozenset(skip or [])),
-            ref=ref if archive is not None else None,
-            max_bytes=parse_size(max_bytes),
-            max_entries=max_entries,
-            full=full,
+    if archive is None and ref is None:
+        raise UsageError(
+            "name an image (rocm-audit image REF) or an archive "
+            "(rocm-audit image --archive FILE)"
         )
-        if archive is not None:
-            import os
+    if layers and archive is not None:
+        raise UsageError("--layers is for REF (an archive is always read layer by layer)")
+    options = ImageOptions(
+        check=CheckOptions(targets=list(targets or []), environ={}, skip=checks_to_skip(skip or [])),
+        ref=ref if archive is not None else None,
+        max_bytes=parse_size(max_bytes),
+        max_entries=max_entries,
+        full=full,
+    )
+    if archive is not None:
+        import os
 
-            if not os.path.exists(archive):
-                raise UsageError(f"archive does not exist: {archive}")
-            outcome = audit_archive(archive, options)
-        else:
-            from rocm_audit.image.daemon import audit_daemon_image
+        if not os.path.exists(archive):
+            raise UsageError(f"archive does not exist: {archive}")
+        outcome = audit_archive(archive, options)
+    else:
+        from rocm_audit.image.daemon import audit_daemon_image
 
-            outcome = audit_daemon_image(ref or "", options, layers=layers)
-        return emit(outcome, fmt, output, fail_on, quiet)
-
-    run(body, rules)
+        outcome = audit_daemon_image(ref or "", options, layers=layers)
+    return outcome

@@ -6,21 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from rocm_audit.cli.common import (
-    FailOn,
-    FailOnOption,
-    FormatOption,
-    OutputFormat,
-    OutputOption,
-    PathsOption,
-    QuietOption,
-    RulesOption,
-    emit,
-    run,
-)
+from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.outcome import CommandOutcome
 
 
+@reporting_command()
 def command(
+    report: Report,
     paths: PathsOption = None,
     probe: Annotated[
         bool,
@@ -82,12 +74,7 @@ def command(
             help="Colon-separated LD_LIBRARY_PATH to model (and probe with).",
         ),
     ] = None,
-    fmt: FormatOption = OutputFormat.text,
-    output: OutputOption = None,
-    fail_on: FailOnOption = FailOn.error,
-    quiet: QuietOption = False,
-    rules: RulesOption = None,
-) -> None:
+) -> CommandOutcome:
     """Report every LLVM `cl::opt` double registration the scanned libraries can hit.
 
     Each shared library gets a role from its ELF facts (exporter, registrant, private-copy, none);
@@ -96,21 +83,18 @@ def command(
     probe-confirmed clash.
     """
 
-    def body() -> int:
-        from rocm_audit.cli.progress import progress_line
-        from rocm_audit.llvm.clashes import LlvmOptions, run_llvm
+    from rocm_audit.cli.progress import progress_line
+    from rocm_audit.llvm.clashes import LlvmOptions, run_llvm
 
-        options = LlvmOptions(
-            probe=probe,
-            probe_timeout_s=probe_timeout,
-            preload=tuple(preload or ()),
-            preload_rocm_sdk=preload_rocm_sdk,
-            closure_paths=tuple(closure or ()),
-            sysroot=sysroot,
-            ld_library_path=tuple(d for d in (ld_library_path or "").split(":") if d),
-        )
-        with progress_line("llvm: scanning", quiet) as progress:
-            outcome = run_llvm(paths, options, progress=progress)
-        return emit(outcome, fmt, output, fail_on, quiet)
-
-    run(body, rules)
+    options = LlvmOptions(
+        probe=probe,
+        probe_timeout_s=probe_timeout,
+        preload=tuple(preload or ()),
+        preload_rocm_sdk=preload_rocm_sdk,
+        closure_paths=tuple(closure or ()),
+        sysroot=sysroot,
+        ld_library_path=tuple(d for d in (ld_library_path or "").split(":") if d),
+    )
+    with progress_line("llvm: scanning", report.quiet) as progress:
+        outcome = run_llvm(paths, options, progress=progress)
+    return outcome

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-from rocm_audit.cli.common import FailOn, FormatOption, OutputFormat, OutputOption, RulesOption, emit, run
+from rocm_audit.cli.common import FailOn, Report, reporting_command
+from rocm_audit.outcome import CommandOutcome
 
 
-def command(rules: RulesOption = None, fmt: FormatOption = OutputFormat.text, output: OutputOption = None) -> None:
+@reporting_command(shared=("rules", "fmt", "output"), fail_on=FailOn.never)
+def command(report: Report) -> CommandOutcome:
     """List the rules in force (id, severity, title) and the policy settings, with their sources."""
+    from rocm_audit.rulebook.policy import active_policy
 
-    def body() -> int:
-        from rocm_audit.outcome import CommandOutcome
-        from rocm_audit.rulebook.policy import active_policy
-
-        policy = active_policy()
-        listed = [{
-            "id": rule.id, "title": rule.title, "severity": rule.severity.value,
-            "severity_source": policy.severity_sources.get(rule.id, rule.source),
-            "defined_in": rule.source, "rationale": rule.rationale, "fix": rule.fix,
-        } for rule in sorted(policy.rules.values(), key=lambda r: r.id)]
-        settings = [{"area": area, "key": key, "value": value, "source": policy.setting_sources.get((area, key), "")}
-                    for area, table in sorted(policy.settings.items()) for key, value in sorted(table.items())]
-        ignores = [{"rule": i.rule, "path": i.path_glob, "reason": i.reason, "source": i.source}
-                   for i in policy.ignores]
-        return emit(CommandOutcome(
-            command="rules", findings=[], inputs=list(policy.files),
-            sections={"rules": listed, "policy": settings, "ignores": ignores}), fmt, output, FailOn.never)
-
-    run(body, rules)
+    policy = active_policy()
+    listed = [{
+        "id": rule.id, "title": rule.title, "severity": rule.severity.value,
+        "severity_source": policy.severity_sources.get(rule.id, rule.source),
+        "defined_in": rule.source, "rationale": rule.rationale, "fix": rule.fix,
+    } for rule in sorted(policy.rules.values(), key=lambda r: r.id)]
+    settings = [{"area": area, "key": key, "value": value, "source": policy.setting_sources.get((area, key), "")}
+                for area, table in sorted(policy.settings.items()) for key, value in sorted(table.items())]
+    ignores = [{"rule": i.rule, "path": i.path_glob, "reason": i.reason, "source": i.source}
+               for i in policy.ignores]
+    return CommandOutcome(command="rules", findings=[], inputs=list(policy.files),
+                          sections={"rules": listed, "policy": settings, "ignores": ignores})

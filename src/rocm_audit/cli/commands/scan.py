@@ -6,21 +6,13 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import (
-    FailOn,
-    FailOnOption,
-    FormatOption,
-    OutputFormat,
-    OutputOption,
-    PathsOption,
-    QuietOption,
-    RulesOption,
-    emit,
-    run,
-)
+from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.outcome import CommandOutcome
 
 
+@reporting_command()
 def command(
+    report: Report,
     paths: PathsOption = None,
     targets: Annotated[
         bool,
@@ -30,26 +22,18 @@ def command(
             "ELFs, kernel databases), like clang-offload-bundler --list for all containers.",
         ),
     ] = False,
-    fmt: FormatOption = OutputFormat.text,
-    output: OutputOption = None,
-    fail_on: FailOnOption = FailOn.error,
-    quiet: QuietOption = False,
-    rules: RulesOption = None,
-) -> None:
+) -> CommandOutcome:
     """Report what the trees hold: file kinds, or with --targets every GPU code object per file."""
 
-    def body() -> int:
-        from rocm_audit.cli.progress import progress_line
+    from rocm_audit.cli.progress import progress_line
 
-        with progress_line("scan", quiet) as progress:
-            if targets:
-                from rocm_audit.gpu.verify import list_targets
+    with progress_line("scan", report.quiet) as progress:
+        if targets:
+            from rocm_audit.gpu.verify import list_targets
 
-                outcome = list_targets(paths, progress=progress)
-            else:
-                from rocm_audit.gpu.verify import inventory_summary
+            outcome = list_targets(paths, progress=progress)
+        else:
+            from rocm_audit.gpu.verify import inventory_summary
 
-                outcome = inventory_summary(paths, progress=progress)
-        return emit(outcome, fmt, output, fail_on, quiet)
-
-    run(body, rules)
+            outcome = inventory_summary(paths, progress=progress)
+    return outcome

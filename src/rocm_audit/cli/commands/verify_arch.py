@@ -6,21 +6,13 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import (
-    FailOn,
-    FailOnOption,
-    FormatOption,
-    OutputFormat,
-    OutputOption,
-    PathsOption,
-    QuietOption,
-    RulesOption,
-    emit,
-    run,
-)
+from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.outcome import CommandOutcome
 
 
+@reporting_command()
 def command(
+    report: Report,
     targets: Annotated[
         list[str] | None,
         typer.Argument(  # noqa: UP045
@@ -31,12 +23,7 @@ def command(
         ),
     ] = None,
     paths: PathsOption = None,
-    fmt: FormatOption = OutputFormat.text,
-    output: OutputOption = None,
-    fail_on: FailOnOption = FailOn.error,
-    quiet: QuietOption = False,
-    rules: RulesOption = None,
-) -> None:
+) -> CommandOutcome:
     """Check that every library, code-object file and kernel database carries code for each target.
 
     Judged as the HIP runtime picks code objects: the exact processor with compatible xnack/sramecc
@@ -45,12 +32,9 @@ def command(
     sramecc+ and xnack- where the processor has those features.
     """
 
-    def body() -> int:
-        from rocm_audit.cli.progress import progress_line
-        from rocm_audit.gpu.verify import verify_arch
+    from rocm_audit.cli.progress import progress_line
+    from rocm_audit.gpu.verify import verify_arch
 
-        with progress_line("verify-arch: scanning", quiet) as progress:
-            outcome = verify_arch(paths, list(targets or []), progress=progress)
-        return emit(outcome, fmt, output, fail_on, quiet)
-
-    run(body, rules)
+    with progress_line("verify-arch: scanning", report.quiet) as progress:
+        outcome = verify_arch(paths, list(targets or []), progress=progress)
+    return outcome
