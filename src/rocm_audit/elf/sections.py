@@ -40,10 +40,29 @@ class Section:
         return self.sh_type != SHT_NOBITS and self.size > 0
 
 
-def read_sections(fd: int, header: ElfHeader, file_size: int) -> list[Section]:
+# The section table of the last files read, by file identity and change times: verify-arch and
+# llvm both need it during one fact pass (tree/facts.py), and it is read once for both.
+_RECENT: dict[tuple[int, ...], tuple[Section, ...]] = {}
+_RECENT_LIMIT = 64
+
+
+def read_sections(fd: int, header: ElfHeader, file_size: int) -> tuple[Section, ...]:
     """Every section header with its name. Raises FormatError for tables outside the file."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, header.e_shoff, header.e_shnum,
+           file_size)
+    cached = _RECENT.get(key)
+    if cached is None:
+        cached = _read_sections(fd, header, file_size)
+        if len(_RECENT) >= _RECENT_LIMIT:
+            del _RECENT[next(iter(_RECENT))]  # the oldest
+        _RECENT[key] = cached
+    return cached
+
+
+def _read_sections(fd: int, header: ElfHeader, file_size: int) -> tuple[Section, ...]:
     if header.e_shnum == 0 or header.e_shoff == 0:
-        return []
+        return ()
     entry = 64 if header.is_64 else 40
     if header.e_shentsize < entry:
         raise FormatError(
@@ -89,4 +108,4 @@ def read_sections(fd: int, header: ElfHeader, file_size: int) -> list[Section]:
                 f"section {text or index} runs past the end of the file",
             )
         sections.append(Section(index, text, sh_type, flags, addr, offset, size, link, info, entsize))
-    return sections
+    return tuple(sections)

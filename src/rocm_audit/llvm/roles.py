@@ -116,7 +116,7 @@ class _ElfView:
         self.stream = stream
         self.file_size = file_size
         self.header = header
-        self.sections: list[Section] = read_sections(stream.fileno(), header, file_size)
+        self.sections: tuple[Section, ...] = read_sections(stream.fileno(), header, file_size)
         self._elffile: Any = None
 
     @property
