@@ -134,3 +134,19 @@ def test_rules_output_escapes_policy_text(run_cli, tmp_path):
     raw = result.stdout_bytes
     assert not _forged_lines(raw), raw.decode("utf-8", "replace")
     assert b"\\nok      forged-line" in raw and b"\\rok      forged-line" in raw
+
+
+def test_stderr_summaries_and_errors_escape_names(hostile_site, tmp_path):
+    """The one-line summary (JSON to stdout, summary to stderr) and error messages name paths too."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    summary = subprocess.run([sys.executable, "-m", "rocm_audit", "dedup", "--check", "--format", "json", "-p",
+                              str(hostile_site)], capture_output=True, timeout=120, env=env)
+    assert summary.returncode == 1 and b"dedup (check)" in summary.stderr
+    missing = os.fsencode(tmp_path) + b"/" + os.fsencode(_hostile("image", ".tar")[0])
+    error = subprocess.run([sys.executable, "-m", "rocm_audit", "image", "--archive", missing],
+                           capture_output=True, timeout=120, env=env)
+    assert error.returncode == 2 and b"\\nok      forged-line" in error.stderr
+    for raw in (summary.stderr, error.stderr):
+        assert not _forged_lines(raw), raw

@@ -19,6 +19,7 @@ import typer
 
 from rocm_audit import __version__
 from rocm_audit.cli.common import EPILOG, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, _State
+from rocm_audit.output.escape import display
 
 
 def _version_callback(value: bool) -> None:
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         if _State.debug:
             traceback.print_exc()
-        typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {exc}", err=True)
+        typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {display(exc)}", err=True)
         return EXIT_INTERNAL
 
 

@@ -19,6 +19,7 @@ import typer
 
 from rocm_audit.errors import RocmAuditError
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.output.escape import display
 from rocm_audit.severity import Severity
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -170,7 +171,7 @@ def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on
             sys.stdout.write(text)
         sys.stdout.flush()
     if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
-        typer.echo(outcome.summary, err=True)
+        typer.echo(display(outcome.summary), err=True)
     if threshold is None:
         return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
     return outcome.exit_code(threshold)
@@ -184,13 +185,13 @@ def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
         with using_policy(load_policy(rules_files or [])):
             code = body()
     except RocmAuditError as exc:
-        typer.echo(f"rocm-audit: error: {exc.message}", err=True)
+        typer.echo(f"rocm-audit: error: {display(exc.message)}", err=True)
         raise typer.Exit(exc.exit_code) from None
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the one place internal errors are turned into exit 3
         if _State.debug:
             traceback.print_exc()
-        typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
+        typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {display(exc)} (rerun with --debug)", err=True)
         raise typer.Exit(EXIT_INTERNAL) from None
     raise typer.Exit(code)
