@@ -78,14 +78,28 @@ def build_ccob_library(work: Path, tus: int, table_bytes: int, jobs: int, seed: 
         for n, arch in enumerate(CCOB_ARCHS):
             table = src / f"t{i}_{arch}.bin"
             table.write_bytes(rng.randbytes(table_bytes))
-            branches.append(f"#{'if' if n == 0 else 'elif'} defined(__{arch}__)\n#embed \"{table.name}\"")
+            branches.append(f'#{"if" if n == 0 else "elif"} defined(__{arch}__)\n#embed "{table.name}"')
         branches.append("#else\n0\n#endif")
         source = src / f"tu{i}.hip"
         source.write_text(TU_SOURCE.format(i=i, tables="\n".join(branches)))
         obj = src / f"tu{i}.o"
-        argv = [clang, "-x", "hip", "-nogpulib", "-nogpuinc", "-Wno-c23-extensions", "-fPIC", "-O1",
-                "--offload-compress", f"-cuid=bench{i}", *(f"--offload-arch={a}" for a in CCOB_ARCHS),
-                "-c", source.name, "-o", obj.name]
+        argv = [
+            clang,
+            "-x",
+            "hip",
+            "-nogpulib",
+            "-nogpuinc",
+            "-Wno-c23-extensions",
+            "-fPIC",
+            "-O1",
+            "--offload-compress",
+            f"-cuid=bench{i}",
+            *(f"--offload-arch={a}" for a in CCOB_ARCHS),
+            "-c",
+            source.name,
+            "-o",
+            obj.name,
+        ]
         subprocess.run(argv, cwd=src, check=True, capture_output=True, timeout=600)
         for table in src.glob(f"t{i}_*.bin"):
             table.unlink()
@@ -93,8 +107,11 @@ def build_ccob_library(work: Path, tus: int, table_bytes: int, jobs: int, seed: 
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         objects = list(pool.map(one, range(tus)))
-    subprocess.run(["gcc", "-shared", "-Wl,-soname,libbench_ccob.so", "-o", str(out), *map(str, objects)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["gcc", "-shared", "-Wl,-soname,libbench_ccob.so", "-o", str(out), *map(str, objects)],
+        check=True,
+        capture_output=True,
+    )
     shutil.rmtree(src)
     return out
 

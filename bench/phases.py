@@ -42,8 +42,20 @@ def wrap(module, name: str, label: str | None = None) -> None:
 
 def main() -> None:
     mode, site = sys.argv[1], sys.argv[2]
-    for name in ("build_inventory", "make_plan", "partition_identical", "_group_from", "_needed_before",
-                 "_apply_groups", "_look_before", "_link", "_journal", "same_bytes", "_verify", "check_mode_findings"):
+    for name in (
+        "build_inventory",
+        "make_plan",
+        "partition_identical",
+        "_group_from",
+        "_needed_before",
+        "_apply_groups",
+        "_look_before",
+        "_link",
+        "_journal",
+        "same_bytes",
+        "_verify",
+        "check_mode_findings",
+    ):
         wrap(dedup, name)
     wrap(dedup.os, "replace", "os.replace (rename over the duplicate)")
     wrap(dedup.os, "symlink", "os.symlink")
@@ -67,8 +79,12 @@ def main() -> None:
             sys.stdout.close()
             sys.stdout = stdout
         rendered = time.perf_counter() - t
-    result = {"mode": mode, "import rocm_audit.cli.app + dedup": round(imported, 4), "run_dedup": round(total, 4),
-              "render text": round(rendered, 4)}
+    result = {
+        "mode": mode,
+        "import rocm_audit.cli.app + dedup": round(imported, 4),
+        "run_dedup": round(total, 4),
+        "render text": round(rendered, 4),
+    }
     result.update({k: round(v, 4) for k, v in spent.items()})
     print(json.dumps(result))
 

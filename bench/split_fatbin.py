@@ -20,7 +20,7 @@ def bundle_length(fd: int, pos: int) -> tuple[int, int]:
     """(length, ccob header length or 0) of the bundle starting at pos."""
     head = os.pread(fd, 32, pos)
     if head.startswith(PLAIN):
-        count, = struct.unpack_from("<Q", head, 24)
+        (count,) = struct.unpack_from("<Q", head, 24)
         table = os.pread(fd, 1 << 20, pos + 32)
         end, at = 0, 0
         for _ in range(count):
@@ -29,7 +29,7 @@ def bundle_length(fd: int, pos: int) -> tuple[int, int]:
             end = max(end, offset + size)
         return end, 0
     if head.startswith(CCOB):
-        version, = struct.unpack_from("<H", head, 4)
+        (version,) = struct.unpack_from("<H", head, 4)
         if version == 2:
             return struct.unpack_from("<I", head, 8)[0], 24
         if version == 3:

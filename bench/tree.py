@@ -38,20 +38,70 @@ PAYLOAD_SECTION = ".rocm_bench_payload"
 LIB_SOURCE = "int bench_value(int x) { return x * 7 + 1; }\n"
 EXE_SOURCE = '#include <stdio.h>\nint main(void) { puts("rocm tool"); return 0; }\n'
 
-BIG_NAMES = ["lib/libhipblaslt.so.0", "lib/librocblas.so.5", "lib/libMIOpen.so.1", "lib/llvm/lib/libLLVM.so.20.0git",
-             "lib/librccl.so.1", "lib/libamd_comgr.so.3"]
-MEDIUM_STEMS = ["rocsolver", "rocfft", "hipsparse", "rocsparse", "rocrand", "hiprand", "hipfft", "rocprim_dev",
-                "hipsolver", "roctracer64", "rocprofiler-sdk", "amdhip64", "hsa-runtime64", "rocm_smi64",
-                "hipblas", "rocalution", "migraphx", "rocwmma", "hipcub_dev", "rocdecode", "rocjpeg", "hiprtc",
-                "amd_smi", "rocm-core", "hipsparselt", "composable_kernel", "rocroller", "origami", "tensile_host",
-                "hipdnn", "rpp", "mivisionx", "rocal", "rocshmem", "rdc", "rocprofiler-register"]
-SUBDIRS = ["lib", "lib", "lib", "lib/host-math/lib", "lib/rocm_sysdeps/lib", "lib/llvm/lib", "lib/rocprofiler-sdk",
-           "lib/hipblaslt/library", "lib/rocblas/library", "lib/migraphx/lib"]
+BIG_NAMES = [
+    "lib/libhipblaslt.so.0",
+    "lib/librocblas.so.5",
+    "lib/libMIOpen.so.1",
+    "lib/llvm/lib/libLLVM.so.20.0git",
+    "lib/librccl.so.1",
+    "lib/libamd_comgr.so.3",
+]
+MEDIUM_STEMS = [
+    "rocsolver",
+    "rocfft",
+    "hipsparse",
+    "rocsparse",
+    "rocrand",
+    "hiprand",
+    "hipfft",
+    "rocprim_dev",
+    "hipsolver",
+    "roctracer64",
+    "rocprofiler-sdk",
+    "amdhip64",
+    "hsa-runtime64",
+    "rocm_smi64",
+    "hipblas",
+    "rocalution",
+    "migraphx",
+    "rocwmma",
+    "hipcub_dev",
+    "rocdecode",
+    "rocjpeg",
+    "hiprtc",
+    "amd_smi",
+    "rocm-core",
+    "hipsparselt",
+    "composable_kernel",
+    "rocroller",
+    "origami",
+    "tensile_host",
+    "hipdnn",
+    "rpp",
+    "mivisionx",
+    "rocal",
+    "rocshmem",
+    "rdc",
+    "rocprofiler-register",
+]
+SUBDIRS = [
+    "lib",
+    "lib",
+    "lib",
+    "lib/host-math/lib",
+    "lib/rocm_sysdeps/lib",
+    "lib/llvm/lib",
+    "lib/rocprofiler-sdk",
+    "lib/hipblaslt/library",
+    "lib/rocblas/library",
+    "lib/migraphx/lib",
+]
 
 
 @dataclass(frozen=True)
 class Profile:
     """How many libraries of which sizes (bytes) the tree holds."""
+
     big: tuple[int, ...]  # exact sizes
     medium: tuple[int, int, int]  # count, min, max (uniform)
     mid: tuple[int, int, int]  # count, min, max (log-uniform)
@@ -62,13 +112,33 @@ class Profile:
 
 
 MB = 1_000_000
-FULL = Profile(big=(900 * MB, 500 * MB, 260 * MB, 140 * MB), medium=(30, 5 * MB, 60 * MB),
-               mid=(300, 10_000, 2 * MB), small=(1500, 16_000, 64_000), twins=6, headers=300,
-               pool_bytes=64 << 20)
-MEDIUM = Profile(big=(120 * MB, 60 * MB), medium=(8, 5 * MB, 30 * MB), mid=(150, 10_000, 2 * MB),
-                 small=(1200, 16_000, 64_000), twins=4, headers=300, pool_bytes=32 << 20)
-SMOKE = Profile(big=(2 * MB,), medium=(3, 300_000, 900_000), mid=(20, 20_000, 200_000), small=(60, 16_000, 40_000),
-                twins=2, headers=20, pool_bytes=4 << 20)
+FULL = Profile(
+    big=(900 * MB, 500 * MB, 260 * MB, 140 * MB),
+    medium=(30, 5 * MB, 60 * MB),
+    mid=(300, 10_000, 2 * MB),
+    small=(1500, 16_000, 64_000),
+    twins=6,
+    headers=300,
+    pool_bytes=64 << 20,
+)
+MEDIUM = Profile(
+    big=(120 * MB, 60 * MB),
+    medium=(8, 5 * MB, 30 * MB),
+    mid=(150, 10_000, 2 * MB),
+    small=(1200, 16_000, 64_000),
+    twins=4,
+    headers=300,
+    pool_bytes=32 << 20,
+)
+SMOKE = Profile(
+    big=(2 * MB,),
+    medium=(3, 300_000, 900_000),
+    mid=(20, 20_000, 200_000),
+    small=(60, 16_000, 40_000),
+    twins=2,
+    headers=20,
+    pool_bytes=4 << 20,
+)
 
 
 @dataclass
@@ -114,28 +184,44 @@ def _run(*argv: str, cwd: Path | None = None) -> None:
 def build_template(work: Path) -> Template:
     work.mkdir(parents=True, exist_ok=True)
     (work / "t.c").write_text(LIB_SOURCE)
-    _run("gcc", "-shared", "-fPIC", "-O2", "-Wl,--build-id=sha1", "-Wl,-soname,libbench.so.1",
-         "-o", str(work / "t.so"), str(work / "t.c"))
+    _run(
+        "gcc",
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-Wl,--build-id=sha1",
+        "-Wl,-soname,libbench.so.1",
+        "-o",
+        str(work / "t.so"),
+        str(work / "t.c"),
+    )
     (work / "one").write_bytes(b"\xa5")
     _run("objcopy", "--add-section", f"{PAYLOAD_SECTION}={work / 'one'}", str(work / "t.so"), str(work / "tp.so"))
     data = (work / "tp.so").read_bytes()
     assert data[:6] == b"\x7fELF\x02\x01", "expected a 64-bit little-endian ELF"
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     strtab_off = sections[shstrndx][4]
 
     def name(sec: tuple[int, ...]) -> str:
         start = strtab_off + sec[0]
-        return data[start:data.index(b"\0", start)].decode()
+        return data[start : data.index(b"\0", start)].decode()
 
     payload = next(s for s in sections if name(s) == PAYLOAD_SECTION)
     note = next(s for s in sections if name(s) == ".note.gnu.build-id")
     later = [s[4] for s in sections if s[4] > payload[4] and s[1] != 8]  # not NOBITS
     after = min(later) if later else shoff
     assert after % 8 == 0 and shoff > payload[4]
-    return Template(data=data, payload_offset=payload[4], after=after, shoff=shoff, shnum=shnum,
-                    shentsize=shentsize, build_id_offset=note[4] + 16)
+    return Template(
+        data=data,
+        payload_offset=payload[4],
+        after=after,
+        shoff=shoff,
+        shnum=shnum,
+        shentsize=shentsize,
+        build_id_offset=note[4] + 16,
+    )
 
 
 def fit(template: Template, size: int) -> int:
@@ -153,13 +239,13 @@ def layout(template: Template, total_size: int) -> tuple[bytes, int, bytes]:
     if n < 1 or (total_size - rest) % 8:
         raise ValueError(f"{total_size}: not a size this template can have (use fit())")
     delta = t.payload_offset + n - t.after
-    head = bytearray(t.data[:t.payload_offset])
-    tail = bytearray(t.data[t.after:])
+    head = bytearray(t.data[: t.payload_offset])
+    tail = bytearray(t.data[t.after :])
     struct.pack_into("<Q", head, 0x28, t.shoff + delta)  # e_shoff
     sh_in_tail = t.shoff - t.after
     for i in range(t.shnum):
         at = sh_in_tail + i * t.shentsize
-        off, = struct.unpack_from("<Q", tail, at + 24)
+        (off,) = struct.unpack_from("<Q", tail, at + 24)
         if off == t.payload_offset:
             struct.pack_into("<Q", tail, at + 32, n)  # sh_size of the payload section
         elif off >= t.after:
@@ -177,7 +263,7 @@ class Writer:
     def write_library(self, path: Path, size: int, build_id: bytes | None = None) -> None:
         head, n, tail = layout(self.template, size)
         head = bytearray(head)
-        head[self.template.build_id_offset:self.template.build_id_offset + 20] = build_id or self.rng.randbytes(20)
+        head[self.template.build_id_offset : self.template.build_id_offset + 20] = build_id or self.rng.randbytes(20)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755)
         try:
@@ -187,7 +273,7 @@ class Writer:
             while left:
                 k = min(piece, left)
                 start = rng.randrange(len(pool) - k)
-                os.write(fd, memoryview(pool)[start:start + k])
+                os.write(fd, memoryview(pool)[start : start + k])
                 left -= k
             os.write(fd, tail)
         finally:
@@ -242,8 +328,15 @@ def build_tree(site: Path, profile: Profile, seed: int = 7818, work: Path | None
         return CORE if rng.random() < 0.4 else LIBS
 
     for i, size in enumerate(profile.big):
-        runtime.append((place(CORE if "LLVM" in BIG_NAMES[i % len(BIG_NAMES)] or "comgr" in BIG_NAMES[i] else LIBS,
-                              BIG_NAMES[i % len(BIG_NAMES)]), size))
+        runtime.append(
+            (
+                place(
+                    CORE if "LLVM" in BIG_NAMES[i % len(BIG_NAMES)] or "comgr" in BIG_NAMES[i] else LIBS,
+                    BIG_NAMES[i % len(BIG_NAMES)],
+                ),
+                size,
+            )
+        )
     count, lo, hi = profile.medium
     for i in range(count):
         stem = MEDIUM_STEMS[i % len(MEDIUM_STEMS)]
@@ -254,8 +347,9 @@ def build_tree(site: Path, profile: Profile, seed: int = 7818, work: Path | None
         runtime.append((place(pick_tree(), f"{rng.choice(SUBDIRS)}/libmid{i:04d}.so.1"), size))
     count, lo, hi = profile.small
     for i in range(count):
-        runtime.append((place(pick_tree(), f"{rng.choice(SUBDIRS)}/libsmall{i:05d}.so.{rng.randint(0, 9)}"),
-                        rng.randint(lo, hi)))
+        runtime.append(
+            (place(pick_tree(), f"{rng.choice(SUBDIRS)}/libsmall{i:05d}.so.{rng.randint(0, 9)}"), rng.randint(lo, hi))
+        )
     runtime = [(p, fit(template, s)) for p, s in runtime]
     for path, size in runtime:
         writer.write_library(site / path, size)
@@ -271,17 +365,18 @@ def build_tree(site: Path, profile: Profile, seed: int = 7818, work: Path | None
     for kind in kinds:
         m.lookalikes[kind] = []
         for j in range(profile.twins):
-            base_path, size = pools[rng.randrange(len(pools))] if j % 2 else \
-                runtime[rng.randrange(len(runtime))]
+            base_path, size = pools[rng.randrange(len(pools))] if j % 2 else runtime[rng.randrange(len(runtime))]
             twin = place(pick_tree(), f"lib/lookalike/lib{kind.replace('-', '_')}{j:02d}.so.1")
             if kind == "head":
                 writer.write_library(site / twin, size)
             else:
                 copy_file(site / base_path, site / twin)
                 payload_end = size - (len(template.data) - template.after)
-                offset = {"after-head": max(4096, template.payload_offset) + 16,
-                          "before-tail": size - 4096 - 512,
-                          "in-tail": payload_end - 1}[kind]
+                offset = {
+                    "after-head": max(4096, template.payload_offset) + 16,
+                    "before-tail": size - 4096 - 512,
+                    "in-tail": payload_end - 1,
+                }[kind]
                 offset = max(template.payload_offset, min(offset, payload_end - 1))
                 flip_byte(site / twin, offset)
             extra.append((twin, size))
@@ -293,8 +388,9 @@ def build_tree(site: Path, profile: Profile, seed: int = 7818, work: Path | None
     # Devel copies of runtime libraries, under the same relative names, until they are a third of
     # all bytes: the biggest-but-one library, then random others.
     target = runtime_bytes // 2
-    order = sorted(runtime[: len(profile.big)], key=lambda x: -x[1])[1:2] + \
-        rng.sample(runtime[len(profile.big):], len(runtime) - len(profile.big))
+    order = sorted(runtime[: len(profile.big)], key=lambda x: -x[1])[1:2] + rng.sample(
+        runtime[len(profile.big) :], len(runtime) - len(profile.big)
+    )
     chosen, dup_bytes = [], 0
     for path, size in order:
         if dup_bytes + size > target * 1.03 or "lookalike" in path and rng.random() < 0.5:
@@ -358,8 +454,9 @@ def build_tree(site: Path, profile: Profile, seed: int = 7818, work: Path | None
     for i in range(profile.headers):
         rel = f"{DEVEL}/include/{rng.choice(['hip', 'rocblas', 'hipblaslt', 'rocprim', 'hipcub'])}/h{i:04d}.h"
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        text = f"// header {i}\n" + "".join(f"#define BENCH_{i}_{k} {rng.getrandbits(48)}\n"
-                                           for k in range(rng.randint(5, 400)))
+        text = f"// header {i}\n" + "".join(
+            f"#define BENCH_{i}_{k} {rng.getrandbits(48)}\n" for k in range(rng.randint(5, 400))
+        )
         (site / rel).write_text(text)
         m.other_files.append(rel)
     same = f"{DEVEL}/include/hip/amd_detail/same_header.h"

@@ -34,16 +34,18 @@ ROOT = AuditRoot(WORKDIR, WORKDIR)
 
 
 def _parsers(data: bytes) -> None:
-    for parse in (lambda: offload_bundle.parse_bundle(data, 0, len(data)),
-                  lambda: ccob.parse_header(data, 0, len(data)),
-                  lambda: hip_fatbin.parse_wrappers(data, 0),
-                  lambda: kpack.parse_kpack_header(data, len(data)),
-                  lambda: kpack.parse_kpack_toc(data, 0, len(data)),
-                  lambda: kpack.parse_kpack_ref(data, 0),
-                  lambda: kpack.parse_kpm(data, 0),
-                  lambda: offload_binary.parse_section(data, 0),
-                  lambda: parse_metadata(iter_notes(data, 0), 0),
-                  lambda: parse_header(data, 0)):
+    for parse in (
+        lambda: offload_bundle.parse_bundle(data, 0, len(data)),
+        lambda: ccob.parse_header(data, 0, len(data)),
+        lambda: hip_fatbin.parse_wrappers(data, 0),
+        lambda: kpack.parse_kpack_header(data, len(data)),
+        lambda: kpack.parse_kpack_toc(data, 0, len(data)),
+        lambda: kpack.parse_kpack_ref(data, 0),
+        lambda: kpack.parse_kpm(data, 0),
+        lambda: offload_binary.parse_section(data, 0),
+        lambda: parse_metadata(iter_notes(data, 0), 0),
+        lambda: parse_header(data, 0),
+    ):
         try:
             parse()
         except FormatError:

@@ -75,8 +75,12 @@ def test_exit_codes_are_the_same_on_every_command(command, tmp_path, sdk, run_cl
         run_cli(*dirty_args, "-p", str(dirty), expect=1)
     run_cli(*clean_args, "-p", str(tmp_path / "does-not-exist"), expect=2)
     run_cli(*clean_args, "--no-such-option", expect=2)
-    done = subprocess.run([sys.executable, "-m", "rocm_audit", *clean_args, "-p", str(clean),
-                           "--rules", str(tmp_path / "missing.toml")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "rocm_audit", *clean_args, "-p", str(clean), "--rules", str(tmp_path / "missing.toml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "cannot read rules file" in done.stderr, done.stderr
 
 

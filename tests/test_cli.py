@@ -29,8 +29,7 @@ def test_python_dash_m_and_the_console_script_both_answer_help():
 
 
 def test_importing_the_cli_loads_no_heavy_module():
-    probe = ("import sys, rocm_audit.cli.app\n"
-             f"print(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))")
+    probe = f"import sys, rocm_audit.cli.app\nprint(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))"
     done = run(sys.executable, "-c", probe)
     assert done.returncode == 0 and done.stdout.strip() == ""
 
@@ -133,8 +132,10 @@ def test_progress_line_only_on_a_terminal_and_never_with_quiet(tmp_path):
     assert "scanning" not in piped.stdout + piped.stderr
 
 
-@pytest.mark.parametrize("argv", [["dedup", "--help"], ["--debug", "verify-arch", "--help"], ["image"],
-                                  ["dedup", "--bogus"], ["dedpu"], ["--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["dedup", "--help"], ["--debug", "verify-arch", "--help"], ["image"], ["dedup", "--bogus"], ["dedpu"], ["--help"]],
+)
 def test_main_answers_as_the_whole_command_group_does(argv, capsys, monkeypatch):
     """main() builds a group holding only the command being run; what the user sees and the exit
     code must be those of the group holding every command (the tests' CliRunner uses that one)."""

@@ -34,8 +34,16 @@ def zoo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("zoo")
     main = "int main(void) { return 0; }\n"
     compile_c(root / "libplain.so.1", "-shared", "-fPIC", "-Wl,-soname,libplain.so.1")
-    compile_c(root / "libdeps.so.2", "-shared", "-fPIC", "-Wl,-soname,libdeps.so.2", f"-L{root}", "-Wl,--no-as-needed",
-              "-l:libplain.so.1", "-Wl,--disable-new-dtags,-rpath,$ORIGIN:$ORIGIN/../lib")
+    compile_c(
+        root / "libdeps.so.2",
+        "-shared",
+        "-fPIC",
+        "-Wl,-soname,libdeps.so.2",
+        f"-L{root}",
+        "-Wl,--no-as-needed",
+        "-l:libplain.so.1",
+        "-Wl,--disable-new-dtags,-rpath,$ORIGIN:$ORIGIN/../lib",
+    )
     compile_c(root / "librunpath.so", "-shared", "-fPIC", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/sub")
     compile_c(root / "pie-tool.so", "-fPIE", "-pie", source=main)  # an executable named like a library
     compile_c(root / "static-tool", "-no-pie", source=main)
@@ -43,8 +51,22 @@ def zoo(tmp_path_factory) -> Path:
     clang = require_tool("clang-19")
     kernel = root / "kernel.c"
     kernel.write_text("void k(int *p) { *p = 1; }\n")
-    subprocess.run([clang, "-target", "amdgcn-amd-amdhsa", "-mcpu=gfx942", "-nogpulib", "-c", "-o",
-                    str(root / "libkernel.so"), str(kernel)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            clang,
+            "-target",
+            "amdgcn-amd-amdhsa",
+            "-mcpu=gfx942",
+            "-nogpulib",
+            "-c",
+            "-o",
+            str(root / "libkernel.so"),
+            str(kernel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     kernel.unlink()
     (root / "notes.so").write_text("not an ELF file, whatever the suffix says\n")
     (root / "libc-copy.so.6").write_bytes(Path(LIBC).read_bytes())

@@ -64,9 +64,12 @@ def test_an_absolute_link_inside_the_sysroot_resolves_into_it(image_root):
     assert verdicts == {
         "resolve": link,
         "post_build_missing": [],
-        "closure": [str(image_root / "opt" / "app" / "lib" / "libuser.so.1"), link,
-                    str(image_root / "lib" / "x86_64-linux-gnu" / "libc.so.6"),
-                    str(image_root / "lib" / "x86_64-linux-gnu" / "ld-linux-x86-64.so.2")],
+        "closure": [
+            str(image_root / "opt" / "app" / "lib" / "libuser.so.1"),
+            link,
+            str(image_root / "lib" / "x86_64-linux-gnu" / "libc.so.6"),
+            str(image_root / "lib" / "x86_64-linux-gnu" / "ld-linux-x86-64.so.2"),
+        ],
         "closure_missing": [],
     }
 
@@ -84,8 +87,12 @@ def test_a_host_file_at_the_link_target_is_never_found(image_root, tmp_path):
         user = str(image_root / "opt" / "app" / "lib" / "libuser.so.1")
         system = image_root / "lib" / "x86_64-linux-gnu"
         libc, ld_so = str(system / "libc.so.6"), str(system / "ld-linux-x86-64.so.2")
-        assert verdicts == {"resolve": None, "post_build_missing": [user], "closure": [user, libc, ld_so],
-                            "closure_missing": ["libbase.so.1"]}
+        assert verdicts == {
+            "resolve": None,
+            "post_build_missing": [user],
+            "closure": [user, libc, ld_so],
+            "closure_missing": ["libbase.so.1"],
+        }
     finally:
         shutil.rmtree(host_dir)
 

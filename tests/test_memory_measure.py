@@ -19,7 +19,8 @@ def test_in_process_peak_sees_a_fresh_allocation_after_reset():
 def test_a_child_reports_its_own_peak_not_its_parents():
     ballast = bytearray(200 << 20)
     ballast[::4096] = b"y" * len(ballast[::4096])
-    done = subprocess.run([sys.executable, "-c", f"print({PEAK_RSS_KIB_EXPR})"], capture_output=True, text=True,
-                          check=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", f"print({PEAK_RSS_KIB_EXPR})"], capture_output=True, text=True, check=True, timeout=60
+    )
     assert int(done.stdout) < 100 * 1024
     del ballast

@@ -25,8 +25,12 @@ _OPENAT = re.compile(r'openat\(AT_FDCWD, "([^"]+)", ([A-Z_|]+)[^)]*\) = \d+')
 def _opens_per_file(argv: list[str], tree: Path, trace: Path) -> collections.Counter[str]:
     script = shutil.which("rocm-audit", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     assert script, "the rocm-audit console script is not installed"
-    done = subprocess.run([require_tool("strace"), "-f", "-qq", "-e", "trace=openat", "-o", str(trace), script,
-                           *argv], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [require_tool("strace"), "-f", "-qq", "-e", "trace=openat", "-o", str(trace), script, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode in (0, 1), done.stderr
     counts: collections.Counter[str] = collections.Counter()
     for line in trace.read_text().splitlines():

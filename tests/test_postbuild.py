@@ -41,11 +41,11 @@ def require_newer_glibc(path: Path, old: bytes, new: bytes) -> None:
         verneed_range = (verneed["sh_offset"], verneed["sh_offset"] + verneed["sh_size"])
     where = data.find(old + b"\0", *dynstr_range)
     assert where > 0, f"{old!r} not in .dynstr"
-    data[where:where + len(old)] = new
+    data[where : where + len(old)] = new
     old_hash, new_hash = elf_hash(old).to_bytes(4, "little"), elf_hash(new).to_bytes(4, "little")
     hash_at = data.find(old_hash, *verneed_range)
     assert hash_at > 0
-    data[hash_at:hash_at + 4] = new_hash
+    data[hash_at : hash_at + 4] = new_hash
     path.write_bytes(bytes(data))
 
 
@@ -59,8 +59,21 @@ def site(tmp_path) -> Path:
     # Uses memcpy -> needs a GLIBC version from libc.so.6.
     source = lib / ".newglibc.c"
     source.write_text("#include <string.h>\nvoid copy(char *d, const char *s, unsigned long n) { memcpy(d, s, n); }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O0", "-fno-builtin", "-o", str(lib / "libnewglibc.so.1"), str(source),
-                    "-Wl,-soname,libnewglibc.so.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O0",
+            "-fno-builtin",
+            "-o",
+            str(lib / "libnewglibc.so.1"),
+            str(source),
+            "-Wl,-soname,libnewglibc.so.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     source.unlink()
     return root
 
@@ -74,8 +87,12 @@ def findings_by_rule(root: Path) -> dict[str, list]:
 
 
 def loader_error(path: Path) -> str:
-    done = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.stderr if done.returncode else ""
 
 
@@ -104,8 +121,9 @@ def test_a_library_built_for_a_newer_glibc_is_an_error_the_loader_agrees(site):
 def test_a_needed_library_that_no_search_path_finds(site):
     os.unlink(site / "pkg" / "lib" / "libbase.so.1")
     found = findings_by_rule(site)
-    assert [(f.path, f.data["needed"]) for f in found["POST002"]] == [(str(site / "pkg" / "lib" / "libuser.so.1"),
-                                                                        "libbase.so.1")]
+    assert [(f.path, f.data["needed"]) for f in found["POST002"]] == [
+        (str(site / "pkg" / "lib" / "libuser.so.1"), "libbase.so.1")
+    ]
     assert "libbase.so.1: cannot open shared object file" in loader_error(site / "pkg" / "lib" / "libuser.so.1")
 
 

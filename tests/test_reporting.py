@@ -70,7 +70,9 @@ def test_github_annotations_escape_properties_and_messages(sdk, run_cli):
     weird = [line for line in lines if "weird" in line]
     assert len(weird) == 1 and weird[0] in {
         f"::warning file={str(p).replace(',', '%2C').replace(':', '%3A')},title=SCAN002::"
-        "file ends inside the ELF identification" for p in odd}
+        "file ends inside the ELF identification"
+        for p in odd
+    }
 
 
 def write_rules(tmp_path, text: str):
@@ -80,7 +82,9 @@ def write_rules(tmp_path, text: str):
 
 
 def test_rules_file_changes_severities_and_ignores_with_reasons(sdk, run_cli, tmp_path):
-    rules = write_rules(tmp_path, """
+    rules = write_rules(
+        tmp_path,
+        """
         [rules.DUP002]
         severity = "error"
 
@@ -88,7 +92,8 @@ def test_rules_file_changes_severities_and_ignores_with_reasons(sdk, run_cli, tm
         rule = "DUP001"
         path = "*/_rocm_sdk_libraries_gfx94X_dcgpu/*"
         reason = "rocblas is replaced at deploy time"
-    """)
+    """,
+    )
     result = dedup_check(run_cli, sdk, "--rules", rules, "--format", "json", expect=1)
     severities = {f["rule"]: f["severity"] for f in result.report["findings"]}
     assert severities["DUP002"] == "error"
@@ -102,10 +107,13 @@ def test_rules_file_changes_severities_and_ignores_with_reasons(sdk, run_cli, tm
 
 
 def test_policy_setting_changes_the_keeper_and_is_listed_with_its_source(sdk, run_cli, tmp_path):
-    rules = write_rules(tmp_path, """
+    rules = write_rules(
+        tmp_path,
+        """
         [policy.dedup]
         owner_order = ["_rocm_sdk_devel", "_rocm_sdk_core", "_rocm_sdk_libraries*"]
-    """)
+    """,
+    )
     result = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--rules", rules, "--format", "json", expect=0)
     assert all("/_rocm_sdk_devel/" in g["keeper"] for g in result.report["dedup"]["groups"])
     listing = run_cli("rules", "--rules", rules, "--format", "json", expect=0).report
@@ -113,15 +121,18 @@ def test_policy_setting_changes_the_keeper_and_is_listed_with_its_source(sdk, ru
     assert owner["source"] == f"{rules}:3" and owner["value"][0] == "_rocm_sdk_devel"
 
 
-@pytest.mark.parametrize("text,where,reason", [
-    ('[rules.NOPE001]\nseverity = "error"\n', ":1 [rules.NOPE001]", "no such rule"),
-    ('[rules.DUP001]\nseverity = "fatal"\n', ":2 [rules.DUP001.severity]", "severity must be one of"),
-    ('[[ignore]]\nrule = "DUP001"\n', ":2 [ignore[0].reason]", "every ignore needs a non-empty reason"),
-    ('[policy.dedup]\nowner_order = "core"\n', ":2 [policy.dedup.owner_order]", "must be a list of strings"),
-    ('[policy.dedup]\nkinds = ["executable"]\n', ":2 [policy.dedup.kinds]", "executables are never linked"),
-    ('[policy.nope]\nx = 1\n', ":1 [policy.nope]", "unknown policy area"),
-    ('[rules.DUP001\nseverity = "error"\n', ":1", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text,where,reason",
+    [
+        ('[rules.NOPE001]\nseverity = "error"\n', ":1 [rules.NOPE001]", "no such rule"),
+        ('[rules.DUP001]\nseverity = "fatal"\n', ":2 [rules.DUP001.severity]", "severity must be one of"),
+        ('[[ignore]]\nrule = "DUP001"\n', ":2 [ignore[0].reason]", "every ignore needs a non-empty reason"),
+        ('[policy.dedup]\nowner_order = "core"\n', ":2 [policy.dedup.owner_order]", "must be a list of strings"),
+        ('[policy.dedup]\nkinds = ["executable"]\n', ":2 [policy.dedup.kinds]", "executables are never linked"),
+        ("[policy.nope]\nx = 1\n", ":1 [policy.nope]", "unknown policy area"),
+        ('[rules.DUP001\nseverity = "error"\n', ":1", "not valid TOML"),
+    ],
+)
 def test_bad_rules_files_are_usage_errors_naming_file_line_and_key(sdk, run_cli, tmp_path, text, where, reason):
     path = tmp_path / "bad.toml"
     path.write_text(text)
@@ -136,18 +147,25 @@ def test_policy_targets_and_extra_targets_reach_verify_arch(tmp_path, run_cli, m
 
     monkeypatch.delenv("GPU_ARCH", raising=False)
     gfx942_code_object(tmp_path / "pkg")
-    rules = write_rules(tmp_path, """
+    rules = write_rules(
+        tmp_path,
+        """
         [policy.verify-arch]
         targets = ["gfx942"]
-    """)
+    """,
+    )
     result = run_cli("verify-arch", "-p", str(tmp_path / "pkg"), "--rules", rules, "--format", "json", expect=0)
     assert [t["target"] for t in result.report["targets"]] == ["gfx942"]
-    extra = write_rules(tmp_path, """
+    extra = write_rules(
+        tmp_path,
+        """
         [policy.verify-arch]
         extra_targets = ["gfx950"]
-    """)
-    result = run_cli("verify-arch", "gfx942", "-p", str(tmp_path / "pkg"), "--rules", extra, "--format", "json",
-                     expect=1)
+    """,
+    )
+    result = run_cli(
+        "verify-arch", "gfx942", "-p", str(tmp_path / "pkg"), "--rules", extra, "--format", "json", expect=1
+    )
     assert [t["target"] for t in result.report["targets"]] == ["gfx942", "gfx950"]
     assert "extra_targets" in result.report["targets_source"]
 
@@ -155,7 +173,8 @@ def test_policy_targets_and_extra_targets_reach_verify_arch(tmp_path, run_cli, m
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4),
-    max_leaves=30)
+    max_leaves=30,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -177,5 +196,6 @@ def test_laid_out_json_has_one_finding_per_line(sdk, run_cli):
     findings = report.report["findings"]
     assert findings
     for finding in findings:  # each finding is one record: one line, two levels in
-        assert "    " + json.dumps(finding, separators=(", ", ": "), ensure_ascii=False) in \
-            [line.rstrip(",") for line in lines]
+        assert "    " + json.dumps(finding, separators=(", ", ": "), ensure_ascii=False) in [
+            line.rstrip(",") for line in lines
+        ]

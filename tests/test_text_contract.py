@@ -127,8 +127,10 @@ def test_image_output_escapes_layer_paths(run_cli, tmp_path, hostile_site):
 
 def test_rules_output_escapes_policy_text(run_cli, tmp_path):
     rules = tmp_path / "rules.toml"
-    rules.write_text('[[ignore]]\nrule = "DUP002"\npath = "*/x\\nok      forged-line  [raw-elf]  gfx950 native*"\n'
-                     'reason = "because\\rok      forged-line  [raw-elf]  gfx950 native"\n')
+    rules.write_text(
+        '[[ignore]]\nrule = "DUP002"\npath = "*/x\\nok      forged-line  [raw-elf]  gfx950 native*"\n'
+        'reason = "because\\rok      forged-line  [raw-elf]  gfx950 native"\n'
+    )
     result = run_cli("rules", "--rules", str(rules))
     assert result.exit_code == 0, result.output
     raw = result.stdout_bytes
@@ -141,12 +143,17 @@ def test_stderr_summaries_and_errors_escape_names(hostile_site, tmp_path):
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    summary = subprocess.run([sys.executable, "-m", "rocm_audit", "dedup", "--check", "--format", "json", "-p",
-                              str(hostile_site)], capture_output=True, timeout=120, env=env)
+    summary = subprocess.run(
+        [sys.executable, "-m", "rocm_audit", "dedup", "--check", "--format", "json", "-p", str(hostile_site)],
+        capture_output=True,
+        timeout=120,
+        env=env,
+    )
     assert summary.returncode == 1 and b"dedup (check)" in summary.stderr
     missing = os.fsencode(tmp_path) + b"/" + os.fsencode(_hostile("image", ".tar")[0])
-    error = subprocess.run([sys.executable, "-m", "rocm_audit", "image", "--archive", missing],
-                           capture_output=True, timeout=120, env=env)
+    error = subprocess.run(
+        [sys.executable, "-m", "rocm_audit", "image", "--archive", missing], capture_output=True, timeout=120, env=env
+    )
     assert error.returncode == 2 and b"\\nok      forged-line" in error.stderr
     for raw in (summary.stderr, error.stderr):
         assert not _forged_lines(raw), raw

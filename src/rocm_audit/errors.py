@@ -36,4 +36,3 @@ class FormatError(RocmAuditError):
     def __init__(self, fmt: str, offset: int, reason: str) -> None:
         super().__init__(f"{fmt}: {reason} (at offset {offset:#x})")
         self.fmt, self.offset, self.reason = fmt, offset, reason
-

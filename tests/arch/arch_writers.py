@@ -48,11 +48,7 @@ def ccob(
     total_size: int | None = None,
 ) -> bytes:
     """formats.md 2.4: CCOB v1 (20-byte header), v2 (24), v3 (32); method 0 zlib, 1 zstd."""
-    body = (
-        zstandard.ZstdCompressor(level=3).compress(payload)
-        if method == 1
-        else zlib.compress(payload, 6)
-    )
+    body = zstandard.ZstdCompressor(level=3).compress(payload) if method == 1 else zlib.compress(payload, 6)
     digest = hashlib.md5(payload).digest()[:8]
     size = len(payload) if declared_size is None else declared_size
     if version == 1:
@@ -66,9 +62,7 @@ def ccob(
     return header + body
 
 
-def kpack_archive(
-    kernels: list[tuple[str, str, bytes]], *, scheme: str = "none", family: str = "test"
-) -> bytes:
+def kpack_archive(kernels: list[tuple[str, str, bytes]], *, scheme: str = "none", family: str = "test") -> bytes:
     """formats.md 1.7: <4sIQ header, pad to 64, blobs, msgpack TOC to EOF; (key, arch, bytes)."""
     out = bytearray(64)
     toc: dict[str, object] = {
@@ -126,15 +120,11 @@ def host_elf(sections: list[tuple[str, int, int, bytes | int]], path: str) -> No
     shoff = align(strtab_offset + len(names), 8)
     count = len(sections) + 2
     header = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
-    header += struct.pack(
-        "<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 56, 0, 64, count, count - 1
-    )
+    header += struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 56, 0, 64, count, count - 1)
     shdrs = bytearray(64)  # SHN_UNDEF
     name_pos = 1
     for name, sh_type, flags, offset, size, _ in layout:
-        shdrs += struct.pack(
-            "<IIQQQQIIQQ", name_pos, sh_type, flags, offset, offset, size, 0, 0, 4096, 0
-        )
+        shdrs += struct.pack("<IIQQQQIIQQ", name_pos, sh_type, flags, offset, offset, size, 0, 0, 4096, 0)
         name_pos += len(name) + 1
     shdrs += struct.pack("<IIQQQQIIQQ", name_pos, 3, 0, 0, strtab_offset, len(names), 0, 0, 1, 0)
     with open(path, "wb") as handle:
@@ -152,9 +142,7 @@ def host_elf(sections: list[tuple[str, int, int, bytes | int]], path: str) -> No
 def amdgpu_header(e_flags: int, *, abi_version: int = 4, e_type: int = 3, osabi: int = 64) -> bytes:
     """A bare 64-byte AMDGPU ELF header (no program or section headers)."""
     ident = b"\x7fELF" + bytes([2, 1, 1, osabi, abi_version]) + bytes(7)
-    return ident + struct.pack(
-        "<HHIQQQIHHHHHH", e_type, 224, 1, 0, 0, 0, e_flags, 64, 56, 0, 64, 0, 0
-    )
+    return ident + struct.pack("<HHIQQQIHHHHHH", e_type, 224, 1, 0, 0, 0, e_flags, 64, 56, 0, 64, 0, 0)
 
 
 def section_bytes(path: Path, name: str) -> tuple[int, bytes]:

@@ -198,9 +198,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
     for stem, (arches, inputs) in specs.items():
         for compress in (False, True):
             name = f"{stem}{'c' if compress else ''}.hipfb"
-            targets = ",".join(
-                ["host-x86_64-unknown-linux"] + [f"hipv4-amdgcn-amd-amdhsa--{a}" for a in arches]
-            )
+            targets = ",".join(["host-x86_64-unknown-linux"] + [f"hipv4-amdgcn-amd-amdhsa--{a}" for a in arches])
             _run(
                 [
                     bundler,
@@ -240,8 +238,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
             made[lib_name] = out / lib_name
     # A host library that only contains the bundle magic as a string (like the HIP runtime).
     (out / "magic.c").write_text(
-        'const char bundle_magic[] = "__CLANG_OFFLOAD_BUNDLE__";\n'
-        "const char *magic(void) { return bundle_magic; }\n"
+        'const char bundle_magic[] = "__CLANG_OFFLOAD_BUNDLE__";\nconst char *magic(void) { return bundle_magic; }\n'
     )
     _run([tools["clang-19"], "-fPIC", "-shared", "magic.c", "-o", "libmagic.so"], out)
     made["libmagic.so"] = out / "libmagic.so"
@@ -284,17 +281,11 @@ def jax_plugin(cache_dir) -> Path:
         )
         assert done.returncode == 0, f"pip download failed:\n{done.stderr}"
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    assert digest == JAX_WHEEL_SHA256, (
-        f"{wheel} has sha256 {digest}, expected the pinned {JAX_WHEEL_SHA256}"
-    )
+    assert digest == JAX_WHEEL_SHA256, f"{wheel} has sha256 {digest}, expected the pinned {JAX_WHEEL_SHA256}"
     target = Path(cache_dir) / "jax_rocm7_plugin-0.12.0"
     if not (target / "jax_rocm7_plugin" / "_prng.so").exists():
         with zipfile.ZipFile(wheel) as archive:
-            members = [
-                m
-                for m in archive.namelist()
-                if m.startswith("jax_rocm7_plugin/") and m.endswith(".so")
-            ]
+            members = [m for m in archive.namelist() if m.startswith("jax_rocm7_plugin/") and m.endswith(".so")]
             archive.extractall(target, members)
     return target / "jax_rocm7_plugin"
 

@@ -35,9 +35,7 @@ def mixed_tree(sdk_tree, built) -> Path:
 
 
 def test_verify_arch_fails_carriers_without_the_target_and_names_them(run_cli, mixed_tree):
-    result = run_cli(
-        "verify-arch", "gfx942;gfx950", "-p", str(mixed_tree), "--format", "json", expect=1
-    )
+    result = run_cli("verify-arch", "gfx942;gfx950", "-p", str(mixed_tree), "--format", "json", expect=1)
     report = result.report
     carriers = carriers_by_name(report)
     assert sorted(carriers) == [
@@ -55,11 +53,7 @@ def test_verify_arch_fails_carriers_without_the_target_and_names_them(run_cli, m
     assert multi["gfx942"]["tus_without"] == [1] and carriers["libmulti.so"]["tu_count"] == 2
     assert carriers["libno950.so"]["targets"] == ["gfx90a", "gfx942"]
     assert carriers["libno950.so"]["package"] == "_rocm_sdk_libraries"
-    errors = sorted(
-        (os.path.basename(f["path"]), f["rule"])
-        for f in report["findings"]
-        if f["severity"] == "error"
-    )
+    errors = sorted((os.path.basename(f["path"]), f["rule"]) for f in report["findings"] if f["severity"] == "error")
     assert errors == [("libmulti.so", "ARCH001"), ("libno950.so", "ARCH001")]
     assert not any("libamdhip64" in f["path"] for f in report["findings"])
     assert report["targets"] == [
@@ -78,15 +72,11 @@ def test_text_output_is_grouped_by_sdk_package(run_cli, mixed_tree):
 
 def test_passing_tree_exits_0(run_cli, sdk_tree, built):
     copy(built["libfat950c.so"], sdk_tree / "_rocm_sdk_libraries" / "lib" / "libgood.so")
-    result = run_cli(
-        "verify-arch", "gfx950", "gfx942", "-p", str(sdk_tree), "--format", "json", expect=0
-    )
+    result = run_cli("verify-arch", "gfx950", "gfx942", "-p", str(sdk_tree), "--format", "json", expect=0)
     assert result.report["carriers"][0]["missing"] == []
 
 
-def test_targets_from_gpu_arch_then_dist_info_then_usage_error(
-    run_cli, sdk_tree, built, monkeypatch
-):
+def test_targets_from_gpu_arch_then_dist_info_then_usage_error(run_cli, sdk_tree, built, monkeypatch):
     copy(built["libplain.so"], sdk_tree / "_rocm_sdk_libraries" / "lib" / "libx.so")
     monkeypatch.delenv("GPU_ARCH", raising=False)
     missing = run_cli("verify-arch", "-p", str(sdk_tree), expect=2)
@@ -116,9 +106,7 @@ def test_feature_qualified_targets(run_cli, sdk_tree, built):
     usual = run_cli("verify-arch", "gfx942", "-p", str(sdk_tree), "--format", "json", expect=1)
     assert carriers_by_name(usual.report)["libxnack.so"]["missing"] == ["gfx942"]
     assert carriers_by_name(usual.report)["libfeat.so"]["missing"] == []
-    xnack_on = run_cli(
-        "verify-arch", "gfx942:xnack+", "-p", str(sdk_tree), "--format", "json", expect=1
-    )
+    xnack_on = run_cli("verify-arch", "gfx942:xnack+", "-p", str(sdk_tree), "--format", "json", expect=1)
     assert carriers_by_name(xnack_on.report)["libxnack.so"]["missing"] == []
     assert carriers_by_name(xnack_on.report)["libfeat.so"]["missing"] == ["gfx942:xnack+"]
     generic = run_cli(
@@ -156,9 +144,7 @@ def test_spirv_only_is_a_warning(run_cli, tmp_path):
 def _kpack_library(built, libs: Path) -> Path:
     """libplain.so made kpack'd as formats.md 1.7 describes: HIPK + .rocm_kpack_ref."""
     target = copy(built["libplain.so"], libs / "libk.so")
-    ref = msgpack.packb(
-        {"kpack_search_paths": ["../.kpack/t_@GFXARCH@.kpack"], "kernel_name": "lib/libk.so"}
-    )
+    ref = msgpack.packb({"kpack_search_paths": ["../.kpack/t_@GFXARCH@.kpack"], "kernel_name": "lib/libk.so"})
     (libs / "ref.bin").write_bytes(ref)
     done = subprocess.run(
         ["llvm-objcopy-19", f"--add-section=.rocm_kpack_ref={libs / 'ref.bin'}", str(target)],
@@ -197,9 +183,7 @@ def test_kpack_split_library_is_judged_through_its_archives(run_cli, sdk_tree, b
             scheme="zstd-per-kernel",
         )
     )
-    both = run_cli(
-        "verify-arch", "gfx942;gfx950", "-p", str(sdk_tree), "--format", "json", expect=0
-    )
+    both = run_cli("verify-arch", "gfx942;gfx950", "-p", str(sdk_tree), "--format", "json", expect=0)
     carrier = carriers_by_name(both.report)["libk.so"]
     assert carrier["containers"] == ["kpack"] and carrier["targets"] == ["gfx942", "gfx950"]
     assert {v["source"] for v in carrier["found_via"]} == {"e_flags"}
@@ -229,12 +213,8 @@ def test_kernel_databases_and_per_arch_libraries(run_cli, sdk_tree, built):
     (aotriton / "fwd.aks2").write_bytes(b"AKS2")
     copy(built["libcov5.so"], libs / "libMIOpenCKconv_gfx942.so")
     (sdk_tree / "_rocm_sdk_core" / "share" / "miopen" / "db").mkdir(parents=True)
-    (sdk_tree / "_rocm_sdk_core" / "share" / "miopen" / "db" / "gfx942130.kdb").write_bytes(
-        b"SQLite format 3\0"
-    )
-    result = run_cli(
-        "verify-arch", "gfx942", "gfx1100", "-p", str(sdk_tree), "--format", "json", expect=1
-    )
+    (sdk_tree / "_rocm_sdk_core" / "share" / "miopen" / "db" / "gfx942130.kdb").write_bytes(b"SQLite format 3\0")
+    result = run_cli("verify-arch", "gfx942", "gfx1100", "-p", str(sdk_tree), "--format", "json", expect=1)
     carriers = {c["kind"]: c for c in result.report["carriers"]}
     assert carriers["kernel-database:tensile"]["missing"] == ["gfx1100"]
     assert carriers["kernel-database:aotriton"]["missing"] == ["gfx942"]
@@ -243,12 +223,8 @@ def test_kernel_databases_and_per_arch_libraries(run_cli, sdk_tree, built):
     assert {f["rule"] for f in result.report["findings"]} == {"ARCH008"}
     assert not any("miopen" in c["path"] for c in result.report["carriers"])  # listed, never judged
     (tensile / "TensileLibrary_lazy_gfx1100.dat").write_bytes(b"\x80")
-    again = run_cli(
-        "verify-arch", "gfx942", "gfx1100", "-p", str(sdk_tree), "--format", "json", expect=1
-    )
-    assert {c["kind"]: c for c in again.report["carriers"]}["kernel-database:tensile"][
-        "missing"
-    ] == []
+    again = run_cli("verify-arch", "gfx942", "gfx1100", "-p", str(sdk_tree), "--format", "json", expect=1)
+    assert {c["kind"]: c for c in again.report["carriers"]}["kernel-database:tensile"]["missing"] == []
     listing = run_cli("scan", "--targets", "-p", str(sdk_tree), "--format", "json", expect=0)
     assert ("gfx942130.kdb", "gfx942") in {
         (os.path.basename(o["path"]), o["target"]) for o in listing.report["code_objects"]
@@ -261,9 +237,7 @@ def test_scan_targets_lists_every_code_object(run_cli, built, jax_plugin):
     assert sorted(files) == ["_linalg.so", "_prng.so", "_solver.so"]
     assert files["_solver.so"]["tu_count"] == 2 and files["_prng.so"]["code_objects"] == 28
     prng = [o for o in result.report["code_objects"] if o["path"].endswith("_prng.so")]
-    assert {o["container"] for o in prng} == {"ccob"} and {
-        o["code_object_version"] for o in prng
-    } == {None, 6}
+    assert {o["container"] for o in prng} == {"ccob"} and {o["code_object_version"] for o in prng} == {None, 6}
     text = run_cli("scan", "--targets", "-p", str(built["libfat950.so"]), expect=0).stdout
     assert "hipv4-amdgcn-amd-amdhsa--gfx950-" in text and "cov6" in text and "cov5" in text
     plain = run_cli("scan", "-p", str(built["libfat950.so"]), "--format", "json", expect=0)
@@ -301,9 +275,7 @@ def test_a_1_gib_hip_fatbin_is_listed_in_little_memory(tmp_path):
         f"{str(tmp_path / 'out.json')!r}])\n"
         f"print({PEAK_RSS_KIB_EXPR}, code)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
-    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     max_rss_kib, code = map(int, done.stdout.split())
     assert code == 0

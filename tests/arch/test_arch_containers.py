@@ -111,22 +111,15 @@ def test_truncated_ccob_headers(tmp_path, cut):
 def test_ccob_declared_sizes_are_checked_against_the_file(tmp_path):
     payload = bundle(SAMPLE)
     too_long = ccob(payload, version=2, total_size=10_000_000)
-    assert any(
-        "runs past the end" in p["message"]
-        for p in malformed(scan_bytes(tmp_path, too_long, "a.co"))
-    )
+    assert any("runs past the end" in p["message"] for p in malformed(scan_bytes(tmp_path, too_long, "a.co")))
     too_small = ccob(payload, version=3, total_size=12)
-    assert any(
-        "smaller than the header" in p["message"]
-        for p in malformed(scan_bytes(tmp_path, too_small, "b.co"))
-    )
+    assert any("smaller than the header" in p["message"] for p in malformed(scan_bytes(tmp_path, too_small, "b.co")))
     lying = ccob(payload, version=2, declared_size=100)  # the table's entries lie beyond 100 bytes
     assert malformed(scan_bytes(tmp_path, lying, "c.co"))
     bad_method = bytearray(ccob(payload, version=2))
     bad_method[6] = 7
     assert any(
-        "compression method 7" in p["message"]
-        for p in malformed(scan_bytes(tmp_path, bytes(bad_method), "d.co"))
+        "compression method 7" in p["message"] for p in malformed(scan_bytes(tmp_path, bytes(bad_method), "d.co"))
     )
     corrupt = bytearray(ccob(payload, version=2, method=0))
     corrupt[40:60] = b"\xff" * 20
@@ -137,14 +130,9 @@ def test_ccob_bombs_are_refused_without_inflating(tmp_path):
     before = reset_peak_rss()
     # 1 TiB declared from a few bytes: refused from the header alone.
     claim = ccob(bundle(SAMPLE), version=3, declared_size=1 << 40)
-    assert any(
-        "not a plausible bundle" in p["message"]
-        for p in malformed(scan_bytes(tmp_path, claim, "a.co"))
-    )
+    assert any("not a plausible bundle" in p["message"] for p in malformed(scan_bytes(tmp_path, claim, "a.co")))
     # A real zstd bomb (512 MiB of zeros in a few KiB) declaring its true size: refused by ratio.
-    table = bundle(
-        [("host-x86_64-unknown-linux--", b""), ("hipv4-amdgcn-amd-amdhsa--gfx942", b"\0" * 64)]
-    )
+    table = bundle([("host-x86_64-unknown-linux--", b""), ("hipv4-amdgcn-amd-amdhsa--gfx942", b"\0" * 64)])
     payload_size = len(table) + (512 << 20)
     body = _zstd_zeros_after(table, 512 << 20)
     header = b"CCOB" + struct.pack("<HHQQ", 3, 1, 32 + len(body), payload_size) + b"\0" * 8
@@ -162,9 +150,7 @@ def test_ccob_bombs_are_refused_without_inflating(tmp_path):
     far = bytearray(probe[:table_size])
     struct.pack_into("<Q", far, 32 + 24 + len(entries[0][0]), table_size + zeros)  # entry 1 offset
     stream = zlib.compressobj(9)
-    body = stream.compress(bytes(far)) + b"".join(
-        stream.compress(b"\0" * (1 << 24)) for _ in range(zeros >> 24)
-    )
+    body = stream.compress(bytes(far)) + b"".join(stream.compress(b"\0" * (1 << 24)) for _ in range(zeros >> 24))
     body += stream.compress(GFX942_ANY) + stream.flush()
     size = table_size + zeros + len(GFX942_ANY)
     digest = hashlib.md5(bytes(far))
@@ -232,9 +218,7 @@ def fatbin_library(
 
 def test_concatenated_bundles_of_every_kind_are_separate_translation_units(tmp_path):
     tu0 = bundle(SAMPLE[:2])
-    tu1 = ccob(
-        bundle([SAMPLE[0], SAMPLE[2]]), version=1, method=0
-    )  # v1: found by searching for CCOB
+    tu1 = ccob(bundle([SAMPLE[0], SAMPLE[2]]), version=1, method=0)  # v1: found by searching for CCOB
     tu2 = ccob(bundle([SAMPLE[0], SAMPLE[3]]), version=1, method=1)
     tu3 = ccob(bundle(SAMPLE[:3]), version=3, method=1)
     result = scan_path(fatbin_library(tmp_path / "libmix.so", [tu0, tu1, tu2, tu3], wrappers=4))
@@ -357,7 +341,9 @@ def test_ccobs_separated_by_padding_shorter_than_a_header_are_all_read(tmp_path)
     result = scan_path(path)
     assert not result.findings, result.findings
     assert [(kind, offset - result.bundles[0][0]) for offset, _, kind in result.bundles] == [
-        ("ccob", 0), ("ccob", len(first) + 12)]
+        ("ccob", 0),
+        ("ccob", len(first) + 12),
+    ]
 
 
 def test_many_long_window_ccobs_are_read_with_bounded_memory(tmp_path):
@@ -387,15 +373,16 @@ def test_many_long_window_ccobs_are_read_with_bounded_memory(tmp_path):
     payload = bytes(plain[:first_object]) + filler + bytes(plain[first_object:])
     params = zstandard.ZstdCompressionParameters.from_level(1, window_log=26)
     body = zstandard.ZstdCompressor(compression_params=params).compress(payload)
-    one = (b"CCOB" + struct.pack("<HHII", 2, 1, 24 + len(body), len(payload))
-           + hashlib.md5(payload).digest()[:8] + body)
+    one = b"CCOB" + struct.pack("<HHII", 2, 1, 24 + len(body), len(payload)) + hashlib.md5(payload).digest()[:8] + body
     one += b"\0" * (-len(one) % 4096)
     path = tmp_path / "libwindows.so"
     host_elf([(".hip_fatbin", SHT_PROGBITS, SHF_ALLOC, one * 4)], str(path))
-    probe = ("from rocm_audit.cli.app import main\n"
-             f"code = main(['scan', '--targets', '-q', '-p', {str(path)!r}, '--format', 'json', '-o', "
-             f"{str(tmp_path / 'out.json')!r}])\n"
-             f"print({PEAK_RSS_KIB_EXPR}, code)\n")
+    probe = (
+        "from rocm_audit.cli.app import main\n"
+        f"code = main(['scan', '--targets', '-q', '-p', {str(path)!r}, '--format', 'json', '-o', "
+        f"{str(tmp_path / 'out.json')!r}])\n"
+        f"print({PEAK_RSS_KIB_EXPR}, code)\n"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     peak_kib, code = map(int, done.stdout.split())
     report = json.loads((tmp_path / "out.json").read_text())

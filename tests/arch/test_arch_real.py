@@ -120,10 +120,7 @@ def test_section_walk_agrees_with_pyelftools(built):
 
 
 def test_what_each_build_flag_produces(built):
-    facts = {
-        name: scan_path(built[name])
-        for name in DIFFERENTIAL + ["k_gfx942.hsaco", "knew.o", "libembedded.so"]
-    }
+    facts = {name: scan_path(built[name]) for name in DIFFERENTIAL + ["k_gfx942.hsaco", "knew.o", "libembedded.so"]}
     device = {
         name: [
             (o.tu, o.target, o.target_source, o.code_object_version, o.generic_version)
@@ -150,10 +147,7 @@ def test_what_each_build_flag_produces(built):
     assert facts["librdc.so"].wrappers == 2 and facts["librdc.so"].tu_count == 1
     # gfx950 from llvmlite, bundled by clang-offload-bundler-19 under the id "...--gfx950-".
     fat950 = [o for o in facts["libfat950.so"].code_objects if o.target == "gfx950"]
-    assert (
-        fat950[0].entry_id == "hipv4-amdgcn-amd-amdhsa--gfx950-"
-        and fat950[0].code_object_version == 6
-    )
+    assert fat950[0].entry_id == "hipv4-amdgcn-amd-amdhsa--gfx950-" and fat950[0].code_object_version == 6
     assert fat950[0].metadata_target == "gfx950" and fat950[0].kernels == 1
     assert device["libfatgenericc.so"] == [(0, "gfx9-4-generic", "e_flags", 6, 1)]
     assert device["k_gfx942.hsaco"] == [(0, "gfx942", "e_flags", 5, None)]
@@ -161,9 +155,7 @@ def test_what_each_build_flag_produces(built):
     assert device["libembedded.so"] == [(0, "gfx950", "e_flags", 6, 0)]
     offloading = facts["knew.o"].code_objects
     assert facts["knew.o"].containers == ["offload-binary"]
-    assert [(o.kind, o.target, o.entry_id) for o in offloading] == [
-        ("hip", "gfx942", "amdgcn-amd-amdhsa")
-    ]
+    assert [(o.kind, o.target, o.entry_id) for o in offloading] == [("hip", "gfx942", "amdgcn-amd-amdhsa")]
 
 
 def test_a_library_with_only_the_magic_string_holds_no_code_object(built):
@@ -179,12 +171,8 @@ def test_vendor_wheel_jax_rocm7_plugin(jax_plugin, tools, tmp_path):
     assert prng.containers == ["hip-fatbin", "ccob-v3-zstd"]
     device = [o for o in prng.code_objects if o.kind != "host"]
     assert sorted(o.target for o in device) == sorted(JAX_TARGETS)
-    assert {o.code_object_version for o in device} == {6} and {o.target_source for o in device} == {
-        "e_flags"
-    }
-    assert [o.entry_id for o in prng.code_objects if o.kind == "host"] == [
-        "host-x86_64-unknown-linux-gnu-"
-    ]
+    assert {o.code_object_version for o in device} == {6} and {o.target_source for o in device} == {"e_flags"}
+    assert [o.entry_id for o in prng.code_objects if o.kind == "host"] == ["host-x86_64-unknown-linux-gnu-"]
     solver = scan_path(jax_plugin / "_solver.so")
     assert solver.tu_count == solver.wrappers == 2 and len(solver.bundles) == 2
     for name in ("_prng.so", "_solver.so", "_linalg.so"):
@@ -218,9 +206,9 @@ def test_identity_disagreements_are_arch003(built, tools, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     result = scan_path(mislabelled)
-    assert [
-        (f.rule, f.data["bundle_target"], f.data["e_flags_target"]) for f in result.findings
-    ] == [("ARCH003", "gfx90a", "gfx942")]
+    assert [(f.rule, f.data["bundle_target"], f.data["e_flags_target"]) for f in result.findings] == [
+        ("ARCH003", "gfx90a", "gfx942")
+    ]
     # The runtime trusts e_flags: the object counts as gfx942, not gfx90a.
     assert [o.target for o in result.code_objects if o.kind != "host"] == ["gfx942"]
     patched = bytearray(built["ll_gfx950.hsaco"].read_bytes())
@@ -228,6 +216,6 @@ def test_identity_disagreements_are_arch003(built, tools, tmp_path):
     patched[0x30] = 0x4C  # EF_AMDGPU_MACH gfx950 -> gfx942; the metadata note still says gfx950
     (tmp_path / "patched.hsaco").write_bytes(bytes(patched))
     result = scan_path(tmp_path / "patched.hsaco")
-    assert [
-        (f.rule, f.data["metadata_target"], f.data["e_flags_target"]) for f in result.findings
-    ] == [("ARCH003", "gfx950", "gfx942")]
+    assert [(f.rule, f.data["metadata_target"], f.data["e_flags_target"]) for f in result.findings] == [
+        ("ARCH003", "gfx950", "gfx942")
+    ]

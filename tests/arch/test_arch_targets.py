@@ -50,10 +50,7 @@ def test_mach_table_matches_formats_md_spot_values():
     assert amdgpu_elf.EF_AMDGPU_MACH_NAMES[0x03F] == "gfx90a"
     assert amdgpu_elf.EF_AMDGPU_MACH_NAMES[0x05F] == "gfx9-4-generic"
     assert amdgpu_elf.EF_AMDGPU_MACH_NAMES[0x0EB] == "gfx125f"
-    assert (
-        0x04D not in amdgpu_elf.EF_AMDGPU_MACH_NAMES
-        and 0x027 not in amdgpu_elf.EF_AMDGPU_MACH_NAMES
-    )
+    assert 0x04D not in amdgpu_elf.EF_AMDGPU_MACH_NAMES and 0x027 not in amdgpu_elf.EF_AMDGPU_MACH_NAMES
 
 
 @pytest.mark.parametrize(
@@ -98,9 +95,7 @@ def test_target_lists_split_like_gpu_arch():
 def _match(code: str, agent: str, cov: int = 5, generic: int | None = None) -> MatchKind | None:
     code_id = parse_target_id(code)
     assert code_id is not None
-    return match_code_object(
-        code_id, resolve_required(agent).agent, code_object_version=cov, generic_version=generic
-    )
+    return match_code_object(code_id, resolve_required(agent).agent, code_object_version=cov, generic_version=generic)
 
 
 def test_matching_follows_comgr_and_rocr():

@@ -33,23 +33,46 @@ def test_bench_smoke(tmp_path):
     raw = tmp_path / "results.json"
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     done = subprocess.run(
-        [sys.executable, str(RUN), "--smoke", "--no-install", "--work", str(tmp_path / "work"),
-         "--results", str(results), "--json", str(raw)],
-        capture_output=True, text=True, timeout=55, env=env)
+        [
+            sys.executable,
+            str(RUN),
+            "--smoke",
+            "--no-install",
+            "--work",
+            str(tmp_path / "work"),
+            "--results",
+            str(results),
+            "--json",
+            str(raw),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=55,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
     # the table and one verdict line per target
     assert "| figure" in done.stdout and "dedup: cat floor" in done.stdout, done.stdout
     assert "dedup: rocm-audit dedup --check" in done.stdout and "jdupes -r" in done.stdout
-    for target in ("dedup --check <= 1.25x cat floor", "dedup (apply) <= 2.2x cat floor",
-                   "dedup peak RSS <= 100 MB", "rocm-audit --help <= 0.3 s"):
+    for target in (
+        "dedup --check <= 1.25x cat floor",
+        "dedup (apply) <= 2.2x cat floor",
+        "dedup peak RSS <= 100 MB",
+        "rocm-audit --help <= 0.3 s",
+    ):
         assert any(target in line for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL"))), target
 
     data = json.loads(raw.read_text())
     groups = data["dedup"]["groups"]
     assert data["dedup"]["groups_all_equal"], data["dedup"]["group_problems"]
-    assert set(groups) >= {"rocm-audit dedup --check", "jdupes -r", "rdfind -dryrun true", "hardlink -n -c",
-                           "rocm-audit dedup (apply)"}
+    assert set(groups) >= {
+        "rocm-audit dedup --check",
+        "jdupes -r",
+        "rdfind -dryrun true",
+        "hardlink -n -c",
+        "rocm-audit dedup (apply)",
+    }
     counts = {g["library_groups"] for g in groups.values()}
     assert len(counts) == 1 and counts.pop() == data["dedup"]["tree"]["expected_groups"] > 0
     assert data["dedup"]["tree"]["classification_ok"], data["dedup"]["tree"]["classification"]

@@ -24,10 +24,10 @@ def expected_links(sdk) -> dict[str, str]:
     """Duplicate path -> the relative link text `ln -sr` would write."""
     links = {str(sdk.devel / "lib" / n): f"../../_rocm_sdk_core/lib/{n}" for n in CORE_DUPLICATES}
     links[str(sdk.devel / "lib" / "libhard.so.1")] = "../../_rocm_sdk_core/lib/libhard.so.1"
-    links[str(sdk.devel / "lib" / "llvm" / "lib" / "libLLVMdemo.so.1")] = \
+    links[str(sdk.devel / "lib" / "llvm" / "lib" / "libLLVMdemo.so.1")] = (
         "../../../../_rocm_sdk_core/lib/llvm/lib/libLLVMdemo.so.1"
-    links[str(sdk.devel / "lib" / "librocblas.so.5")] = \
-        "../../_rocm_sdk_libraries_gfx94X_dcgpu/lib/librocblas.so.5"
+    )
+    links[str(sdk.devel / "lib" / "librocblas.so.5")] = "../../_rocm_sdk_libraries_gfx94X_dcgpu/lib/librocblas.so.5"
     return links
 
 
@@ -55,9 +55,14 @@ def test_never_plans_executables_data_files_lookalikes_or_files_outside_the_sdk(
     result = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0)
     planned = {d["path"] for g in result.report["dedup"]["groups"] for d in g["duplicates"]}
     planned |= {g["keeper"] for g in result.report["dedup"]["groups"]}
-    for untouchable in (sdk.devel / "bin" / "amd-tool", sdk.devel / "share" / "therock" / "dist_info.json",
-                        sdk.devel / "lib" / "libpair_b.so.1", sdk.libraries / "lib" / "libpair_a.so.1",
-                        sdk.libraries / "lib" / "libpair_b.so.1", sdk.site / "torch" / "lib" / "libamdhip64.so.7"):
+    for untouchable in (
+        sdk.devel / "bin" / "amd-tool",
+        sdk.devel / "share" / "therock" / "dist_info.json",
+        sdk.devel / "lib" / "libpair_b.so.1",
+        sdk.libraries / "lib" / "libpair_a.so.1",
+        sdk.libraries / "lib" / "libpair_b.so.1",
+        sdk.site / "torch" / "lib" / "libamdhip64.so.7",
+    ):
         assert str(untouchable) not in planned
     # The fixture really has the traps: identical executables and data, same-size lookalikes.
     assert (sdk.devel / "bin" / "amd-tool").read_bytes() == (sdk.core / "bin" / "amd-tool").read_bytes()
@@ -97,8 +102,12 @@ def test_apply_makes_relative_symlinks_to_the_keeper_and_keeps_every_byte(sdk, r
     manifest = Path(section["manifest"])
     assert manifest == sdk.site / ".rocm-audit" / "dedup-manifest.jsonl" and manifest.is_file()
     # Executables, data files and files outside the SDK trees are untouched regular files.
-    for path in (sdk.devel / "bin" / "amd-tool", sdk.devel / "share" / "therock" / "dist_info.json",
-                 sdk.site / "torch" / "lib" / "libamdhip64.so.7", sdk.devel / "lib" / "libpair_b.so.1"):
+    for path in (
+        sdk.devel / "bin" / "amd-tool",
+        sdk.devel / "share" / "therock" / "dist_info.json",
+        sdk.site / "torch" / "lib" / "libamdhip64.so.7",
+        sdk.devel / "lib" / "libpair_b.so.1",
+    ):
         assert stat.S_ISREG(os.lstat(path).st_mode)
     # Already-correct symlinks were left alone.
     assert os.readlink(sdk.devel / "lib" / "libamdhip64.so") == "libamdhip64.so.7"
@@ -120,12 +129,14 @@ def test_loading_both_paths_maps_one_inode_after_dedup(sdk):
         "a = ctypes.CDLL(sys.argv[1], mode=os.RTLD_GLOBAL)\n"
         "b = ctypes.CDLL(sys.argv[2])\n"
         "maps = [l.split()[-1] for l in open('/proc/self/maps') if 'libamd_comgr' in l]\n"
-        "print(len(set(os.stat(m).st_ino for m in maps)))\n")
+        "print(len(set(os.stat(m).st_ino for m in maps)))\n"
+    )
     core, devel = sdk.core / "lib" / "libamd_comgr.so.3", sdk.devel / "lib" / "libamd_comgr.so.3"
 
     def inodes_mapped() -> int:
-        done = subprocess.run(["python3", "-c", script, str(core), str(devel)], capture_output=True,
-                              text=True, timeout=60, check=True)
+        done = subprocess.run(
+            ["python3", "-c", script, str(core), str(devel)], capture_output=True, text=True, timeout=60, check=True
+        )
         return int(done.stdout)
 
     assert inodes_mapped() == 2
@@ -144,8 +155,11 @@ def _write_trio(sdk) -> tuple[dict[str, Path], bytes, bytes]:
     library = bytes(library + random.Random(7).randbytes(6 * CHUNK_BYTES))  # bytes past the ELF's end
     middle_changed = bytearray(library)
     middle_changed[len(library) // 2] ^= 0x01
-    trio = {"core": sdk.core / "lib" / "libtrio.so.1", "libraries": sdk.libraries / "lib" / "libtrio.so.1",
-            "devel": sdk.devel / "lib" / "libtrio.so.1"}
+    trio = {
+        "core": sdk.core / "lib" / "libtrio.so.1",
+        "libraries": sdk.libraries / "lib" / "libtrio.so.1",
+        "devel": sdk.devel / "lib" / "libtrio.so.1",
+    }
     trio["core"].write_bytes(bytes(middle_changed))
     trio["libraries"].write_bytes(library)
     trio["devel"].write_bytes(library)
@@ -153,8 +167,7 @@ def _write_trio(sdk) -> tuple[dict[str, Path], bytes, bytes]:
 
 
 @pytest.mark.parametrize("sharing", ["one process", "helpers compare pieces"])
-def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(sdk, run_cli, monkeypatch,
-                                                                                 sharing):
+def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(sdk, run_cli, monkeypatch, sharing):
     """An applying run plans on size, head and tail and byte-compares each pair just before the
     change. Three same-size files whose heads and tails agree, where the core copy (the keeper by
     rule) differs in the middle: the other two must still be linked to each other, exactly as the
@@ -185,8 +198,10 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
         return [(g["keeper"], [(d["path"], d["link_text"]) for d in g["duplicates"]]) for g in section["groups"]]
 
     assert groups(applied) == groups(dry)
-    assert (str(trio["libraries"]), [(str(trio["devel"]), "../../_rocm_sdk_libraries_gfx94X_dcgpu/lib/libtrio.so.1")]) \
-        in groups(applied)
+    assert (
+        str(trio["libraries"]),
+        [(str(trio["devel"]), "../../_rocm_sdk_libraries_gfx94X_dcgpu/lib/libtrio.so.1")],
+    ) in groups(applied)
     assert all(d["status"] == "replaced" for g in applied["groups"] for d in g["duplicates"])
     assert applied["verified"] is True and applied["replaced"] == 7
     assert stat.S_ISREG(os.lstat(trio["core"]).st_mode) and trio["core"].read_bytes() == bytes(middle_changed)
@@ -227,8 +242,8 @@ def test_apply_hands_out_the_snapshot_then_pairs_smallest_first_each_in_one_run_
     assert outcome.sections["dedup"]["replaced"] >= 4
     first_round = next(r for r in handed_out if any(isinstance(i, dedup_module._PairPiece) for i in r))
     shares = [item for item in first_round if isinstance(item, dedup_module._SnapshotShare)]
-    assert len(shares) >= 2 and first_round[:len(shares)] == shares
-    pieces = first_round[len(shares):]
+    assert len(shares) >= 2 and first_round[: len(shares)] == shares
+    pieces = first_round[len(shares) :]
     assert pieces and all(isinstance(item, dedup_module._PairPiece) for item in pieces)
     runs: list[tuple[str, str]] = []
     for item in pieces:
@@ -249,8 +264,9 @@ def test_a_manifest_that_cannot_be_written_means_no_change_at_all(sdk, run_cli, 
     before = snapshot(sdk.site)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    report = run_cli("dedup", "-p", str(sdk.site), "--manifest", str(blocker / "manifest.jsonl"),
-                     "--format", "json", expect=1).report
+    report = run_cli(
+        "dedup", "-p", str(sdk.site), "--manifest", str(blocker / "manifest.jsonl"), "--format", "json", expect=1
+    ).report
     refused = [f for f in report["findings"] if f["rule"] == "DUP005" and "revert manifest" in f["message"]]
     assert refused and "nothing changed" in refused[0]["message"]
     assert report["dedup"]["replaced"] == 0 and report["dedup"]["manifest"] is None
@@ -408,8 +424,7 @@ def test_verification_reports_a_changed_dt_needed_resolution(sdk):
     os.unlink(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
     findings = []
     assert dedup_module._verify(plan, before, findings) is False
-    assert any(f.rule == "DUP006" and f.path == comgr_devel and "librocm_sysdeps_z.so.1" in f.message
-               for f in findings)
+    assert any(f.rule == "DUP006" and f.path == comgr_devel and "librocm_sysdeps_z.so.1" in f.message for f in findings)
 
 
 def test_sdk_tree_path_widens_to_its_siblings(sdk, run_cli):
@@ -500,10 +515,14 @@ def test_keeper_rule_ranks_exact_tree_names_before_patterns(tmp_path):
     def record(tree: str, rel: str) -> tuple[str, str]:
         return f"/sp/{tree}/{rel}", f"/sp/{tree}"
 
-    candidates = [record("_rocm_sdk_devel", "lib/libx.so.1"), record("_rocm_profiler_sdk_x", "lib/libx.so.1"),
-                  record("_rocm_sdk_extra", "lib/libx.so.1"),
-                  record("_rocm_sdk_libraries_gfx950_dcgpu", "lib/libx.so.1"),
-                  record("_rocm_sdk_core", "lib/libx.so.1.2.3"), record("_rocm_sdk_core", "lib/libx.so.1")]
+    candidates = [
+        record("_rocm_sdk_devel", "lib/libx.so.1"),
+        record("_rocm_profiler_sdk_x", "lib/libx.so.1"),
+        record("_rocm_sdk_extra", "lib/libx.so.1"),
+        record("_rocm_sdk_libraries_gfx950_dcgpu", "lib/libx.so.1"),
+        record("_rocm_sdk_core", "lib/libx.so.1.2.3"),
+        record("_rocm_sdk_core", "lib/libx.so.1"),
+    ]
     rule = KeeperRule(tuple(order))
     ranked = sorted(candidates, key=lambda r: rule.sort_key(r[0], r[1], "libx.so.1"))
     assert [path for path, _ in ranked] == [
@@ -531,23 +550,30 @@ def _turn_into_symlink(path):
     os.symlink("libamdhip64.so.7", path)
 
 
-@pytest.mark.parametrize("race", [_replace_same_bytes, _delete, _turn_into_symlink],
-                         ids=["replaced", "deleted", "symlinked"])
+@pytest.mark.parametrize(
+    "race", [_replace_same_bytes, _delete, _turn_into_symlink], ids=["replaced", "deleted", "symlinked"]
+)
 def test_a_duplicate_that_races_between_plan_and_apply_is_skipped_and_reported(sdk, race):
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
     plan = make_plan(build_inventory(roots))
     victim = sdk.devel / "lib" / "libamd_comgr.so.3"
     race(victim)
-    state_after_race = (os.path.lexists(victim), os.path.islink(victim),
-                        os.readlink(victim) if os.path.islink(victim) else None)
+    state_after_race = (
+        os.path.lexists(victim),
+        os.path.islink(victim),
+        os.readlink(victim) if os.path.islink(victim) else None,
+    )
     findings = []
     result = apply_plan(plan, str(sdk.site / "manifest.jsonl"), findings)
     skipped = [(f.rule, f.path) for f in findings if f.rule.startswith("DUP0")]
     assert skipped[0] == ("DUP003", str(victim)), findings
     assert result.replaced == 5
     # The path was left exactly as the race left it: rocm-audit did not "repair" it.
-    assert (os.path.lexists(victim), os.path.islink(victim),
-            os.readlink(victim) if os.path.islink(victim) else None) == state_after_race
+    assert (
+        os.path.lexists(victim),
+        os.path.islink(victim),
+        os.readlink(victim) if os.path.islink(victim) else None,
+    ) == state_after_race
 
 
 def test_a_keeper_that_changes_between_plan_and_apply_blocks_its_group(sdk):
@@ -617,8 +643,10 @@ def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, 
         assert cut == 0 and shared[2] == single[2]
     rules = {rule for rule, _, _ in single[1]}
     assert {"SCAN001", "SCAN002"} <= rules and len(single[0]) == 7
-    assert (str(sdk.core / "lib" / "libbig.so.1"), [(str(sdk.devel / "lib" / "libbig.so.1"),
-                                                     "../../_rocm_sdk_core/lib/libbig.so.1")]) in single[0]
+    assert (
+        str(sdk.core / "lib" / "libbig.so.1"),
+        [(str(sdk.devel / "lib" / "libbig.so.1"), "../../_rocm_sdk_core/lib/libbig.so.1")],
+    ) in single[0]
 
 
 def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_rename(sdk):
@@ -694,11 +722,14 @@ def test_with_helpers_no_change_is_made_before_the_whole_dt_needed_snapshot_is_i
     assert seen_by_verify == [duplicates]  # every duplicate is an ELF library with a dynamic section
 
 
-@pytest.mark.parametrize(("tie_break", "kept"), [
-    (["soname-name", "shortest-path", "path-order"], "lib/libtie.so.1"),  # the SONAME-named file
-    (["shortest-path", "soname-name", "path-order"], "lib/a.so"),  # the shortest path, though not the SONAME
-    (["path-order"], "lib/a.so"),
-])
+@pytest.mark.parametrize(
+    ("tie_break", "kept"),
+    [
+        (["soname-name", "shortest-path", "path-order"], "lib/libtie.so.1"),  # the SONAME-named file
+        (["shortest-path", "soname-name", "path-order"], "lib/a.so"),  # the shortest path, though not the SONAME
+        (["path-order"], "lib/a.so"),
+    ],
+)
 def test_tie_break_in_the_rules_file_decides_the_keeper(tmp_path, run_cli, tie_break, kept):
     """Two byte-identical copies inside one tree rank alike by owner; the tie-break setting decides."""
     import shutil

@@ -43,8 +43,12 @@ def _write(directory: Path, variants: list[bytes], picks: list[int]) -> dict[str
 
 def _mutations(size: int):
     """Variants of one base file that differ at one offset each, biased to the boundaries."""
-    offsets = st.one_of(st.integers(0, size - 1), st.sampled_from(sorted(
-        {o for o in (0, 7, 8, 9, 15, 16, 17, 31, 32, size - 9, size - 8, size - 1) if 0 <= o < size})))
+    offsets = st.one_of(
+        st.integers(0, size - 1),
+        st.sampled_from(
+            sorted({o for o in (0, 7, 8, 9, 15, 16, 17, 31, 32, size - 9, size - 8, size - 1) if 0 <= o < size})
+        ),
+    )
     return st.lists(offsets, min_size=1, max_size=4)
 
 
@@ -65,13 +69,16 @@ def file_sets(draw):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=file_sets(), digested=st.booleans(), lockstep_limit=st.sampled_from([2, 64]))
-def test_classes_are_exactly_the_groups_of_equal_bytes(tmp_path_factory, small_blocks, monkeypatch, case, digested,
-                                                        lockstep_limit):
+def test_classes_are_exactly_the_groups_of_equal_bytes(
+    tmp_path_factory, small_blocks, monkeypatch, case, digested, lockstep_limit
+):
     monkeypatch.setattr(identical, "MAX_LOCKSTEP_MEMBERS", lockstep_limit)  # also the digest fallback
     variants, picks = case
     contents = _write(tmp_path_factory.mktemp("files"), variants, picks)
-    candidates = [Candidate(path, len(data), hashlib.blake2b(data[:8], digest_size=16).digest() if digested else None)
-                  for path, data in contents.items()]
+    candidates = [
+        Candidate(path, len(data), hashlib.blake2b(data[:8], digest_size=16).digest() if digested else None)
+        for path, data in contents.items()
+    ]
     failures: list[identical.ReadFailure] = []
     classes = partition_identical(candidates, CompareStats(), failures)
     assert not failures
@@ -80,8 +87,9 @@ def test_classes_are_exactly_the_groups_of_equal_bytes(tmp_path_factory, small_b
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=file_sets(), piece_bytes=st.integers(1, 40))
-def test_head_and_tail_then_the_middle_in_pieces_refine_to_the_same_classes(tmp_path_factory, small_blocks, case,
-                                                                           piece_bytes):
+def test_head_and_tail_then_the_middle_in_pieces_refine_to_the_same_classes(
+    tmp_path_factory, small_blocks, case, piece_bytes
+):
     """What dedup does with helpers: head and tail first (full=False), then each probable class's
     middle in pieces compared separately; refining by every piece gives exactly the classes of
     equal bytes."""
@@ -126,8 +134,9 @@ def test_same_bytes_over_a_range_sees_only_that_range_and_growth_only_at_the_end
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=file_sets(), lockstep_limit=st.sampled_from([2, 64]))
-def test_the_head_filter_sees_each_class_once_and_drops_what_it_rejects(tmp_path_factory, small_blocks, monkeypatch,
-                                                                        case, lockstep_limit):
+def test_the_head_filter_sees_each_class_once_and_drops_what_it_rejects(
+    tmp_path_factory, small_blocks, monkeypatch, case, lockstep_limit
+):
     monkeypatch.setattr(identical, "MAX_LOCKSTEP_MEMBERS", lockstep_limit)
     variants, picks = case
     contents = _write(tmp_path_factory.mktemp("files"), variants, picks)
@@ -145,8 +154,8 @@ def test_the_head_filter_sees_each_class_once_and_drops_what_it_rejects(tmp_path
     # Asked about each group of equal first bytes (the head, or the whole file when it fits in one
     # chunk), never about a file no other file agrees with, and with that group's real bytes.
     for path, head in asked:
-        assert contents[path][:len(head)] == head and len(head) >= min(8, len(contents[path]))
-        assert sum(1 for data in contents.values() if data[:len(head)] == head) > 1
+        assert contents[path][: len(head)] == head and len(head) >= min(8, len(contents[path]))
+        assert sum(1 for data in contents.values() if data[: len(head)] == head) > 1
     if lockstep_limit == 64:  # (the digest fallback asks once per class of equal bytes instead)
         assert len({head for _, head in asked}) == len(asked)
 
@@ -204,8 +213,12 @@ def test_a_single_flipped_byte_at_every_offset_splits_the_pair(tmp_path, small_b
 
 def _pair_classes(directory: Path, other: str, other_bytes: bytes, digested: bool) -> list:
     base = (directory / "a").read_bytes()
-    candidates = [Candidate(str(directory / name), len(data), hashlib.blake2b(data[:8], digest_size=16).digest()
-                            if digested else None) for name, data in (("a", base), (other, other_bytes))]
+    candidates = [
+        Candidate(
+            str(directory / name), len(data), hashlib.blake2b(data[:8], digest_size=16).digest() if digested else None
+        )
+        for name, data in (("a", base), (other, other_bytes))
+    ]
     return partition_identical(candidates, CompareStats(), [])
 
 

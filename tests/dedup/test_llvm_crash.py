@@ -32,8 +32,13 @@ print("both loaded")
 
 def load_pair(first: Path, second: Path, first_mode: str, second_mode: str) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONNOUSERSITE": "1"}
-    return subprocess.run([sys.executable, "-c", LOAD_TWO, str(first), str(second), first_mode, second_mode],
-                          capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", LOAD_TWO, str(first), str(second), first_mode, second_mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -76,9 +76,7 @@ class Docker:
             "DOCKER_BUILDKIT": "1",
         }
 
-    def run(
-        self, *args: str, timeout: float = 900, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             [self.binary, *args],
             capture_output=True,
@@ -89,8 +87,7 @@ class Docker:
         )
         if check:
             assert done.returncode == 0, (
-                f"docker {' '.join(args)} failed ({done.returncode}):\n"
-                f"{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+                f"docker {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
             )
         return done
 
@@ -174,9 +171,7 @@ def image_cache(cache_dir) -> Path:
 @pytest.fixture(scope="session")
 def base_image(docker, cache_dir) -> str:
     """bookworm + python3-venv + libllvm15 from mmdebstrap (no registry), cached as a tar."""
-    key = hashlib.sha256(
-        repr((BASE_SUITE, "apt", tuple(sorted(BASE_PACKAGES)))).encode()
-    ).hexdigest()[:12]
+    key = hashlib.sha256(repr((BASE_SUITE, "apt", tuple(sorted(BASE_PACKAGES)))).encode()).hexdigest()[:12]
     tarball = Path(cache_dir) / f"rootfs-{BASE_SUITE}-{key}.tar"
     if not tarball.exists():
         assert shutil.which("mmdebstrap"), "mmdebstrap not found: scripts/test installs it"
@@ -262,9 +257,7 @@ def index_url(tmp_path_factory, sdk_wheels, audit_dependency_wheels):
     """A PEP 503 index on 127.0.0.1 with the SDK wheels and rocm-audit's dependencies."""
     root = tmp_path_factory.mktemp("index")
     image_wheels.write_simple_index(root, [*sdk_wheels, *audit_dependency_wheels])
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root))
-    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
@@ -278,9 +271,7 @@ def build_context(tmp_path_factory) -> Path:
     context = tmp_path_factory.mktemp("context")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, context / name)
-    shutil.copytree(
-        REPO / "src", context / "src", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-    )
+    shutil.copytree(REPO / "src", context / "src", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return context
 
 
@@ -335,9 +326,7 @@ RUN rm {SITE}/_rocm_sdk_devel/{image_wheels.REGISTRANT} \\
 
 
 @pytest.fixture(scope="session")
-def images(
-    docker, build_context, dockerfile_args, base_image, index_url, tmp_path_factory
-) -> BuiltImages:
+def images(docker, build_context, dockerfile_args, base_image, index_url, tmp_path_factory) -> BuiltImages:
     """Every image the tests look at, built once per session."""
     files = tmp_path_factory.mktemp("dockerfiles")
     for name, text in (
@@ -346,9 +335,7 @@ def images(
         ("layered", LAYERED_DOCKERFILE),
     ):
         (files / f"{name}.Dockerfile").write_text(text)
-    audited = docker.build(
-        build_context, "rocm-audit-test/sdk:audited", REPO / "Dockerfile.rocm", dockerfile_args
-    )
+    audited = docker.build(build_context, "rocm-audit-test/sdk:audited", REPO / "Dockerfile.rocm", dockerfile_args)
     docker.build(
         files,
         "rocm-audit-test/sdk:plain",

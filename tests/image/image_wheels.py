@@ -125,9 +125,7 @@ def build_carriers(out: Path) -> dict[str, Path]:
     (out / "k.hip").write_text(HIP_TU % "k")
     cxx, lld, bundler = "clang++-19", "ld.lld-19", "clang-offload-bundler-19"
     for tool in (cxx, lld, bundler):
-        assert shutil.which(tool), (
-            f"{tool} not found: scripts/test installs clang-19, lld-19, clang-tools-19"
-        )
+        assert shutil.which(tool), f"{tool} not found: scripts/test installs clang-19, lld-19, clang-tools-19"
     flags = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
     run(
         [
@@ -305,12 +303,8 @@ def relative_link(devel_rel: str, owner_tree: str) -> str:
 
 def build_sdk_wheels(out: Path, carriers: dict[str, Path]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    assert LIBCLANG_CPP15.is_file(), (
-        f"{LIBCLANG_CPP15} missing: scripts/test installs libclang-cpp15"
-    )
-    dist_info = json.dumps(
-        {"dist_amdgpu_targets": "gfx942;gfx950", "dist_amdgpu_families": "gfx94X-dcgpu"}
-    )
+    assert LIBCLANG_CPP15.is_file(), f"{LIBCLANG_CPP15} missing: scripts/test installs libclang-cpp15"
+    dist_info = json.dumps({"dist_amdgpu_targets": "gfx942;gfx950", "dist_amdgpu_families": "gfx94X-dcgpu"})
     core = make_wheel(
         out,
         "rocm-sdk-core",
@@ -331,9 +325,7 @@ def build_sdk_wheels(out: Path, carriers: dict[str, Path]) -> list[Path]:
     links = {f"_rocm_sdk_devel/{REGISTRANT}": relative_link(REGISTRANT, "_rocm_sdk_core")}
     for rel in carriers:
         links[f"_rocm_sdk_devel/{rel}"] = relative_link(rel, FAMILY_TREE)
-    tarball = devel_tarball(
-        links, {"_rocm_sdk_devel/include/hip/hip_version.h": b"#define HIP_VERSION 1000\n"}
-    )
+    tarball = devel_tarball(links, {"_rocm_sdk_devel/include/hip/hip_version.h": b"#define HIP_VERSION 1000\n"})
     devel = make_wheel(
         out,
         "rocm-sdk-devel",
@@ -375,8 +367,7 @@ def write_simple_index(root: Path, wheels: list[Path]) -> None:
         page = root / "simple" / project
         page.mkdir(parents=True, exist_ok=True)
         links = "".join(
-            f'<a href="../../files/{html.escape(m.name)}">{html.escape(m.name)}</a>\n'
-            for m in sorted(members)
+            f'<a href="../../files/{html.escape(m.name)}">{html.escape(m.name)}</a>\n' for m in sorted(members)
         )
         (page / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
     (root / "simple" / "index.html").write_text(

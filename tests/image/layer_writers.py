@@ -28,9 +28,7 @@ def member(
     return info
 
 
-def layer(
-    *entries: tuple[str, bytes | None] | tarfile.TarInfo, fmt: int = tarfile.PAX_FORMAT
-) -> bytes:
+def layer(*entries: tuple[str, bytes | None] | tarfile.TarInfo, fmt: int = tarfile.PAX_FORMAT) -> bytes:
     """A layer tar: ("path/", None) is a directory, ("path", bytes) a file, or a ready TarInfo."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=fmt) as archive:
@@ -82,9 +80,7 @@ def docker_save(
     """
     config_bytes = image_config(layers, env)
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
-    names = [
-        f"{hashlib.sha256(bytes([i]) + b).hexdigest()}/layer.tar" for i, b in enumerate(layers)
-    ]
+    names = [f"{hashlib.sha256(bytes([i]) + b).hexdigest()}/layer.tar" for i, b in enumerate(layers)]
     if manifest is None:
         manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": names}]
     with tarfile.open(path, "w") as archive:

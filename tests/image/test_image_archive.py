@@ -130,9 +130,7 @@ def test_misspelled_opaque_marker_hides_nothing_and_is_reported(tmp_path, run_cl
 
 
 def test_same_layer_whiteout_does_not_hide_its_own_file(tmp_path, libs):
-    top = layer(
-        (f"{SP}/x/new.txt", b"kept"), (f"{SP}/x/.wh.new.txt", b""), (f"{SP}/x/.wh.gone", b"")
-    )
+    top = layer((f"{SP}/x/new.txt", b"kept"), (f"{SP}/x/.wh.new.txt", b""), (f"{SP}/x/.wh.gone", b""))
     base = layer((f"{SP}/x/gone", b"lower"))
     state, root = merged(tmp_path, docker_save(tmp_path / "save.tar", [base, top]))
     assert (root / SP / "x/new.txt").read_bytes() == b"kept"
@@ -173,9 +171,7 @@ def test_compressed_docker_save_is_read(tmp_path, run_cli, libs):
 
 
 def hostile_finding(report: dict, rule: str, needle: str) -> dict:
-    hits = [
-        f for f in report["findings"] if f["rule"] == rule and needle in f["path"] + f["message"]
-    ]
+    hits = [f for f in report["findings"] if f["rule"] == rule and needle in f["path"] + f["message"]]
     assert hits, (rule, needle, [(f["rule"], f["path"], f["message"]) for f in report["findings"]])
     return hits[0]
 
@@ -204,12 +200,10 @@ def test_unsafe_entries_are_refused_with_layer_and_offset(tmp_path, run_cli):
     assert devices["paths"] == ["/ok/dev", "/ok/fifo"] and devices["type"] == "3"
     assert list(outside.iterdir()) == []
     state, root = merged(tmp_path, archive)
-    assert (
-        os.readlink(root / "ok" / "abs-link") == "../usr/lib"
-    )  # absolute: made relative to the root
-    assert not (root / "link-to-outside").exists() or os.path.realpath(
-        root / "link-to-outside"
-    ).startswith(os.path.realpath(root))
+    assert os.readlink(root / "ok" / "abs-link") == "../usr/lib"  # absolute: made relative to the root
+    assert not (root / "link-to-outside").exists() or os.path.realpath(root / "link-to-outside").startswith(
+        os.path.realpath(root)
+    )
 
 
 def test_symlink_chain_that_climbs_out_is_removed(tmp_path):
@@ -291,9 +285,7 @@ def test_oci_digest_mismatch_and_path_digest(tmp_path, run_cli):
 
 def test_size_limit_stops_extraction(tmp_path, run_cli):
     archive = docker_save(tmp_path / "save.tar", [layer(("big", b"\0" * (3 << 20)))])
-    report = run_cli(
-        "image", "--archive", str(archive), "--max-bytes", "1M", "--format", "json", expect=1
-    ).report
+    report = run_cli("image", "--archive", str(archive), "--max-bytes", "1M", "--format", "json", expect=1).report
     assert "IMG004" in rules(report)
     assert "image" not in report
 
@@ -390,12 +382,8 @@ def _mutated_layers():
         member("d/hard", kind=tarfile.LNKTYPE, link="d/file"),
         ("d/.wh.gone", b""),
     )
-    flips = st.lists(
-        st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255)), min_size=1, max_size=8
-    )
-    return st.builds(
-        lambda changes, cut: _apply(base, changes)[:cut], flips, st.integers(0, len(base))
-    )
+    flips = st.lists(st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255)), min_size=1, max_size=8)
+    return st.builds(lambda changes, cut: _apply(base, changes)[:cut], flips, st.integers(0, len(base)))
 
 
 def _apply(data: bytes, changes: list[tuple[int, int]]) -> bytes:

@@ -29,9 +29,7 @@ STAT = (
 
 
 def _in_container(docker, image: str, *argv: str):
-    return docker.run(
-        "run", "--rm", "--network", "none", "--entrypoint", "", image, *argv, check=False
-    )
+    return docker.run("run", "--rm", "--network", "none", "--entrypoint", "", image, *argv, check=False)
 
 
 def _stat(docker, image: str, *paths: str) -> dict[str, tuple[int, bool, str]]:
@@ -59,9 +57,7 @@ def test_a_two_copy_steps_split_the_hardlink_and_loading_both_aborts(docker, ima
     split = _stat(docker, images.split_plain, CORE_COPY, DEVEL_COPY)
     assert split[CORE_COPY][0] != split[DEVEL_COPY][0], "two COPY --from should split the hardlink"
     assert not split[DEVEL_COPY][1]
-    crashed = _in_container(
-        docker, images.split_plain, "/usr/bin/python3", "-c", LOAD_TWO, CORE_COPY, DEVEL_COPY
-    )
+    crashed = _in_container(docker, images.split_plain, "/usr/bin/python3", "-c", LOAD_TWO, CORE_COPY, DEVEL_COPY)
     assert crashed.returncode != 0, crashed
     assert "registered more than once!" in crashed.stderr, crashed.stderr[-2000:]
     assert "both loaded" not in crashed.stdout
@@ -72,34 +68,21 @@ def test_b_the_audit_step_leaves_relative_symlinks_and_the_load_succeeds(docker,
         facts = _stat(docker, image, DEVEL_COPY, f"{SITE}/_rocm_sdk_devel/{CARRIER_ALL}")
         inode, is_link, text = facts[DEVEL_COPY]
         assert is_link and text == f"../../../../_rocm_sdk_core/{REGISTRANT}", (image, facts)
-        assert (
-            facts[f"{SITE}/_rocm_sdk_devel/{CARRIER_ALL}"][2]
-            == f"../../{FAMILY_TREE}/{CARRIER_ALL}"
-        )
-        loaded = _in_container(
-            docker, image, "/usr/bin/python3", "-c", LOAD_TWO, CORE_COPY, DEVEL_COPY
-        )
+        assert facts[f"{SITE}/_rocm_sdk_devel/{CARRIER_ALL}"][2] == f"../../{FAMILY_TREE}/{CARRIER_ALL}"
+        loaded = _in_container(docker, image, "/usr/bin/python3", "-c", LOAD_TWO, CORE_COPY, DEVEL_COPY)
         assert loaded.returncode == 0, (image, loaded.stderr[-2000:])
         assert loaded.stdout.strip() == "both loaded"
     # The audit ran in the RUN that installed the SDK, and said what it did.
     assert "rocm-audit" in images.audited_log and "dedup" in images.audited_log
 
 
-def test_c_the_build_fails_when_gpu_arch_asks_for_a_missing_target(
-    docker, build_context, dockerfile_args
-):
+def test_c_the_build_fails_when_gpu_arch_asks_for_a_missing_target(docker, build_context, dockerfile_args):
     args = {**dockerfile_args, "GPU_ARCH": "gfx942;gfx950"}
-    failed = docker.build(
-        build_context, "rocm-audit-test/sdk:gfx950", REPO / "Dockerfile.rocm", args, check=False
-    )
+    failed = docker.build(build_context, "rocm-audit-test/sdk:gfx950", REPO / "Dockerfile.rocm", args, check=False)
     log = failed.stdout + failed.stderr
     assert failed.returncode != 0, log[-3000:]
     assert os.path.basename(CARRIER_942) in log, log[-3000:]
     assert "gfx950" in log
     # The carrier that has gfx950 is not blamed.
-    blamed = [
-        line
-        for line in log.splitlines()
-        if "ARCH" in line and os.path.basename(CARRIER_ALL) in line
-    ]
+    blamed = [line for line in log.splitlines() if "ARCH" in line and os.path.basename(CARRIER_ALL) in line]
     assert not blamed, blamed

@@ -25,12 +25,7 @@ def rules(report: dict) -> set[str]:
 
 
 def dup_paths(report: dict) -> set[str]:
-    return {
-        p
-        for f in report["findings"]
-        if f["rule"] == "DUP001"
-        for p in (f["path"], *f["related_paths"])
-    }
+    return {p for f in report["findings"] if f["rule"] == "DUP001" for p in (f["path"], *f["related_paths"])}
 
 
 def leftover_containers(docker) -> list[str]:
@@ -72,14 +67,10 @@ def test_daemon_image_built_by_dockerfile_rocm_is_clean(run_cli, docker, docker_
 def test_daemon_layers_show_the_copies_in_two_layers(run_cli, docker_env, images):
     report = run_cli("image", images.split_plain, "--layers", "--format", "json", expect=1).report
     waste = report["image"]["waste"]
-    group = next(
-        g for g in waste["groups"] if {c["path"] for c in g["copies"]} == {CORE_COPY, DEVEL_COPY}
-    )
+    group = next(g for g in waste["groups"] if {c["path"] for c in g["copies"]} == {CORE_COPY, DEVEL_COPY})
     assert group["scope"] == "cross-layer" and len(group["layers"]) == 2
     assert waste["later_run_dedup_shrinks_image"] is False
-    finding = next(
-        f for f in report["findings"] if f["rule"] == "IMG008" and f["path"] == CORE_COPY
-    )
+    finding = next(f for f in report["findings"] if f["rule"] == "IMG008" and f["path"] == CORE_COPY)
     assert "no later step can free" in finding["message"]
 
 
@@ -129,9 +120,7 @@ def test_skopeo_oci_layout_and_oci_archive_match_docker_save(run_cli, saved, tmp
     )
 
     def key(report: dict) -> list[tuple[str, str]]:
-        return sorted(
-            (f["rule"], f["path"]) for f in report["findings"] if not f["rule"].startswith("IMG00")
-        )
+        return sorted((f["rule"], f["path"]) for f in report["findings"] if not f["rule"].startswith("IMG00"))
 
     from_save = run_cli("image", "--archive", str(saved["layered"]), "--format", "json").report
     from_layout = run_cli("image", "--archive", str(layout), "--format", "json").report
@@ -139,16 +128,10 @@ def test_skopeo_oci_layout_and_oci_archive_match_docker_save(run_cli, saved, tmp
     assert from_layout["image"]["source"]["format"] == "oci-layout"
     with tarfile.open(archive) as packed:  # the archive's layers really are zstd
         index = json.load(packed.extractfile("index.json"))
-        manifest = json.load(
-            packed.extractfile("blobs/" + index["manifests"][0]["digest"].replace(":", "/"))
-        )
-    assert {layer["mediaType"] for layer in manifest["layers"]} == {
-        "application/vnd.oci.image.layer.v1.tar+zstd"
-    }
+        manifest = json.load(packed.extractfile("blobs/" + index["manifests"][0]["digest"].replace(":", "/")))
+    assert {layer["mediaType"] for layer in manifest["layers"]} == {"application/vnd.oci.image.layer.v1.tar+zstd"}
     assert key(from_layout) == key(from_save) == key(from_archive)
-    assert (
-        from_layout["image"]["waste"]["wasted_bytes"] == from_save["image"]["waste"]["wasted_bytes"]
-    )
+    assert from_layout["image"]["waste"]["wasted_bytes"] == from_save["image"]["waste"]["wasted_bytes"]
 
 
 def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path):
@@ -169,9 +152,7 @@ def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path
         (f"{sp}/_rocm_sdk_devel/include/.wh..wh..opq", b""),  # opaque directory
         (f"{sp}/_rocm_sdk_devel/include/new.h", b"#define NEW 1\n"),
         (f"{sp}/_rocm_sdk_core/.wh..wh.opq", b""),  # misspelled: hides nothing
-        member(
-            f"{sp}/_rocm_sdk_devel/evil", kind=tarfile.SYMTYPE, link="../../../../../../../../.."
-        ),
+        member(f"{sp}/_rocm_sdk_devel/evil", kind=tarfile.SYMTYPE, link="../../../../../../../../.."),
     )
     (tmp_path / "top.tar").write_bytes(top)
     run(

@@ -160,10 +160,7 @@ def runpath_closures(tmp_path_factory, llvm15_copies, llvm16_copy) -> Scenario:
     bis = place(llvm15_copies[1], lib / "libLLVM-15-bis.so.1")
     v16 = place(llvm16_copy, lib / "libLLVM-16.so.1")
     stubs = root / "stubs"
-    needs = {
-        name: stub(stubs, name)
-        for name in ("libLLVM-15.so.1", "libLLVM-15-bis.so.1", "libLLVM-16.so.1")
-    }
+    needs = {name: stub(stubs, name) for name in ("libLLVM-15.so.1", "libLLVM-15-bis.so.1", "libLLVM-16.so.1")}
     runpath = ["-Wl,--enable-new-dtags,-rpath,$ORIGIN/../lib", "-Wl,--no-as-needed"]
     source = "int app_entry(void) { return 1; }\n"
     two = cc_shared(

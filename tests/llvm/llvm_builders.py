@@ -47,9 +47,7 @@ LIBCLANG_CPP15 = Path("/usr/lib/llvm-15/lib/libclang-cpp.so.15")  # libclang-cpp
 
 def require_file(path: Path, package: str) -> Path:
     real = Path(os.path.realpath(path))
-    assert real.is_file(), (
-        f"{path} missing: install the Debian package {package} (tests/apt-packages.txt)"
-    )
+    assert real.is_file(), f"{path} missing: install the Debian package {package} (tests/apt-packages.txt)"
     return real
 
 

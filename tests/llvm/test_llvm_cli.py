@@ -14,8 +14,7 @@ def clash_set(report):
         (
             c["reason"],
             tuple(
-                os.path.basename(os.path.dirname(os.path.dirname(p))) + "/" + os.path.basename(p)
-                for p in c["paths"]
+                os.path.basename(os.path.dirname(os.path.dirname(p))) + "/" + os.path.basename(p) for p in c["paths"]
             ),
         )
         for c in report["clashes"]
@@ -32,13 +31,9 @@ def test_split_hardlink_of_libllvm_is_a_high_clash_with_a_dedup_fix(llvm_cli, du
     (clash,) = report["clashes"]
     assert clash["reason"] == "duplicate-exporter" and clash["severity"] == "high"
     assert clash["paths"] == sorted(str(p) for p in dup_llvm15.paths.values())
-    assert (
-        clash["mode"] == "first-global" and clash["confirmed"] is None and clash["option"] is None
-    )
+    assert clash["mode"] == "first-global" and clash["confirmed"] is None and clash["option"] is None
     assert clash["identical"] is True and "rocm-audit dedup" in clash["fix"]
-    assert (
-        str(dup_llvm15.paths["core"]) in clash["fix"].split("keeps ")[1]
-    )  # the runtime copy is kept
+    assert str(dup_llvm15.paths["core"]) in clash["fix"].split("keeps ")[1]  # the runtime copy is kept
     assert clash["predictions"] == {
         "global-global": "abort",
         "global-local": "abort",
@@ -70,9 +65,7 @@ def test_probe_confirms_the_split_hardlink_and_names_the_option(llvm_cli, dup_ll
     assert rules(report) == ["LLVM001", "LLVM005"]
 
 
-def test_duplicated_registrant_fires_in_any_mode_and_lists_the_llvm_it_binds(
-    llvm_cli, dup_clang_cpp
-):
+def test_duplicated_registrant_fires_in_any_mode_and_lists_the_llvm_it_binds(llvm_cli, dup_clang_cpp):
     report = llvm_cli("-p", str(dup_clang_cpp.root), "--probe", "--format", "json", expect=1).report
     (clash,) = report["clashes"]
     assert (clash["reason"], clash["mode"], clash["confirmed"]) == (
@@ -106,9 +99,7 @@ def test_no_clash_cases_exit_zero(llvm_cli, request, scenario):
 
 def test_runpath_closures_are_found_and_probed(llvm_cli, runpath_closures):
     paths = runpath_closures.paths
-    report = llvm_cli(
-        "-p", str(runpath_closures.root), "--probe", "--format", "json", expect=1
-    ).report
+    report = llvm_cli("-p", str(runpath_closures.root), "--probe", "--format", "json", expect=1).report
     by_reason = {c["reason"]: c for c in report["clashes"]}
     assert set(by_reason) == {"duplicate-exporter", "closure-interposition", "closure-two-llvms"}
     interposition = by_reason["closure-interposition"]
@@ -120,9 +111,7 @@ def test_runpath_closures_are_found_and_probed(llvm_cli, runpath_closures):
         "use-dbg-addr",
     )
     two = by_reason["closure-two-llvms"]
-    assert two["paths"] == [str(paths["v15"]), str(paths["v16"])] and two["via"] == [
-        str(paths["two"])
-    ]
+    assert two["paths"] == [str(paths["v15"]), str(paths["v16"])] and two["via"] == [str(paths["two"])]
     assert (two["severity"], two["mode"], two["confirmed"]) == ("medium", "none", False)
     assert all(p["agrees"] for c in report["clashes"] for p in c["probes"])
     assert "LLVM007" not in rules(report)
@@ -145,9 +134,7 @@ def test_closure_on_request(llvm_cli, runpath_closures):
     assert "closure-two-llvms" in text
 
 
-def test_exporters_that_bind_each_other_are_a_warning_until_a_probe_confirms_them(
-    llvm_cli, fake_llvms
-):
+def test_exporters_that_bind_each_other_are_a_warning_until_a_probe_confirms_them(llvm_cli, fake_llvms):
     static = llvm_cli("-p", str(fake_llvms.root), "--format", "json", expect=0).report
     assert {f["severity"] for f in static["findings"]} == {"warning"}
     llvm_cli("-p", str(fake_llvms.root), "--fail-on", "warning", expect=1)
@@ -161,10 +148,7 @@ def test_exporters_that_bind_each_other_are_a_warning_until_a_probe_confirms_the
     assert not {("node1-a", "node2"), ("node2", "node1-a"), ("plain-a", "symbolic")} & pairs
     assert ("symbolic", "plain-a") in pairs  # the -Bsymbolic one must come first to be bound to
     clashes = [c for c in report["clashes"] if c["reason"] == "interposable-exporters"]
-    assert all(
-        c["severity"] == "medium" and c["mode"] == "first-global" and c["confirmed"]
-        for c in clashes
-    )
+    assert all(c["severity"] == "medium" and c["mode"] == "first-global" and c["confirmed"] for c in clashes)
     assert "LLVM007" not in rules(report) and "LLVM005" in rules(report)
 
 
@@ -179,9 +163,7 @@ def test_a_contradicted_prediction_is_reported(fake_llvms):
         fix="",
     )
     findings = probe_clashes([wrong], LlvmOptions())
-    assert [(f.rule, f.data["predicted"], f.data["observed"]) for f in findings] == [
-        ("LLVM007", "abort", "clean")
-    ]
+    assert [(f.rule, f.data["predicted"], f.data["observed"]) for f in findings] == [("LLVM007", "abort", "clean")]
 
 
 def test_usage_errors_exit_2(llvm_cli, dup_llvm15, tmp_path):
@@ -191,9 +173,7 @@ def test_usage_errors_exit_2(llvm_cli, dup_llvm15, tmp_path):
     assert "--sysroot" in sysroot.output
 
 
-def test_report_file_is_written_and_summary_goes_to_stderr(
-    llvm_cli, dup_llvm15, tmp_path, schema_validator
-):
+def test_report_file_is_written_and_summary_goes_to_stderr(llvm_cli, dup_llvm15, tmp_path, schema_validator):
     import json
 
     target = tmp_path / "report.json"
@@ -208,9 +188,7 @@ def test_help_and_import_stay_light():
         "heavy = ('elftools', 'rocm_audit.llvm.roles', 'rocm_audit.llvm.probes'); "
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
     from typer.testing import CliRunner
 
@@ -247,10 +225,7 @@ def test_rocm_sdk_preloads_make_a_split_comgr_clash_in_any_mode(llvm_cli, fake_c
     ).report
     (clash,) = preloaded["clashes"]
     assert clash["paths"] == [core, devel] and clash["mode"] == "any"
-    assert all(
-        p["outcome"] == "confirmed" and p["agrees"] and p["preload"] == [core]
-        for p in clash["probes"]
-    )
+    assert all(p["outcome"] == "confirmed" and p["agrees"] and p["preload"] == [core] for p in clash["probes"])
     assert clash["option"] == "fake-opt"
 
 

@@ -22,9 +22,7 @@ def chain(tmp_path_factory) -> dict[str, Path]:
     """top -> mid -> leaf in three directories; top names both directories, in RPATH or RUNPATH."""
     root = tmp_path_factory.mktemp("chain")
     leaf = cc_shared(root / "leafdir" / "libleaf.so", LEAF, "-Wl,-soname,libleaf.so")
-    mid = cc_shared(
-        root / "middir" / "libmid.so", MID, "-Wl,-soname,libmid.so", f"-L{leaf.parent}", "-lleaf"
-    )
+    mid = cc_shared(root / "middir" / "libmid.so", MID, "-Wl,-soname,libmid.so", f"-L{leaf.parent}", "-lleaf")
     search = f"{mid.parent}:{leaf.parent}"
     top_rpath = cc_shared(
         root / "top" / "libtop-rpath.so",
@@ -90,9 +88,7 @@ def test_a_non_elf_file_on_the_search_path_stops_the_search(tmp_path):
 
 def test_origin_is_the_directory_of_the_symlink_not_of_its_target(tmp_path):
     """formats.md 4: devel/lib/liba.so -> core/lib/liba.so, RUNPATH $ORIGIN, finds devel's libb."""
-    libb = cc_shared(
-        tmp_path / "devel" / "lib" / "libb.so", "int b(void) { return 2; }\n", "-Wl,-soname,libb.so"
-    )
+    libb = cc_shared(tmp_path / "devel" / "lib" / "libb.so", "int b(void) { return 2; }\n", "-Wl,-soname,libb.so")
     liba = cc_shared(
         tmp_path / "core" / "lib" / "liba.so",
         "int b(void); int a(void) { return b(); }\n",
@@ -109,9 +105,7 @@ def test_origin_is_the_directory_of_the_symlink_not_of_its_target(tmp_path):
     assert probe_closure(str(liba), "local").outcome is ProbeOutcome.LOAD_ERROR
 
 
-def test_hardlinks_and_symlinks_are_one_object_and_soname_matches_reuse(
-    same_inode, runpath_closures
-):
+def test_hardlinks_and_symlinks_are_one_object_and_soname_matches_reuse(same_inode, runpath_closures):
     process = ProcessModel(LoaderModel())
     first = process.dlopen(str(same_inode.paths["core"]))
     for alias in ("hardlink", "symlink"):
@@ -124,9 +118,7 @@ def test_hardlinks_and_symlinks_are_one_object_and_soname_matches_reuse(
     llvm15 = next(o for o in two.objects if o.request == "libLLVM-15.so.1")
     assert llvm15.reused and llvm15.path == str(same_inode.paths["core"]) and llvm15.via == "loaded"
     fresh = load_closure(LoaderModel(), str(runpath_closures.paths["two"]))
-    assert next(o for o in fresh.objects if o.request == "libLLVM-15.so.1").path == str(
-        runpath_closures.paths["v15"]
-    )
+    assert next(o for o in fresh.objects if o.request == "libLLVM-15.so.1").path == str(runpath_closures.paths["v15"])
 
 
 def test_a_second_file_name_for_one_soname_is_a_second_object(runpath_closures):
@@ -154,9 +146,7 @@ def test_sysroot_keeps_absolute_links_and_ld_so_conf_inside_the_root(tmp_path):
     model = LoaderModel(sysroot=str(root))
     closure = load_closure(model, str(top), host=HostView(str(root)))
     leaf = next(o for o in closure.objects if o.request == "libleaf.so.1")
-    assert leaf.via == "ld.so.conf" and leaf.path == str(
-        root / "opt" / "vendor" / "lib" / "libleaf.so.1"
-    )
+    assert leaf.via == "ld.so.conf" and leaf.path == str(root / "opt" / "vendor" / "lib" / "libleaf.so.1")
     assert leaf.identity == (os.stat(real).st_dev, os.stat(real).st_ino)
     assert HostView(str(root)).realpath(leaf.path) == str(real)
 

@@ -23,10 +23,7 @@ def sections(path) -> dict[str, int]:
 
     with open(path, "rb") as stream:
         elf = ELFFile(stream)
-        return {
-            s.name: elf["e_shoff"] + i * elf["e_shentsize"]
-            for i, s in enumerate(elf.iter_sections())
-        }
+        return {s.name: elf["e_shoff"] + i * elf["e_shentsize"] for i, s in enumerate(elf.iter_sections())}
 
 
 def patch_shdr(path, name: str, **fields: int) -> int:
@@ -95,9 +92,7 @@ def test_hostile_sizes_and_counts_are_refused_before_any_read(victim, section, f
         (".rela.dyn", {"sh_entsize": 16}),
     ],
 )
-def test_inconsistent_section_headers_are_format_errors_in_the_header_table(
-    victim, section, fields
-):
+def test_inconsistent_section_headers_are_format_errors_in_the_header_table(victim, section, fields):
     table = sorted(sections(victim).values())
     patch_shdr(victim, section, **fields)
     with pytest.raises(FormatError) as raised:
@@ -124,9 +119,7 @@ def test_random_corruption_never_escapes_as_another_exception(pristine, tmp_path
             pass
 
 
-def test_cli_reports_truncated_and_hostile_libraries_without_a_traceback(
-    llvm_cli, victim, dup_llvm15, tmp_path
-):
+def test_cli_reports_truncated_and_hostile_libraries_without_a_traceback(llvm_cli, victim, dup_llvm15, tmp_path):
     tree = tmp_path / "tree"
     tree.mkdir()
     with open(dup_llvm15.paths["core"], "rb") as source:

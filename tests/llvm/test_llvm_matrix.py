@@ -28,13 +28,9 @@ def same_file(a, b) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
-def check_pair(
-    first, second, expected: dict[str, Expect], *, same_library: bool, option: str | None = None
-):
+def check_pair(first, second, expected: dict[str, Expect], *, same_library: bool, option: str | None = None):
     """Assert the prediction, then probe each mode and assert the probe agrees with it."""
-    predicted = predict_pair(
-        facts(first), facts(second), same_file=same_file(first, second), same_library=same_library
-    )
+    predicted = predict_pair(facts(first), facts(second), same_file=same_file(first, second), same_library=same_library)
     assert predicted == expected
     for mode in PAIR_MODES:
         result = probe_pair(str(first), str(second), mode, timeout_s=120)
@@ -105,9 +101,7 @@ def test_runpath_closure_with_two_copies_of_one_llvm_aborts_in_any_mode(runpath_
 
 
 def test_runpath_closure_with_llvm15_and_16_loads_cleanly(runpath_closures):
-    predicted = predict_closure(
-        facts(runpath_closures.paths["v15"]), facts(runpath_closures.paths["v16"])
-    )
+    predicted = predict_closure(facts(runpath_closures.paths["v15"]), facts(runpath_closures.paths["v16"]))
     assert predicted == {"global": CLEAN, "local": CLEAN}
     watch = [str(runpath_closures.paths["v15"]), str(runpath_closures.paths["v16"])]
     for mode in predicted:
@@ -157,10 +151,7 @@ def test_a_preloaded_copy_is_global_before_either_step(fake_llvms):
     a, b = facts(fake_llvms.paths["plain-a"]), facts(fake_llvms.paths["plain-b"])
     everywhere = {mode: ABORT for mode in PAIR_MODES}
     for preloaded in ((True, False), (False, True), (True, True)):
-        assert (
-            predict_pair(a, b, same_file=False, same_library=False, preloaded=preloaded)
-            == everywhere
-        )
+        assert predict_pair(a, b, same_file=False, same_library=False, preloaded=preloaded) == everywhere
     preload = [str(fake_llvms.paths["plain-b"])]
     result = probe_pair(
         str(fake_llvms.paths["plain-a"]),

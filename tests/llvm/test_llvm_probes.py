@@ -98,9 +98,7 @@ def test_crash_at_exit_is_told_apart_from_a_clean_load(tmp_path):
 
 
 def test_a_missing_dependency_is_a_load_error_not_a_pass(tmp_path):
-    result = probe_pair(
-        str(tmp_path / "absent-a.so"), str(tmp_path / "absent-b.so"), "global-global"
-    )
+    result = probe_pair(str(tmp_path / "absent-a.so"), str(tmp_path / "absent-b.so"), "global-global")
     assert result.outcome is ProbeOutcome.LOAD_ERROR and "absent-a.so" in result.detail
 
 
@@ -191,9 +189,7 @@ def test_classification(returncode, status, stderr, outcome, option):
 
 def test_option_extraction_ignores_unrelated_text():
     assert extract_option("warning: Option 'x' is deprecated\n") is None
-    assert (
-        extract_option(": CommandLine Error: Option 'a-b.c' registered more than once!") == "a-b.c"
-    )
+    assert extract_option(": CommandLine Error: Option 'a-b.c' registered more than once!") == "a-b.c"
 
 
 def test_probes_never_load_in_our_process(dup_llvm15):

@@ -44,11 +44,7 @@ def test_libclang_cpp_is_a_registrant_despite_weak_cl_template_copies():
 def test_llvmlite_is_a_private_copy():
     one = facts(llvmlite_library())
     assert one.role is Role.PRIVATE_COPY
-    assert (
-        one.embeds_registry is True
-        and one.exported_cl_symbols == 0
-        and not one.imports_add_argument
-    )
+    assert one.embeds_registry is True and one.exported_cl_symbols == 0 and not one.imports_add_argument
 
 
 def test_libc_has_no_role():
@@ -96,22 +92,14 @@ def lookalikes(tmp_path_factory):
 
 def test_lookalike_roles(lookalikes):
     exporter = facts(lookalikes["exporter"])
-    assert (
-        exporter.role is Role.EXPORTER
-        and exporter.version_node is None
-        and exporter.interposable_registry
-    )
+    assert exporter.role is Role.EXPORTER and exporter.version_node is None and exporter.interposable_registry
     registrant = facts(lookalikes["registrant"])
     assert registrant.role is Role.REGISTRANT and registrant.version_node is None
     assert facts(lookalikes["weak-only"]).role is Role.NONE
     hidden = facts(lookalikes["hidden"])
     assert hidden.role is Role.PRIVATE_COPY and hidden.exported_cl_symbols == 0
     symbolic = facts(lookalikes["symbolic"])
-    assert (
-        symbolic.role is Role.EXPORTER
-        and symbolic.symbolic
-        and symbolic.interposable_registry is False
-    )
+    assert symbolic.role is Role.EXPORTER and symbolic.symbolic and symbolic.interposable_registry is False
 
 
 @pytest.mark.parametrize("window", [16, 37, 61, 4096])
@@ -124,9 +112,7 @@ def test_windowed_scans_find_what_a_whole_read_finds(lookalikes, monkeypatch, wi
     with open(lookalikes["hidden"], "rb") as stream:
         from rocm_audit.elf import read as elfread
 
-        view = llvm_cl._ElfView(
-            stream, os.path.getsize(lookalikes["hidden"]), elfread.parse_header(stream.read(64))
-        )
+        view = llvm_cl._ElfView(stream, os.path.getsize(lookalikes["hidden"]), elfread.parse_header(stream.read(64)))
         rodata = view.by_name(".rodata")
         stream.seek(rodata.offset)
         whole = stream.read(rodata.size)

@@ -34,7 +34,8 @@ def make_seeds(directory: Path) -> None:
             (directory / f"ccob-v{version}-m{method}.co").write_bytes(ccob(plain, version=version, method=method))
     for scheme in ("none", "zstd-per-kernel"):
         (directory / f"{scheme}.kpack").write_bytes(
-            kpack_archive([("lib/libk.so#0", "gfx942", code_object)], scheme=scheme, family="gfx942"))
+            kpack_archive([("lib/libk.so#0", "gfx942", code_object)], scheme=scheme, family="gfx942")
+        )
     host_elf([(".hip_fatbin", 1, 2, plain)], str(directory / "fat.so"))
     for child in (directory / "build").iterdir():
         child.unlink()
@@ -45,9 +46,21 @@ def test_coverage_guided_fuzzing_finds_no_crash(tmp_path):
     seeds = tmp_path / "seeds"
     make_seeds(seeds)
     done = subprocess.run(
-        [sys.executable, str(FUZZER), str(seeds), f"-max_total_time={SECONDS}", "-rss_limit_mb=1024",
-         "-timeout=20", "-print_final_stats=1", f"-artifact_prefix={tmp_path}/crash-"],
-        capture_output=True, text=True, timeout=SECONDS + 300, cwd=tmp_path)
+        [
+            sys.executable,
+            str(FUZZER),
+            str(seeds),
+            f"-max_total_time={SECONDS}",
+            "-rss_limit_mb=1024",
+            "-timeout=20",
+            "-print_final_stats=1",
+            f"-artifact_prefix={tmp_path}/crash-",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=SECONDS + 300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     runs = int(re.search(r"Done (\d+) runs", done.stderr).group(1))
     assert runs > 1000, done.stderr[-2000:]

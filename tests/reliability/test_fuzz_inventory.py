@@ -22,8 +22,12 @@ from rocm_audit.tree.inventory import build_inventory, read_dynamic_info
 from support.sdk_tree import build_library
 
 EXAMPLES = 2000 if os.environ.get("ROCM_AUDIT_SLOW") == "1" else 150
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +44,7 @@ def mutate(seed: bytes, edits: list[tuple[int, int]], cut: int | None) -> bytes:
 
 
 # Edits concentrated on the parts the reader interprets: header, program headers, dynamic section.
-EDITS = st.lists(st.tuples(st.one_of(st.integers(0, 0x400), st.integers(0, 1 << 16)), st.integers(0, 255)),
-                 max_size=24)
+EDITS = st.lists(st.tuples(st.one_of(st.integers(0, 0x400), st.integers(0, 1 << 16)), st.integers(0, 255)), max_size=24)
 
 
 @FUZZ

@@ -17,9 +17,35 @@ from rocm_audit.gpu import verify as archcheck
 EXAMPLES = 3000 if os.environ.get("ROCM_AUDIT_SLOW") == "1" else 300
 NAMES = settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
 # Text near the real vocabulary reaches deeper than arbitrary unicode alone.
-VOCABULARY = st.sampled_from(["gfx", "942", "950", "90a", "11xx", "-generic", ":", "sramecc", "xnack", "+", "-",
-                              "hipv4-", "amdgcn-amd-amdhsa-", "-unknown-", "host-x86_64-unknown-linux", ";",
-                              "_", "TensileLibrary_", ".co", ".hsaco", ".kdb", "amd-", "/", "strict", "\x00"])
+VOCABULARY = st.sampled_from(
+    [
+        "gfx",
+        "942",
+        "950",
+        "90a",
+        "11xx",
+        "-generic",
+        ":",
+        "sramecc",
+        "xnack",
+        "+",
+        "-",
+        "hipv4-",
+        "amdgcn-amd-amdhsa-",
+        "-unknown-",
+        "host-x86_64-unknown-linux",
+        ";",
+        "_",
+        "TensileLibrary_",
+        ".co",
+        ".hsaco",
+        ".kdb",
+        "amd-",
+        "/",
+        "strict",
+        "\x00",
+    ]
+)
 NEAR_REAL = st.lists(st.one_of(VOCABULARY, st.text(max_size=3)), max_size=12).map("".join)
 ANY_TEXT = st.one_of(NEAR_REAL, st.text(max_size=60))
 
@@ -48,8 +74,10 @@ def test_bundle_entry_ids_parse_or_give_a_format_error(text):
 
 
 @NAMES
-@given(st.lists(ANY_TEXT, min_size=1, max_size=5), st.sampled_from(["rocblas/library", "hipblaslt/library",
-                                                                  "miopen/db", "aotriton.images", "anything"]))
+@given(
+    st.lists(ANY_TEXT, min_size=1, max_size=5),
+    st.sampled_from(["rocblas/library", "hipblaslt/library", "miopen/db", "aotriton.images", "anything"]),
+)
 def test_kernel_database_names_give_arch_lists(parts, root):
     path = "/sp/_rocm_sdk_libraries/lib/" + root + "/" + "/".join(p.replace("/", "_") or "x" for p in parts)
     found = archcheck._database_root(path)

@@ -38,12 +38,33 @@ def test_helpers_only_write_answers_and_the_manifest_is_synced_before_the_first_
     before = state(site)
     log = tmp_path / "strace.log"
     done = subprocess.run(
-        [require_tool("strace"), "-f", "-y", "-qq", "-o", str(log), "-e", "trace=" + ",".join(MUTATING_SYSCALLS),
-         sys.executable, "-c", FORCE_HELPERS, "dedup", "-p", str(site), "-q"],
-        capture_output=True, text=True, timeout=300)
+        [
+            require_tool("strace"),
+            "-f",
+            "-y",
+            "-qq",
+            "-o",
+            str(log),
+            "-e",
+            "trace=" + ",".join(MUTATING_SYSCALLS),
+            sys.executable,
+            "-c",
+            FORCE_HELPERS,
+            "dedup",
+            "-p",
+            str(site),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
-    calls = [(int(pid), name, args) for pid, name, args in
-             re.findall(r"^(\d+)\s+(\w+)\((.*)$", log.read_text(), re.MULTILINE) if name in MUTATING_SYSCALLS]
+    calls = [
+        (int(pid), name, args)
+        for pid, name, args in re.findall(r"^(\d+)\s+(\w+)\((.*)$", log.read_text(), re.MULTILINE)
+        if name in MUTATING_SYSCALLS
+    ]
     main_pid = calls[0][0]  # the traced interpreter makes the first call
     helpers = {pid for pid, _, _ in calls if pid != main_pid}
     assert helpers, "no helper answered: the comparison was not shared"
@@ -51,13 +72,18 @@ def test_helpers_only_write_answers_and_the_manifest_is_synced_before_the_first_
         if pid in helpers:
             assert name == "write" and args.startswith(tuple(f"{fd}<pipe:" for fd in range(1024))), (name, args)
     main_calls = [(name, args) for pid, name, args in calls if pid == main_pid]
-    manifest_synced = next(i for i, (name, args) in enumerate(main_calls)
-                           if name == "fsync" and "dedup-manifest.jsonl" in args)
-    first_change = next(i for i, (name, args) in enumerate(main_calls)
-                        if name in ("symlink", "symlinkat", "rename", "renameat", "renameat2"))
+    manifest_synced = next(
+        i for i, (name, args) in enumerate(main_calls) if name == "fsync" and "dedup-manifest.jsonl" in args
+    )
+    first_change = next(
+        i
+        for i, (name, args) in enumerate(main_calls)
+        if name in ("symlink", "symlinkat", "rename", "renameat", "renameat2")
+    )
     assert manifest_synced < first_change
     # And the run did its job: the pair of several pieces is one library now, every byte kept.
     after = state(site)
     assert after["_rocm_sdk_devel/lib/libpieces.so.1"][0] == "link"
-    assert {rel: content for rel, (_, content, _) in after.items()} == \
-        {rel: content for rel, (_, content, _) in before.items()}
+    assert {rel: content for rel, (_, content, _) in after.items()} == {
+        rel: content for rel, (_, content, _) in before.items()
+    }

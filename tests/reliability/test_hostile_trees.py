@@ -96,8 +96,22 @@ def test_an_unreadable_directory_is_reported_and_the_rest_is_audited(tmp_path):
     locked = tree.devel / "share"
     locked.chmod(0o000)
     try:
-        done = subprocess.run([*_without_dac_override(), sys.executable, "-m", "rocm_audit", "dedup", "--check",
-                               "-p", str(tree.site), "--format", "json"], capture_output=True, timeout=120)
+        done = subprocess.run(
+            [
+                *_without_dac_override(),
+                sys.executable,
+                "-m",
+                "rocm_audit",
+                "dedup",
+                "--check",
+                "-p",
+                str(tree.site),
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            timeout=120,
+        )
     finally:
         locked.chmod(0o755)
     assert done.returncode == 1, done.stderr  # the duplicates elsewhere still fail the check

@@ -25,9 +25,26 @@ from support.sdk_tree import build_sdk_tree  # noqa: E402
 from support.tools import require_tool  # noqa: E402
 
 # Every system call through which dedup or revert changes the tree or its manifest.
-MUTATING_SYSCALLS = ("write", "fsync", "mkdir", "mkdirat", "flock", "symlink", "symlinkat", "link", "linkat",
-                     "rename", "renameat", "renameat2", "unlink", "unlinkat", "fchmod", "fchown", "utimensat",
-                     "sendfile")
+MUTATING_SYSCALLS = (
+    "write",
+    "fsync",
+    "mkdir",
+    "mkdirat",
+    "flock",
+    "symlink",
+    "symlinkat",
+    "link",
+    "linkat",
+    "rename",
+    "renameat",
+    "renameat2",
+    "unlink",
+    "unlinkat",
+    "fchmod",
+    "fchown",
+    "utimensat",
+    "sendfile",
+)
 FULL = os.environ.get("ROCM_AUDIT_SLOW") == "1"
 SAMPLE_PER_SWEEP = 8
 EXTRA_DUPLICATES = 40 if FULL else 6
@@ -75,16 +92,42 @@ def rocm_audit(*args: str, inject: tuple[str, int] | None = None) -> subprocess.
     argv = [sys.executable, "-m", "rocm_audit", *args, "-q"]
     if inject is not None:
         syscall, nth = inject
-        argv = [require_tool("strace"), "-f", "-qq", "-o", "/dev/null", "-e", f"trace={syscall}",
-                "-e", f"inject={syscall}:signal=KILL:when={nth}", *argv]
+        argv = [
+            require_tool("strace"),
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            f"trace={syscall}",
+            "-e",
+            f"inject={syscall}:signal=KILL:when={nth}",
+            *argv,
+        ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 
 def count_calls(args: list[str]) -> list[tuple[str, int]]:
     """Run once under strace and list every (syscall, n) kill point of that run."""
-    log = subprocess.run([require_tool("strace"), "-f", "-qq", "-o", "/dev/stderr", "-e",
-                          "trace=" + ",".join(MUTATING_SYSCALLS), sys.executable, "-m", "rocm_audit", *args, "-q"],
-                         capture_output=True, text=True, timeout=300)
+    log = subprocess.run(
+        [
+            require_tool("strace"),
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/stderr",
+            "-e",
+            "trace=" + ",".join(MUTATING_SYSCALLS),
+            sys.executable,
+            "-m",
+            "rocm_audit",
+            *args,
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert log.returncode == 0, log.stdout
     counts: dict[str, int] = {}
     for match in re.finditer(r"^(?:\d+\s+)?(\w+)\(", log.stderr, re.MULTILINE):

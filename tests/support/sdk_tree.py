@@ -22,9 +22,18 @@ def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
 
-def build_library(directory: Path, name: str, soname: str, *, value: int = 1, needed: tuple[str, ...] = (),
-                  rpath: str | None = None, runpath: str | None = None, payload: bytes | None = None,
-                  link_dir: Path | None = None) -> Path:
+def build_library(
+    directory: Path,
+    name: str,
+    soname: str,
+    *,
+    value: int = 1,
+    needed: tuple[str, ...] = (),
+    rpath: str | None = None,
+    runpath: str | None = None,
+    payload: bytes | None = None,
+    link_dir: Path | None = None,
+) -> Path:
     """A real gcc shared library; ``payload`` is added as a non-alloc section (objcopy)."""
     directory.mkdir(parents=True, exist_ok=True)
     source = directory / f".{soname}.c"
@@ -79,17 +88,30 @@ def build_sdk_tree(site: Path) -> SdkTree:
     libraries = site / "_rocm_sdk_libraries_gfx94X_dcgpu"
     devel = site / "_rocm_sdk_devel"
     core_lib = core / "lib"
-    build_library(core_lib, "sysdep", "librocm_sysdeps_z.so.1", value=3,
-                  payload=rng.randbytes(20_000))
-    build_library(core_lib, "comgr", "libamd_comgr.so.3", value=7, needed=("librocm_sysdeps_z.so.1",),
-                  rpath="$ORIGIN", payload=rng.randbytes(150_000))
+    build_library(core_lib, "sysdep", "librocm_sysdeps_z.so.1", value=3, payload=rng.randbytes(20_000))
+    build_library(
+        core_lib,
+        "comgr",
+        "libamd_comgr.so.3",
+        value=7,
+        needed=("librocm_sysdeps_z.so.1",),
+        rpath="$ORIGIN",
+        payload=rng.randbytes(150_000),
+    )
     build_library(core_lib, "hip", "libamdhip64.so.7", value=8, needed=("libamd_comgr.so.3",), rpath="$ORIGIN")
-    build_library(core_lib / "llvm" / "lib", "llvm", "libLLVMdemo.so.1", value=9,
-                  payload=rng.randbytes(300_000))
+    build_library(core_lib / "llvm" / "lib", "llvm", "libLLVMdemo.so.1", value=9, payload=rng.randbytes(300_000))
     build_library(core_lib, "hard", "libhard.so.1", value=11)
     libs_lib = libraries / "lib"
-    build_library(libs_lib, "rocblas", "librocblas.so.5", value=12, needed=("libamdhip64.so.7",),
-                  rpath="$ORIGIN/../../_rocm_sdk_core/lib", payload=rng.randbytes(90_000), link_dir=core_lib)
+    build_library(
+        libs_lib,
+        "rocblas",
+        "librocblas.so.5",
+        value=12,
+        needed=("libamdhip64.so.7",),
+        rpath="$ORIGIN/../../_rocm_sdk_core/lib",
+        payload=rng.randbytes(90_000),
+        link_dir=core_lib,
+    )
     # Same size, different bytes in the middle; and same size differing only in the last block.
     middle = rng.randbytes(40_000)
     build_library(libs_lib, "pair", "libpair_a.so.1", value=1, payload=middle)

@@ -85,11 +85,13 @@ def test_rpaths_kpack_split_and_dist_info(install: TheRockInstall) -> None:
     ref = msgpack.unpackb(_section(rocblas, ".rocm_kpack_ref"))
     assert ref == {"kpack_search_paths": ["../.kpack/blas_lib.kpm"], "kernel_name": "blas_lib"}
     kpack = (install.libraries / ".kpack/blas_lib_gfx942.kpack").read_bytes()
-    toc = msgpack.unpackb(kpack[int.from_bytes(kpack[8:16], "little"):])
+    toc = msgpack.unpackb(kpack[int.from_bytes(kpack[8:16], "little") :])
     assert list(toc["toc"]) == ["math-libs/BLAS/rocBLAS/stage/lib/librocblas.so.5.0.0"]
     links = json.loads((install.libraries / ".devel_links/gfx90a.json").read_text())
-    assert {"relpath": ".kpack/blas_lib_gfx90a.kpack",
-            "target": "../../_rocm_sdk_libraries/.kpack/blas_lib_gfx90a.kpack"} in links["links"]
+    assert {
+        "relpath": ".kpack/blas_lib_gfx90a.kpack",
+        "target": "../../_rocm_sdk_libraries/.kpack/blas_lib_gfx90a.kpack",
+    } in links["links"]
     record = next(install.site_packages.glob("rocm_sdk_device_gfx942-*.dist-info")).joinpath("RECORD").read_text()
     assert "_rocm_sdk_libraries/__init__.py," in record
     assert "_rocm_sdk_devel/.kpack/blas_lib_gfx942.kpack,," in record.splitlines()
@@ -122,8 +124,9 @@ def test_split_breaks_mirroring_and_loads(install: TheRockInstall, kind: str) ->
     install.split(kind)
     result = install.run_rocm_sdk("test")
     output = result.stdout + result.stderr
-    assert ("testLibrariesMirroredIntoDevel" in output and "FAIL: testLibrariesMirroredIntoDevel" in output) == \
-        mirrored_fails, output
+    assert (
+        "testLibrariesMirroredIntoDevel" in output and "FAIL: testLibrariesMirroredIntoDevel" in output
+    ) == mirrored_fails, output
     if mirrored_fails:
         assert "not hardlinked" in output and ".kpack/blas_lib.kpm" in output
     load = install.preload_after_devel_hip()
@@ -140,8 +143,9 @@ def test_nonce_renames_every_tree(tmp_path: Path) -> None:
     names = sorted(p.name for p in install.site_packages.glob("_rocm_sdk_*"))
     assert names == ["_rocm_sdk_core_r7130", "_rocm_sdk_devel_r7130", "_rocm_sdk_libraries_r7130"]
     assert install.run_rocm_sdk("targets").stdout.strip() == "gfx90a;gfx942"
-    dynamic = subprocess.run(["readelf", "-dW", str(install.libraries / "lib/libhipblas.so.3")], capture_output=True,
-                             text=True, check=True).stdout
+    dynamic = subprocess.run(
+        ["readelf", "-dW", str(install.libraries / "lib/libhipblas.so.3")], capture_output=True, text=True, check=True
+    ).stdout
     assert "_rocm_sdk_core_r7130/lib" in dynamic
     result = install.run_rocm_sdk("test")
     assert result.returncode == 0, result.stdout + result.stderr

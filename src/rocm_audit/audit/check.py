@@ -97,8 +97,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
 
         environ = dict(os.environ) if options.environ is None else options.environ
         try:
-            required, source = archcheck.requested_targets(options.targets, [r.path for r in inventory.roots],
-                                                           environ)
+            required, source = archcheck.requested_targets(options.targets, [r.path for r in inventory.roots], environ)
         except UsageError:
             if options.targets:
                 raise  # targets the user named must be valid
@@ -114,10 +113,14 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
             missing = sum(1 for c in carriers if c.missing)
             summaries.append(f"{len(carriers)} GPU code carrier(s), {missing} missing a target")
         else:
-            findings.append(make_finding(
-                "CHK001", looked[0] if looked else "",
-                "no GPU targets to verify: pass them (rocm-audit check gfx942 gfx950), set GPU_ARCH, "
-                "or install _rocm_sdk_core with share/therock/dist_info.json"))
+            findings.append(
+                make_finding(
+                    "CHK001",
+                    looked[0] if looked else "",
+                    "no GPU targets to verify: pass them (rocm-audit check gfx942 gfx950), set GPU_ARCH, "
+                    "or install _rocm_sdk_core with share/therock/dist_info.json",
+                )
+            )
             summaries.append(f"{len(carriers)} GPU code carrier(s), targets unknown")
         sections["carriers"] = [archcheck.carrier_to_dict(c) for c in carriers]
         ran.append("verify-arch")
@@ -132,9 +135,12 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         findings.extend(analysis.findings)
         if options.probe:
             findings.extend(llvm_clashes.probe_clashes(analysis.clashes, llvm_options))
-        sections["libraries"] = [llvm_clashes.library_to_dict(one, analysis.library_in_scan.get(one.path, True),
-                                                              analysis.library_identity.get(one.path))
-                                 for one in analysis.libraries]
+        sections["libraries"] = [
+            llvm_clashes.library_to_dict(
+                one, analysis.library_in_scan.get(one.path, True), analysis.library_identity.get(one.path)
+            )
+            for one in analysis.libraries
+        ]
         sections["clashes"] = [llvm_clashes.clash_to_dict(c) for c in analysis.clashes]
         ran.append("llvm")
         summaries.append(f"{len(analysis.clashes)} LLVM clash(es)")
@@ -149,13 +155,20 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
     elapsed = time.monotonic() - started
     sections["summary"] = {"checks": ran, "files_scanned": len(inventory.files), "elapsed_s": round(elapsed, 3)}
     return CommandOutcome(
-        command="check", findings=findings, inputs=looked, sections=sections,
-        summary=f"check: {len(inventory.files)} files; " + "; ".join(summaries) + f"; {elapsed:.2f} s")
+        command="check",
+        findings=findings,
+        inputs=looked,
+        sections=sections,
+        summary=f"check: {len(inventory.files)} files; " + "; ".join(summaries) + f"; {elapsed:.2f} s",
+    )
 
 
-def run_check(paths: list[str] | None, options: CheckOptions,
-              progress: Callable[[int, int], None] | None = None,
-              roots: list[AuditRoot] | None = None) -> CommandOutcome:
+def run_check(
+    paths: list[str] | None,
+    options: CheckOptions,
+    progress: Callable[[int, int], None] | None = None,
+    roots: list[AuditRoot] | None = None,
+) -> CommandOutcome:
     """Resolve the paths (or take prepared roots), build one inventory, audit it."""
     if options.probe and options.sysroot not in ("", "/"):
         raise UsageError("--probe loads libraries with this host's loader; it cannot audit another system root")

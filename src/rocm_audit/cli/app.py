@@ -31,15 +31,19 @@ def _version_callback(value: bool) -> None:
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")] = False,
     verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More log output on stderr.")] = 0,
-    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     _State.debug = debug
     if verbose:
         import logging
 
-        logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
-                            format="rocm-audit: %(name)s: %(message)s", stream=sys.stderr)
+        logging.basicConfig(
+            level=logging.DEBUG if verbose > 1 else logging.INFO,
+            format="rocm-audit: %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
 
 
 # command name -> (module in rocm_audit.cli.commands, extra settings); each module imports only typer

@@ -24,8 +24,10 @@ from rocm_audit.severity import Severity
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
-EPILOG = ("Exit codes: 0 clean; 1 findings at or above --fail-on (dedup --check: work to do); "
-          "2 usage or configuration error; 3 internal error.")
+EPILOG = (
+    "Exit codes: 0 clean; 1 findings at or above --fail-on (dedup --check: work to do); "
+    "2 usage or configuration error; 3 internal error."
+)
 
 
 class OutputFormat(str, enum.Enum):
@@ -45,23 +47,33 @@ class FailOn(str, enum.Enum):
 
 PathsOption = Annotated[
     Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option("-p", "--path", metavar="PATH",
-                 help="site-packages dir, _rocm_sdk_* tree, any dir or a single file; repeatable. "
-                      "Default: every site-packages dir of this interpreter."),
+    typer.Option(
+        "-p",
+        "--path",
+        metavar="PATH",
+        help="site-packages dir, _rocm_sdk_* tree, any dir or a single file; repeatable. "
+        "Default: every site-packages dir of this interpreter.",
+    ),
 ]
-FormatOption = Annotated[OutputFormat, typer.Option(
-    "--format", help="text, json (versioned schema), sarif (2.1.0), junit (XML) or github (Actions annotations).")]
+FormatOption = Annotated[
+    OutputFormat,
+    typer.Option(
+        "--format", help="text, json (versioned schema), sarif (2.1.0), junit (XML) or github (Actions annotations)."
+    ),
+]
 OutputOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically) instead of stdout."),
 ]
-FailOnOption = Annotated[
-    FailOn, typer.Option("--fail-on", help="Lowest severity that makes the exit code 1.")]
+FailOnOption = Annotated[FailOn, typer.Option("--fail-on", help="Lowest severity that makes the exit code 1.")]
 QuietOption = Annotated[bool, typer.Option("-q", "--quiet", help="No progress line and no summary on stderr.")]
 RulesOption = Annotated[
     Optional[list[str]],  # noqa: UP045
-    typer.Option("--rules", metavar="FILE",
-                 help="TOML rules file: severity overrides, ignores (with a reason), policy settings; repeatable."),
+    typer.Option(
+        "--rules",
+        metavar="FILE",
+        help="TOML rules file: severity overrides, ignores (with a reason), policy settings; repeatable.",
+    ),
 ]
 
 
@@ -90,29 +102,42 @@ _SHARED_OPTIONS: dict[str, tuple[object, object]] = {
 }
 
 
-def reporting_command(*, shared: tuple[str, ...] = tuple(_SHARED_OPTIONS),
-                      fail_on: FailOn = FailOn.error) -> Callable[[Callable[..., CommandOutcome]],
-                                                                  Callable[..., None]]:
+def reporting_command(
+    *, shared: tuple[str, ...] = tuple(_SHARED_OPTIONS), fail_on: FailOn = FailOn.error
+) -> Callable[[Callable[..., CommandOutcome]], Callable[..., None]]:
     """Declare a command from a function ``produce(report: Report, **own_options) -> CommandOutcome``.
 
     The shared options (``shared``, of --format, -o, --fail-on, -q, --rules) are added to the
     command's signature here, after its own; the command runs ``produce`` under the policy of
     --rules, renders the outcome and exits with its code. ``fail_on`` is used when --fail-on is
     not one of the command's options."""
+
     def declare(produce: Callable[..., CommandOutcome]) -> Callable[..., None]:
         hints = typing.get_type_hints(produce, include_extras=True)
-        own = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
-               for parameter in inspect.signature(produce).parameters.values() if parameter.name != "report"]
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_SHARED_OPTIONS[name][1],
-                                   annotation=_SHARED_OPTIONS[name][0]) for name in shared]
+        own = [
+            parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
+            for parameter in inspect.signature(produce).parameters.values()
+            if parameter.name != "report"
+        ]
+        added = [
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=_SHARED_OPTIONS[name][1],
+                annotation=_SHARED_OPTIONS[name][0],
+            )
+            for name in shared
+        ]
 
         def command(**given: object) -> None:
             settings: dict[str, object] = {name: given.pop(name) for name in shared}
             settings["rules"] = tuple(typing.cast("list[str] | None", settings.get("rules")) or ())
             settings.setdefault("fail_on", fail_on)
             report = Report(**settings)  # type: ignore[arg-type]
-            run(lambda: emit(produce(report, **given), report.fmt, report.output, report.fail_on, report.quiet),
-                list(report.rules))
+            run(
+                lambda: emit(produce(report, **given), report.fmt, report.output, report.fail_on, report.quiet),
+                list(report.rules),
+            )
 
         command.__signature__ = inspect.Signature([*own, *added])  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
@@ -128,8 +153,7 @@ def fail_on_severity(fail_on: FailOn) -> Severity | None:
     return None if fail_on is FailOn.never else Severity(fail_on.value)
 
 
-def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on: FailOn,
-         quiet: bool = False) -> int:
+def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on: FailOn, quiet: bool = False) -> int:
     """Apply the policy, render the outcome, write it, and return the exit code.
 
     When the report is machine-readable or goes to a file, the one-line summary goes to stderr
@@ -141,8 +165,15 @@ def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on
     if fmt is OutputFormat.json:
         from rocm_audit.output.report import build_report, to_json
 
-        text = to_json(build_report(outcome.command, outcome.findings, inputs=outcome.inputs,
-                                    sections=outcome.sections, suppressed=outcome.suppressed))
+        text = to_json(
+            build_report(
+                outcome.command,
+                outcome.findings,
+                inputs=outcome.inputs,
+                sections=outcome.sections,
+                suppressed=outcome.suppressed,
+            )
+        )
     elif fmt is OutputFormat.sarif:
         from rocm_audit.output.sarif import render_sarif
 

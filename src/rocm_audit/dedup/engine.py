@@ -103,8 +103,12 @@ class DedupPlan:
     exact: bool = True  # False: members agree on size, head and tail; apply_plan compares the rest
 
 
-def relative_link_text(keeper_real: str, link_path: str, realdir: Callable[[str], str] = os.path.realpath,
-                       reldir: Callable[[str, str], str] = os.path.relpath) -> str:
+def relative_link_text(
+    keeper_real: str,
+    link_path: str,
+    realdir: Callable[[str], str] = os.path.realpath,
+    reldir: Callable[[str, str], str] = os.path.relpath,
+) -> str:
     """The text `ln -sr keeper link` writes: the keeper's real path relative to the link's real
     directory. ``realdir`` and ``reldir`` may be cached: a plan asks about few directories, and
     their real paths and relative paths cost a system call or a string walk per component."""
@@ -155,14 +159,16 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
         groups = _groups_among(paths_by_inode, inventory, findings, stats, exact=exact, kinds=kinds)
     for records in paths_by_inode.values():
         if records[0].nlink > len(records):
-            findings.append(make_finding(
-                "DUP009", records[0].path,
-                f"link count {records[0].nlink} but {len(records)} path(s) under the audited trees",
-                related=[r.path for r in records[1:]]))
+            findings.append(
+                make_finding(
+                    "DUP009",
+                    records[0].path,
+                    f"link count {records[0].nlink} but {len(records)} path(s) under the audited trees",
+                    related=[r.path for r in records[1:]],
+                )
+            )
     groups.sort(key=lambda g: g.keeper.path)
     return DedupPlan(inventory, groups, findings, stats, exact)
-
-
 
 
 # Below this many candidate bytes a plan compares in this process alone: a fork costs more.
@@ -200,9 +206,15 @@ def _paths_by_inode(records: list[FileRecord]) -> dict[tuple[str, int, int], lis
     return paths_by_inode
 
 
-def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], inventory: Inventory,
-                  findings: list[Finding], stats: CompareStats, *, exact: bool,
-                  kinds: set[FileKind] | None) -> list[DedupGroup]:
+def _groups_among(
+    paths_by_inode: dict[tuple[str, int, int], list[FileRecord]],
+    inventory: Inventory,
+    findings: list[Finding],
+    stats: CompareStats,
+    *,
+    exact: bool,
+    kinds: set[FileKind] | None,
+) -> list[DedupGroup]:
     """Groups of identical inodes (and of paths of one inode), each with its keeper chosen.
     ``kinds``: classify the files the inventory did not open, and keep only these kinds."""
     # Size buckets of distinct inodes; never read anything for a singleton (peers.md 1).
@@ -220,8 +232,13 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
             classes = equal_over(item.members, item.byte_range, stats, failures)
         else:
             unread = kinds is not None and any(r.kind is None for r in item)
-            classes = partition_identical([Candidate(r.path, r.size, r.head_digest) for r in item], stats, failures,
-                                          _kind_filter(kinds, found) if unread and kinds else None, full=full)
+            classes = partition_identical(
+                [Candidate(r.path, r.size, r.head_digest) for r in item],
+                stats,
+                failures,
+                _kind_filter(kinds, found) if unread and kinds else None,
+                full=full,
+            )
         return _BucketOutcome([[c.path for c in cls] for cls in classes], failures, found, stats.bytes_read - before)
 
     # What each bucket will read: everything when exact; else head and tail (a file that fits one
@@ -251,8 +268,14 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
         for paths in classes:
             keys = [(r.root, r.dev, r.ino) for r in (by_path[p] for p in paths)]
             grouped.update(keys)
-            made = _group_from([r for key in keys for r in paths_by_inode[key]], inventory, keeper_rule,
-                               found_by_bucket[bucket_number], realdir, reldir)
+            made = _group_from(
+                [r for key in keys for r in paths_by_inode[key]],
+                inventory,
+                keeper_rule,
+                found_by_bucket[bucket_number],
+                realdir,
+                reldir,
+            )
             if made is not None:
                 groups.append(made)
 
@@ -292,8 +315,9 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
         if not isinstance(item, _Piece):
             if exact and not outcome.failures:  # compared in full: later checks need not read again
                 identity_of = {r.path: r.identity for r in buckets[number]}
-                inventory.identical.record([r.identity for r in buckets[number]],
-                                           [[identity_of[p] for p in cls] for cls in outcome.classes])
+                inventory.identical.record(
+                    [r.identity for r in buckets[number]], [[identity_of[p] for p in cls] for cls in outcome.classes]
+                )
             group(number, outcome.classes)
             continue
         _, members, expected = probable[item.probable]
@@ -304,8 +328,10 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
             refined = refine(members, partitions)
             if not any(f.rule == "SCAN001" for f in found_by_bucket[number]):  # no piece failed to read
                 identity_of = {r.path: r.identity for r in buckets[number]}
-                inventory.identical.record([identity_of[one.path] for one in members],
-                                           [[identity_of[one.path] for one in cls] for cls in refined])
+                inventory.identical.record(
+                    [identity_of[one.path] for one in members],
+                    [[identity_of[one.path] for one in cls] for cls in refined],
+                )
             group(number, [[one.path for one in cls] for cls in refined])
             del pieces_in[item.probable]
     stats.bytes_read = bytes_before + bytes_read
@@ -320,9 +346,14 @@ def _groups_among(paths_by_inode: dict[tuple[str, int, int], list[FileRecord]], 
     return groups
 
 
-def _group_from(records: list[FileRecord], inventory: Inventory, keeper_rule: KeeperRule,
-                findings: list[Finding], realdir: Callable[[str], str] = os.path.realpath,
-                reldir: Callable[[str, str], str] = os.path.relpath) -> DedupGroup | None:
+def _group_from(
+    records: list[FileRecord],
+    inventory: Inventory,
+    keeper_rule: KeeperRule,
+    findings: list[Finding],
+    realdir: Callable[[str], str] = os.path.realpath,
+    reldir: Callable[[str, str], str] = os.path.relpath,
+) -> DedupGroup | None:
     soname = None
     if keeper_rule.needs_soname([r.sdk_tree for r in records]):
         try:
@@ -334,21 +365,32 @@ def _group_from(records: list[FileRecord], inventory: Inventory, keeper_rule: Ke
     # records are regular files (lstat), so realpath(file) == realpath(its directory) + its name
     keeper_real = os.path.join(realdir(os.path.dirname(keeper.path)), os.path.basename(keeper.path))
     if not _inside(keeper_real, keeper.root):
-        findings.append(make_finding("DUP005", keeper.path,
-                                     "keeper resolves outside the audited root; group left alone",
-                                     related=[r.path for r in ordered[1:]]))
+        findings.append(
+            make_finding(
+                "DUP005",
+                keeper.path,
+                "keeper resolves outside the audited root; group left alone",
+                related=[r.path for r in ordered[1:]],
+            )
+        )
         return None
     duplicates = []
     for record in ordered[1:]:
         link_text = relative_link_text(keeper_real, record.path, realdir, reldir)
         duplicates.append(PlannedLink(record, link_text, hardlink=record.identity == keeper.identity))
-        if (stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode)
-                or (record.uid, record.gid) != (keeper.uid, keeper.gid)):
-            findings.append(make_finding(
-                "DUP004", record.path,
-                f"mode {stat.S_IMODE(record.mode):o} owner {record.uid}:{record.gid} differs from the keeper's "
-                f"mode {stat.S_IMODE(keeper.mode):o} owner {keeper.uid}:{keeper.gid}",
-                related=[keeper.path]))
+        if stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode) or (record.uid, record.gid) != (
+            keeper.uid,
+            keeper.gid,
+        ):
+            findings.append(
+                make_finding(
+                    "DUP004",
+                    record.path,
+                    f"mode {stat.S_IMODE(record.mode):o} owner {record.uid}:{record.gid} differs from the keeper's "
+                    f"mode {stat.S_IMODE(keeper.mode):o} owner {keeper.uid}:{keeper.gid}",
+                    related=[keeper.path],
+                )
+            )
     reason = "hardlink" if all(d.hardlink for d in duplicates) else "identical-content"
     group = DedupGroup(keeper, duplicates, reason)
     for planned in duplicates:
@@ -368,11 +410,13 @@ class _Skip(Exception):
 
 def _same_snapshot(current: os.stat_result, planned: FileRecord) -> bool:
     # Not st_ctime: replacing one hardlink of an inode changes the inode's link count and ctime.
-    return (stat.S_ISREG(current.st_mode)
-            and (current.st_dev, current.st_ino) == planned.identity
-            and current.st_size == planned.size
-            and current.st_mtime_ns == planned.mtime_ns
-            and current.st_mode == planned.mode)
+    return (
+        stat.S_ISREG(current.st_mode)
+        and (current.st_dev, current.st_ino) == planned.identity
+        and current.st_size == planned.size
+        and current.st_mtime_ns == planned.mtime_ns
+        and current.st_mode == planned.mode
+    )
 
 
 class _NoManifest(Exception):
@@ -458,8 +502,10 @@ def _link(group: DedupGroup, planned: PlannedLink, before: _Before) -> None:
         victim_now, keeper_now = os.lstat(victim.path), os.lstat(keeper.path)
         if not _same_snapshot(victim_now, victim) or not _same_snapshot(keeper_now, keeper):
             raise _Skip("DUP003", "the file changed during the comparison")
-        if before.victim_ctime_ns not in (None, victim_now.st_ctime_ns) or \
-                before.keeper_ctime_ns not in (None, keeper_now.st_ctime_ns):
+        if before.victim_ctime_ns not in (None, victim_now.st_ctime_ns) or before.keeper_ctime_ns not in (
+            None,
+            keeper_now.st_ctime_ns,
+        ):
             raise _Skip("DUP003", "the file changed after the comparison (its ctime moved)")
         os.replace(temp_path, victim.path)
     except OSError as exc:
@@ -511,19 +557,44 @@ def _journal(manifest_path: str, groups: list[DedupGroup], run_id: str, *, heade
     if not groups:
         return
     os.makedirs(os.path.dirname(os.path.abspath(manifest_path)), exist_ok=True)
-    lines = [json.dumps({"rocm_audit_manifest": MANIFEST_FORMAT, "run": run_id, "tool_version": __version__,
-                         "created_unix": int(time.time())})] if header else []
+    lines = (
+        [
+            json.dumps(
+                {
+                    "rocm_audit_manifest": MANIFEST_FORMAT,
+                    "run": run_id,
+                    "tool_version": __version__,
+                    "created_unix": int(time.time()),
+                }
+            )
+        ]
+        if header
+        else []
+    )
     for group in groups:
         keeper = group.keeper
         for planned in group.duplicates:
             victim = planned.record
-            lines.append(json.dumps({
-                "run": run_id, "path": victim.path, "keeper": keeper.path, "link_text": planned.link_text,
-                "hardlink": planned.hardlink, "mode": stat.S_IMODE(victim.mode), "uid": victim.uid,
-                "gid": victim.gid, "mtime_ns": victim.mtime_ns, "size": victim.size,
-                "keeper_dev": keeper.dev, "keeper_ino": keeper.ino, "keeper_size": keeper.size,
-                "keeper_mtime_ns": keeper.mtime_ns,
-            }))  # ASCII escapes keep undecodable file-name bytes exact (\udcXX round-trips)
+            lines.append(
+                json.dumps(
+                    {
+                        "run": run_id,
+                        "path": victim.path,
+                        "keeper": keeper.path,
+                        "link_text": planned.link_text,
+                        "hardlink": planned.hardlink,
+                        "mode": stat.S_IMODE(victim.mode),
+                        "uid": victim.uid,
+                        "gid": victim.gid,
+                        "mtime_ns": victim.mtime_ns,
+                        "size": victim.size,
+                        "keeper_dev": keeper.dev,
+                        "keeper_ino": keeper.ino,
+                        "keeper_size": keeper.size,
+                        "keeper_mtime_ns": keeper.mtime_ns,
+                    }
+                )
+            )  # ASCII escapes keep undecodable file-name bytes exact (\udcXX round-trips)
     with open(manifest_path, "a", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
         handle.flush()
@@ -597,8 +668,11 @@ def _verify(plan: DedupPlan, before: dict[str, _NeededBefore], findings: list[Fi
                 ok = False
                 continue
             if (now.st_dev, now.st_ino) != expected or now.st_size != planned.record.size:
-                findings.append(make_finding("DUP006", path, "path resolves to a different file than planned",
-                                             related=[keeper.path]))
+                findings.append(
+                    make_finding(
+                        "DUP006", path, "path resolves to a different file than planned", related=[keeper.path]
+                    )
+                )
                 ok = False
     # Every path was just shown to resolve to its planned inode, whose bytes were compared with the
     # duplicate's: the dynamic section read before the change is the one the loader reads now.
@@ -607,10 +681,17 @@ def _verify(plan: DedupPlan, before: dict[str, _NeededBefore], findings: list[Fi
         resolved_before = needed.resolved
         resolved_after = {n: r.path for n, r in after_loader.resolve_all(path, needed.dynamic).items()}
         if resolved_after != resolved_before:
-            changed = sorted(n for n in set(resolved_before) | set(resolved_after)
-                             if resolved_before.get(n) != resolved_after.get(n))
-            findings.append(make_finding("DUP006", path, f"DT_NEEDED resolution changed for {', '.join(changed)}",
-                                         data={"before": resolved_before, "after": resolved_after}))
+            changed = sorted(
+                n for n in set(resolved_before) | set(resolved_after) if resolved_before.get(n) != resolved_after.get(n)
+            )
+            findings.append(
+                make_finding(
+                    "DUP006",
+                    path,
+                    f"DT_NEEDED resolution changed for {', '.join(changed)}",
+                    data={"before": resolved_before, "after": resolved_after},
+                )
+            )
             ok = False
     return ok
 
@@ -629,8 +710,9 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
     result = ApplyResult()
     if not plan.groups:
         return result
-    trees = sorted({r.sdk_tree for g in plan.groups for r in (g.keeper, *(d.record for d in g.duplicates))
-                    if r.sdk_tree})
+    trees = sorted(
+        {r.sdk_tree for g in plan.groups for r in (g.keeper, *(d.record for d in g.duplicates)) if r.sdk_tree}
+    )
     with _tree_locks(trees) as busy:
         if busy:
             for tree in busy:
@@ -649,11 +731,13 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
 
         first = _BeforeChanges(journal, [d.record.path for g in plan.groups for d in g.duplicates])
         try:
-            pending = _regrouped(_apply_groups(plan.groups, plan, result, findings, first),
-                                 plan, result, findings, run_id)
+            pending = _regrouped(
+                _apply_groups(plan.groups, plan, result, findings, first), plan, result, findings, run_id
+            )
         except _NoManifest as missing:  # no manifest, no way back (a read-only tree fails here too)
-            findings.append(make_finding(
-                "DUP005", manifest, f"cannot write the revert manifest: {missing}; nothing changed"))
+            findings.append(
+                make_finding("DUP005", manifest, f"cannot write the revert manifest: {missing}; nothing changed")
+            )
             _skip_all(plan.groups, result)
             result.manifest = None
             return result
@@ -672,8 +756,13 @@ def _skip_all(groups: list[DedupGroup], result: ApplyResult) -> None:
                 result.skipped += 1
 
 
-def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult, findings: list[Finding],
-                  first: _BeforeChanges | None = None) -> list[tuple[DedupGroup, list[PlannedLink]]]:
+def _apply_groups(
+    groups: list[DedupGroup],
+    plan: DedupPlan,
+    result: ApplyResult,
+    findings: list[Finding],
+    first: _BeforeChanges | None = None,
+) -> list[tuple[DedupGroup, list[PlannedLink]]]:
     """Re-check and byte-compare every planned pair, and replace each duplicate as soon as its
     comparison is in: forked helpers share the reading while this process renames. ``first``
     (the first round) is done before the first change: its snapshot shares go first to whoever is
@@ -730,7 +819,7 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
     if first is not None:  # the snapshot shares go before every piece: no link is made without them
         paths = first.snapshot_paths
         for start in range(0, len(paths), SNAPSHOT_SHARE):
-            items.append(_SnapshotShare(tuple(paths[start:start + SNAPSHOT_SHARE])))
+            items.append(_SnapshotShare(tuple(paths[start : start + SNAPSHOT_SHARE])))
             priorities.append(len(compared) + 1)
             shares_left += 1
     outstanding = Counter(owners)
@@ -771,8 +860,13 @@ def _apply_groups(groups: list[DedupGroup], plan: DedupPlan, result: ApplyResult
     return list(differing.values())
 
 
-def _regrouped(differing: list[tuple[DedupGroup, list[PlannedLink]]], plan: DedupPlan, result: ApplyResult,
-               findings: list[Finding], run_id: str) -> list[DedupGroup]:
+def _regrouped(
+    differing: list[tuple[DedupGroup, list[PlannedLink]]],
+    plan: DedupPlan,
+    result: ApplyResult,
+    findings: list[Finding],
+    run_id: str,
+) -> list[DedupGroup]:
     """New exact groups of the members that differ from their keeper, journalled (one fsync for
     them all) before any change."""
     pending: list[DedupGroup] = []
@@ -781,21 +875,24 @@ def _regrouped(differing: list[tuple[DedupGroup, list[PlannedLink]]], plan: Dedu
     try:
         _journal(result.manifest or "", pending, run_id, header=False)
     except OSError as exc:
-        findings.append(make_finding("DUP005", result.manifest or "",
-                                     f"cannot write the revert manifest: {exc.strerror}"))
+        findings.append(
+            make_finding("DUP005", result.manifest or "", f"cannot write the revert manifest: {exc.strerror}")
+        )
         _skip_all(pending, result)
     return pending
 
 
-def _record_skip(group: DedupGroup, planned: PlannedLink, skip: _Skip, result: ApplyResult,
-                 findings: list[Finding]) -> None:
+def _record_skip(
+    group: DedupGroup, planned: PlannedLink, skip: _Skip, result: ApplyResult, findings: list[Finding]
+) -> None:
     findings.append(make_finding(skip.rule, planned.record.path, skip.message, related=[group.keeper.path]))
     group.status[planned.record.path] = "skipped" if skip.rule == "DUP003" else "failed"
     result.skipped += 1
 
 
-def _regroup(group: DedupGroup, different: list[PlannedLink], plan: DedupPlan,
-             findings: list[Finding]) -> list[DedupGroup]:
+def _regroup(
+    group: DedupGroup, different: list[PlannedLink], plan: DedupPlan, findings: list[Finding]
+) -> list[DedupGroup]:
     """Take members that differ from their keeper out of the group; group them among themselves,
     exactly this time. A member left alone was never a duplicate: it is not reported."""
     group.duplicates = [d for d in group.duplicates if d not in different]
@@ -812,8 +909,9 @@ def _regroup(group: DedupGroup, different: list[PlannedLink], plan: DedupPlan,
 def _remove_leftovers(inventory: Inventory, findings: list[Finding]) -> None:
     """Remove temporary links and copies an interrupted run left (fixed prefix, inside SDK trees only)."""
     leftovers = [r.path for r in inventory.files if r.sdk_tree and os.path.basename(r.path).startswith(TEMP_PREFIX)]
-    leftovers += [link.path for link in inventory.links
-                  if link.sdk_tree and os.path.basename(link.path).startswith(TEMP_PREFIX)]
+    leftovers += [
+        link.path for link in inventory.links if link.sdk_tree and os.path.basename(link.path).startswith(TEMP_PREFIX)
+    ]
     for path in leftovers:
         try:
             os.unlink(path)
@@ -824,8 +922,9 @@ def _remove_leftovers(inventory: Inventory, findings: list[Finding]) -> None:
             continue
     # The inventory reported them (SCAN004); once removed they are no longer a problem.
     removed = set(leftovers)
-    inventory.findings[:] = [f for f in inventory.findings if not (f.rule == "SCAN004" and f.path in removed
-                                                                   and not os.path.lexists(f.path))]
+    inventory.findings[:] = [
+        f for f in inventory.findings if not (f.rule == "SCAN004" and f.path in removed and not os.path.lexists(f.path))
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -835,8 +934,15 @@ def _remove_leftovers(inventory: Inventory, findings: list[Finding]) -> None:
 def _group_json(group: DedupGroup) -> dict[str, Any]:
     return {
         "keeper": group.keeper.path,
-        "duplicates": [{"path": d.record.path, "link_text": d.link_text, "hardlink": d.hardlink,
-                        "status": group.status[d.record.path]} for d in group.duplicates],
+        "duplicates": [
+            {
+                "path": d.record.path,
+                "link_text": d.link_text,
+                "hardlink": d.hardlink,
+                "status": group.status[d.record.path],
+            }
+            for d in group.duplicates
+        ],
         "size": group.size,
         "reason": group.reason,
     }
@@ -849,8 +955,10 @@ def shell_preview(groups: list[DedupGroup]) -> list[str]:
     lines = []
     for group in groups:
         for d in group.duplicates:
-            lines.append(f"cmp -s -- {shlex.quote(group.keeper.path)} {shlex.quote(d.record.path)} && "
-                         f"ln -sfn -- {shlex.quote(d.link_text)} {shlex.quote(d.record.path)}")
+            lines.append(
+                f"cmp -s -- {shlex.quote(group.keeper.path)} {shlex.quote(d.record.path)} && "
+                f"ln -sfn -- {shlex.quote(d.link_text)} {shlex.quote(d.record.path)}"
+            )
     return lines
 
 
@@ -885,27 +993,36 @@ def check_mode_findings(plan: DedupPlan) -> list[Finding]:
     findings = []
     for group in plan.groups:
         rule = "DUP002" if group.reason == "hardlink" else "DUP001"
-        findings.append(make_finding(
-            rule, group.keeper.path,
-            f"{len(group.duplicates)} other path(s) hold the same {group.size:,}-byte library"
-            + (" through hardlinks" if group.reason == "hardlink" else " under another inode"),
-            related=[d.record.path for d in group.duplicates],
-            data={"size": group.size}))
+        findings.append(
+            make_finding(
+                rule,
+                group.keeper.path,
+                f"{len(group.duplicates)} other path(s) hold the same {group.size:,}-byte library"
+                + (" through hardlinks" if group.reason == "hardlink" else " under another inode"),
+                related=[d.record.path for d in group.duplicates],
+                data={"size": group.size},
+            )
+        )
     return findings
 
 
-def run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None = None,
-              progress: ProgressCallback | None = None) -> CommandOutcome:
+def run_dedup(
+    paths: list[str] | None, *, mode: str, manifest_path: str | None = None, progress: ProgressCallback | None = None
+) -> CommandOutcome:
     """Discover, plan, and (mode == "apply") apply. Returns the outcome for the CLI."""
     started = time.monotonic()
     roots, looked = resolve_roots(paths, for_dedup=True)
     inventory = build_inventory(roots, progress, worth_reading=hardlinked)
     findings = list(inventory.findings)
     if not inventory.sdk_trees:
-        findings.append(make_finding(
-            "SCAN003", looked[0] if len(looked) == 1 else ", ".join(looked),
-            f"no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}",
-            data={"looked_in": looked}))
+        findings.append(
+            make_finding(
+                "SCAN003",
+                looked[0] if len(looked) == 1 else ", ".join(looked),
+                f"no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}",
+                data={"looked_in": looked},
+            )
+        )
     plan = make_plan(inventory, exact=mode != "apply")
     findings.extend(plan.findings)
     result = ApplyResult()
@@ -917,18 +1034,24 @@ def run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None =
     planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)
     elapsed = time.monotonic() - started
     replaced_or_planned = result.replaced if mode == "apply" else sum(len(g.duplicates) for g in plan.groups)
-    sections: dict[str, Any] = {"sdk_trees": inventory.sdk_trees,
-                                "dedup": dedup_section(plan, mode, result, elapsed)}
+    sections: dict[str, Any] = {"sdk_trees": inventory.sdk_trees, "dedup": dedup_section(plan, mode, result, elapsed)}
     verb = {"apply": "replaced", "dry-run": "to be replaced", "check": "to be replaced"}[mode]
     freed = result.bytes_freed if mode == "apply" else planned_freed
-    summary = (f"dedup ({mode}): {len(plan.groups)} group(s), {replaced_or_planned} file(s) {verb} by symlinks, "
-               f"{_human_bytes(freed)} {'freed' if mode == 'apply' else 'to free'}, "
-               f"{len(inventory.files)} files scanned in {elapsed:.2f} s")
+    summary = (
+        f"dedup ({mode}): {len(plan.groups)} group(s), {replaced_or_planned} file(s) {verb} by symlinks, "
+        f"{_human_bytes(freed)} {'freed' if mode == 'apply' else 'to free'}, "
+        f"{len(inventory.files)} files scanned in {elapsed:.2f} s"
+    )
     if not inventory.sdk_trees:
         summary = f"dedup: no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}"
     return CommandOutcome(
-        command="dedup", findings=findings, inputs=[r.path for r in roots], sections=sections,
-        force_failure=(mode == "check" and bool(plan.groups)), summary=summary)
+        command="dedup",
+        findings=findings,
+        inputs=[r.path for r in roots],
+        sections=sections,
+        force_failure=(mode == "check" and bool(plan.groups)),
+        summary=summary,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -960,11 +1083,22 @@ def _read_manifest(path: str) -> list[dict[str, Any]]:
                     if entry["rocm_audit_manifest"] != MANIFEST_FORMAT:
                         raise UsageError(f"{path}:{number}: unsupported manifest format {entry['rocm_audit_manifest']}")
                     continue
-                if not all(isinstance(entry.get(k), str) and entry[k] for k in ("path", "keeper", "link_text")) \
-                        or not isinstance(entry.get("mode"), int) or isinstance(entry.get("mode"), bool):
+                if (
+                    not all(isinstance(entry.get(k), str) and entry[k] for k in ("path", "keeper", "link_text"))
+                    or not isinstance(entry.get("mode"), int)
+                    or isinstance(entry.get("mode"), bool)
+                ):
                     raise UsageError(f"{path}:{number}: manifest entry lacks path/keeper/link_text/mode")
-                for key in ("uid", "gid", "mtime_ns", "size", "keeper_dev", "keeper_ino", "keeper_size",
-                            "keeper_mtime_ns"):
+                for key in (
+                    "uid",
+                    "gid",
+                    "mtime_ns",
+                    "size",
+                    "keeper_dev",
+                    "keeper_ino",
+                    "keeper_size",
+                    "keeper_mtime_ns",
+                ):
                     if key in entry and (not isinstance(entry[key], int) or isinstance(entry[key], bool)):
                         raise UsageError(f"{path}:{number}: manifest field {key} must be an integer")
                 entries.append(entry)
@@ -991,14 +1125,17 @@ def _restore_one(entry: dict[str, Any]) -> str:
         raise _Skip("DUP007", f"keeper does not resolve: {exc.strerror}") from None
     if (through_link.st_dev, through_link.st_ino) != (keeper_now.st_dev, keeper_now.st_ino):
         raise _Skip("DUP007", "link no longer resolves to the keeper")
-    if keeper_now.st_size != entry.get("keeper_size", entry.get("size")) or \
-            ("keeper_mtime_ns" in entry and keeper_now.st_mtime_ns != entry["keeper_mtime_ns"]):
+    if keeper_now.st_size != entry.get("keeper_size", entry.get("size")) or (
+        "keeper_mtime_ns" in entry and keeper_now.st_mtime_ns != entry["keeper_mtime_ns"]
+    ):
         raise _Skip("DUP007", "the keeper changed since dedup; its bytes are not the original bytes")
     directory = os.path.dirname(path)
     temp_path = os.path.join(directory, f"{TEMP_PREFIX}{os.urandom(6).hex()}")
     try:
         if entry.get("hardlink") and (keeper_now.st_dev, keeper_now.st_ino) == (
-                entry.get("keeper_dev"), entry.get("keeper_ino")):
+            entry.get("keeper_dev"),
+            entry.get("keeper_ino"),
+        ):
             os.link(keeper_path, temp_path)  # it was a hardlink of the keeper: make it one again
         else:
             _copy_file(keeper_path, temp_path, entry)
@@ -1070,10 +1207,20 @@ def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
             restored.append(entry["path"])
         else:
             already += 1
-    summary = (f"dedup --revert: {len(restored)} file(s) restored, {already} already original, "
-               f"{failed} could not be restored")
+    summary = (
+        f"dedup --revert: {len(restored)} file(s) restored, {already} already original, {failed} could not be restored"
+    )
     return CommandOutcome(
-        command="dedup", findings=findings, inputs=[os.path.abspath(p) for p in manifest_paths],
-        sections={"revert": {"manifests": [os.path.abspath(p) for p in manifest_paths],
-                             "restored": sorted(restored), "already_original": already, "failed": failed}},
-        summary=summary)
+        command="dedup",
+        findings=findings,
+        inputs=[os.path.abspath(p) for p in manifest_paths],
+        sections={
+            "revert": {
+                "manifests": [os.path.abspath(p) for p in manifest_paths],
+                "restored": sorted(restored),
+                "already_original": already,
+                "failed": failed,
+            }
+        },
+        summary=summary,
+    )

@@ -104,10 +104,37 @@ def parse_header(head: bytes) -> ElfHeader:
         layout, need = end + "HHIIIIIHHHHHH", 52
     if len(head) < need:
         raise FormatError("ELF", len(head), f"file ends inside the {need}-byte ELF header")
-    (e_type, e_machine, _version, _entry, e_phoff, e_shoff, e_flags, _ehsize, e_phentsize,
-     e_phnum, e_shentsize, e_shnum, e_shstrndx) = struct.unpack_from(layout, head, 16)
-    return ElfHeader(elf_class, data == ELFDATA2LSB, head[7], head[8], e_type, e_machine, e_flags,
-                     e_phoff, e_phentsize, e_phnum, e_shoff, e_shentsize, e_shnum, e_shstrndx)
+    (
+        e_type,
+        e_machine,
+        _version,
+        _entry,
+        e_phoff,
+        e_shoff,
+        e_flags,
+        _ehsize,
+        e_phentsize,
+        e_phnum,
+        e_shentsize,
+        e_shnum,
+        e_shstrndx,
+    ) = struct.unpack_from(layout, head, 16)
+    return ElfHeader(
+        elf_class,
+        data == ELFDATA2LSB,
+        head[7],
+        head[8],
+        e_type,
+        e_machine,
+        e_flags,
+        e_phoff,
+        e_phentsize,
+        e_phnum,
+        e_shoff,
+        e_shentsize,
+        e_shnum,
+        e_shstrndx,
+    )
 
 
 def _pread_exact(fd: int, size: int, offset: int, what: str) -> bytes:
@@ -128,10 +155,12 @@ def read_program_headers(fd: int, header: ElfHeader, head: bytes, file_size: int
         base = index * header.e_phentsize
         if header.is_64:
             p_type, _flags, off, vaddr, _paddr, filesz, memsz, _align = struct.unpack_from(
-                end + "IIQQQQQQ", table, base)
+                end + "IIQQQQQQ", table, base
+            )
         else:
             p_type, off, vaddr, _paddr, filesz, memsz, _flags, _align = struct.unpack_from(
-                end + "IIIIIIII", table, base)
+                end + "IIIIIIII", table, base
+            )
         phdrs.append(ProgramHeader(p_type, off, vaddr, filesz, memsz))
     return phdrs
 
@@ -157,7 +186,7 @@ def _program_header_table(fd: int, header: ElfHeader, head: bytes, file_size: in
     if header.e_phoff + table_size > file_size:
         raise FormatError("ELF", header.e_phoff, "program header table runs past the end of the file")
     if header.e_phoff + table_size <= len(head):
-        return head[header.e_phoff: header.e_phoff + table_size]
+        return head[header.e_phoff : header.e_phoff + table_size]
     return _pread_exact(fd, table_size, header.e_phoff, "program header table")
 
 

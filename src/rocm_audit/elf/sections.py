@@ -49,8 +49,7 @@ _RECENT_LIMIT = 64
 def read_sections(fd: int, header: ElfHeader, file_size: int) -> tuple[Section, ...]:
     """Every section header with its name. Raises FormatError for tables outside the file."""
     st = os.fstat(fd)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, header.e_shoff, header.e_shnum,
-           file_size)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, header.e_shoff, header.e_shnum, file_size)
     cached = _RECENT.get(key)
     if cached is None:
         cached = _read_sections(fd, header, file_size)
@@ -65,18 +64,12 @@ def _read_sections(fd: int, header: ElfHeader, file_size: int) -> tuple[Section,
         return ()
     entry = 64 if header.is_64 else 40
     if header.e_shentsize < entry:
-        raise FormatError(
-            "ELF", 0x3A if header.is_64 else 0x2E, f"e_shentsize {header.e_shentsize} too small"
-        )
+        raise FormatError("ELF", 0x3A if header.is_64 else 0x2E, f"e_shentsize {header.e_shentsize} too small")
     if header.e_shnum > MAX_SECTIONS:
-        raise FormatError(
-            "ELF", 0x3C if header.is_64 else 0x30, f"e_shnum {header.e_shnum} is absurd"
-        )
+        raise FormatError("ELF", 0x3C if header.is_64 else 0x30, f"e_shnum {header.e_shnum} is absurd")
     table_size = header.e_shnum * header.e_shentsize
     if header.e_shoff + table_size > file_size:
-        raise FormatError(
-            "ELF", header.e_shoff, "section header table runs past the end of the file"
-        )
+        raise FormatError("ELF", header.e_shoff, "section header table runs past the end of the file")
     table = os.pread(fd, table_size, header.e_shoff)
     if len(table) != table_size:
         raise FormatError("ELF", header.e_shoff, "section header table is truncated")

@@ -30,7 +30,7 @@ def read_versions(path: str, fd: int | None = None) -> VersionFacts:
 
     needed: dict[str, set[str]] = {}
     defined: set[str] = set()
-    with (open(path, "rb") if fd is None else os.fdopen(fd, "rb", closefd=False)) as handle:
+    with open(path, "rb") if fd is None else os.fdopen(fd, "rb", closefd=False) as handle:
         handle.seek(0)
         try:
             elf = ELFFile(handle)

@@ -155,9 +155,7 @@ def _feature_v4(flags: int, mask: int, off: int, on: int) -> bool | None:
     return None  # ANY or UNSUPPORTED: comgr adds nothing to the ISA name
 
 
-def identity_from_header(
-    e_flags: int, osabi: int, abi_version: int, e_type: int
-) -> CodeObjectIdentity:
+def identity_from_header(e_flags: int, osabi: int, abi_version: int, e_type: int) -> CodeObjectIdentity:
     """Decode e_flags the way comgr does for the code object version the header declares."""
     mach = e_flags & EF_AMDGPU_MACH
     processor = EF_AMDGPU_MACH_NAMES.get(mach)
@@ -176,9 +174,7 @@ def identity_from_header(
             EF_AMDGPU_FEATURE_SRAMECC_ON_V4,
         )
         if abi_version >= ELFABIVERSION_AMDGPU_HSA_V6:
-            generic_version = (
-                e_flags & EF_AMDGPU_GENERIC_VERSION
-            ) >> EF_AMDGPU_GENERIC_VERSION_OFFSET
+            generic_version = (e_flags & EF_AMDGPU_GENERIC_VERSION) >> EF_AMDGPU_GENERIC_VERSION_OFFSET
     elif osabi == ELFOSABI_AMDGPU_HSA and abi_version == ELFABIVERSION_AMDGPU_HSA_V3:
         # V3 has one bit per feature: set = on, clear = off (no "any").
         xnack = bool(e_flags & EF_AMDGPU_FEATURE_XNACK_V3)
@@ -187,9 +183,7 @@ def identity_from_header(
         # V2 (and non-HSA ABIs): only an xnack bit; a clear bit does not mean "off" reliably.
         xnack = True if e_flags & EF_AMDGPU_FEATURE_XNACK_V2 else None
         sramecc = None
-    return CodeObjectIdentity(
-        mach, processor, xnack, sramecc, osabi, abi_version, e_type, generic_version
-    )
+    return CodeObjectIdentity(mach, processor, xnack, sramecc, osabi, abi_version, e_type, generic_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,9 +253,7 @@ def parse_header(buf: bytes | memoryview, base: int = 0) -> ElfLayout:
     return ElfLayout(identity, e_phoff, e_phnum, e_shoff, e_shnum, e_shstrndx)
 
 
-def note_ranges_from_phdrs(
-    table: bytes | memoryview, base: int, count: int
-) -> list[tuple[int, int]]:
+def note_ranges_from_phdrs(table: bytes | memoryview, base: int, count: int) -> list[tuple[int, int]]:
     """(offset, size) of each PT_NOTE segment, from the program header table bytes."""
     if len(table) < count * ELF64_PHDR_SIZE:
         raise FormatError(FMT, base + len(table), "program header table is truncated")
@@ -275,9 +267,7 @@ def note_ranges_from_phdrs(
     return ranges
 
 
-def note_ranges_from_shdrs(
-    table: bytes | memoryview, base: int, count: int
-) -> list[tuple[int, int]]:
+def note_ranges_from_shdrs(table: bytes | memoryview, base: int, count: int) -> list[tuple[int, int]]:
     """(offset, size) of each SHT_NOTE section, from the section header table bytes."""
     if len(table) < count * ELF64_SHDR_SIZE:
         raise FormatError(FMT, base + len(table), "section header table is truncated")

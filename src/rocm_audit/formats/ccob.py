@@ -54,9 +54,7 @@ def parse_header(buf: bytes | memoryview, base: int, available: int) -> CcobHead
     if method not in (METHOD_ZLIB, METHOD_ZSTD):
         raise FormatError(FMT, base + 6, f"unknown compression method {method} (0 zlib, 1 zstd)")
     if len(buf) < header_size:
-        raise FormatError(
-            FMT, base + len(buf), f"file ends inside the {header_size}-byte CCOB v{version} header"
-        )
+        raise FormatError(FMT, base + len(buf), f"file ends inside the {header_size}-byte CCOB v{version} header")
     total: int | None
     if version == 1:
         total = None
@@ -106,9 +104,7 @@ class PayloadStream:
 
     CHUNK = 64 << 10
 
-    def __init__(
-        self, header: CcobHeader, read_at: ReadAt, compressed_size: int, base: int, limit: int
-    ) -> None:
+    def __init__(self, header: CcobHeader, read_at: ReadAt, compressed_size: int, base: int, limit: int) -> None:
         self._read_at = read_at
         self._compressed_size = compressed_size
         self._base = base
@@ -154,13 +150,9 @@ class PayloadStream:
                 if out:
                     return bytes(out)
         except zlib.error as exc:
-            raise FormatError(
-                FMT, self._base + self._in_pos, f"zlib stream is corrupt: {exc}"
-            ) from None
+            raise FormatError(FMT, self._base + self._in_pos, f"zlib stream is corrupt: {exc}") from None
         except self._zstd_error as exc:
-            raise FormatError(
-                FMT, self._base + self._in_pos, f"zstd stream is corrupt: {exc}"
-            ) from None
+            raise FormatError(FMT, self._base + self._in_pos, f"zstd stream is corrupt: {exc}") from None
 
     def read(self, size: int) -> bytes:
         """Up to ``size`` bytes of the payload; fewer only at the end of the stream."""

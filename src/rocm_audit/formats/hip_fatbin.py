@@ -42,9 +42,7 @@ def parse_wrappers(buf: bytes | memoryview, base: int) -> list[FatbinWrapper]:
     for index in range(count):
         magic, version, pointer, reserved = struct.unpack_from("<IIQQ", buf, index * WRAPPER_SIZE)
         if magic not in (HIPF_MAGIC, HIPK_MAGIC):
-            raise FormatError(
-                FMT, base + index * WRAPPER_SIZE, f"wrapper {index} has unknown magic {magic:#010x}"
-            )
+            raise FormatError(FMT, base + index * WRAPPER_SIZE, f"wrapper {index} has unknown magic {magic:#010x}")
         if version != 1:
             # CLR __hipRegisterFatBinary accepts version 1 only (formats.md 1.7).
             raise FormatError(

@@ -46,13 +46,9 @@ def parse_kpack_header(buf: bytes | memoryview, file_size: int) -> KpackHeader:
     if version != KPACK_VERSION:
         raise FormatError("kpack", 4, f"unknown KPAK version {version}")
     if toc_offset < KPACK_HEADER.size or toc_offset >= file_size:
-        raise FormatError(
-            "kpack", 8, f"TOC offset {toc_offset} lies outside the file ({file_size} bytes)"
-        )
+        raise FormatError("kpack", 8, f"TOC offset {toc_offset} lies outside the file ({file_size} bytes)")
     if file_size - toc_offset > MAX_TOC_BYTES:
-        raise FormatError(
-            "kpack", 8, f"TOC of {file_size - toc_offset} bytes is larger than 64 MiB"
-        )
+        raise FormatError("kpack", 8, f"TOC of {file_size - toc_offset} bytes is larger than 64 MiB")
     return KpackHeader(version, toc_offset)
 
 
@@ -106,9 +102,7 @@ def parse_kpack_toc(data: bytes, base: int, file_size: int) -> KpackToc:
             blob = None
             if scheme == SCHEME_NONE:
                 if ordinal >= len(blobs) or not isinstance(blobs[ordinal], dict):
-                    raise FormatError(
-                        "kpack TOC", base, f"entry {key!r}@{arch} names missing blob {ordinal}"
-                    )
+                    raise FormatError("kpack TOC", base, f"entry {key!r}@{arch} names missing blob {ordinal}")
                 offset, size = blobs[ordinal].get("offset"), blobs[ordinal].get("size")
                 if (
                     not isinstance(offset, int)
@@ -151,22 +145,14 @@ class KpackRef:
 def parse_kpack_ref(data: bytes, base: int) -> KpackRef:
     """Decode ``.rocm_kpack_ref``: ``{"kpack_search_paths": [...], "kernel_name": ...}``."""
     if len(data) > MAX_REF_BYTES:
-        raise FormatError(
-            ".rocm_kpack_ref", base, "section is larger than the runtime's 64 KiB limit"
-        )
+        raise FormatError(".rocm_kpack_ref", base, "section is larger than the runtime's 64 KiB limit")
     ref = _unpack(data.rstrip(b"\0") or data, ".rocm_kpack_ref", base)
     if not isinstance(ref, dict):
         raise FormatError(".rocm_kpack_ref", base, "not a map")
     paths = ref.get("kpack_search_paths")
     name = ref.get("kernel_name")
-    if (
-        not isinstance(paths, list)
-        or not all(isinstance(p, str) for p in paths)
-        or not isinstance(name, str)
-    ):
-        raise FormatError(
-            ".rocm_kpack_ref", base, "kpack_search_paths/kernel_name missing or mistyped"
-        )
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths) or not isinstance(name, str):
+        raise FormatError(".rocm_kpack_ref", base, "kpack_search_paths/kernel_name missing or mistyped")
     return KpackRef(tuple(paths), name)
 
 
@@ -188,9 +174,7 @@ def parse_kpm(data: bytes, base: int) -> KpackManifest:
     return KpackManifest(str(manifest.get("component_name", "")), files)
 
 
-def zstd_frame_offsets(
-    read_at: Any, blob_size: int, base: int, max_kernels: int = 1 << 20
-) -> list[tuple[int, int]]:
+def zstd_frame_offsets(read_at: Any, blob_size: int, base: int, max_kernels: int = 1 << 20) -> list[tuple[int, int]]:
     """(offset, size) of each frame of a zstd-per-kernel blob, walking only the u32 size fields.
 
     ``read_at(offset, size)`` reads bytes relative to the blob start; one small read per kernel.

@@ -75,9 +75,7 @@ def parse_offload_binary(buf: bytes | memoryview, base: int) -> OffloadBinary:
         raise FormatError(FMT, base + 4, f"unknown OffloadBinary version {version}")
     header_size = 40 if version >= 3 else 32
     if size < header_size or size > len(buf):
-        raise FormatError(
-            FMT, base + 8, f"declared size {size} does not fit the {len(buf)} bytes available"
-        )
+        raise FormatError(FMT, base + 8, f"declared size {size} does not fit the {len(buf)} bytes available")
     inflated = struct.unpack_from("<Q", buf, 32)[0] if version >= 3 else 0
     if inflated:
         # v3 compressed body: the entry table is inside the compressed data; list it as one image.
@@ -89,9 +87,7 @@ def parse_offload_binary(buf: bytes | memoryview, base: int) -> OffloadBinary:
     if version == 1:
         # Observed in clang-19 output: v1 stores the entry *size* (40) at @24 and holds one entry.
         if entries_count < ENTRY_SIZE:
-            raise FormatError(
-                FMT, base + 24, f"entry size {entries_count} is smaller than {ENTRY_SIZE}"
-            )
+            raise FormatError(FMT, base + 24, f"entry size {entries_count} is smaller than {ENTRY_SIZE}")
         entries_count = 1
     elif entries_count > MAX_ENTRIES:
         raise FormatError(FMT, base + 24, f"entry count {entries_count} is out of range")
@@ -102,8 +98,8 @@ def parse_offload_binary(buf: bytes | memoryview, base: int) -> OffloadBinary:
     view = buf[:size]
     for index in range(entries_count):
         at = entries_offset + index * ENTRY_SIZE
-        image_kind, offload_kind, flags, string_offset, num_strings, image_offset, image_size = (
-            struct.unpack_from("<HHIQQQQ", view, at)
+        image_kind, offload_kind, flags, string_offset, num_strings, image_offset, image_size = struct.unpack_from(
+            "<HHIQQQQ", view, at
         )
         if num_strings > MAX_STRINGS or string_offset + num_strings * string_size > size:
             raise FormatError(FMT, base + at + 8, "string table runs past the binary")
@@ -111,9 +107,7 @@ def parse_offload_binary(buf: bytes | memoryview, base: int) -> OffloadBinary:
             raise FormatError(FMT, base + at + 24, "image runs past the binary")
         strings = {}
         for number in range(num_strings):
-            key_off, value_off = struct.unpack_from(
-                "<QQ", view, string_offset + number * string_size
-            )
+            key_off, value_off = struct.unpack_from("<QQ", view, string_offset + number * string_size)
             strings[_string_at(view, key_off, base)] = _string_at(view, value_off, base)
         kinds: tuple[str, ...]
         if version == 1:

@@ -126,15 +126,12 @@ def parse_bundle(buf: bytes | memoryview, base: int, available: int) -> Bundle:
     end = table_size
     for record_at, offset, size, raw in entries:
         if size and offset < table_size:
-            raise FormatError(
-                FMT, base + record_at, f"entry {raw!r} at {offset:#x} overlaps the entry table"
-            )
+            raise FormatError(FMT, base + record_at, f"entry {raw!r} at {offset:#x} overlaps the entry table")
         if offset + size > available:
             raise FormatError(
                 FMT,
                 base + record_at,
-                f"entry {raw!r} ({size} bytes at {offset:#x}) runs past the end of its container "
-                f"({available} bytes)",
+                f"entry {raw!r} ({size} bytes at {offset:#x}) runs past the end of its container ({available} bytes)",
             )
         end = max(end, offset + size)
         parsed.append(BundleEntry(offset, size, parse_entry_id(raw), record_at))

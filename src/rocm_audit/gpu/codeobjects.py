@@ -128,9 +128,7 @@ def inspect_code_object(read_at: ReadAt, size: int, base: int) -> _Facts:
             raise FormatError(amdgpu_elf.FMT, base + 0x38, f"e_phnum {layout.e_phnum} is absurd")
         length = layout.e_phnum * amdgpu_elf.ELF64_PHDR_SIZE
         if layout.e_phoff + length > size:
-            raise FormatError(
-                amdgpu_elf.FMT, base + 0x20, "program headers run past the code object"
-            )
+            raise FormatError(amdgpu_elf.FMT, base + 0x20, "program headers run past the code object")
         table = read_at(layout.e_phoff, length)
         if len(table) < length:
             complete = False
@@ -139,9 +137,7 @@ def inspect_code_object(read_at: ReadAt, size: int, base: int) -> _Facts:
     if not ranges and complete and layout.e_shnum and layout.e_shnum <= MAX_SHNUM_FOR_NOTES:
         length = layout.e_shnum * amdgpu_elf.ELF64_SHDR_SIZE
         if layout.e_shoff + length > size:
-            raise FormatError(
-                amdgpu_elf.FMT, base + 0x28, "section headers run past the code object"
-            )
+            raise FormatError(amdgpu_elf.FMT, base + 0x28, "section headers run past the code object")
         table = read_at(layout.e_shoff, length)
         if len(table) < length:
             complete = False
@@ -208,9 +204,7 @@ def _device_record(
     )
 
 
-def _consistency_findings(
-    path: str, obj: CodeObject, facts: _Facts | None, offset: int
-) -> list[Finding]:
+def _consistency_findings(path: str, obj: CodeObject, facts: _Facts | None, offset: int) -> list[Finding]:
     """ARCH003/ARCH006: the bundle id, e_flags and amdhsa.target must name the same target."""
     found: list[Finding] = []
     if facts is not None and facts.identity.processor is None:
@@ -226,17 +220,12 @@ def _consistency_findings(
         return found
     if obj.bundle_target is not None and obj.bundle_target != obj.target:
         named = parse_target_id(obj.bundle_target)
-        if (
-            named is None
-            or named.processor != obj.target.split(":")[0]
-            or not _features_agree(named, obj.target)
-        ):
+        if named is None or named.processor != obj.target.split(":")[0] or not _features_agree(named, obj.target):
             found.append(
                 make_finding(
                     "ARCH003",
                     path,
-                    f"{obj.location}: bundle id names {obj.bundle_target} "
-                    f"but the ELF header says {obj.target}",
+                    f"{obj.location}: bundle id names {obj.bundle_target} but the ELF header says {obj.target}",
                     data={
                         "offset": offset,
                         "bundle_target": obj.bundle_target,
@@ -249,8 +238,7 @@ def _consistency_findings(
             make_finding(
                 "ARCH003",
                 path,
-                f"{obj.location}: amdhsa.target names {obj.metadata_target} "
-                f"but the ELF header says {obj.target}",
+                f"{obj.location}: amdhsa.target names {obj.metadata_target} but the ELF header says {obj.target}",
                 data={
                     "offset": offset,
                     "metadata_target": obj.metadata_target,
@@ -297,15 +285,11 @@ def _read_bundle_table(read_at: ReadAt, base: int, available: int) -> offload_bu
         except offload_bundle.IncompleteTable as more:
             limit = min(available, offload_bundle.max_table_bytes())
             if window >= limit:
-                raise FormatError(
-                    offload_bundle.FMT, base, "entry table is larger than any valid one"
-                ) from None
+                raise FormatError(offload_bundle.FMT, base, "entry table is larger than any valid one") from None
             window = min(limit, max(window * 2, more.needed))
 
 
-def _bundle_objects(
-    result: FileCodeObjects, fh: _File, start: int, available: int, tu: int | None, place: str
-) -> int:
+def _bundle_objects(result: FileCodeObjects, fh: _File, start: int, available: int, tu: int | None, place: str) -> int:
     """List a plain bundle at file offset ``start``; returns its size in bytes."""
     bundle = _read_bundle_table(fh.reader(start, available), start, available)
     for number, entry in enumerate(bundle.entries):
@@ -315,9 +299,7 @@ def _bundle_objects(
         kind = entry.entry_id.kind
         if _is_amdgcn(entry.entry_id) and entry.size:
             try:
-                facts = inspect_code_object(
-                    fh.reader(entry_start, entry.size), entry.size, entry_start
-                )
+                facts = inspect_code_object(fh.reader(entry_start, entry.size), entry.size, entry_start)
             except FormatError as exc:
                 _malformed(result, exc, location)
         obj = _device_record(
@@ -337,9 +319,7 @@ def _bundle_objects(
     return bundle.end
 
 
-def _ccob_objects(
-    result: FileCodeObjects, fh: _File, start: int, available: int, tu: int | None, place: str
-) -> int:
+def _ccob_objects(result: FileCodeObjects, fh: _File, start: int, available: int, tu: int | None, place: str) -> int:
     """List a CCOB at file offset ``start``; returns its size in bytes (v1: up to the next CCOB)."""
     header = ccob.parse_header(fh.read(start, ccob.MAX_HEADER_SIZE), start, available)
     if header.total_size is not None:
@@ -373,14 +353,10 @@ def _ccob_objects(
             except offload_bundle.IncompleteTable as more:
                 limit = min(header.uncompressed_size, offload_bundle.max_table_bytes())
                 if len(prefix) >= limit:
-                    raise FormatError(
-                        ccob.FMT, start, "inflated entry table is larger than any valid one"
-                    ) from None
+                    raise FormatError(ccob.FMT, start, "inflated entry table is larger than any valid one") from None
                 extra = stream.read(min(limit, max(len(prefix) * 2, more.needed)) - len(prefix))
                 if not extra:
-                    raise FormatError(
-                        ccob.FMT, start, "stream ends inside the bundle entry table"
-                    ) from None
+                    raise FormatError(ccob.FMT, start, "stream ends inside the bundle entry table") from None
                 prefix += extra
             except FormatError as exc:
                 raise FormatError(
@@ -401,8 +377,7 @@ def _ccob_objects(
                         FormatError(
                             ccob.FMT,
                             start,
-                            f"stream ends before entry {number} "
-                            f"({entry.size} bytes at inflated {entry.offset:#x})",
+                            f"stream ends before entry {number} ({entry.size} bytes at inflated {entry.offset:#x})",
                         ),
                         location,
                     )
@@ -596,10 +571,7 @@ def _embedded_elfs(result: FileCodeObjects, fh: _File, sections: list[Section], 
                     extent = 0
                 if 0 < extent <= end - at:
                     place = f"{section.name}+{at - start:#x}"
-                    if (
-                        _raw_elf_object(result, fh, at, extent, "embedded-elf", place, tu)
-                        is not None
-                    ):
+                    if _raw_elf_object(result, fh, at, extent, "embedded-elf", place, tu) is not None:
                         found += 1
                         step = extent
             pos = at + step
@@ -631,9 +603,7 @@ class _LoadedArchive:
         if self._frames is None:
             assert self.toc.zstd_blob is not None
             blob_offset, blob_size = self.toc.zstd_blob
-            self._frames = kpack.zstd_frame_offsets(
-                fh.reader(blob_offset, blob_size), blob_size, blob_offset
-            )
+            self._frames = kpack.zstd_frame_offsets(fh.reader(blob_offset, blob_size), blob_size, blob_offset)
         return self._frames
 
 
@@ -647,9 +617,7 @@ def _load_archive(path: str, result: FileCodeObjects) -> _LoadedArchive | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         result.findings.append(
-            make_finding(
-                "ARCH005", result.path, f"cannot open kpack archive {path}: {exc.strerror}"
-            )
+            make_finding("ARCH005", result.path, f"cannot open kpack archive {path}: {exc.strerror}")
         )
         return None
     try:
@@ -663,9 +631,7 @@ def _load_archive(path: str, result: FileCodeObjects) -> _LoadedArchive | None:
         try:
             header = kpack.parse_kpack_header(os.pread(fd, 16, 0), st.st_size)
             toc_bytes = os.pread(fd, st.st_size - header.toc_offset, header.toc_offset)
-            loaded = _LoadedArchive(
-                path, kpack.parse_kpack_toc(toc_bytes, header.toc_offset, st.st_size)
-            )
+            loaded = _LoadedArchive(path, kpack.parse_kpack_toc(toc_bytes, header.toc_offset, st.st_size))
         except FormatError as exc:
             result.findings.append(
                 make_finding(
@@ -709,15 +675,11 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
                     continue
                 except OSError as exc:
                     result.findings.append(
-                        make_finding(
-                            "ARCH005", result.path, f"cannot read {candidate}: {exc.strerror}"
-                        )
+                        make_finding("ARCH005", result.path, f"cannot read {candidate}: {exc.strerror}")
                     )
                     continue
                 for arch in sorted(manifest.files_by_arch):
-                    paths.append(
-                        os.path.join(os.path.dirname(candidate), manifest.files_by_arch[arch])
-                    )
+                    paths.append(os.path.join(os.path.dirname(candidate), manifest.files_by_arch[arch]))
             else:
                 paths.append(candidate)
     if not paths:
@@ -750,9 +712,7 @@ def _kernels_for(
     return found
 
 
-def _kpack_objects(
-    result: FileCodeObjects, fh: _File, library: str, ref: kpack.KpackRef, tu_count: int
-) -> None:
+def _kpack_objects(result: FileCodeObjects, fh: _File, library: str, ref: kpack.KpackRef, tu_count: int) -> None:
     result.add_container("kpack")
     for archive_path in _kpack_archive_paths(library, ref, result):
         archive = _load_archive(archive_path, result)
@@ -776,9 +736,7 @@ def _kpack_objects(
             result.findings.extend(_consistency_findings(result.path, obj, facts, 0))
 
 
-def _kpack_kernel_facts(
-    archive: _LoadedArchive, kernel: kpack.KpackKernel, result: FileCodeObjects
-) -> _Facts | None:
+def _kpack_kernel_facts(archive: _LoadedArchive, kernel: kpack.KpackKernel, result: FileCodeObjects) -> _Facts | None:
     """ELF facts of one archived kernel: a pread of its blob, or its zstd frame's first bytes."""
     try:
         with open(archive.path, "rb", buffering=0) as handle:
@@ -791,9 +749,7 @@ def _kpack_kernel_facts(
             blob_offset, _blob_size = archive.toc.zstd_blob
             frames = archive.frames(fh)
             if kernel.ordinal >= len(frames):
-                raise FormatError(
-                    "kpack", blob_offset, f"kernel ordinal {kernel.ordinal} has no zstd frame"
-                )
+                raise FormatError("kpack", blob_offset, f"kernel ordinal {kernel.ordinal} has no zstd frame")
             frame_offset, frame_size = frames[kernel.ordinal]
             import zstandard  # noqa: PLC0415 - heavy module, loaded on first use (style.md 3)
 
@@ -802,9 +758,7 @@ def _kpack_kernel_facts(
                 reader = zstandard.ZstdDecompressor().stream_reader(frame)
                 head = reader.read(min(CO_HEAD_BYTES, max(kernel.original_size, 64)))
             except zstandard.ZstdError as exc:
-                raise FormatError(
-                    "kpack", blob_offset + frame_offset, f"zstd frame is corrupt: {exc}"
-                ) from None
+                raise FormatError("kpack", blob_offset + frame_offset, f"zstd frame is corrupt: {exc}") from None
             return inspect_code_object(
                 _buffer_reader(head), kernel.original_size or len(head), blob_offset + frame_offset
             )
@@ -818,9 +772,7 @@ def _kpack_kernel_facts(
             )
         )
     except OSError as exc:
-        result.findings.append(
-            make_finding("ARCH005", result.path, f"cannot read {archive.path}: {exc.strerror}")
-        )
+        result.findings.append(make_finding("ARCH005", result.path, f"cannot read {archive.path}: {exc.strerror}"))
     return None
 
 
@@ -888,9 +840,7 @@ def _scan_standalone(result: FileCodeObjects, fh: _File, magic: bytes) -> None:
     if magic.startswith(offload_bundle.BUNDLE_MAGIC):
         result.add_container("offload-bundle")
         result.tu_count = 1
-        result.bundles.append(
-            (0, _bundle_objects(result, fh, 0, fh.size, 0, "file"), "offload-bundle")
-        )
+        result.bundles.append((0, _bundle_objects(result, fh, 0, fh.size, 0, "file"), "offload-bundle"))
     elif magic.startswith(ccob.CCOB_MAGIC):
         result.tu_count = 1
         result.bundles.append((0, _ccob_objects(result, fh, 0, fh.size, 0, "file"), "ccob"))
@@ -901,9 +851,7 @@ def _scan_standalone(result: FileCodeObjects, fh: _File, magic: bytes) -> None:
         _offload_binaries(result, fh, 0, fh.size, "file")
 
 
-def _offload_binaries(
-    result: FileCodeObjects, fh: _File, start: int, size: int, place: str
-) -> None:
+def _offload_binaries(result: FileCodeObjects, fh: _File, start: int, size: int, place: str) -> None:
     limit = min(size, 64 << 20)  # the entry table and strings sit at the front; images are not read
     buf = fh.read(start, limit)
     try:
@@ -961,9 +909,7 @@ def _scan_host_elf(result: FileCodeObjects, fh: _File, header: elfread.ElfHeader
     if kpackd or ref_section is not None:
         result.kpack_ref = True
         if ref_section is None or not ref_section.has_file_bytes:
-            result.findings.append(
-                make_finding("ARCH005", result.path, "HIPK wrappers but no .rocm_kpack_ref section")
-            )
+            result.findings.append(make_finding("ARCH005", result.path, "HIPK wrappers but no .rocm_kpack_ref section"))
         else:
             try:
                 ref = kpack.parse_kpack_ref(
@@ -987,8 +933,7 @@ def _scan_host_elf(result: FileCodeObjects, fh: _File, header: elfread.ElfHeader
                 make_finding(
                     "ARCH007",
                     result.path,
-                    f"{len(wrappers)} .hipFatBinSegment wrappers but {bundles} bundles "
-                    "in .hip_fatbin",
+                    f"{len(wrappers)} .hipFatBinSegment wrappers but {bundles} bundles in .hip_fatbin",
                     data={"wrappers": len(wrappers), "bundles": bundles},
                 )
             )
@@ -1000,8 +945,7 @@ def _scan_host_elf(result: FileCodeObjects, fh: _File, header: elfread.ElfHeader
             make_finding(
                 "ARCH004",
                 result.path,
-                f"{len(wrappers)} HIPF wrappers but .hip_fatbin {state} "
-                f"(wrapper table at file offset {where:#x})",
+                f"{len(wrappers)} HIPF wrappers but .hip_fatbin {state} (wrapper table at file offset {where:#x})",
                 data={"offset": where, "format": ".hipFatBinSegment"},
             )
         )

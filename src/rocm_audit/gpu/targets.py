@@ -17,12 +17,8 @@ from rocm_audit.formats.amdgpu_elf import EF_AMDGPU_MACH_NAMES
 
 FEATURES = ("sramecc", "xnack")  # canonical (alphabetical) order
 
-GENERIC_PROCESSORS = frozenset(
-    name for name in EF_AMDGPU_MACH_NAMES.values() if name.endswith("-generic")
-)
-KNOWN_PROCESSORS = frozenset(
-    name for name in EF_AMDGPU_MACH_NAMES.values() if name not in GENERIC_PROCESSORS
-)
+GENERIC_PROCESSORS = frozenset(name for name in EF_AMDGPU_MACH_NAMES.values() if name.endswith("-generic"))
+KNOWN_PROCESSORS = frozenset(name for name in EF_AMDGPU_MACH_NAMES.values() if name not in GENERIC_PROCESSORS)
 
 # Features each processor supports [ROCr isa.cpp registry, formats.md 2.9].
 _BOTH_FEATURES = {
@@ -58,10 +54,7 @@ GENERIC_OF: dict[str, str] = {
     **{p: "gfx9-generic" for p in ("gfx900", "gfx902", "gfx904", "gfx906", "gfx909", "gfx90c")},
     **{p: "gfx9-4-generic" for p in ("gfx942", "gfx950")},
     **{p: "gfx10-1-generic" for p in ("gfx1010", "gfx1011", "gfx1012", "gfx1013")},
-    **{
-        p: "gfx10-3-generic"
-        for p in ("gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036")
-    },
+    **{p: "gfx10-3-generic" for p in ("gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036")},
     **{
         p: "gfx11-generic"
         for p in (
@@ -95,9 +88,7 @@ def supported_features(processor: str) -> tuple[str, ...]:
 # run with SRAM ECC on and XNACK off unless HSA_XNACK=1; consumer parts have no SRAM ECC.
 _USUAL_FEATURES: dict[str, bool] = {"sramecc": True, "xnack": False}
 
-_TARGET_RE = re.compile(
-    r"^(gfx[0-9a-z]+(?:-[0-9]+)*(?:-generic)?|amdgcnspirv)((?::(?:sramecc|xnack)[+-])*)$"
-)
+_TARGET_RE = re.compile(r"^(gfx[0-9a-z]+(?:-[0-9]+)*(?:-generic)?|amdgcnspirv)((?::(?:sramecc|xnack)[+-])*)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +139,7 @@ def resolve_required(spelled: str) -> RequiredTarget:
     if parsed is None or parsed.processor not in KNOWN_PROCESSORS:
         known = ", ".join(sorted(KNOWN_PROCESSORS, key=_processor_sort_key))
         raise UsageError(
-            f"unknown GPU target {spelled!r}; known processors: {known} "
-            "(features as gfx942:sramecc+:xnack-)"
+            f"unknown GPU target {spelled!r}; known processors: {known} (features as gfx942:sramecc+:xnack-)"
         )
     values: dict[str, bool | None] = {}
     for name in FEATURES:
@@ -226,9 +216,7 @@ def best_match(kinds: list[MatchKind | None]) -> MatchKind | None:
     return min(present, key=order.__getitem__) if present else None
 
 
-_ARCH_TOKEN_RE = re.compile(
-    r"gfx\d+[a-z]*(?:-\d+)*(?:-generic)?(?:-strict)?(?:[-:_](?:xnack|sramecc)[+-])*"
-)
+_ARCH_TOKEN_RE = re.compile(r"gfx\d+[a-z]*(?:-\d+)*(?:-generic)?(?:-strict)?(?:[-:_](?:xnack|sramecc)[+-])*")
 
 
 def arch_tokens(text: str) -> list[str]:

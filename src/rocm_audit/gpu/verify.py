@@ -188,9 +188,7 @@ def may_hold_code(record: FileRecord) -> bool:
     """Whether a file can carry device code (host ELF, code object, or a container's magic)."""
     if record.kind in HOST_KINDS or record.kind is FileKind.CODE_OBJECT:
         return True
-    return record.magic.startswith(
-        (b"__CLANG_OFFLOAD_BUNDLE__", b"CCOB", b"KPAK", b"\x10\xff\x10\xad")
-    )
+    return record.magic.startswith((b"__CLANG_OFFLOAD_BUNDLE__", b"CCOB", b"KPAK", b"\x10\xff\x10\xad"))
 
 
 def code_objects_of(inventory: Inventory, record: FileRecord) -> FileCodeObjects:
@@ -242,9 +240,7 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
                 continue
             carrier = groups.get(root)
             if carrier is None:
-                carrier = Carrier(
-                    root, _package(scanned.sdk_tree), f"kernel-database:{kind}", [], [[]]
-                )
+                carrier = Carrier(root, _package(scanned.sdk_tree), f"kernel-database:{kind}", [], [[]])
                 groups[root] = carrier
                 carriers.append(carrier)
             carrier.members.append(scanned.path)
@@ -266,9 +262,7 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
         name = os.path.basename(scanned.path)
         if _is_per_arch_file(name, [obj for tu in tus for obj in tu]):
             # libMIOpenCK<x>_gfx942.so, Kernels_gfx950.hsaco: one file per arch; judge the set.
-            pattern = os.path.join(
-                os.path.dirname(scanned.path), re.sub(r"gfx[0-9a-z]+(?:-[0-9a-z]+)*", "gfx*", name)
-            )
+            pattern = os.path.join(os.path.dirname(scanned.path), re.sub(r"gfx[0-9a-z]+(?:-[0-9a-z]+)*", "gfx*", name))
             carrier = groups.get(pattern)
             if carrier is None:
                 carrier = Carrier(pattern, _package(scanned.sdk_tree), "per-arch-files", [], [[]])
@@ -282,9 +276,7 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
             continue
         in_host = any(c in scanned.containers for c in ("hip-fatbin", "kpack", "embedded-elf"))
         kind = "library" if in_host else "code-object-file"
-        carriers.append(
-            Carrier(scanned.path, _package(scanned.sdk_tree), kind, list(scanned.containers), tus)
-        )
+        carriers.append(Carrier(scanned.path, _package(scanned.sdk_tree), kind, list(scanned.containers), tus))
     return sorted(carriers, key=lambda c: c.path)
 
 
@@ -294,9 +286,7 @@ def _is_per_arch_file(name: str, objects: list[CodeObject]) -> bool:
     if len(tokens) != 1:
         return False
     processor = tokens[0].split(":")[0]
-    return bool(objects) and all(
-        obj.target is not None and obj.target.split(":")[0] == processor for obj in objects
-    )
+    return bool(objects) and all(obj.target is not None and obj.target.split(":")[0] == processor for obj in objects)
 
 
 def _entry_match(obj: CodeObject, agent: TargetId) -> MatchKind | None:
@@ -347,15 +337,11 @@ def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
             )
     if carrier.missing:
         rule = (
-            "ARCH008"
-            if carrier.kind.startswith("kernel-database") or carrier.kind == "per-arch-files"
-            else "ARCH001"
+            "ARCH008" if carrier.kind.startswith("kernel-database") or carrier.kind == "per-arch-files" else "ARCH001"
         )
         detail = ""
         if len(carrier.tus) > 1:
-            lacking = sorted(
-                {i for m in carrier.matches if m["how"] is None for i in m["tus_without"]}
-            )
+            lacking = sorted({i for m in carrier.matches if m["how"] is None for i in m["tus_without"]})
             detail = f" (translation units without it: {_compact(lacking)} of {len(carrier.tus)})"
         found = ", ".join(carrier.targets()) or "none"
         findings.append(
@@ -383,12 +369,8 @@ def scan_findings(scans: list[FileCodeObjects]) -> list[Finding]:
     return [finding for scanned in scans for finding in scanned.findings]
 
 
-
-
 def carrier_to_dict(carrier: Carrier) -> dict[str, Any]:
-    found_via = sorted(
-        {(obj.target or "", obj.target_source, obj.container) for obj in carrier.code_objects}
-    )
+    found_via = sorted({(obj.target or "", obj.target_source, obj.container) for obj in carrier.code_objects})
     return {
         "path": carrier.path,
         "package": carrier.package,
@@ -457,9 +439,7 @@ def verify_arch(
     return outcome
 
 
-def list_targets(
-    paths: list[str] | None, *, progress: Callable[[int, int], None] | None = None
-) -> CommandOutcome:
+def list_targets(paths: list[str] | None, *, progress: Callable[[int, int], None] | None = None) -> CommandOutcome:
     """Every code object in every file under ``paths`` (``scan --targets``)."""
     roots, looked = resolve_roots(paths)
     inventory = build_inventory(roots, progress)
@@ -486,9 +466,7 @@ def list_targets(
     )
 
 
-def inventory_summary(
-    paths: list[str] | None, *, progress: Callable[[int, int], None] | None = None
-) -> CommandOutcome:
+def inventory_summary(paths: list[str] | None, *, progress: Callable[[int, int], None] | None = None) -> CommandOutcome:
     """Plain ``scan``: how many files of each kind, and the SDK trees, under ``paths``."""
     roots, looked = resolve_roots(paths)
     inventory = build_inventory(roots, progress)

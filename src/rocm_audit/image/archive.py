@@ -88,9 +88,7 @@ class Store(abc.ABC):
         if not self.exists(name):
             raise FormatError("image", 0, f"{self.label}: {name} is missing")
         if self.size(name) > MAX_JSON_BYTES:
-            raise FormatError(
-                "image", 0, f"{self.label}: {name} is larger than {MAX_JSON_BYTES} bytes"
-            )
+            raise FormatError("image", 0, f"{self.label}: {name} is larger than {MAX_JSON_BYTES} bytes")
         handle = self.open(name)
         try:
             raw = handle.read(MAX_JSON_BYTES + 1)
@@ -99,9 +97,7 @@ class Store(abc.ABC):
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise FormatError(
-                "json", getattr(exc, "pos", 0) or 0, f"{self.label}: {name}: {exc}"
-            ) from None
+            raise FormatError("json", getattr(exc, "pos", 0) or 0, f"{self.label}: {name}: {exc}") from None
 
 
 class DirStore(Store):
@@ -147,9 +143,7 @@ class TarStore(Store):
                     elif entry.kind == tarstream.HARDLINK:
                         self.links[name] = tarstream_name(entry.linkname)
                     elif entry.kind == tarstream.SYMLINK:
-                        self.links[name] = posixpath.normpath(
-                            posixpath.join(posixpath.dirname(name), entry.linkname)
-                        )
+                        self.links[name] = posixpath.normpath(posixpath.join(posixpath.dirname(name), entry.linkname))
             except FormatError as exc:
                 raise FormatError(exc.fmt, exc.offset, f"{label}: {exc.reason}") from None
 
@@ -203,9 +197,7 @@ def open_store(path: str, workdir: str, max_bytes: int) -> Store:
             while piece := stream.read(tarstream.CHUNK):
                 copied += len(piece)
                 if copied > max_bytes:
-                    raise FormatError(
-                        "image", copied, f"{path}: decompresses to more than {max_bytes} bytes"
-                    )
+                    raise FormatError("image", copied, f"{path}: decompresses to more than {max_bytes} bytes")
                 target.write(piece)
         return TarStore(plain, path)
     return TarStore(path, path)
@@ -227,33 +219,25 @@ def read_layout(store: Store, ref: str | None = None) -> ImageLayout:
     raise FormatError(
         "image",
         0,
-        f"{store.label}: neither manifest.json nor index.json: "
-        f"not a docker save archive or an OCI image layout",
+        f"{store.label}: neither manifest.json nor index.json: not a docker save archive or an OCI image layout",
     )
 
 
 def _docker_save(store: Store, ref: str | None) -> ImageLayout:
     manifest = store.read_json("manifest.json")
-    if (
-        not isinstance(manifest, list)
-        or not manifest
-        or not all(isinstance(m, dict) for m in manifest)
-    ):
+    if not isinstance(manifest, list) or not manifest or not all(isinstance(m, dict) for m in manifest):
         raise FormatError("image", 0, f"{store.label}: manifest.json is not a list of images")
     chosen = manifest[0]
     if ref is not None:
         matching = [m for m in manifest if ref in (m.get("RepoTags") or [])]
         if not matching:
-            raise FormatError(
-                "image", 0, f"{store.label}: no image tagged {ref!r} in manifest.json"
-            )
+            raise FormatError("image", 0, f"{store.label}: no image tagged {ref!r} in manifest.json")
         chosen = matching[0]
     elif len(manifest) > 1:
         raise FormatError(
             "image",
             0,
-            f"{store.label}: {len(manifest)} images in the archive; name one "
-            f"as REF (tags: {_tags_of(manifest)})",
+            f"{store.label}: {len(manifest)} images in the archive; name one as REF (tags: {_tags_of(manifest)})",
         )
     layers = chosen.get("Layers")
     if not isinstance(layers, list) or not all(isinstance(name, str) for name in layers):
@@ -276,12 +260,7 @@ def _docker_save(store: Store, ref: str | None) -> ImageLayout:
 
 
 def _tags_of(manifest: list[dict[str, Any]]) -> str:
-    return (
-        ", ".join(
-            sorted(t for m in manifest for t in (m.get("RepoTags") or []) if isinstance(t, str))
-        )
-        or "none"
-    )
+    return ", ".join(sorted(t for m in manifest for t in (m.get("RepoTags") or []) if isinstance(t, str))) or "none"
 
 
 def _oci(store: Store, ref: str | None) -> ImageLayout:
@@ -309,30 +288,21 @@ def _oci(store: Store, ref: str | None) -> ImageLayout:
             loaded = store.read_json(name)
             config = loaded if isinstance(loaded, dict) else {}
     tags = [ref] if ref else []
-    return ImageLayout(
-        kind="oci-layout", layers=refs, config=config, tags=tags, manifest_digest=digest
-    )
+    return ImageLayout(kind="oci-layout", layers=refs, config=config, tags=tags, manifest_digest=digest)
 
 
-def _pick_manifest(
-    store: Store, index: Any, ref: str | None, depth: int
-) -> tuple[dict[str, Any], str]:
+def _pick_manifest(store: Store, index: Any, ref: str | None, depth: int) -> tuple[dict[str, Any], str]:
     if depth > MAX_INDEX_DEPTH:
         raise FormatError("image", 0, f"{store.label}: image indexes nested too deep")
     entries = index.get("manifests") if isinstance(index, dict) else None
-    if (
-        not isinstance(entries, list)
-        or not entries
-        or not all(isinstance(e, dict) for e in entries)
-    ):
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise FormatError("image", 0, f"{store.label}: index has no manifests")
     candidates = entries
     if ref is not None and depth == 0:
         candidates = [
             e
             for e in entries
-            if (e.get("annotations") or {}).get("org.opencontainers.image.ref.name")
-            in (ref, ref.rsplit(":", 1)[-1])
+            if (e.get("annotations") or {}).get("org.opencontainers.image.ref.name") in (ref, ref.rsplit(":", 1)[-1])
         ]
         if not candidates:
             raise FormatError("image", 0, f"{store.label}: no manifest named {ref!r} in index.json")
@@ -342,14 +312,12 @@ def _pick_manifest(
             candidates = amd64
         elif depth == 0:
             names = sorted(
-                str((e.get("annotations") or {}).get("org.opencontainers.image.ref.name"))
-                for e in candidates
+                str((e.get("annotations") or {}).get("org.opencontainers.image.ref.name")) for e in candidates
             )
             raise FormatError(
                 "image",
                 0,
-                f"{store.label}: {len(candidates)} images in the layout; "
-                f"name one as REF ({', '.join(names)})",
+                f"{store.label}: {len(candidates)} images in the layout; name one as REF ({', '.join(names)})",
             )
     chosen = candidates[0]
     digest = chosen.get("digest")
@@ -385,17 +353,12 @@ class HashingReader:
         return self.expected.split(":", 1)[1] == self.hasher.hexdigest()
 
 
-def iter_layer_streams(
-    store: Store, layout: ImageLayout
-) -> Iterator[tuple[int, LayerRef, HashingReader]]:
+def iter_layer_streams(store: Store, layout: ImageLayout) -> Iterator[tuple[int, LayerRef, HashingReader]]:
     for index, layer in enumerate(layout.layers):
         if not store.exists(layer.member):
-            raise FormatError(
-                "image", 0, f"{store.label}: layer {index} ({layer.member}) is missing"
-            )
+            raise FormatError("image", 0, f"{store.label}: layer {index} ({layer.member}) is missing")
         raw = store.open(layer.member)
         try:
             yield index, layer, HashingReader(raw, layer.digest)
         finally:
             raw.close()
-

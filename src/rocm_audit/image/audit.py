@@ -79,13 +79,9 @@ def audit_archive(archive: str, options: ImageOptions) -> CommandOutcome:
         try:
             layout = extract_archive(archive, workdir, state, options.ref)
         except FormatError as exc:
-            return _failed(
-                archive, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt}
-            )
+            return _failed(archive, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
         except merge.LimitExceeded as exc:
-            return _failed(
-                archive, state, "IMG004", exc.message, {"offset": state.limits.bytes_read}
-            )
+            return _failed(archive, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
         source = {
             "kind": "archive",
             "path": archive,
@@ -98,9 +94,7 @@ def audit_archive(archive: str, options: ImageOptions) -> CommandOutcome:
         return _audit_merged(state, options, source, layer_names, [archive])
 
 
-def extract_archive(
-    archive: str, workdir: str, state: merge.MergeState, ref: str | None = None
-) -> ImageLayout:
+def extract_archive(archive: str, workdir: str, state: merge.MergeState, ref: str | None = None) -> ImageLayout:
     """Apply every layer of the archive over ``state.root``; unreadable layers become findings.
 
     Raises FormatError when the archive itself (manifest, index) is unusable, LimitExceeded.
@@ -110,9 +104,7 @@ def extract_archive(
     for index, layer, blob in iter_layer_streams(store, layout):
         where = f"{archive}:{layer.member}"
         try:
-            merge.apply_layer(
-                state, tarstream.decompressed(blob), index, layer.digest or layer.member, where
-            )
+            merge.apply_layer(state, tarstream.decompressed(blob), index, layer.digest or layer.member, where)
             blob.drain()
         except FormatError as exc:
             state.findings.append(
@@ -142,18 +134,14 @@ def extract_archive(
     return layout
 
 
-def audit_stream(
-    chunks: Iterable[bytes], label: str, options: ImageOptions, source: dict[str, Any]
-) -> CommandOutcome:
+def audit_stream(chunks: Iterable[bytes], label: str, options: ImageOptions, source: dict[str, Any]) -> CommandOutcome:
     """Audit one flattened filesystem tar (a container export) as a single layer."""
     with _Workdir(options.workdir_parent) as workdir:
         state = new_state(workdir, options)
         try:
             merge.apply_layer(state, tarstream.decompressed(_ChunkReader(chunks)), 0, label, label)
         except FormatError as exc:
-            return _failed(
-                label, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt}
-            )
+            return _failed(label, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
         except merge.LimitExceeded as exc:
             return _failed(label, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
         return _audit_merged(state, options, source, [label], [label], layer_aware=False)
@@ -186,14 +174,11 @@ def _audit_merged(
             make_finding(
                 "IMG009",
                 "/",
-                "no site-packages or dist-packages directory in the "
-                "image; audited the whole extracted root",
+                "no site-packages or dist-packages directory in the image; audited the whole extracted root",
             )
         )
     # verify-arch reads GPU_ARCH from the image's ENV, never from the auditing host's.
-    check_options = dataclasses.replace(
-        options.check, sysroot=state.root, probe=False, environ=dict(options.env)
-    )
+    check_options = dataclasses.replace(options.check, sysroot=state.root, probe=False, environ=dict(options.env))
     outcome = run_check(package_dirs or [state.root], check_options)
     section: dict[str, Any] = {
         "source": source,
@@ -210,8 +195,7 @@ def _audit_merged(
             }
             for s in state.layers
         ],
-        "audited_paths": sorted("/" + os.path.relpath(p, state.root) for p in package_dirs)
-        or ["/"],
+        "audited_paths": sorted("/" + os.path.relpath(p, state.root) for p in package_dirs) or ["/"],
         "extracted": "full" if options.full else "site-packages and loader directories",
         "bytes_read": state.limits.bytes_read,
     }
@@ -277,13 +261,9 @@ def _to_image_paths(outcome: CommandOutcome, root: str) -> CommandOutcome:
     return outcome
 
 
-def _failed(
-    label: str, state: merge.MergeState, rule: str, message: str, data: dict[str, Any]
-) -> CommandOutcome:
+def _failed(label: str, state: merge.MergeState, rule: str, message: str, data: dict[str, Any]) -> CommandOutcome:
     findings: list[Finding] = [*state.findings, make_finding(rule, label, message, data=data)]
-    return CommandOutcome(
-        command="image", findings=findings, inputs=[label], summary=f"image: not audited: {message}"
-    )
+    return CommandOutcome(command="image", findings=findings, inputs=[label], summary=f"image: not audited: {message}")
 
 
 class _Workdir:

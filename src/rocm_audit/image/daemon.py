@@ -40,9 +40,7 @@ def _client() -> Any:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        raise UsageError(
-            f"cannot reach the Docker daemon ({exc}); set DOCKER_HOST, or use --archive"
-        ) from None
+        raise UsageError(f"cannot reach the Docker daemon ({exc}); set DOCKER_HOST, or use --archive") from None
     return client
 
 
@@ -54,16 +52,12 @@ def audit_daemon_image(ref: str, options: ImageOptions, layers: bool = False) ->
     try:
         image = client.images.get(ref)
     except docker.errors.ImageNotFound:
-        raise UsageError(
-            f"image {ref!r} is not in the daemon's image store (docker pull it first)"
-        ) from None
+        raise UsageError(f"image {ref!r} is not in the daemon's image store (docker pull it first)") from None
     except docker.errors.APIError as exc:
         raise UsageError(f"cannot inspect image {ref!r}: {exc}") from None
     if layers:
         return _via_save(image, ref, options)
-    options = dataclasses.replace(
-        options, env=config_env({"Config": image.attrs.get("Config") or {}})
-    )
+    options = dataclasses.replace(options, env=config_env({"Config": image.attrs.get("Config") or {}}))
     container_id = client.api.create_container(
         image.id,
         command=NEVER_RUN,
@@ -100,15 +94,11 @@ def _via_save(image: Any, ref: str, options: ImageOptions) -> CommandOutcome:
             for chunk in image.save(chunk_size=STREAM_CHUNK, named=True):
                 written += len(chunk)
                 if written > options.max_bytes:
-                    raise UsageError(
-                        f"image {ref!r} is larger than --max-bytes {options.max_bytes}"
-                    )
+                    raise UsageError(f"image {ref!r} is larger than --max-bytes {options.max_bytes}")
                 target.write(chunk)
         outcome = audit_archive(archive, options)
         # Name the image, not the temporary file, in findings ("REF:<layer member>").
-        outcome.findings = [
-            dataclasses.replace(f, path=f.path.replace(archive, ref, 1)) for f in outcome.findings
-        ]
+        outcome.findings = [dataclasses.replace(f, path=f.path.replace(archive, ref, 1)) for f in outcome.findings]
         source = outcome.sections.get("image", {}).get("source")
         if isinstance(source, dict):
             source.update({"kind": "daemon", "ref": ref, "image_id": image.id, "path": None})

@@ -108,9 +108,7 @@ def normalise(name: str) -> str | None:
     return "/".join(parts)
 
 
-def apply_layer(
-    state: MergeState, stream: tarstream.Readable, index: int, name: str, where: str
-) -> LayerStats:
+def apply_layer(state: MergeState, stream: tarstream.Readable, index: int, name: str, where: str) -> LayerStats:
     """Extract one layer's tar stream over the merged root. ``where`` names the layer in findings.
 
     Raises FormatError (unreadable tar: the caller reports it) and LimitExceeded.
@@ -126,14 +124,11 @@ def apply_layer(
         stats.entries += 1
         if state.limits.entries > state.limits.max_entries:
             raise LimitExceeded(
-                f"{where}: more than {state.limits.max_entries} entries in the image "
-                f"(raise --max-entries)"
+                f"{where}: more than {state.limits.max_entries} entries in the image (raise --max-entries)"
             )
         rel = normalise(entry.name)
         if rel is None:
-            _refuse(
-                state, stats, where, entry, f"unsafe member name {entry.name!r} (absolute or '..')"
-            )
+            _refuse(state, stats, where, entry, f"unsafe member name {entry.name!r} (absolute or '..')")
             continue
         if rel == "":
             continue  # "./": the root itself
@@ -147,16 +142,13 @@ def apply_layer(
                     make_finding(
                         "IMG006",
                         f"{where}:/{rel}",
-                        f"unknown whiteout marker {base!r} ignored "
-                        f"(the opaque marker is {OPAQUE_MARKER!r})",
+                        f"unknown whiteout marker {base!r} ignored (the opaque marker is {OPAQUE_MARKER!r})",
                         data={"layer": index, "offset": entry.offset},
                     )
                 )
             else:
                 stats.whiteouts += 1
-                hidden_by_whiteout.append(
-                    (posixpath.join(parent, base[len(WHITEOUT_PREFIX) :]), entry.offset)
-                )
+                hidden_by_whiteout.append((posixpath.join(parent, base[len(WHITEOUT_PREFIX) :]), entry.offset))
             continue
         try:
             problem = _prepare_parent(state, parent)
@@ -205,9 +197,7 @@ def apply_layer(
             created.add(rel)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-                raise ExtractionError(
-                    f"{where}: cannot write the merged view: {exc.strerror}"
-                ) from None
+                raise ExtractionError(f"{where}: cannot write the merged view: {exc.strerror}") from None
             # ENAMETOOLONG, ELOOP, EEXIST from a hostile layout: this entry only.
             _refuse(state, stats, where, entry, f"could not be extracted: {exc.strerror}")
     if devices:
@@ -284,16 +274,11 @@ class _Budget:
         piece = self.raw.read(size)
         self.limits.bytes_read += len(piece)
         if self.limits.bytes_read > self.limits.max_bytes:
-            raise LimitExceeded(
-                f"image is larger than the {self.limits.max_bytes} bytes allowed "
-                f"(raise --max-bytes)"
-            )
+            raise LimitExceeded(f"image is larger than the {self.limits.max_bytes} bytes allowed (raise --max-bytes)")
         return piece
 
 
-def _refuse(
-    state: MergeState, stats: LayerStats, where: str, entry: tarstream.TarEntry, reason: str
-) -> None:
+def _refuse(state: MergeState, stats: LayerStats, where: str, entry: tarstream.TarEntry, reason: str) -> None:
     stats.refused += 1
     state.findings.append(
         make_finding(
@@ -328,9 +313,7 @@ def _regular(
     if out is not None:
         os.chmod(target, (entry.mode & 0o777) | 0o600)
     if hasher is not None:
-        state.copies.append(
-            Copy(layer=index, path="/" + rel, size=entry.size, digest=hasher.digest())
-        )
+        state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=hasher.digest()))
         state.visible["/" + rel] = len(state.copies) - 1
 
 
@@ -352,11 +335,7 @@ def _hardlink(
     _drop(state, rel, target)
     if copy_index is not None:
         state.hardlinked["/" + rel] = copy_index
-    if (
-        not _parent_is_safe(state.root, source_rel)
-        or not os.path.isfile(source)
-        or os.path.islink(source)
-    ):
+    if not _parent_is_safe(state.root, source_rel) or not os.path.isfile(source) or os.path.islink(source):
         if state.keep("/" + rel) and state.keep("/" + source_rel):
             _refuse(
                 state,
@@ -377,9 +356,7 @@ def _in_root_link_text(rel: str, link_text: str) -> str | None:
     if link_text.startswith("/"):
         resolved = posixpath.normpath(link_text).lstrip("/")
         relative = (
-            posixpath.relpath("/" + resolved, "/" + directory)
-            if resolved
-            else posixpath.relpath("/", "/" + directory)
+            posixpath.relpath("/" + resolved, "/" + directory) if resolved else posixpath.relpath("/", "/" + directory)
         )
         return relative
     depth = len(directory.split("/")) if directory else 0
@@ -470,7 +447,6 @@ def _is_real_dir(path: str) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
-
 
 
 __all__ = [

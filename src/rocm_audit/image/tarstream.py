@@ -163,9 +163,7 @@ def iter_entries(raw: Readable) -> Iterator[tuple[TarEntry, Iterable[bytes]]]:
         unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
         signed = sum(b - 256 if b > 127 else b for b in header[:148] + header[156:]) + 8 * 32
         if stored not in (unsigned, signed):
-            raise FormatError(
-                "tar", offset, "header checksum mismatch (not a tar archive, or corrupt)"
-            )
+            raise FormatError("tar", offset, "header checksum mismatch (not a tar archive, or corrupt)")
         kind = chr(header[156]) if header[156] else REGULAR
         size = _number(header[124:136], offset, "size")
         if kind in (PAX_LOCAL, PAX_GLOBAL, GNU_LONGNAME, GNU_LONGLINK):
@@ -272,9 +270,7 @@ class _GzipReader:
             try:
                 self.pending = self.inflater.decompress(source, CHUNK)
             except zlib.error as exc:
-                raise FormatError(
-                    "gzip", self.consumed, f"corrupt compressed data: {exc}"
-                ) from None
+                raise FormatError("gzip", self.consumed, f"corrupt compressed data: {exc}") from None
         piece, self.pending = self.pending[:size], self.pending[size:]
         return piece
 

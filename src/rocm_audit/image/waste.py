@@ -56,10 +56,7 @@ def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
         if len(members) < 2:
             continue
         total += size * (len(members) - 1)
-        copies = tuple(
-            _copy_dict(state.copies[i], i in visible_copy, sorted(aliases.get(i, [])))
-            for i in members
-        )
+        copies = tuple(_copy_dict(state.copies[i], i in visible_copy, sorted(aliases.get(i, []))) for i in members)
         groups.append(
             WasteGroup(
                 size=size,
@@ -87,10 +84,7 @@ def waste_findings(groups: list[WasteGroup], layer_names: list[str]) -> list[Fin
         if group.size < REPORT_MIN_BYTES or not any(SDK_MARK in c["path"] for c in group.copies):
             continue
         paths = [c["path"] for c in group.copies]
-        where = ", ".join(
-            f"{c['path']} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
-            for c in group.copies
-        )
+        where = ", ".join(f"{c['path']} (layer {c['layer']}{'' if c['visible'] else ', hidden'})" for c in group.copies)
         data = {
             "size": group.size,
             "wasted_bytes": group.wasted_bytes,

@@ -103,11 +103,7 @@ class Clash:
 
     @property
     def kind(self) -> str:
-        return (
-            "closure"
-            if self.reason in (Reason.CLOSURE_INTERPOSITION, Reason.CLOSURE_TWO_LLVMS)
-            else "pair"
-        )
+        return "closure" if self.reason in (Reason.CLOSURE_INTERPOSITION, Reason.CLOSURE_TWO_LLVMS) else "pair"
 
     @property
     def confirmed(self) -> bool | None:
@@ -134,16 +130,10 @@ def binds_data(consumer: ClFacts, provider: ClFacts) -> bool:
     """Whether consumer's references to llvm::cl data resolve to provider's definitions when
     provider comes first in consumer's lookup scope (glibc ``check_match``: an unversioned side
     matches anything, otherwise the version names must agree)."""
-    if (
-        consumer.role is not Role.EXPORTER
-        or provider.role is not Role.EXPORTER
-        or consumer.symbolic
-    ):
+    if consumer.role is not Role.EXPORTER or provider.role is not Role.EXPORTER or consumer.symbolic:
         return False
     return (
-        consumer.version_node is None
-        or provider.version_node is None
-        or consumer.version_node == provider.version_node
+        consumer.version_node is None or provider.version_node is None or consumer.version_node == provider.version_node
     )
 
 
@@ -289,11 +279,7 @@ class _Facts:
         if path not in self._dynamic:
             record = self._records.get(path)
             try:
-                self._dynamic[path] = (
-                    self.inventory.dynamic(record)
-                    if record is not None
-                    else read_dynamic_info(path)
-                )
+                self._dynamic[path] = self.inventory.dynamic(record) if record is not None else read_dynamic_info(path)
             except (OSError, FormatError):
                 self._dynamic[path] = None
         return self._dynamic[path]
@@ -309,11 +295,7 @@ class _Facts:
     def _classify(self, path: str, real_path: str) -> ClFacts:
         try:
             record = self._records.get(real_path)
-            dynamic = (
-                self.inventory.dynamic(record)
-                if record is not None
-                else read_dynamic_info(real_path)
-            )
+            dynamic = self.inventory.dynamic(record) if record is not None else read_dynamic_info(real_path)
             if record is not None:
                 found = role_facts_of(self.inventory, record)
             else:
@@ -439,9 +421,7 @@ def _duplicate_clashes(
             preloaded=(ordered[0] in preloaded, ordered[1] in preloaded),
         )
         registrant = first_facts.role is Role.REGISTRANT
-        keeper = keeper_rule.choose(
-            paths, lambda p: records[p].sdk_tree if p in records else None, first_facts.soname
-        )
+        keeper = keeper_rule.choose(paths, lambda p: records[p].sdk_tree if p in records else None, first_facts.soname)
         others = ", ".join(p for p in paths if p != keeper)
         if same_bytes:
             fix = (
@@ -604,9 +584,7 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
 
     closures = [process().dlopen(path) for path in options.closure_paths]
     closure_roles = {
-        o.path: facts.of(o.path, o.identity, host.realpath(o.path)).role
-        for c in closures
-        for o in c.objects
+        o.path: facts.of(o.path, o.identity, host.realpath(o.path)).role for c in closures for o in c.objects
     }
 
     # A hardlinked file is classified once and listed under each of its paths.
@@ -633,9 +611,7 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
             )
     for clash in clashes:
         findings.append(_clash_finding(clash))
-    return LlvmAnalysis(
-        library_list, in_scan, identity_of, clashes, closures, closure_roles, findings
-    )
+    return LlvmAnalysis(library_list, in_scan, identity_of, clashes, closures, closure_roles, findings)
 
 
 def _at_path(facts: ClFacts, path: str) -> ClFacts:
@@ -746,9 +722,7 @@ def _probe_findings(clash: Clash) -> list[Finding]:
 # Report sections and text
 
 
-def library_to_dict(
-    one: ClFacts, in_scan: bool, identity: tuple[int, int] | None
-) -> dict[str, Any]:
+def library_to_dict(one: ClFacts, in_scan: bool, identity: tuple[int, int] | None) -> dict[str, Any]:
     return {
         "path": one.path,
         "role": one.role.value,
@@ -817,9 +791,7 @@ def closure_to_dict(closure: Closure, roles: dict[str, Role]) -> dict[str, Any]:
             }
             for o in closure.objects
         ],
-        "missing": [
-            {"needed_by": m.needed_by, "name": m.name, "detail": m.detail} for m in closure.missing
-        ],
+        "missing": [{"needed_by": m.needed_by, "name": m.name, "detail": m.detail} for m in closure.missing],
         "truncated": closure.truncated,
     }
 
@@ -832,9 +804,7 @@ def run_llvm(
     """Scan, analyse, optionally probe; the outcome the CLI renders. Raises UsageError."""
     options = dataclasses.replace(options)  # filled in below; the caller's stays as it was
     if options.probe and options.sysroot not in ("", "/"):
-        raise UsageError(
-            "--probe loads libraries with this host's loader; it cannot model --sysroot"
-        )
+        raise UsageError("--probe loads libraries with this host's loader; it cannot model --sysroot")
     for option, given in (("--closure", options.closure_paths), ("--preload", options.preload)):
         for path in given:
             if not os.path.isfile(path):
@@ -867,14 +837,11 @@ def run_llvm(
         "clashes": [clash_to_dict(c) for c in analysis.clashes],
     }
     if analysis.closures:
-        sections["closures"] = [
-            closure_to_dict(c, analysis.closure_roles) for c in analysis.closures
-        ]
+        sections["closures"] = [closure_to_dict(c, analysis.closure_roles) for c in analysis.closures]
     high = sum(1 for c in analysis.clashes if c.risk is Risk.HIGH)
     confirmed = sum(1 for c in analysis.clashes if c.confirmed)
-    summary = (
-        f"llvm: {len(analysis.libraries)} libraries, {len(analysis.clashes)} clash(es), {high} high"
-        + (f", {confirmed} confirmed by probe" if options.probe else "")
+    summary = f"llvm: {len(analysis.libraries)} libraries, {len(analysis.clashes)} clash(es), {high} high" + (
+        f", {confirmed} confirmed by probe" if options.probe else ""
     )
     return CommandOutcome(
         command="llvm",

@@ -112,9 +112,7 @@ class ProcessModel:
                 return mapped
         return None
 
-    def _search(
-        self, name: str, requester: _Mapped, want: tuple[int, int] | None
-    ) -> tuple[str, str] | str:
+    def _search(self, name: str, requester: _Mapped, want: tuple[int, int] | None) -> tuple[str, str] | str:
         """(path, source) of the file glibc would map, or why there is none: the one search of
         tree/loader.py, walked with the loader chain of this process."""
         chain: list[tuple[str, elfread.DynamicInfo]] = []
@@ -173,20 +171,14 @@ class ProcessModel:
         )
         return Closure(path, objects, tuple(missing), truncated)
 
-    def _map(
-        self, name: str, requester: _Mapped, want: tuple[int, int] | None
-    ) -> tuple[_Mapped, str] | str:
+    def _map(self, name: str, requester: _Mapped, want: tuple[int, int] | None) -> tuple[_Mapped, str] | str:
         """The object a DT_NEEDED name maps to and how it was found, or why nothing was."""
         matched = self._match_name(name)
         if matched is not None:
             return matched, "loaded"
         if "/" in name:
-            candidate = (
-                name if os.path.isabs(name) else os.path.join(os.path.dirname(requester.path), name)
-            )
-            found: tuple[str, str] | str = (
-                (candidate, "path") if self.host.identity(candidate) else "not found"
-            )
+            candidate = name if os.path.isabs(name) else os.path.join(os.path.dirname(requester.path), name)
+            found: tuple[str, str] | str = (candidate, "path") if self.host.identity(candidate) else "not found"
         else:
             found = self._search(name, requester, want)
         if isinstance(found, str):
@@ -200,9 +192,7 @@ class ProcessModel:
             return reused, via
         return self._new(candidate, identity, name, requester), via
 
-    def _new(
-        self, path: str, identity: tuple[int, int], name: str, loader: _Mapped | None
-    ) -> _Mapped:
+    def _new(self, path: str, identity: tuple[int, int], name: str, loader: _Mapped | None) -> _Mapped:
         mapped = _Mapped(path, identity, self._dynamic(path), {name, path}, loader)
         self._loaded.append(mapped)
         return mapped

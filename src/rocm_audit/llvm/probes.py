@@ -178,9 +178,7 @@ def _run_bounded(load_args: list[str], env: dict[str, str], timeout_s: float) ->
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
     try:
-        os.killpg(
-            process.pid, signal.SIGKILL
-        )  # the child leads its own session (start_new_session)
+        os.killpg(process.pid, signal.SIGKILL)  # the child leads its own session (start_new_session)
     except ProcessLookupError:
         pass
 
@@ -288,9 +286,7 @@ def run_probe(
     started = time.monotonic()
     finished = _run_bounded(load_args, probe_environment(ld_library_path), timeout_s)
     elapsed = time.monotonic() - started
-    outcome, option, detail = classify(
-        finished.returncode, finished.status, finished.stderr, timeout_s
-    )
+    outcome, option, detail = classify(finished.returncode, finished.status, finished.stderr, timeout_s)
     if finished.truncated:
         detail += f"; output cut at {OUTPUT_LIMIT_BYTES} bytes"
     tail = "\n".join(finished.stderr.splitlines()[-5:])[-2000:]
@@ -304,9 +300,7 @@ def run_probe(
         instances=_instances(finished.status, identities),
         elapsed_s=round(elapsed, 3),
         preload=tuple(os.path.abspath(p) for p in preload),
-        steps=tuple(
-            f"{'global' if s.rtld_global else 'local'}:{os.path.abspath(s.path)}" for s in steps
-        ),
+        steps=tuple(f"{'global' if s.rtld_global else 'local'}:{os.path.abspath(s.path)}" for s in steps),
     )
 
 

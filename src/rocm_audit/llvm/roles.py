@@ -131,9 +131,7 @@ class _ElfView:
     def by_name(self, name: str) -> Section | None:
         return next((s for s in self.sections if s.name == name), None)
 
-    def windows(
-        self, section: Section, overlap: int = 0, align: int = 1
-    ) -> Iterator[tuple[int, bytes]]:
+    def windows(self, section: Section, overlap: int = 0, align: int = 1) -> Iterator[tuple[int, bytes]]:
         """(offset in section, bytes) windows, window_step(align) apart, overlap bytes longer."""
         step = self.window_step(align)
         position = 0
@@ -185,9 +183,7 @@ def _cl_symbols(view: _ElfView) -> list[_SymbolHit]:
     if dynsym is None or dynsym.size == 0:
         return []
     if not 0 < dynsym.link < len(view.sections):
-        raise FormatError(
-            "ELF", view.section_header_offset(dynsym.index), "sh_link of .dynsym is not a section"
-        )
+        raise FormatError("ELF", view.section_header_offset(dynsym.index), "sh_link of .dynsym is not a section")
     dynstr = view.sections[dynsym.link]
     names: dict[int, bytes] = {}
     for prefix in CL_PREFIXES:
@@ -241,9 +237,7 @@ def _version_name(view: _ElfView, symbol_index: int, defined: bool) -> str | Non
         return None
     if (symbol_index + 1) * 2 > versym.size:
         raise FormatError("ELF", versym.offset, ".gnu.version is shorter than .dynsym")
-    (raw,) = struct.unpack(
-        view.header.endian + "H", view.read_at(versym.offset + symbol_index * 2, 2)
-    )
+    (raw,) = struct.unpack(view.header.endian + "H", view.read_at(versym.offset + symbol_index * 2, 2))
     index = raw & ~VERSYM_HIDDEN
     if index <= 1:  # VER_NDX_LOCAL, VER_NDX_GLOBAL
         return None
@@ -253,14 +247,10 @@ def _version_name(view: _ElfView, symbol_index: int, defined: bool) -> str | Non
         return None
     # pyelftools walks sh_info entries; a hostile count would spin, so bound it by the size.
     if table.info > min(MAX_VERSION_ENTRIES, table.size // 16):
-        raise FormatError(
-            "ELF", view.section_header_offset(table.index), f"{section_name} sh_info is absurd"
-        )
+        raise FormatError("ELF", view.section_header_offset(table.index), f"{section_name} sh_info is absurd")
     section = view.elffile.get_section(table.index)
     if not isinstance(section, GNUVerDefSection if defined else GNUVerNeedSection):
-        raise FormatError(
-            "ELF", view.section_header_offset(table.index), f"{section_name} has the wrong type"
-        )
+        raise FormatError("ELF", view.section_header_offset(table.index), f"{section_name} has the wrong type")
     if isinstance(section, GNUVerDefSection):
         definition = section.get_version(index)
         if definition is None:
@@ -276,11 +266,7 @@ def _has_initialisers(view: _ElfView) -> bool:
 
 
 def _embeds_registry(view: _ElfView) -> bool:
-    rodata = [
-        s
-        for s in view.sections
-        if s.sh_type == SHT_PROGBITS and s.name.startswith((".rodata", ".lrodata"))
-    ]
+    rodata = [s for s in view.sections if s.sh_type == SHT_PROGBITS and s.name.startswith((".rodata", ".lrodata"))]
     return all(any(view.contains(s, needle) for s in rodata) for needle in REGISTRY_STRINGS)
 
 
@@ -328,9 +314,7 @@ def classify(path: str, dynamic: elfread.DynamicInfo, fd: int | None = None) -> 
 def _classify_view(path: str, view: _ElfView, dynamic: elfread.DynamicInfo) -> ClFacts:
     symbols = _cl_symbols(view)
     exported = [s for s in symbols if s.exported]
-    add_argument_import = next(
-        (s for s in symbols if s.name == ADD_ARGUMENT and not s.defined), None
-    )
+    add_argument_import = next((s for s in symbols if s.name == ADD_ARGUMENT and not s.defined), None)
     has_initialisers = _has_initialisers(view)
     version_node: str | None = None
     interposable: bool | None = None

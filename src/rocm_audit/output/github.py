@@ -24,6 +24,8 @@ def render_github(outcome: CommandOutcome) -> str:
         message = display(one.message)
         if one.related_paths:
             message += "\nrelated: " + ", ".join(display(p) for p in one.related_paths)
-        lines.append(f"::{_COMMAND[one.severity]} file={_escape_property(display(one.path))},"
-                     f"title={_escape_property(one.rule)}::{_escape_data(message)}")
+        lines.append(
+            f"::{_COMMAND[one.severity]} file={_escape_property(display(one.path))},"
+            f"title={_escape_property(one.rule)}::{_escape_data(message)}"
+        )
     return "\n".join(lines) + ("\n" if lines else "")

@@ -33,12 +33,16 @@ def render_junit(outcome: CommandOutcome, fail_on: Severity | None) -> str:
             case = ET.SubElement(suite, "testcase", classname=rule_id, name=display(path))
             tests += 1
             failing = [f for f in found if fail_on is not None and f.severity >= fail_on]
-            text = "\n".join(f"{f.severity.value}: {display(f.message)}"
-                             + "".join(f"\n  related: {display(p)}" for p in f.related_paths) for f in found)
+            text = "\n".join(
+                f"{f.severity.value}: {display(f.message)}"
+                + "".join(f"\n  related: {display(p)}" for p in f.related_paths)
+                for f in found
+            )
             if failing:
                 failures += 1
-                failure = ET.SubElement(case, "failure", message=display(failing[0].message),
-                                        type=failing[0].severity.value)
+                failure = ET.SubElement(
+                    case, "failure", message=display(failing[0].message), type=failing[0].severity.value
+                )
                 failure.text = text
             else:
                 ET.SubElement(case, "system-out").text = text

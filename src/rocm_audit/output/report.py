@@ -59,8 +59,9 @@ def _laid_out(value: object, depth: int, step: str, records_at: int) -> str:
     if depth < records_at and value:
         inner = step * (depth + 1)
         if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-            members = [f"{inner}{_compact(key)}: {_laid_out(item, depth + 1, step, records_at)}"
-                       for key, item in value.items()]
+            members = [
+                f"{inner}{_compact(key)}: {_laid_out(item, depth + 1, step, records_at)}" for key, item in value.items()
+            ]
             return "{\n" + ",\n".join(members) + "\n" + step * depth + "}"
         if isinstance(value, (list, tuple)):
             members = [inner + _laid_out(item, depth + 1, step, records_at) for item in value]
@@ -83,9 +84,14 @@ def finding_to_dict(one: Finding) -> dict[str, Any]:
     }
 
 
-def build_report(command: str, findings: Iterable[Finding], *, inputs: Iterable[str] = (),
-                 sections: Mapping[str, object] | None = None,
-                 suppressed: Iterable[Mapping[str, str]] = ()) -> dict[str, Any]:
+def build_report(
+    command: str,
+    findings: Iterable[Finding],
+    *,
+    inputs: Iterable[str] = (),
+    sections: Mapping[str, object] | None = None,
+    suppressed: Iterable[Mapping[str, str]] = (),
+) -> dict[str, Any]:
     """The report document: fixed header, sorted findings, then command-specific sections."""
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,

@@ -55,33 +55,47 @@ def render_sarif(outcome: CommandOutcome) -> str:
     descriptors = []
     for rule_id in rule_ids:
         rule = policy.rules.get(rule_id)
-        descriptors.append({
-            "id": rule_id,
-            "name": rule_id if rule is None else "".join(w.capitalize() for w in rule.title.split()[:8]),
-            "shortDescription": {"text": rule.title if rule else rule_id},
-            "fullDescription": {"text": rule.rationale if rule else rule_id},
-            "help": {"text": rule.fix if rule else ""},
-            "defaultConfiguration": {"level": _LEVEL[rule.severity] if rule else "warning"},
-        })
+        descriptors.append(
+            {
+                "id": rule_id,
+                "name": rule_id if rule is None else "".join(w.capitalize() for w in rule.title.split()[:8]),
+                "shortDescription": {"text": rule.title if rule else rule_id},
+                "fullDescription": {"text": rule.rationale if rule else rule_id},
+                "help": {"text": rule.fix if rule else ""},
+                "defaultConfiguration": {"level": _LEVEL[rule.severity] if rule else "warning"},
+            }
+        )
     bases = _base_ids(outcome.inputs)
     results = [_result(one, index_of, bases) for one in outcome.findings]
     for suppressed in outcome.suppressed:
-        results.append({
-            "ruleId": suppressed["rule"], "ruleIndex": index_of.get(suppressed["rule"], -1),
-            "level": "none", "message": {"text": f"ignored by policy: {suppressed['reason']}"},
-            "locations": [_location(suppressed["path"], bases)],
-            "suppressions": [{"kind": "external", "justification": suppressed["reason"]}],
-        })
+        results.append(
+            {
+                "ruleId": suppressed["rule"],
+                "ruleIndex": index_of.get(suppressed["rule"], -1),
+                "level": "none",
+                "message": {"text": f"ignored by policy: {suppressed['reason']}"},
+                "locations": [_location(suppressed["path"], bases)],
+                "suppressions": [{"kind": "external", "justification": suppressed["reason"]}],
+            }
+        )
     document = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {"name": "rocm-audit", "version": __version__, "semanticVersion": __version__,
-                                "rules": descriptors}},
-            "originalUriBaseIds": {k: {"uri": PurePosixPath(v).as_uri() + "/"} for k, v in bases.items()},
-            "invocations": [{"executionSuccessful": True, "commandLine": f"rocm-audit {outcome.command}"}],
-            "results": results,
-        }],
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "rocm-audit",
+                        "version": __version__,
+                        "semanticVersion": __version__,
+                        "rules": descriptors,
+                    }
+                },
+                "originalUriBaseIds": {k: {"uri": PurePosixPath(v).as_uri() + "/"} for k, v in bases.items()},
+                "invocations": [{"executionSuccessful": True, "commandLine": f"rocm-audit {outcome.command}"}],
+                "results": results,
+            }
+        ],
     }
     return to_json(document, records_at=4)  # one result per line
 

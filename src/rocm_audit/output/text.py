@@ -45,6 +45,8 @@ def render_text(outcome: CommandOutcome) -> str:
     if findings:
         parts.append("\n".join(findings))
     counts = {s: sum(1 for f in outcome.findings if f.severity is s) for s in Severity}
-    parts.append(f"{outcome.command}: {counts[Severity.ERROR]} error(s), {counts[Severity.WARNING]} warning(s), "
-                 f"{counts[Severity.INFO]} info")
+    parts.append(
+        f"{outcome.command}: {counts[Severity.ERROR]} error(s), {counts[Severity.WARNING]} warning(s), "
+        f"{counts[Severity.INFO]} info"
+    )
     return "\n".join(parts) + "\n"

@@ -25,8 +25,10 @@ def dedup_lines(sections: Sections) -> list[str]:
         lines.append(f"keep {display(group['keeper'])}  ({group['size']:,} bytes, {display(group['reason'])})")
         for planned in group["duplicates"]:
             was = "  (was a hardlink)" if planned["hardlink"] else ""
-            lines.append(f"  {_LINK_MARK[planned['status']]:10} {display(planned['path'])} -> "
-                         f"{display(planned['link_text'])}{was}")
+            lines.append(
+                f"  {_LINK_MARK[planned['status']]:10} {display(planned['path'])} -> "
+                f"{display(planned['link_text'])}{was}"
+            )
     if section["mode"] == "dry-run" and section["shell_preview"]:
         lines.append("# equivalent shell (rocm-audit also re-checks each pair just before changing it):")
         lines.extend(display(line) for line in section["shell_preview"])
@@ -46,7 +48,7 @@ def _relative_to_package(path: str, package: str | None) -> str:
         marker = os.sep + package + os.sep
         index = path.find(marker)
         if index >= 0:
-            return path[index + len(marker):]
+            return path[index + len(marker) :]
     return path
 
 
@@ -92,8 +94,10 @@ def code_object_lines(sections: Sections) -> list[str]:
             cov = f"cov{version}" if version else ""
             ident = display(code_object["entry_id"] or code_object["target"] or "?")
             target = display(code_object["target"] or "-")
-            lines.append(f"    {display(code_object['location']):<36} {display(code_object['kind']):<6} "
-                         f"{target:<28} {cov:<5} {ident}")
+            lines.append(
+                f"    {display(code_object['location']):<36} {display(code_object['kind']):<6} "
+                f"{target:<28} {cov:<5} {ident}"
+            )
     if not lines:
         lines.append("No GPU code objects found.")
     return lines
@@ -126,8 +130,11 @@ def llvm_lines(sections: Sections) -> list[str]:
             continue
         details = ", ".join(display(x) for x in (library["soname"], library["version_node"]) if x)
         scope = "" if library["in_scan"] else " [reached by a closure]"
-        lines.append(f"  {display(library['role']):<13}{display(library['path'])}"
-                     + (f"  ({details})" if details else "") + scope)
+        lines.append(
+            f"  {display(library['role']):<13}{display(library['path'])}"
+            + (f"  ({details})" if details else "")
+            + scope
+        )
     clashes = sections["clashes"]
     if clashes:
         lines.append(f"Clashes: {len(clashes)}")
@@ -137,8 +144,10 @@ def llvm_lines(sections: Sections) -> list[str]:
             status = f"CONFIRMED{option}"
         else:
             status = {False: "not reproduced", None: "not probed"}[clash["confirmed"]]
-        lines.append(f"  {display(clash['severity']).upper()} {display(clash['reason'])}, "
-                     f"fires: {display(clash['mode'])}, {status}")
+        lines.append(
+            f"  {display(clash['severity']).upper()} {display(clash['reason'])}, "
+            f"fires: {display(clash['mode'])}, {status}"
+        )
         lines.extend(f"      {display(path)}" for path in clash["paths"])
         if clash["via"]:
             shown = clash["via"][:3]
@@ -154,10 +163,14 @@ def llvm_lines(sections: Sections) -> list[str]:
         for loaded in closure["objects"]:
             role = loaded.get("role")
             tag = f" [{display(role)}]" if role and role != "none" else ""
-            lines.append(f"  {'  ' * loaded['depth']}{display(loaded['path'])}  "
-                         f"({display(loaded['via'])}: {display(loaded['request'])}){tag}")
-        lines.extend(f"  missing: {display(m['name'])} (needed by {display(m['needed_by'])}): {display(m['detail'])}"
-                     for m in closure["missing"])
+            lines.append(
+                f"  {'  ' * loaded['depth']}{display(loaded['path'])}  "
+                f"({display(loaded['via'])}: {display(loaded['request'])}){tag}"
+            )
+        lines.extend(
+            f"  missing: {display(m['name'])} (needed by {display(m['needed_by'])}): {display(m['detail'])}"
+            for m in closure["missing"]
+        )
     return lines
 
 
@@ -165,8 +178,10 @@ def check_lines(sections: Sections) -> list[str]:
     lines = []
     dedup = sections.get("dedup")
     if dedup is not None:
-        lines.append(f"dedup: {len(dedup['groups'])} group(s) of identical SDK libraries"
-                     + (f", {dedup['bytes_freed']:,} bytes to free" if dedup["groups"] else ""))
+        lines.append(
+            f"dedup: {len(dedup['groups'])} group(s) of identical SDK libraries"
+            + (f", {dedup['bytes_freed']:,} bytes to free" if dedup["groups"] else "")
+        )
     if "carriers" in sections:
         carriers = sections["carriers"]
         missing = [c for c in carriers if c.get("missing")]
@@ -174,8 +189,10 @@ def check_lines(sections: Sections) -> list[str]:
         lines.append(f"verify-arch: {len(carriers)} carrier(s), {len(missing)} missing a target of {targets}")
     if "clashes" in sections:
         with_roles = [lib for lib in sections["libraries"] if lib.get("role") not in ("none", None)]
-        lines.append(f"llvm: {len(with_roles)} LLVM exporter(s)/registrant(s)/private copies, "
-                     f"{len(sections['clashes'])} clash(es)")
+        lines.append(
+            f"llvm: {len(with_roles)} LLVM exporter(s)/registrant(s)/private copies, "
+            f"{len(sections['clashes'])} clash(es)"
+        )
     return lines
 
 
@@ -190,12 +207,16 @@ def image_lines(sections: Sections) -> list[str]:
     ]
     waste = section.get("waste")
     if waste is not None:
-        lines.append(f"image: {waste['wasted_bytes']:,} bytes in identical copies "
-                     f"({waste['same_layer_bytes']:,} within single layers, "
-                     f"{waste['cross_layer_bytes']:,} across layers); a later RUN frees none of it")
+        lines.append(
+            f"image: {waste['wasted_bytes']:,} bytes in identical copies "
+            f"({waste['same_layer_bytes']:,} within single layers, "
+            f"{waste['cross_layer_bytes']:,} across layers); a later RUN frees none of it"
+        )
         for group in waste["groups"][:10]:
-            copies = "; ".join(f"{display(c['path'])} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
-                               for c in group["copies"])
+            copies = "; ".join(
+                f"{display(c['path'])} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
+                for c in group["copies"]
+            )
             lines.append(f"  {group['size']:,} bytes x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
     return lines + check_lines(sections)
 
@@ -203,18 +224,24 @@ def image_lines(sections: Sections) -> list[str]:
 def rules_lines(sections: Sections) -> list[str]:
     lines = [f"{'rule':8} {'severity':8} {'source':34} title"]
     for rule in sections["rules"]:
-        lines.append(f"{display(rule['id']):8} {display(rule['severity']):8} {display(rule['severity_source']):34} "
-                     f"{display(rule['title'])}")
+        lines.append(
+            f"{display(rule['id']):8} {display(rule['severity']):8} {display(rule['severity_source']):34} "
+            f"{display(rule['title'])}"
+        )
     lines.append("")
     lines.append("policy:")
     for setting in sections["policy"]:
-        lines.append(f"  {display(setting['area'])}.{display(setting['key'])} = {display(repr(setting['value']))}  "
-                     f"({display(setting['source'])})")
+        lines.append(
+            f"  {display(setting['area'])}.{display(setting['key'])} = {display(repr(setting['value']))}  "
+            f"({display(setting['source'])})"
+        )
     if sections["ignores"]:
         lines.append("ignored:")
         for ignore in sections["ignores"]:
-            lines.append(f"  {display(ignore['rule'])} {display(ignore['path'])}: {display(ignore['reason'])}  "
-                         f"({display(ignore['source'])})")
+            lines.append(
+                f"  {display(ignore['rule'])} {display(ignore['path'])}: {display(ignore['reason'])}  "
+                f"({display(ignore['source'])})"
+            )
     return lines
 
 

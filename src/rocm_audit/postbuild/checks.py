@@ -43,8 +43,7 @@ class _VersionCache:
         if path not in self.facts:
             record = self.records.get(path)
             try:
-                self.facts[path] = (versions_of(self.inventory, record) if record is not None
-                                    else read_versions(path))
+                self.facts[path] = versions_of(self.inventory, record) if record is not None else read_versions(path)
             except (OSError, FormatError):
                 self.facts[path] = None
         return self.facts[path]
@@ -69,16 +68,20 @@ def check_extension_tag(record: FileRecord) -> Finding | None:
     expected = site_python(record.path)
     if expected is not None and (major, minor) != expected:
         return make_finding(
-            "POST003", record.path,
+            "POST003",
+            record.path,
             f"extension built for CPython {major}.{minor} sits in the site-packages of Python "
             f"{expected[0]}.{expected[1]}: `import` will not find it",
-            data={"tag": f"cpython-{major}{minor}", "interpreter": f"{expected[0]}.{expected[1]}"})
+            data={"tag": f"cpython-{major}{minor}", "interpreter": f"{expected[0]}.{expected[1]}"},
+        )
     wanted_machine = _MACHINE_OF_TAG.get(machine)
     if record.elf is not None and wanted_machine is not None and record.elf.e_machine != wanted_machine:
         return make_finding(
-            "POST003", record.path,
+            "POST003",
+            record.path,
             f"platform tag says {machine} but the ELF machine is {record.elf.e_machine}",
-            data={"tag": machine, "e_machine": record.elf.e_machine})
+            data={"tag": machine, "e_machine": record.elf.e_machine},
+        )
     return None
 
 
@@ -95,8 +98,9 @@ def post_build_findings(inventory: Inventory, loader: LoaderModel | None = None)
             dynamic = inventory.dynamic(record)
         except (OSError, FormatError) as exc:
             offset = getattr(exc, "offset", 0)
-            findings.append(make_finding("SCAN002", record.path, f"dynamic section unreadable: {exc}",
-                                         data={"offset": offset}))
+            findings.append(
+                make_finding("SCAN002", record.path, f"dynamic section unreadable: {exc}", data={"offset": offset})
+            )
             continue
         if not dynamic.needed:
             continue
@@ -117,30 +121,37 @@ def post_build_findings(inventory: Inventory, loader: LoaderModel | None = None)
     return findings
 
 
-def _resolve_needed(record: FileRecord, dynamic: DynamicInfo, loader: LoaderModel,
-                    findings: list[Finding]) -> dict[str, str]:
+def _resolve_needed(
+    record: FileRecord, dynamic: DynamicInfo, loader: LoaderModel, findings: list[Finding]
+) -> dict[str, str]:
     providers: dict[str, str] = {}
     for name in dynamic.needed:
         resolution = loader.resolve(name, record.path, dynamic)
         if resolution.path is None:
-            findings.append(make_finding(
-                "POST002", record.path,
-                f"DT_NEEDED {name} is not found by its own RPATH/RUNPATH, ld.so.conf or the default directories",
-                data={"needed": name, "rpath": list(dynamic.rpath), "runpath": list(dynamic.runpath)}))
+            findings.append(
+                make_finding(
+                    "POST002",
+                    record.path,
+                    f"DT_NEEDED {name} is not found by its own RPATH/RUNPATH, ld.so.conf or the default directories",
+                    data={"needed": name, "rpath": list(dynamic.rpath), "runpath": list(dynamic.runpath)},
+                )
+            )
         else:
             providers[name] = resolution.path
     return providers
 
 
-def _version_finding(path: str, needed_name: str, provider: str, missing: list[str],
-                     provided: VersionFacts) -> Finding:
+def _version_finding(path: str, needed_name: str, provider: str, missing: list[str], provided: VersionFacts) -> Finding:
     families = sorted({parts[0] for parts in filter(None, map(split_version, missing))})
     offered = []
     for family in families:
         best = newest(provided.defined, family)
         offered.append(f"{family} up to {format_version(best)}" if best else f"no {family} versions")
     return make_finding(
-        "POST001", path,
+        "POST001",
+        path,
         f"needs {', '.join(missing)} from {needed_name}, but {provider} defines "
         f"{'; '.join(offered) if offered else 'none of them'}",
-        related=[provider], data={"needed": needed_name, "missing": missing, "provider": provider})
+        related=[provider],
+        data={"needed": needed_name, "missing": missing, "provider": provider},
+    )

@@ -31,11 +31,14 @@ _STRING_LIST = ("a list of strings", lambda v: isinstance(v, list) and all(isins
 _KNOWN_POLICY: dict[str, dict[str, tuple[str, Any]]] = {
     "dedup": {
         "owner_order": _STRING_LIST,
-        "tie_break": ("a list of soname-name/shortest-path/path-order",
-                      lambda v: isinstance(v, list) and set(v) <= {"soname-name", "shortest-path", "path-order"}),
-        "kinds": ("a list of shared-library/amdgpu-code-object/not-elf (executables are never linked)",
-                  lambda v: isinstance(v, list) and v
-                  and set(v) <= {"shared-library", "amdgpu-code-object", "not-elf"}),
+        "tie_break": (
+            "a list of soname-name/shortest-path/path-order",
+            lambda v: isinstance(v, list) and set(v) <= {"soname-name", "shortest-path", "path-order"},
+        ),
+        "kinds": (
+            "a list of shared-library/amdgpu-code-object/not-elf (executables are never linked)",
+            lambda v: isinstance(v, list) and v and set(v) <= {"shared-library", "amdgpu-code-object", "not-elf"},
+        ),
     },
     "verify-arch": {
         "targets": _STRING_LIST,
@@ -70,11 +73,13 @@ class Policy:
         kept: list[Finding] = []
         suppressed: list[dict[str, str]] = []
         for one in findings:
-            ignore = next((i for i in self.ignores
-                           if i.rule == one.rule and fnmatch.fnmatchcase(one.path, i.path_glob)), None)
+            ignore = next(
+                (i for i in self.ignores if i.rule == one.rule and fnmatch.fnmatchcase(one.path, i.path_glob)), None
+            )
             if ignore is not None:
-                suppressed.append({"rule": one.rule, "path": one.path, "reason": ignore.reason,
-                                   "source": ignore.source})
+                suppressed.append(
+                    {"rule": one.rule, "path": one.path, "reason": ignore.reason, "source": ignore.source}
+                )
                 continue
             rule = self.rules.get(one.rule)
             if rule is not None and one.rule in self.severity_sources and rule.severity is not one.severity:
@@ -90,9 +95,13 @@ def shipped_policy() -> Policy:
     for area, table in catalogue.policy.items():
         for key in table:
             sources[(area, key)] = _shipped_source(catalogue, area)
-    return Policy(catalogue=catalogue, rules=dict(catalogue.rules),
-                  settings={k: dict(v) for k, v in catalogue.policy.items()},
-                  setting_sources=sources, severity_sources={})
+    return Policy(
+        catalogue=catalogue,
+        rules=dict(catalogue.rules),
+        settings={k: dict(v) for k, v in catalogue.policy.items()},
+        setting_sources=sources,
+        severity_sources={},
+    )
 
 
 def _shipped_source(catalogue: Catalogue, area: str) -> str:
@@ -134,8 +143,9 @@ def _apply_file(active: Policy, path: str) -> None:
     unknown_top = set(document) - {"rules", "ignore", "policy"}
     if unknown_top:
         key = sorted(unknown_top)[0]
-        raise ConfigError(path, "unknown top-level key (expected rules, ignore, policy)",
-                          line=_line_of(text, key), key=key)
+        raise ConfigError(
+            path, "unknown top-level key (expected rules, ignore, policy)", line=_line_of(text, key), key=key
+        )
     for rule_id, table in document.get("rules", {}).items():
         where = f"rules.{rule_id}"
         line = _line_of(text, rule_id)
@@ -146,15 +156,19 @@ def _apply_file(active: Policy, path: str) -> None:
         try:
             severity = Severity(table["severity"])
         except ValueError:
-            raise ConfigError(path, f"severity must be one of {[s.value for s in Severity]}",
-                              line=_line_of(text, "severity", str(table["severity"])),
-                              key=f"{where}.severity") from None
+            raise ConfigError(
+                path,
+                f"severity must be one of {[s.value for s in Severity]}",
+                line=_line_of(text, "severity", str(table["severity"])),
+                key=f"{where}.severity",
+            ) from None
         active.rules[rule_id] = replace(active.rules[rule_id], severity=severity)
         active.severity_sources[rule_id] = f"{path}:{line}" if line else path
     ignores = document.get("ignore", [])
     if not isinstance(ignores, list):
-        raise ConfigError(path, "`ignore` must be an array of tables ([[ignore]])",
-                          line=_line_of(text, "ignore"), key="ignore")
+        raise ConfigError(
+            path, "`ignore` must be an array of tables ([[ignore]])", line=_line_of(text, "ignore"), key="ignore"
+        )
     for index, entry in enumerate(ignores):
         where = f"ignore[{index}]"
         if not isinstance(entry, dict):
@@ -164,8 +178,9 @@ def _apply_file(active: Policy, path: str) -> None:
         if unknown:
             raise ConfigError(path, f"unknown keys {sorted(unknown)}", line=line, key=where)
         if entry.get("rule") not in active.rules:
-            raise ConfigError(path, f"ignore names an unknown rule {entry.get('rule')!r}",
-                              line=line, key=f"{where}.rule")
+            raise ConfigError(
+                path, f"ignore names an unknown rule {entry.get('rule')!r}", line=line, key=f"{where}.rule"
+            )
         reason = entry.get("reason")
         if not isinstance(reason, str) or not reason.strip():
             raise ConfigError(path, "every ignore needs a non-empty reason", line=line, key=f"{where}.reason")
@@ -176,15 +191,20 @@ def _apply_file(active: Policy, path: str) -> None:
     for area, table in document.get("policy", {}).items():
         known = _KNOWN_POLICY.get(area)
         if known is None:
-            raise ConfigError(path, f"unknown policy area (known: {sorted(_KNOWN_POLICY)})",
-                              line=_line_of(text, f"policy.{area}"), key=f"policy.{area}")
+            raise ConfigError(
+                path,
+                f"unknown policy area (known: {sorted(_KNOWN_POLICY)})",
+                line=_line_of(text, f"policy.{area}"),
+                key=f"policy.{area}",
+            )
         if not isinstance(table, dict):
             raise ConfigError(path, "a policy area must be a table", key=f"policy.{area}")
         for key, value in table.items():
             line = _line_of(text, key)
             if key not in known:
-                raise ConfigError(path, f"unknown setting (known: {sorted(known)})",
-                                  line=line, key=f"policy.{area}.{key}")
+                raise ConfigError(
+                    path, f"unknown setting (known: {sorted(known)})", line=line, key=f"policy.{area}.{key}"
+                )
             description, check = known[key]
             if not check(value):
                 raise ConfigError(path, f"must be {description}", line=line, key=f"policy.{area}.{key}")

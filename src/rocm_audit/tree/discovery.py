@@ -88,7 +88,12 @@ def resolve_roots(paths: list[str] | None, *, for_dedup: bool = False) -> tuple[
     for root in roots:
         unique.setdefault(root.path, root)
     # A root nested in another would be walked twice; keep the outer one.
-    kept = [r for r in unique.values()
-            if not any(o.path != r.path and not o.single_file and r.path.startswith(o.path.rstrip("/") + "/")
-                       for o in unique.values())]
+    kept = [
+        r
+        for r in unique.values()
+        if not any(
+            o.path != r.path and not o.single_file and r.path.startswith(o.path.rstrip("/") + "/")
+            for o in unique.values()
+        )
+    ]
     return sorted(kept, key=lambda r: r.path), looked

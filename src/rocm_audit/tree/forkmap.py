@@ -48,8 +48,13 @@ def worker_count(total_weight: int, min_weight: int) -> int:
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
-def fork_imap(function: Callable[[_Item], _Result], items: Sequence[_Item], priorities: Sequence[int],
-              workers: int, meanwhile: Callable[[], None] | None = None) -> Iterator[tuple[int, _Result]]:
+def fork_imap(
+    function: Callable[[_Item], _Result],
+    items: Sequence[_Item],
+    priorities: Sequence[int],
+    workers: int,
+    meanwhile: Callable[[], None] | None = None,
+) -> Iterator[tuple[int, _Result]]:
     """``(index, function(items[index]))`` for every item exactly once, as answers come in; items
     are taken highest priority first (ties in item order).
 
@@ -193,7 +198,7 @@ def _ticket_pipe(count: int) -> int:
             fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, needed)  # EPERM past pipe-max-size (1 MiB)
         view = memoryview(b"".join(_TICKET.pack(position) for position in range(count)))
         while view:  # fits the pipe whole: never blocks
-            view = view[os.write(write_end, view):]
+            view = view[os.write(write_end, view) :]
     except OSError:
         os.close(read_end)
         raise
@@ -216,7 +221,7 @@ def _serve(tickets: int, order: list[int], answer: Callable[[int], bytes], out: 
         payload = answer(index)
         view = memoryview(_FRAME.pack(index, len(payload)) + payload)
         while view:
-            view = view[os.write(out, view):]
+            view = view[os.write(out, view) :]
 
 
 def _frames(pending: bytearray) -> Iterator[tuple[int, bytes]]:
@@ -226,6 +231,6 @@ def _frames(pending: bytearray) -> Iterator[tuple[int, bytes]]:
         end = _FRAME.size + length
         if len(pending) < end:
             return
-        payload = bytes(pending[_FRAME.size:end])
+        payload = bytes(pending[_FRAME.size : end])
         del pending[:end]
         yield index, payload

@@ -66,7 +66,7 @@ class ReadBuffer:
         storage = bytearray(CHUNK_BYTES + BUFFER_ALIGNMENT)
         address = _address_of(storage)
         start = 0 if address is None else -address % BUFFER_ALIGNMENT
-        return cls(storage, start, memoryview(storage)[start:start + CHUNK_BYTES])
+        return cls(storage, start, memoryview(storage)[start : start + CHUNK_BYTES])
 
     def begins_with(self, other: memoryview) -> bool:
         """Whether this buffer's first len(other) bytes equal other's (one memcmp, no copy)."""
@@ -195,8 +195,14 @@ def _ranges(size: int, start: int, full: bool) -> list[tuple[int, int]]:
     return ranges
 
 
-def partition_identical(candidates: Sequence[Candidate], stats: CompareStats, failures: list[ReadFailure],
-                        head_filter: HeadFilter | None = None, *, full: bool = True) -> list[list[Candidate]]:
+def partition_identical(
+    candidates: Sequence[Candidate],
+    stats: CompareStats,
+    failures: list[ReadFailure],
+    head_filter: HeadFilter | None = None,
+    *,
+    full: bool = True,
+) -> list[list[Candidate]]:
     """Classes (of 2 or more) of byte-identical candidates; all candidates must share one size.
 
     Candidates with head digests are first split by them; without (files the inventory did not open),
@@ -239,8 +245,9 @@ def middle_pieces(size: int, piece_bytes: int) -> list[tuple[int, int]]:
     return [(offset, min(offset + step, end)) for offset in range(start, end, step)]
 
 
-def equal_over(members: Sequence[Candidate], byte_range: tuple[int, int], stats: CompareStats,
-               failures: list[ReadFailure]) -> list[list[Candidate]]:
+def equal_over(
+    members: Sequence[Candidate], byte_range: tuple[int, int], stats: CompareStats, failures: list[ReadFailure]
+) -> list[list[Candidate]]:
     """Classes (of 2 or more) of members whose bytes agree over byte_range; at most
     MAX_LOCKSTEP_MEMBERS members (one buffer each)."""
     if len(members) > MAX_LOCKSTEP_MEMBERS:
@@ -270,8 +277,9 @@ def head_digest(head: bytes) -> bytes:
     return hashlib.blake2b(head, digest_size=16).digest()
 
 
-def _with_head_digests(candidates: Sequence[Candidate], stats: CompareStats,
-                       failures: list[ReadFailure]) -> list[Candidate]:
+def _with_head_digests(
+    candidates: Sequence[Candidate], stats: CompareStats, failures: list[ReadFailure]
+) -> list[Candidate]:
     """Candidates with their head digests read, for classes too large to read in lockstep at once."""
     digested = []
     for one in candidates:
@@ -291,8 +299,13 @@ def _with_head_digests(candidates: Sequence[Candidate], stats: CompareStats,
     return digested
 
 
-def _lockstep(members: list[Candidate], ranges: list[tuple[int, int]], stats: CompareStats,
-              failures: list[ReadFailure], head_filter: HeadFilter | None) -> list[list[Candidate]]:
+def _lockstep(
+    members: list[Candidate],
+    ranges: list[tuple[int, int]],
+    stats: CompareStats,
+    failures: list[ReadFailure],
+    head_filter: HeadFilter | None,
+) -> list[list[Candidate]]:
     """Split members into classes equal over the given byte ranges, reading each file once.
     ``head_filter``, when given, is asked about each class once the first range is compared."""
     fds: dict[int, int] = {}
@@ -345,8 +358,14 @@ def _lockstep(members: list[Candidate], ranges: list[tuple[int, int]], stats: Co
             _close(fd)
 
 
-def _keep(cls: list[int], members: list[Candidate], fds: dict[int, int], buffers: list[ReadBuffer],
-          head_length: int, head_filter: HeadFilter) -> bool:
+def _keep(
+    cls: list[int],
+    members: list[Candidate],
+    fds: dict[int, int],
+    buffers: list[ReadBuffer],
+    head_length: int,
+    head_filter: HeadFilter,
+) -> bool:
     first = cls[0]
     if head_filter(members[first].path, fds[first], buffers[first].view[:head_length]):
         return True
@@ -355,8 +374,9 @@ def _keep(cls: list[int], members: list[Candidate], fds: dict[int, int], buffers
     return False
 
 
-def _by_digest(members: list[Candidate], stats: CompareStats, failures: list[ReadFailure],
-               head_filter: HeadFilter | None) -> list[list[Candidate]]:
+def _by_digest(
+    members: list[Candidate], stats: CompareStats, failures: list[ReadFailure], head_filter: HeadFilter | None
+) -> list[list[Candidate]]:
     by_digest: dict[bytes, list[Candidate]] = {}
     for one in members:
         try:
@@ -411,8 +431,9 @@ def file_digest(path: str, stats: CompareStats) -> bytes:
     return hasher.digest()
 
 
-def same_bytes(path_a: str, path_b: str, size: int, stats: CompareStats,
-               byte_range: tuple[int, int] | None = None) -> bool:
+def same_bytes(
+    path_a: str, path_b: str, size: int, stats: CompareStats, byte_range: tuple[int, int] | None = None
+) -> bool:
     """Byte-for-byte comparison of two files of the given size over byte_range (default: all of
     it); the range that ends at size also proves that nothing follows. Raises ReadFailure."""
     start, end = byte_range or (0, size)
@@ -427,8 +448,10 @@ def same_bytes(path_a: str, path_b: str, size: int, stats: CompareStats,
         offset = start
         while offset < end:
             length = min(CHUNK_BYTES, end - offset)
-            if not (_fill(fd_a, path_a, buffer_a.view[:length], offset)
-                    and _fill(fd_b, path_b, buffer_b.view[:length], offset)):
+            if not (
+                _fill(fd_a, path_a, buffer_a.view[:length], offset)
+                and _fill(fd_b, path_b, buffer_b.view[:length], offset)
+            ):
                 return False
             stats.bytes_read += 2 * length
             if not buffer_a.begins_with(buffer_b.view[:length]):

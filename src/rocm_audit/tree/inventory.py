@@ -192,8 +192,9 @@ class ListedFile:
 ReadSelector = Callable[[list[ListedFile]], Container[str]]
 
 
-def build_inventory(roots: list[AuditRoot], progress: ProgressCallback | None = None,
-                    worth_reading: ReadSelector | None = None) -> Inventory:
+def build_inventory(
+    roots: list[AuditRoot], progress: ProgressCallback | None = None, worth_reading: ReadSelector | None = None
+) -> Inventory:
     """Walk every root and classify its files. Problems become findings; the walk goes on.
 
     With ``worth_reading``, only the selected files are opened; the others get ``kind=None``
@@ -215,8 +216,9 @@ def build_inventory(roots: list[AuditRoot], progress: ProgressCallback | None = 
             if sdk_tree:
                 trees.add(sdk_tree)
             if os.path.basename(path).startswith(TEMP_PREFIX):
-                inventory.findings.append(make_finding(
-                    "SCAN004", path, "temporary file left by an interrupted rocm-audit run"))
+                inventory.findings.append(
+                    make_finding("SCAN004", path, "temporary file left by an interrupted rocm-audit run")
+                )
             if stat.S_ISLNK(st.st_mode):
                 try:
                     link = LinkRecord(path, root.path, sdk_tree, os.readlink(path))
@@ -286,12 +288,29 @@ def _unread_record(entry: ListedFile) -> FileRecord:
     return _record(entry, entry.stat, None, b"", None, None)
 
 
-def _record(entry: ListedFile, st: os.stat_result, kind: FileKind | None, magic: bytes, head_digest: bytes | None,
-            header: elfread.ElfHeader | None) -> FileRecord:
+def _record(
+    entry: ListedFile,
+    st: os.stat_result,
+    kind: FileKind | None,
+    magic: bytes,
+    head_digest: bytes | None,
+    header: elfread.ElfHeader | None,
+) -> FileRecord:
     return FileRecord(
-        path=entry.path, root=entry.root.path, sdk_tree=entry.sdk_tree, kind=kind,
-        dev=st.st_dev, ino=st.st_ino, nlink=st.st_nlink, size=st.st_size,
-        mode=st.st_mode, uid=st.st_uid, gid=st.st_gid,
-        mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns,
-        magic=magic, head_digest=head_digest, elf=header,
+        path=entry.path,
+        root=entry.root.path,
+        sdk_tree=entry.sdk_tree,
+        kind=kind,
+        dev=st.st_dev,
+        ino=st.st_ino,
+        nlink=st.st_nlink,
+        size=st.st_size,
+        mode=st.st_mode,
+        uid=st.st_uid,
+        gid=st.st_gid,
+        mtime_ns=st.st_mtime_ns,
+        ctime_ns=st.st_ctime_ns,
+        magic=magic,
+        head_digest=head_digest,
+        elf=header,
     )

@@ -66,8 +66,7 @@ class KeeperRule:
         ranks = [self.owner_rank(tree) for tree in sdk_trees]
         return len(set(ranks)) < len(ranks)
 
-    def choose(self, paths: Sequence[str], sdk_tree_of: Callable[[str], str | None],
-               soname: str | None = None) -> str:
+    def choose(self, paths: Sequence[str], sdk_tree_of: Callable[[str], str | None], soname: str | None = None) -> str:
         """The path to keep among ``paths`` (all holding the same bytes)."""
         return min(paths, key=lambda p: self.sort_key(p, sdk_tree_of(p), soname))
 

@@ -130,8 +130,6 @@ class HostView:
         return self._elf_key[path]
 
 
-
-
 @dataclass(slots=True)
 class LoaderModel:
     sysroot: str = "/"
@@ -160,6 +158,7 @@ class LoaderModel:
 
     def expand(self, entry: str, origin_dir: str) -> str | None:
         """Expand $ORIGIN/$LIB/$PLATFORM in one search-path entry; origin_dir is a host path."""
+
         def substitute(match: re.Match[str]) -> str:
             token = match.group(1) or match.group(2)
             if token == "ORIGIN":
@@ -212,14 +211,18 @@ class LoaderModel:
             # the sysroot; only regular files are opened.
             real = self.view.realpath(path)
             try:
-                self._dynamic_cache[path] = (read_dynamic_info(real, follow_symlinks=True)
-                                             if real is not None and self.view.identity(path) else None)
+                self._dynamic_cache[path] = (
+                    read_dynamic_info(real, follow_symlinks=True)
+                    if real is not None and self.view.identity(path)
+                    else None
+                )
             except (OSError, FormatError):
                 self._dynamic_cache[path] = None
         return self._dynamic_cache[path]
 
-    def search_order(self, path_used: str, dynamic: elfread.DynamicInfo,
-                     loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = ()) -> list[tuple[str, str]]:
+    def search_order(
+        self, path_used: str, dynamic: elfread.DynamicInfo, loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = ()
+    ) -> list[tuple[str, str]]:
         """(directory, source) pairs in glibc's order for DT_NEEDED of the object at path_used."""
         order: list[tuple[str, str]] = []
         origin = os.path.dirname(path_used)
@@ -240,9 +243,14 @@ class LoaderModel:
     def _expand_all(self, entries: Iterable[str], origin: str) -> list[str]:
         return [d for d in (self.expand(e, origin) for e in entries) if d is not None]
 
-    def find(self, name: str, path_used: str, dynamic: elfread.DynamicInfo,
-             loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = (),
-             want: tuple[int, int] | None = None) -> tuple[str, str] | str:
+    def find(
+        self,
+        name: str,
+        path_used: str,
+        dynamic: elfread.DynamicInfo,
+        loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = (),
+        want: tuple[int, int] | None = None,
+    ) -> tuple[str, str] | str:
         """(path, source) of the file glibc maps for DT_NEEDED ``name`` of the object loaded as
         path_used, or why there is none. ``want`` is the requester's (EI_CLASS, e_machine):
         glibc skips a file of another class and searches on, but stops at a file that is no ELF
@@ -266,8 +274,13 @@ class LoaderModel:
             return candidate, source
         return "not found"
 
-    def resolve(self, name: str, path_used: str, dynamic: elfread.DynamicInfo,
-                loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = ()) -> Resolution:
+    def resolve(
+        self,
+        name: str,
+        path_used: str,
+        dynamic: elfread.DynamicInfo,
+        loader_chain: Sequence[tuple[str, elfread.DynamicInfo]] = (),
+    ) -> Resolution:
         """Which file a DT_NEEDED ``name`` of the object loaded as path_used resolves to."""
         found = self.find(name, path_used, dynamic, loader_chain, self.view.elf_key(path_used))
         if isinstance(found, str):

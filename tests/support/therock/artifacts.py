@@ -66,9 +66,18 @@ def _run(argv: list[str], cwd: Path | None = None) -> None:
         raise RuntimeError(f"{argv[0]} failed ({result.returncode}): {result.stderr[-2000:]}")
 
 
-def _versioned_library(lib_dir: Path, stem: str, version: str, soname_version: str, source: str, *,
-                       cxx: bool = False, needed_dirs: tuple[Path, ...] = (), needed: tuple[str, ...] = (),
-                       extra: tuple[str, ...] = ()) -> Path:
+def _versioned_library(
+    lib_dir: Path,
+    stem: str,
+    version: str,
+    soname_version: str,
+    source: str,
+    *,
+    cxx: bool = False,
+    needed_dirs: tuple[Path, ...] = (),
+    needed: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> Path:
     """``lib<stem>.so.<version>`` with SONAME ``lib<stem>.so.<soname_version>`` and the two alias symlinks."""
     lib_dir.mkdir(parents=True, exist_ok=True)
     real_name = f"lib{stem}.so.{version}"
@@ -77,8 +86,18 @@ def _versioned_library(lib_dir: Path, stem: str, version: str, soname_version: s
     source_path.write_text(source)
     compiler = "g++" if cxx else "gcc"
     # CMake-installed ROCm libraries carry DT_RPATH $ORIGIN; py_packaging appends to it.
-    argv = [compiler, "-shared", "-fPIC", "-O1", "-o", str(lib_dir / real_name), str(source_path),
-            f"-Wl,-soname,{soname}", "-Wl,--disable-new-dtags,-rpath,$ORIGIN", *extra]
+    argv = [
+        compiler,
+        "-shared",
+        "-fPIC",
+        "-O1",
+        "-o",
+        str(lib_dir / real_name),
+        str(source_path),
+        f"-Wl,-soname,{soname}",
+        "-Wl,--disable-new-dtags,-rpath,$ORIGIN",
+        *extra,
+    ]
     argv += [f"-L{d}" for d in needed_dirs] + ["-Wl,--no-as-needed"] + [f"-l:{n}" for n in needed]
     _run(argv)
     source_path.unlink()
@@ -102,8 +121,20 @@ def amdgpu_code_object(directory: Path, arch: str, name: str, value: int) -> Pat
     source = directory / f".{name}.c"
     source.write_text(f"void k_{value}(int *p) {{ *p = {value}; }}\n")
     obj = directory / f".{name}.o"
-    _run(["clang-19", "-target", "amdgcn-amd-amdhsa", f"-mcpu={arch}", "-nogpulib", "-O1", "-c", "-o", str(obj),
-          str(source)])
+    _run(
+        [
+            "clang-19",
+            "-target",
+            "amdgcn-amd-amdhsa",
+            f"-mcpu={arch}",
+            "-nogpulib",
+            "-O1",
+            "-c",
+            "-o",
+            str(obj),
+            str(source),
+        ]
+    )
     output = directory / name
     _run(["ld.lld-19", "-shared", "-o", str(output), str(obj)])
     source.unlink()
@@ -163,11 +194,26 @@ def kpack_archive(group_name: str, arch: str, kernels: list[tuple[str, bytes]], 
     for ordinal, (key, data) in enumerate(kernels):
         blobs.append({"offset": len(out), "size": len(data)})
         out += data
-        toc[key] = {arch: {"type": "hsaco", "ordinal": ordinal, "original_size": len(data),
-                           "metadata": {"target": f"hipv4-amdgcn-amd-amdhsa--{arch}", "source_prefix": prefix}}}
+        toc[key] = {
+            arch: {
+                "type": "hsaco",
+                "ordinal": ordinal,
+                "original_size": len(data),
+                "metadata": {"target": f"hipv4-amdgcn-amd-amdhsa--{arch}", "source_prefix": prefix},
+            }
+        }
     toc_offset = len(out)
-    out += msgpack.packb({"format_version": 1, "group_name": group_name, "gfx_arch_family": arch,
-                          "gfx_arches": [arch], "toc": toc, "compression_scheme": "none", "blobs": blobs})
+    out += msgpack.packb(
+        {
+            "format_version": 1,
+            "group_name": group_name,
+            "gfx_arch_family": arch,
+            "gfx_arches": [arch],
+            "toc": toc,
+            "compression_scheme": "none",
+            "blobs": blobs,
+        }
+    )
     out[:16] = struct.pack(KPACK_HEADER, b"KPAK", 1, toc_offset)
     return bytes(out)
 
@@ -181,8 +227,9 @@ def _kdb(path: Path, arch: str) -> None:
     db.close()
 
 
-def build_artifacts(directory: Path, arches: tuple[str, ...] = ("gfx90a", "gfx942"), *,
-                    kpack: bool = True) -> ArtifactTree:
+def build_artifacts(
+    directory: Path, arches: tuple[str, ...] = ("gfx90a", "gfx942"), *, kpack: bool = True
+) -> ArtifactTree:
     """Compile and lay out the artifacts of a small kpack-split TheRock build under ``directory``."""
     if directory.exists():
         shutil.rmtree(directory)
@@ -190,25 +237,51 @@ def build_artifacts(directory: Path, arches: tuple[str, ...] = ("gfx90a", "gfx94
 
     # --- core: runtime, comgr, kpack runtime, sysdeps, host math, LLVM ---
     comgr = tree.add("amd-comgr", "lib", "generic", "compiler/amd-comgr/stage")
-    _versioned_library(comgr.root / "lib", "amd_comgr", "3.0.0", "3", COMGR_SOURCE, cxx=True,
-                       needed_dirs=(LLVM15_LIB_DIR,), needed=("libLLVM-15.so",),
-                       extra=(f"-I{LLVM15_INCLUDE_DIR}", "-std=c++17", "-O0"))
+    _versioned_library(
+        comgr.root / "lib",
+        "amd_comgr",
+        "3.0.0",
+        "3",
+        COMGR_SOURCE,
+        cxx=True,
+        needed_dirs=(LLVM15_LIB_DIR,),
+        needed=("libLLVM-15.so",),
+        extra=(f"-I{LLVM15_INCLUDE_DIR}", "-std=c++17", "-O0"),
+    )
     clr = tree.add("core-hip", "lib", "generic", "core/clr/stage")
     # libamdhip64 has DT_NEEDED libamd_comgr.so.3, found through $ORIGIN at run time, as upstream.
-    _versioned_library(clr.root / "lib", "amdhip64", "7.1.0", "7",
-                       PLAIN_LIBRARY_SOURCE.format(symbol="hipRuntimeGetVersion", value=70100),
-                       needed_dirs=(comgr.root / "lib",), needed=("libamd_comgr.so.3",))
-    _versioned_library(clr.root / "lib", "hiprtc", "7.1.0", "7",
-                       PLAIN_LIBRARY_SOURCE.format(symbol="hiprtcVersion", value=70100))
+    _versioned_library(
+        clr.root / "lib",
+        "amdhip64",
+        "7.1.0",
+        "7",
+        PLAIN_LIBRARY_SOURCE.format(symbol="hipRuntimeGetVersion", value=70100),
+        needed_dirs=(comgr.root / "lib",),
+        needed=("libamd_comgr.so.3",),
+    )
+    _versioned_library(
+        clr.root / "lib", "hiprtc", "7.1.0", "7", PLAIN_LIBRARY_SOURCE.format(symbol="hiprtcVersion", value=70100)
+    )
     kpack_rt = tree.add("rocm-kpack", "lib", "generic", "base/rocm-kpack/stage")
-    _versioned_library(kpack_rt.root / "lib", "rocm_kpack", "0.1.0", "0",
-                       PLAIN_LIBRARY_SOURCE.format(symbol="kpack_open", value=1))
+    _versioned_library(
+        kpack_rt.root / "lib", "rocm_kpack", "0.1.0", "0", PLAIN_LIBRARY_SOURCE.format(symbol="kpack_open", value=1)
+    )
     sysdeps = tree.add("sysdeps", "lib", "generic", "third-party/sysdeps/linux/xz/stage")
-    _versioned_library(sysdeps.root / "lib/rocm_sysdeps/lib", "rocm_sysdeps_liblzma", "5.4.5", "5",
-                       PLAIN_LIBRARY_SOURCE.format(symbol="lzma_version_number", value=50040052))
+    _versioned_library(
+        sysdeps.root / "lib/rocm_sysdeps/lib",
+        "rocm_sysdeps_liblzma",
+        "5.4.5",
+        "5",
+        PLAIN_LIBRARY_SOURCE.format(symbol="lzma_version_number", value=50040052),
+    )
     host_math = tree.add("host-blas", "lib", "generic", "third-party/host-blas/stage")
-    _versioned_library(host_math.root / "lib/host-math/lib", "rocm-openblas", "0.3.28", "0",
-                       PLAIN_LIBRARY_SOURCE.format(symbol="openblas_get_parallel", value=1))
+    _versioned_library(
+        host_math.root / "lib/host-math/lib",
+        "rocm-openblas",
+        "0.3.28",
+        "0",
+        PLAIN_LIBRARY_SOURCE.format(symbol="openblas_get_parallel", value=1),
+    )
     llvm = tree.add("amd-llvm", "run", "generic", "compiler/amd-llvm/stage")
     _executable(llvm.root / "lib/llvm/bin/clang", CLANG_SOURCE)
     (llvm.root / "lib/llvm/bin/clang++").symlink_to("clang")
@@ -220,7 +293,8 @@ def build_artifacts(directory: Path, arches: tuple[str, ...] = ("gfx90a", "gfx94
     base = tree.add("base", "run", "generic", "base/stage")
     (base.root / "share/therock").mkdir(parents=True)
     (base.root / "share/therock/dist_info.json").write_text(
-        json.dumps({"dist_amdgpu_targets": ";".join(arches), "dist_amdgpu_families": ";".join(arches)}) + "\n")
+        json.dumps({"dist_amdgpu_targets": ";".join(arches), "dist_amdgpu_families": ";".join(arches)}) + "\n"
+    )
     hip_dev = tree.add("core-hip", "dev", "generic", "core/clr/stage")
     (hip_dev.root / "include/hip").mkdir(parents=True)
     (hip_dev.root / "include/hip/hip_runtime.h").write_text("#pragma once\n#define HIP_VERSION 70100\n")
@@ -231,26 +305,45 @@ def build_artifacts(directory: Path, arches: tuple[str, ...] = ("gfx90a", "gfx94
     blas_prefix = "math-libs/BLAS/rocBLAS/stage"
     blas = tree.add("blas", "lib", "generic", blas_prefix)
     rocblas_relpath = "lib/librocblas.so.5.0.0"
-    code_objects = {arch: amdgpu_code_object(directory / ".device" / arch, arch, "kernel.hsaco", i + 1)
-                    for i, arch in enumerate(arches)}
+    code_objects = {
+        arch: amdgpu_code_object(directory / ".device" / arch, arch, "kernel.hsaco", i + 1)
+        for i, arch in enumerate(arches)
+    }
     rocblas_source = PLAIN_LIBRARY_SOURCE.format(symbol="rocblas_get_version", value=5)
     if kpack:
         # kpack-old: the reference names the generic .kpm (relative to the binary) and the component, not a path.
         rocblas_source += kpack_ref_asm(["../.kpack/blas_lib.kpm"], "blas_lib", 16384)
-    _versioned_library(blas.root / "lib", "rocblas", "5.0.0", "5", rocblas_source,
-                       needed_dirs=(clr.root / "lib",), needed=("libamdhip64.so.7",))
+    _versioned_library(
+        blas.root / "lib",
+        "rocblas",
+        "5.0.0",
+        "5",
+        rocblas_source,
+        needed_dirs=(clr.root / "lib",),
+        needed=("libamdhip64.so.7",),
+    )
     (blas.root / "lib/rocblas/library").mkdir(parents=True)
-    (blas.root / "lib/rocblas/library/TensileLibrary_lazy_fallback.dat").write_bytes(
-        msgpack.packb({"fallback": True}))
+    (blas.root / "lib/rocblas/library/TensileLibrary_lazy_fallback.dat").write_bytes(msgpack.packb({"fallback": True}))
     hipblas = tree.add("blas", "lib", "generic", "math-libs/BLAS/hipBLAS/stage")
-    _versioned_library(hipblas.root / "lib", "hipblas", "3.0.0", "3",
-                       PLAIN_LIBRARY_SOURCE.format(symbol="hipblasGetVersion", value=3),
-                       needed_dirs=(blas.root / "lib", clr.root / "lib"),
-                       needed=("librocblas.so.5", "libamdhip64.so.7"))
+    _versioned_library(
+        hipblas.root / "lib",
+        "hipblas",
+        "3.0.0",
+        "3",
+        PLAIN_LIBRARY_SOURCE.format(symbol="hipblasGetVersion", value=3),
+        needed_dirs=(blas.root / "lib", clr.root / "lib"),
+        needed=("librocblas.so.5", "libamdhip64.so.7"),
+    )
     miopen = tree.add("miopen", "lib", "generic", "ml-libs/MIOpen/stage")
-    _versioned_library(miopen.root / "lib", "MIOpen", "1.0.0", "1",
-                       PLAIN_LIBRARY_SOURCE.format(symbol="miopenGetVersion", value=1),
-                       needed_dirs=(clr.root / "lib",), needed=("libamdhip64.so.7",))
+    _versioned_library(
+        miopen.root / "lib",
+        "MIOpen",
+        "1.0.0",
+        "1",
+        PLAIN_LIBRARY_SOURCE.format(symbol="miopenGetVersion", value=1),
+        needed_dirs=(clr.root / "lib",),
+        needed=("libamdhip64.so.7",),
+    )
 
     kpack_files: dict[str, dict[str, object]] = {}
     for arch in arches:
@@ -261,15 +354,22 @@ def build_artifacts(directory: Path, arches: tuple[str, ...] = ("gfx90a", "gfx94
         shutil.copyfile(code_objects[arch], library_dir / f"Kernels.so-000-{arch}.hsaco")
         (library_dir / f"TensileLibrary_lazy_{arch}.dat").write_bytes(msgpack.packb({"arch": arch}))
         if kpack:
-            archive = kpack_archive("blas_lib", arch, [(f"{blas_prefix}/{rocblas_relpath}",
-                                                        code_objects[arch].read_bytes())], blas_prefix)
+            archive = kpack_archive(
+                "blas_lib", arch, [(f"{blas_prefix}/{rocblas_relpath}", code_objects[arch].read_bytes())], blas_prefix
+            )
             (device_blas.root / ".kpack").mkdir()
             (device_blas.root / f".kpack/blas_lib_{arch}.kpack").write_bytes(archive)
             kpack_files[arch] = {"file": f"blas_lib_{arch}.kpack", "size": len(archive), "kernel_count": 1}
         device_miopen = tree.add("miopen", "lib", arch, "ml-libs/MIOpen/stage")
-        _versioned_library(device_miopen.root / "lib", f"MIOpenCKGroupedConv_{arch}", "1.0.0", "1",
-                           PLAIN_LIBRARY_SOURCE.format(symbol=f"ck_grouped_conv_{arch}", value=1),
-                           needed_dirs=(clr.root / "lib",), needed=("libamdhip64.so.7",))
+        _versioned_library(
+            device_miopen.root / "lib",
+            f"MIOpenCKGroupedConv_{arch}",
+            "1.0.0",
+            "1",
+            PLAIN_LIBRARY_SOURCE.format(symbol=f"ck_grouped_conv_{arch}", value=1),
+            needed_dirs=(clr.root / "lib",),
+            needed=("libamdhip64.so.7",),
+        )
         # MIOpen's per-arch plugin ships as a plain libFoo_gfxNNN.so: keep only that name.
         lib_dir = device_miopen.root / "lib"
         for alias in (f"libMIOpenCKGroupedConv_{arch}.so", f"libMIOpenCKGroupedConv_{arch}.so.1"):
@@ -279,10 +379,14 @@ def build_artifacts(directory: Path, arches: tuple[str, ...] = ("gfx90a", "gfx94
         real.rename(lib_dir / f"libMIOpenCKGroupedConv_{arch}.so")
         _kdb(device_miopen.root / f"share/miopen/db/{arch}130.kdb", arch)
         (device_miopen.root / f"share/miopen/db/{arch}130.HIP.fdb.txt").write_text(
-            f"1-1-1-1x1-1-1-1-fixture-{arch}=ConvDirectNaiveConvFwd:0.1,1\n")
+            f"1-1-1-1x1-1-1-1-fixture-{arch}=ConvDirectNaiveConvFwd:0.1,1\n"
+        )
     if kpack:
         (blas.root / ".kpack").mkdir()
-        (blas.root / ".kpack/blas_lib.kpm").write_bytes(msgpack.packb(
-            {"format_version": 1, "component_name": "blas_lib", "prefix": blas_prefix, "kpack_files": kpack_files}))
+        (blas.root / ".kpack/blas_lib.kpm").write_bytes(
+            msgpack.packb(
+                {"format_version": 1, "component_name": "blas_lib", "prefix": blas_prefix, "kpack_files": kpack_files}
+            )
+        )
     shutil.rmtree(directory / ".device")
     return tree

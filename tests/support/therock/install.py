@@ -31,17 +31,28 @@ def _session_dir() -> Path:
     return _session_root
 
 
-def cached_index(*, nonce: str = "", legacy_families: tuple[str, ...] = (), kpack: bool = True,
-                 member_order: str = "sorted", compress_devel: bool = False) -> BuiltIndex:
+def cached_index(
+    *,
+    nonce: str = "",
+    legacy_families: tuple[str, ...] = (),
+    kpack: bool = True,
+    member_order: str = "sorted",
+    compress_devel: bool = False,
+) -> BuiltIndex:
     """Artifacts are compiled once per process; each option set is packaged once."""
     if kpack not in _artifact_cache:
         _artifact_cache[kpack] = build_artifacts(_session_dir() / f"artifacts-kpack{int(kpack)}", ARCHES, kpack=kpack)
     key = (nonce, tuple(legacy_families), kpack, member_order, compress_devel)
     if key not in _index_cache:
         name = f"index-{len(_index_cache)}"
-        _index_cache[key] = build_index(_artifact_cache[kpack], _session_dir() / name, nonce=nonce,
-                                        legacy_families=tuple(legacy_families), member_order=member_order,
-                                        compress_devel=compress_devel)
+        _index_cache[key] = build_index(
+            _artifact_cache[kpack],
+            _session_dir() / name,
+            nonce=nonce,
+            legacy_families=tuple(legacy_families),
+            member_order=member_order,
+            compress_devel=compress_devel,
+        )
     return _index_cache[key]
 
 
@@ -84,8 +95,9 @@ class TheRockInstall:
         return env
 
     def run_python(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.python), *args], capture_output=True, text=True, env=self.env(),
-                              timeout=timeout, cwd=self.venv)
+        return subprocess.run(
+            [str(self.python), *args], capture_output=True, text=True, env=self.env(), timeout=timeout, cwd=self.venv
+        )
 
     def run_rocm_sdk(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """``python -m rocm_sdk <args>`` in the venv; never raises on a non-zero exit."""
@@ -93,8 +105,16 @@ class TheRockInstall:
 
     def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
         """The project's pip driving this venv's interpreter (``pip --python``), offline, from ``index_dir``."""
-        argv = [sys.executable, "-m", "pip", "--python", str(self.python), "--disable-pip-version-check",
-                "--no-input", *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(self.python),
+            "--disable-pip-version-check",
+            "--no-input",
+            *args,
+        ]
         if args and args[0] == "install":
             argv += ["--no-index", "--find-links", str(self.index_dir)]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
@@ -104,8 +124,10 @@ class TheRockInstall:
 
     def preload_after_devel_hip(self) -> subprocess.CompletedProcess[str]:
         """Load devel's ``lib/libamdhip64.so`` RTLD_GLOBAL, then upstream's standard preload (the #7818 path)."""
-        code = ("import ctypes, sys, rocm_sdk; ctypes.CDLL(sys.argv[1], ctypes.RTLD_GLOBAL); "
-                "rocm_sdk.preload_libraries('amd_comgr', 'amdhip64', 'hiprtc', 'rocm_kpack'); print('loaded')")
+        code = (
+            "import ctypes, sys, rocm_sdk; ctypes.CDLL(sys.argv[1], ctypes.RTLD_GLOBAL); "
+            "rocm_sdk.preload_libraries('amd_comgr', 'amdhip64', 'hiprtc', 'rocm_kpack'); print('loaded')"
+        )
         return self.run_python("-c", code, str(self.devel / "lib" / "libamdhip64.so"))
 
     def split(self, kind: str) -> None:
@@ -122,8 +144,9 @@ class TheRockInstall:
         elif kind == "tar-hard-dereference":
             staging = sp.with_name(sp.name + ".tar-split")
             staging.mkdir()
-            archive = subprocess.Popen(["tar", "--hard-dereference", "-C", str(sp), "-cf", "-", "."],
-                                       stdout=subprocess.PIPE)
+            archive = subprocess.Popen(
+                ["tar", "--hard-dereference", "-C", str(sp), "-cf", "-", "."], stdout=subprocess.PIPE
+            )
             subprocess.run(["tar", "-C", str(staging), "-xf", "-"], stdin=archive.stdout, check=True)
             assert archive.wait() == 0
             shutil.rmtree(sp)
@@ -143,24 +166,44 @@ def _replace_with(directory: Path, copy_argv: list[str]) -> None:
     copy.rename(directory)
 
 
-def build_therock_install(tmp_path: Path, *, nonce: str = "", legacy_families: tuple[str, ...] = (),
-                          kpack: bool = True, extras: tuple[str, ...] | None = None, member_order: str = "sorted",
-                          compress_devel: bool = False, init: bool = False) -> TheRockInstall:
+def build_therock_install(
+    tmp_path: Path,
+    *,
+    nonce: str = "",
+    legacy_families: tuple[str, ...] = (),
+    kpack: bool = True,
+    extras: tuple[str, ...] | None = None,
+    member_order: str = "sorted",
+    compress_devel: bool = False,
+    init: bool = False,
+) -> TheRockInstall:
     """Build (cached per process) and pip-install a TheRock-faithful ROCm wheel SDK into ``tmp_path / "venv"``.
 
     ``extras`` defaults to ``libraries, devel, device-<arch>`` for every arch; ``legacy_families`` (e.g.
     ``("gfx94X-dcgpu", "gfx90X-dcgpu")``) also installs those per-family libraries wheels; ``init`` runs
     ``rocm-sdk init`` (otherwise devel stays a tarball until the first init/path/test).
     """
-    index = cached_index(nonce=nonce, legacy_families=legacy_families, kpack=kpack, member_order=member_order,
-                         compress_devel=compress_devel)
+    index = cached_index(
+        nonce=nonce,
+        legacy_families=legacy_families,
+        kpack=kpack,
+        member_order=member_order,
+        compress_devel=compress_devel,
+    )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     python = venv / "bin" / "python"
-    site_packages = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('platlib'))"],
-                                        check=True, capture_output=True, text=True).stdout.strip())
-    install = TheRockInstall(venv, python, site_packages, index.index_dir, index.version, nonce, index.arches,
-                             tuple(legacy_families))
+    site_packages = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('platlib'))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    install = TheRockInstall(
+        venv, python, site_packages, index.index_dir, index.version, nonce, index.arches, tuple(legacy_families)
+    )
     chosen = extras if extras is not None else ("libraries", "devel", *(f"device-{a}" for a in index.arches))
     requirements = [f"rocm[{','.join(chosen)}]=={index.version}"]
     requirements += [f"rocm-sdk-libraries-{family}=={index.version}" for family in legacy_families]

@@ -53,7 +53,7 @@ def file_type(path: Path) -> str:
         if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
             return "other"
         e_type = struct.unpack_from("<H", header, 16)[0]
-        e_phoff, = struct.unpack_from("<Q", header, 32)
+        (e_phoff,) = struct.unpack_from("<Q", header, 32)
         e_phentsize, e_phnum = struct.unpack_from("<HH", header, 54)
         has_interp = False
         for index in range(e_phnum):
@@ -65,8 +65,9 @@ def file_type(path: Path) -> str:
 
 
 def get_soname(path: Path) -> str:
-    return subprocess.run(["patchelf", "--print-soname", str(path)], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["patchelf", "--print-soname", str(path)], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def exec_stub(dest: Path, relative_target: str) -> None:
@@ -78,7 +79,8 @@ def exec_stub(dest: Path, relative_target: str) -> None:
         "int main(int argc, char **argv) { Dl_info info; char self[PATH_MAX], target[PATH_MAX];\n"
         "  (void)argc; if (!dladdr((void *)main, &info) || !realpath(info.dli_fname, self)) return 127;\n"
         f'  snprintf(target, sizeof target, "%s/%s", dirname(self), "{relative_target}");\n'
-        "  argv[0] = target; execv(target, argv); perror(target); return 127; }\n")
+        "  argv[0] = target; execv(target, argv); perror(target); return 127; }\n"
+    )
     subprocess.run(["gcc", "-fPIE", "-pie", "-o", str(dest), str(source), "-ldl"], check=True, capture_output=True)
     source.unlink()
 
@@ -116,14 +118,19 @@ class Package:
     def _patch_rpath(self, dest: Path) -> None:
         for rpath in self.rpath_relpaths:
             up = os.path.relpath(self.staging, dest.parent)
-            subprocess.run(["patchelf", "--add-rpath", f"$ORIGIN/{up}/{self.core_platform_name}/{rpath}", str(dest)],
-                           check=True, capture_output=True)
-        existing = subprocess.run(["patchelf", "--print-rpath", str(dest)], check=True, capture_output=True,
-                                  text=True).stdout.strip()
+            subprocess.run(
+                ["patchelf", "--add-rpath", f"$ORIGIN/{up}/{self.core_platform_name}/{rpath}", str(dest)],
+                check=True,
+                capture_output=True,
+            )
+        existing = subprocess.run(
+            ["patchelf", "--print-rpath", str(dest)], check=True, capture_output=True, text=True
+        ).stdout.strip()
         if existing:
             # --force-rpath: DT_RPATH, not RUNPATH, so LD_LIBRARY_PATH cannot interfere (upstream comment).
-            subprocess.run(["patchelf", "--set-rpath", existing, "--force-rpath", str(dest)], check=True,
-                           capture_output=True)
+            subprocess.run(
+                ["patchelf", "--set-rpath", existing, "--force-rpath", str(dest)], check=True, capture_output=True
+            )
 
     def materialize(self, relpath: str, source: Path) -> None:
         dest = self.platform_dir / relpath
@@ -198,8 +205,9 @@ def populate_device(package: Package, artifacts: list[Artifact], version: str, l
     manifest.write_text(json.dumps({"version": version, "links": links}, indent=2))
 
 
-def populate_devel(devel: Package, artifacts: list[Artifact], runtime: list[Package], *,
-                   member_order: str, compress: bool) -> None:
+def populate_devel(
+    devel: Package, artifacts: list[Artifact], runtime: list[Package], *, member_order: str, compress: bool
+) -> None:
     """populate_devel_files + _populate_devel_file, then the ``_devel.tar`` of the platform tree."""
     root = devel.platform_dir
     for relpath, entry in artifact_entries(artifacts):
@@ -233,8 +241,9 @@ def populate_devel(devel: Package, artifacts: list[Artifact], runtime: list[Pack
     shutil.rmtree(root)
 
 
-def dist_info_source(version: str, nonce: str, families: list[str], *, kpack_split: bool, logical_name: str,
-                     target_family: str | None) -> str:
+def dist_info_source(
+    version: str, nonce: str, families: list[str], *, kpack_split: bool, logical_name: str, target_family: str | None
+) -> str:
     """The generated _dist_info.py: template + the lines py_packaging.Parameters appends."""
     lines = [f"__version__ = {version!r}", f"PY_PACKAGE_SUFFIX_NONCE = {nonce!r}"]
     if kpack_split:
@@ -264,7 +273,7 @@ def write_wheel(package: Package, version: str, index_dir: Path) -> Path:
     meta_files = {
         "METADATA": "\n".join(metadata) + "\n\n",
         "WHEEL": f"Wheel-Version: 1.0\nGenerator: rocm-audit-therock-fixture\nRoot-Is-Purelib: "
-                 f"{'false' if platform else 'true'}\nTag: {tag}\n",
+        f"{'false' if platform else 'true'}\nTag: {tag}\n",
     }
     if package.entry_points:
         meta_files["entry_points.txt"] = package.entry_points
@@ -299,9 +308,16 @@ class BuiltIndex:
     wheels: dict[str, Path]
 
 
-def build_index(tree: ArtifactTree, work_dir: Path, *, version: str = "7.13.0", nonce: str = "",
-                legacy_families: tuple[str, ...] = (), member_order: str = "sorted",
-                compress_devel: bool = False) -> BuiltIndex:
+def build_index(
+    tree: ArtifactTree,
+    work_dir: Path,
+    *,
+    version: str = "7.13.0",
+    nonce: str = "",
+    legacy_families: tuple[str, ...] = (),
+    member_order: str = "sorted",
+    compress_devel: bool = False,
+) -> BuiltIndex:
     """Package ``tree`` the way build_python_packages.py's kpack-split flow does, plus optional legacy wheels."""
     if work_dir.exists():
         shutil.rmtree(work_dir)
@@ -313,12 +329,12 @@ def build_index(tree: ArtifactTree, work_dir: Path, *, version: str = "7.13.0", 
     libraries_platform = f"_rocm_sdk_libraries{nonce}"
 
     def dist_info(logical: str, family: str | None = None) -> str:
-        return dist_info_source(version, nonce, families, kpack_split=True, logical_name=logical,
-                                target_family=family)
+        return dist_info_source(version, nonce, families, kpack_split=True, logical_name=logical, target_family=family)
 
     def select(names: frozenset[str], family: str = "generic", *, dev: bool = False) -> list[Artifact]:
-        return [a for a in tree.artifacts if a.name in names and a.target_family == family
-                and (a.component == "dev") == dev]
+        return [
+            a for a in tree.artifacts if a.name in names and a.target_family == family and (a.component == "dev") == dev
+        ]
 
     def stage(package: Package, logical: str, family: str | None = None) -> Package:
         package.pure_dir.mkdir(parents=True, exist_ok=True)
@@ -326,42 +342,93 @@ def build_index(tree: ArtifactTree, work_dir: Path, *, version: str = "7.13.0", 
         (package.pure_dir / "_dist_info.py").write_text(dist_info(logical, family))
         return package
 
-    core = stage(Package("rocm-sdk-core", "rocm_sdk_core", core_platform, work_dir / "rocm-sdk-core",
-                         rpath_relpaths=CORE_RPATHS, core_platform_name=core_platform), "core")
+    core = stage(
+        Package(
+            "rocm-sdk-core",
+            "rocm_sdk_core",
+            core_platform,
+            work_dir / "rocm-sdk-core",
+            rpath_relpaths=CORE_RPATHS,
+            core_platform_name=core_platform,
+        ),
+        "core",
+    )
     # build_python_packages.py excludes "**/cmake/**" from core; our cmake files only live in a dev component.
     populate_runtime(core, select(CORE_ARTIFACTS))
-    libraries = stage(Package("rocm-sdk-libraries", "rocm_sdk_libraries", libraries_platform,
-                              work_dir / "rocm-sdk-libraries", rpath_relpaths=LIBRARIES_RPATHS,
-                              core_platform_name=core_platform, requires=[f"rocm-sdk-core=={version}"]), "libraries")
+    libraries = stage(
+        Package(
+            "rocm-sdk-libraries",
+            "rocm_sdk_libraries",
+            libraries_platform,
+            work_dir / "rocm-sdk-libraries",
+            rpath_relpaths=LIBRARIES_RPATHS,
+            core_platform_name=core_platform,
+            requires=[f"rocm-sdk-core=={version}"],
+        ),
+        "libraries",
+    )
     populate_runtime(libraries, select(LIBRARIES_ARTIFACTS))
-    wheels = {"rocm-sdk-core": write_wheel(core, version, index_dir),
-              "rocm-sdk-libraries": write_wheel(libraries, version, index_dir)}
+    wheels = {
+        "rocm-sdk-core": write_wheel(core, version, index_dir),
+        "rocm-sdk-libraries": write_wheel(libraries, version, index_dir),
+    }
     for arch in arches:
         # The device wheel's only package is the libraries platform package (templates/rocm-sdk-device/setup.py),
         # so its RECORD also lists _rocm_sdk_libraries/__init__.py.
-        device = Package(f"rocm-sdk-device-{arch}", "", libraries_platform, work_dir / f"rocm-sdk-device-{arch}",
-                         target_family=arch, rpath_relpaths=DEVICE_RPATHS, core_platform_name=core_platform,
-                         requires=[f"rocm-sdk-libraries=={version}"])
+        device = Package(
+            f"rocm-sdk-device-{arch}",
+            "",
+            libraries_platform,
+            work_dir / f"rocm-sdk-device-{arch}",
+            target_family=arch,
+            rpath_relpaths=DEVICE_RPATHS,
+            core_platform_name=core_platform,
+            requires=[f"rocm-sdk-libraries=={version}"],
+        )
         populate_device(device, select(LIBRARIES_ARTIFACTS, arch), version, libraries_platform)
         wheels[device.dist_name] = write_wheel(device, version, index_dir)
     for family in legacy_families:
         platform_name = f"_rocm_sdk_libraries_{family.replace('-', '_')}{nonce}"
-        legacy = stage(Package(f"rocm-sdk-libraries-{family}", f"rocm_sdk_libraries_{family.replace('-', '_')}",
-                               platform_name, work_dir / f"rocm-sdk-libraries-{family}", target_family=family,
-                               rpath_relpaths=LIBRARIES_RPATHS, core_platform_name=core_platform,
-                               requires=[f"rocm-sdk-core=={version}"]), "libraries", family)
+        legacy = stage(
+            Package(
+                f"rocm-sdk-libraries-{family}",
+                f"rocm_sdk_libraries_{family.replace('-', '_')}",
+                platform_name,
+                work_dir / f"rocm-sdk-libraries-{family}",
+                target_family=family,
+                rpath_relpaths=LIBRARIES_RPATHS,
+                core_platform_name=core_platform,
+                requires=[f"rocm-sdk-core=={version}"],
+            ),
+            "libraries",
+            family,
+        )
         embedded = [a for arch in LEGACY_FAMILY_ARCHES[family] for a in select(LIBRARIES_ARTIFACTS, arch)]
         populate_runtime(legacy, select(LIBRARIES_ARTIFACTS) + embedded)
         wheels[legacy.dist_name] = write_wheel(legacy, version, index_dir)
 
-    devel = stage(Package("rocm-sdk-devel", "rocm_sdk_devel", f"_rocm_sdk_devel{nonce}", work_dir / "rocm-sdk-devel",
-                          requires=[f"rocm-sdk-core=={version}"]), "devel")
+    devel = stage(
+        Package(
+            "rocm-sdk-devel",
+            "rocm_sdk_devel",
+            f"_rocm_sdk_devel{nonce}",
+            work_dir / "rocm-sdk-devel",
+            requires=[f"rocm-sdk-core=={version}"],
+        ),
+        "devel",
+    )
     devel_artifacts = [a for a in tree.artifacts if a.target_family == "generic" and a.component != "test"]
     populate_devel(devel, devel_artifacts, [core, libraries], member_order=member_order, compress=compress_devel)
     wheels["rocm-sdk-devel"] = write_wheel(devel, version, index_dir)
 
-    meta = Package("rocm", "rocm_sdk", None, work_dir / "rocm", requires=[f"rocm-sdk-core=={version}"],
-                   entry_points="[console_scripts]\nrocm-sdk = rocm_sdk.__main__:main\n")
+    meta = Package(
+        "rocm",
+        "rocm_sdk",
+        None,
+        work_dir / "rocm",
+        requires=[f"rocm-sdk-core=={version}"],
+        entry_points="[console_scripts]\nrocm-sdk = rocm_sdk.__main__:main\n",
+    )
     shutil.copytree(TEMPLATE_DIR / "rocm_sdk", meta.pure_dir, ignore=shutil.ignore_patterns("__pycache__"))
     (meta.pure_dir / "_dist_info.py").write_text(dist_info("meta"))
     # The rocm setup.py's extras (EXTRAS_REQUIRE + build_per_target_extras), resolved statically into a wheel.

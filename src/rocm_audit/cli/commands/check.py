@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,23 +13,32 @@ from rocm_audit.outcome import CommandOutcome
 @reporting_command()
 def command(
     report: Report,
-    targets: Annotated[Optional[list[str]], typer.Argument(  # noqa: UP045
-        metavar="[TARGET]...", help="GPU targets (gfx950, gfx942:sramecc+:xnack-, or \"gfx942;gfx950\"). "
-                                    "Default: $GPU_ARCH, else dist_info.json of _rocm_sdk_core.")] = None,
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(  # noqa: UP045
+            metavar="[TARGET]...",
+            help='GPU targets (gfx950, gfx942:sramecc+:xnack-, or "gfx942;gfx950"). '
+            "Default: $GPU_ARCH, else dist_info.json of _rocm_sdk_core.",
+        ),
+    ] = None,
     paths: PathsOption = None,
     probe: Annotated[bool, typer.Option("--probe", help="Confirm LLVM clashes with sandboxed load probes.")] = False,
-    sysroot: Annotated[str, typer.Option("--sysroot", metavar="DIR",
-                                         help="Root of the system the files run on (an unpacked image).")] = "/",
-    skip: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
-        "--skip", metavar="CHECK", help="Leave out dedup, verify-arch, llvm or post-build; repeatable.")] = None,
+    sysroot: Annotated[
+        str, typer.Option("--sysroot", metavar="DIR", help="Root of the system the files run on (an unpacked image).")
+    ] = "/",
+    skip: Annotated[
+        list[str] | None,
+        typer.Option(  # noqa: UP045
+            "--skip", metavar="CHECK", help="Leave out dedup, verify-arch, llvm or post-build; repeatable."
+        ),
+    ] = None,
 ) -> CommandOutcome:
     """Run every check over one inventory: dedup (check mode), verify-arch, llvm and post-build checks."""
 
     from rocm_audit.audit.check import CheckOptions, checks_to_skip, run_check
     from rocm_audit.cli.progress import progress_line
 
-    options = CheckOptions(targets=list(targets or []), sysroot=sysroot, probe=probe,
-                           skip=checks_to_skip(skip or []))
+    options = CheckOptions(targets=list(targets or []), sysroot=sysroot, probe=probe, skip=checks_to_skip(skip or []))
     with progress_line("check: scanning", report.quiet) as progress:
         outcome = run_check(paths, options, progress)
     return outcome

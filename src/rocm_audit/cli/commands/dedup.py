@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,17 +14,29 @@ from rocm_audit.outcome import CommandOutcome
 def command(
     report: Report,
     paths: PathsOption = None,
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Print the plan (and an equivalent shell script); change nothing.")] = False,
-    check: Annotated[bool, typer.Option(
-        "--check", help="Change nothing; exit 1 if anything would change (CI gate).")] = False,
-    manifest: Annotated[Optional[str], typer.Option(  # noqa: UP045
-        "--manifest", metavar="FILE",
-        help="Revert manifest to append to. Default: .rocm-audit/dedup-manifest.jsonl in the directory "
-             "holding the SDK trees.")] = None,
-    revert: Annotated[Optional[list[str]], typer.Option(  # noqa: UP045
-        "--revert", metavar="MANIFEST",
-        help="Turn the links recorded in MANIFEST back into regular files; repeatable.")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan (and an equivalent shell script); change nothing.")
+    ] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Change nothing; exit 1 if anything would change (CI gate).")
+    ] = False,
+    manifest: Annotated[
+        str | None,
+        typer.Option(  # noqa: UP045
+            "--manifest",
+            metavar="FILE",
+            help="Revert manifest to append to. Default: .rocm-audit/dedup-manifest.jsonl in the directory "
+            "holding the SDK trees.",
+        ),
+    ] = None,
+    revert: Annotated[
+        list[str] | None,
+        typer.Option(  # noqa: UP045
+            "--revert",
+            metavar="MANIFEST",
+            help="Turn the links recorded in MANIFEST back into regular files; repeatable.",
+        ),
+    ] = None,
 ) -> CommandOutcome:
     """Replace byte-identical SDK shared libraries by relative symlinks to the runtime copy.
 

@@ -31,8 +31,7 @@ def command(
         str | None,
         typer.Argument(  # noqa: UP045
             metavar="[REF]",
-            help="Image in the Docker daemon (name:tag or id); with --archive, which image "
-            "of a multi-image archive.",
+            help="Image in the Docker daemon (name:tag or id); with --archive, which image of a multi-image archive.",
         ),
     ] = None,
     archive: Annotated[
@@ -109,10 +108,7 @@ def command(
     from rocm_audit.image.audit import ImageOptions, audit_archive
 
     if archive is None and ref is None:
-        raise UsageError(
-            "name an image (rocm-audit image REF) or an archive "
-            "(rocm-audit image --archive FILE)"
-        )
+        raise UsageError("name an image (rocm-audit image REF) or an archive (rocm-audit image --archive FILE)")
     if layers and archive is not None:
         raise UsageError("--layers is for REF (an archive is always read layer by layer)")
     options = ImageOptions(

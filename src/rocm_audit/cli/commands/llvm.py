@@ -62,8 +62,7 @@ def command(
         typer.Option(
             "--sysroot",
             metavar="DIR",
-            help="Resolve default library directories and ld.so.conf under DIR "
-            "(an unpacked image).",
+            help="Resolve default library directories and ld.so.conf under DIR (an unpacked image).",
         ),
     ] = "/",
     ld_library_path: Annotated[

@@ -12,14 +12,27 @@ def command(report: Report) -> CommandOutcome:
     from rocm_audit.rulebook.policy import active_policy
 
     policy = active_policy()
-    listed = [{
-        "id": rule.id, "title": rule.title, "severity": rule.severity.value,
-        "severity_source": policy.severity_sources.get(rule.id, rule.source),
-        "defined_in": rule.source, "rationale": rule.rationale, "fix": rule.fix,
-    } for rule in sorted(policy.rules.values(), key=lambda r: r.id)]
-    settings = [{"area": area, "key": key, "value": value, "source": policy.setting_sources.get((area, key), "")}
-                for area, table in sorted(policy.settings.items()) for key, value in sorted(table.items())]
-    ignores = [{"rule": i.rule, "path": i.path_glob, "reason": i.reason, "source": i.source}
-               for i in policy.ignores]
-    return CommandOutcome(command="rules", findings=[], inputs=list(policy.files),
-                          sections={"rules": listed, "policy": settings, "ignores": ignores})
+    listed = [
+        {
+            "id": rule.id,
+            "title": rule.title,
+            "severity": rule.severity.value,
+            "severity_source": policy.severity_sources.get(rule.id, rule.source),
+            "defined_in": rule.source,
+            "rationale": rule.rationale,
+            "fix": rule.fix,
+        }
+        for rule in sorted(policy.rules.values(), key=lambda r: r.id)
+    ]
+    settings = [
+        {"area": area, "key": key, "value": value, "source": policy.setting_sources.get((area, key), "")}
+        for area, table in sorted(policy.settings.items())
+        for key, value in sorted(table.items())
+    ]
+    ignores = [{"rule": i.rule, "path": i.path_glob, "reason": i.reason, "source": i.source} for i in policy.ignores]
+    return CommandOutcome(
+        command="rules",
+        findings=[],
+        inputs=list(policy.files),
+        sections={"rules": listed, "policy": settings, "ignores": ignores},
+    )

@@ -13,8 +13,9 @@ import os
 class PackageEntry:
     """One distribution: logical name, dist-name template (``{target_family}`` if per family), pure package."""
 
-    def __init__(self, logical_name: str, dist_package_template: str, *, pure_py_package_name: str,
-                 required: bool = False) -> None:
+    def __init__(
+        self, logical_name: str, dist_package_template: str, *, pure_py_package_name: str, required: bool = False
+    ) -> None:
         self.logical_name = logical_name
         self.dist_package_template = dist_package_template
         self.pure_py_package_name = pure_py_package_name

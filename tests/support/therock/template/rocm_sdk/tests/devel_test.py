@@ -51,8 +51,9 @@ class ROCmDevelTest(unittest.TestCase):
         self.assertTrue(so_paths)
         for so_path in so_paths:
             with self.subTest(msg="Check shared library loads", so_path=so_path):
-                subprocess.check_call([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])",
-                                       str(so_path)])
+                subprocess.check_call(
+                    [sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(so_path)]
+                )
 
     def testLibrariesMirroredIntoDevel(self) -> None:
         """Every file of the libraries tree is in devel as the same inode (a symlink resolving to it passes)."""
@@ -78,5 +79,8 @@ class ROCmDevelTest(unittest.TestCase):
             elif not devel_file.samefile(libs_file):
                 not_hardlinked.append(rel)
         self.assertFalse(missing, msg=f"{len(missing)} libraries file(s) missing from devel: {sorted(missing)}")
-        self.assertFalse(not_hardlinked, msg=f"{len(not_hardlinked)} libraries file(s) present in devel but not "
-                                             f"hardlinked (different inode): {sorted(map(str, not_hardlinked))}")
+        self.assertFalse(
+            not_hardlinked,
+            msg=f"{len(not_hardlinked)} libraries file(s) present in devel but not "
+            f"hardlinked (different inode): {sorted(map(str, not_hardlinked))}",
+        )
