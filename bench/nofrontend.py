@@ -7,7 +7,7 @@ import gc
 import os
 import sys
 
-from rocm_audit.dedup.engine import run_dedup
+from rocm_audit.dedup.run import run_dedup
 from rocm_audit.output.text import render_text
 from rocm_audit.rulebook.policy import load_policy, using_policy
 

@@ -93,7 +93,7 @@ def test_internal_errors_exit_3_on_every_command(command, tmp_path, monkeypatch)
         raise RuntimeError("simulated bug")
 
     monkeypatch.setattr(inventory, "build_inventory", broken)
-    modules = ("rocm_audit.dedup.engine", "rocm_audit.audit.check", "rocm_audit.gpu.verify", "rocm_audit.llvm.clashes")
+    modules = ("rocm_audit.dedup.run", "rocm_audit.audit.check", "rocm_audit.gpu.verify", "rocm_audit.llvm.clashes")
     for module in modules:
         loaded = sys.modules.get(module) or __import__(module, fromlist=["x"])
         if hasattr(loaded, "build_inventory"):

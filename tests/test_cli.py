@@ -45,7 +45,7 @@ def test_usage_errors_exit_2_with_one_line_and_no_traceback(tmp_path):
 
 
 def test_internal_errors_exit_3_and_show_a_traceback_only_with_debug(monkeypatch, capsys, tmp_path):
-    from rocm_audit.dedup import engine as dedup
+    from rocm_audit.dedup import run as dedup
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug")

@@ -154,7 +154,7 @@ def test_memory_stays_bounded_on_a_huge_library(tmp_path, zoo):
             handle.write((zoo / "libplain.so.1").read_bytes())
             handle.truncate(700 << 20)
     probe = textwrap.dedent(f"""
-        from rocm_audit.dedup.engine import run_dedup
+        from rocm_audit.dedup.run import run_dedup
         outcome = run_dedup([{str(tmp_path)!r}], mode="check")
         groups = outcome.sections["dedup"]["groups"]
         print(len(groups), {PEAK_RSS_KIB_EXPR} // 1024)

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.dedup.engine import apply_plan, make_plan, revert_manifests, run_dedup
+from rocm_audit.dedup import apply as dedup_apply
+from rocm_audit.dedup import link as dedup_link
+from rocm_audit.dedup import manifest as dedup_manifest
+from rocm_audit.dedup import plan as dedup_plan
+from rocm_audit.dedup import tuning
+from rocm_audit.dedup import verify as dedup_verify
+from rocm_audit.dedup.apply import apply_plan
+from rocm_audit.dedup.plan import hardlinked, make_plan
+from rocm_audit.dedup.revert import revert_manifests
+from rocm_audit.dedup.run import run_dedup
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import TEMP_PREFIX, build_inventory
 from support.sdk_tree import resolved_bytes, snapshot
@@ -174,19 +183,18 @@ def test_apply_compares_once_and_regroups_members_that_differ_from_their_keeper(
     exact plan of a dry run says, and the revert manifest must undo it. With helpers, every
     comparison (the dry run's and the apply's) is cut into one-chunk pieces that several processes
     share, and the outcome must not change."""
-    from rocm_audit.dedup import engine as dedup_module
-
     asked: list[tuple[int, int]] = []  # (items, processes) per comparison
     if sharing != "one process":
-        fork_imap = dedup_module.fork_imap
+        fork_imap = dedup_apply.fork_imap
 
         def counting_fork_imap(function, items, priorities, workers, meanwhile=None):
             asked.append((len(items), workers))
             return fork_imap(function, items, priorities, workers, meanwhile)
 
-        monkeypatch.setattr(dedup_module, "fork_imap", counting_fork_imap)
-        monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
-        monkeypatch.setattr(dedup_module, "PIECE_BYTES", 1)  # pieces of one chunk
+        monkeypatch.setattr(dedup_plan, "fork_imap", counting_fork_imap)
+        monkeypatch.setattr(dedup_apply, "fork_imap", counting_fork_imap)
+        monkeypatch.setattr(tuning, "PARALLEL_MIN_BYTES", 0)
+        monkeypatch.setattr(tuning, "PIECE_BYTES", 1)  # pieces of one chunk
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
         monkeypatch.setattr("rocm_audit.tree.forkmap.threading.active_count", lambda: 1)
     trio, library, middle_changed = _write_trio(sdk)
@@ -221,30 +229,29 @@ def test_apply_hands_out_the_snapshot_then_pairs_smallest_first_each_in_one_run_
     """The order of work that lets the first link come early: every snapshot share before any
     comparison (no link is made without the snapshot), then the pairs from the smallest up, the
     pieces of one pair one after another from its first byte to its last."""
-    from rocm_audit.dedup import engine as dedup_module
     from rocm_audit.tree.identical import CHUNK_BYTES
 
     handed_out: list[list] = []
-    fork_imap = dedup_module.fork_imap
+    fork_imap = dedup_apply.fork_imap
 
     def recording_fork_imap(function, items, priorities, workers, meanwhile=None):
         order = sorted(range(len(items)), key=lambda i: -priorities[i])  # fork_imap's documented order
         handed_out.append([items[i] for i in order])
         return fork_imap(function, items, priorities, workers, meanwhile)
 
-    monkeypatch.setattr(dedup_module, "fork_imap", recording_fork_imap)
-    monkeypatch.setattr(dedup_module, "PIECE_BYTES", 2 * CHUNK_BYTES)  # pieces of one chunk per file
-    monkeypatch.setattr(dedup_module, "SNAPSHOT_SHARE", 2)
+    monkeypatch.setattr(dedup_apply, "fork_imap", recording_fork_imap)
+    monkeypatch.setattr(tuning, "PIECE_BYTES", 2 * CHUNK_BYTES)  # pieces of one chunk per file
+    monkeypatch.setattr(tuning, "SNAPSHOT_SHARE", 2)
     big = random.Random(3).randbytes(5 * CHUNK_BYTES + 17)
     for tree in (sdk.core, sdk.devel):
         (tree / "lib" / "libbig.so.1").write_bytes((sdk.core / "lib" / "libamd_comgr.so.3").read_bytes() + big)
     outcome = run_dedup([str(sdk.site)], mode="apply")
     assert outcome.sections["dedup"]["replaced"] >= 4
-    first_round = next(r for r in handed_out if any(isinstance(i, dedup_module._PairPiece) for i in r))
-    shares = [item for item in first_round if isinstance(item, dedup_module._SnapshotShare)]
+    first_round = next(r for r in handed_out if any(isinstance(i, dedup_link.PairPiece) for i in r))
+    shares = [item for item in first_round if isinstance(item, dedup_apply.SnapshotShare)]
     assert len(shares) >= 2 and first_round[: len(shares)] == shares
     pieces = first_round[len(shares) :]
-    assert pieces and all(isinstance(item, dedup_module._PairPiece) for item in pieces)
+    assert pieces and all(isinstance(item, dedup_link.PairPiece) for item in pieces)
     runs: list[tuple[str, str]] = []
     for item in pieces:
         if not runs or runs[-1] != (item.keeper, item.victim):
@@ -277,10 +284,8 @@ def test_when_the_regrouped_members_cannot_be_journalled_they_stay_and_the_rest_
     """The manifest turns into a directory after the first plan is journalled (a real EISDIR on
     the next append): the members regrouped at apply time are left alone, every planned change
     that was journalled is made, and the run says why."""
-    from rocm_audit.dedup import engine as dedup_module
-
     trio, library, _ = _write_trio(sdk)
-    journal = dedup_module._journal
+    journal = dedup_manifest.journal_changes
 
     def journal_then_block(manifest_path, groups, run_id, *, header):
         journal(manifest_path, groups, run_id, header=header)
@@ -288,7 +293,7 @@ def test_when_the_regrouped_members_cannot_be_journalled_they_stay_and_the_rest_
             os.replace(manifest_path, manifest_path + ".kept")
             os.mkdir(manifest_path)
 
-    monkeypatch.setattr(dedup_module, "_journal", journal_then_block)
+    monkeypatch.setattr(dedup_apply, "journal_changes", journal_then_block)
     outcome = run_dedup([str(sdk.site)], mode="apply")
     section = outcome.sections["dedup"]
     refused = [f for f in outcome.findings if f.rule == "DUP005" and "revert manifest" in f.message]
@@ -413,17 +418,16 @@ def test_leftover_temporary_link_is_reported_then_removed(sdk, run_cli):
 
 
 def test_verification_reports_a_changed_dt_needed_resolution(sdk):
-    """_verify compares DT_NEEDED resolution before and after: break it and it must say so."""
-    from rocm_audit.dedup import engine as dedup_module
+    """verify_applied compares DT_NEEDED resolution before and after: break it and it must say so."""
 
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
     plan = make_plan(build_inventory(roots))
-    before = dedup_module._needed_before([d.record.path for g in plan.groups for d in g.duplicates])
+    before = dedup_verify.needed_before([d.record.path for g in plan.groups for d in g.duplicates])
     comgr_devel = str(sdk.devel / "lib" / "libamd_comgr.so.3")
     assert before[comgr_devel].resolved["librocm_sysdeps_z.so.1"] == str(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
     os.unlink(sdk.devel / "lib" / "librocm_sysdeps_z.so.1")
     findings = []
-    assert dedup_module._verify(plan, before, findings) is False
+    assert dedup_verify.verify_applied(plan, before, findings) is False
     assert any(f.rule == "DUP006" and f.path == comgr_devel and "librocm_sysdeps_z.so.1" in f.message for f in findings)
 
 
@@ -593,8 +597,6 @@ def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, 
     """Classes, malformed-file findings (made while classifying) and read failures come back from
     the helpers exactly as a single process finds them; also when each bucket's middle is cut into
     pieces (libpair_a and libpair_b agree on size, head and tail and differ in the middle)."""
-    from rocm_audit.dedup import engine as dedup_module
-    from rocm_audit.dedup.engine import hardlinked
 
     library = (sdk.core / "lib" / "libamd_comgr.so.3").read_bytes()
     broken = bytearray(library)
@@ -622,17 +624,17 @@ def test_the_plan_is_the_same_when_forked_helpers_compare_half_the_buckets(sdk, 
     asked: list[tuple[int, int]] = []  # (pieces among the items, processes)
 
     def counting_fork_imap(function, items, priorities, workers):
-        asked.append((sum(isinstance(item, dedup_module._Piece) for item in items), workers))
+        asked.append((sum(isinstance(item, dedup_plan.BucketPiece) for item in items), workers))
         return fork_imap(function, items, priorities, workers)
 
-    fork_imap = dedup_module.fork_imap
-    monkeypatch.setattr(dedup_module, "fork_imap", counting_fork_imap)
+    fork_imap = dedup_plan.fork_imap
+    monkeypatch.setattr(dedup_plan, "fork_imap", counting_fork_imap)
     single = plan()
-    monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(tuning, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     monkeypatch.setattr("rocm_audit.tree.forkmap.threading.active_count", lambda: 1)  # other tests may leave threads
     if piece_bytes:
-        monkeypatch.setattr(dedup_module, "PIECE_BYTES", piece_bytes)
+        monkeypatch.setattr(tuning, "PIECE_BYTES", piece_bytes)
     shared = plan()
     assert shared[:2] == single[:2]
     (no_pieces, alone), (cut, processes) = asked
@@ -654,7 +656,6 @@ def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_r
     bytes in between and restores size and mtime still moves the ctime, which nobody can set back."""
     import time
 
-    from rocm_audit.dedup import engine as dedup_module
     from rocm_audit.tree.identical import CompareStats
 
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)
@@ -662,54 +663,52 @@ def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_r
     victim = sdk.devel / "lib" / "librocblas.so.5"
     group = next(g for g in plan.groups if any(d.record.path == str(victim) for d in g.duplicates))
     planned = next(d for d in group.duplicates if d.record.path == str(victim))
-    before = dedup_module._look_before(group, planned)
+    before = dedup_link.look_before(group, planned)
     assert before.victim_ctime_ns is not None
-    piece = dedup_module._PairPiece(group.keeper.path, str(victim), group.keeper.size, (0, group.keeper.size))
-    assert dedup_module._compare_piece(piece, CompareStats())[0] is None  # equal when compared
+    piece = dedup_link.PairPiece(group.keeper.path, str(victim), group.keeper.size, (0, group.keeper.size))
+    assert dedup_link.compare_piece(piece, CompareStats())[0] is None  # equal when compared
     time.sleep(0.05)  # past the file system's timestamp granularity
     st = victim.stat()
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x5A
     victim.write_bytes(bytes(data))
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with pytest.raises(dedup_module._Skip) as skipped:
-        dedup_module._link(group, planned, before)
+    with pytest.raises(dedup_link.Skip) as skipped:
+        dedup_link.replace_with_symlink(group, planned, before)
     assert skipped.value.rule == "DUP003" and "ctime" in skipped.value.message
     assert victim.read_bytes() == bytes(data) and not os.path.islink(victim)
-    assert not [p for p in os.listdir(victim.parent) if p.startswith(dedup_module.TEMP_PREFIX)]  # link removed
+    assert not [p for p in os.listdir(victim.parent) if p.startswith(TEMP_PREFIX)]  # link removed
 
 
 def test_with_helpers_no_change_is_made_before_the_whole_dt_needed_snapshot_is_in(sdk, monkeypatch):
     """The snapshot that verification compares against is taken in shares by whichever process is
     free; every share must be in before the first link, and all of them must reach _verify."""
-    from rocm_audit.dedup import engine as dedup_module
+    made: list[dedup_apply.BeforeChanges] = []
 
-    made: list[dedup_module._BeforeChanges] = []
-
-    class Recorded(dedup_module._BeforeChanges):
+    class Recorded(dedup_apply.BeforeChanges):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
 
     complete_at_each_link: list[bool] = []
-    link = dedup_module._link
+    replace = dedup_apply.replace_with_symlink
 
     def checked_link(group, planned, before):
         complete_at_each_link.append(set(made[0].snapshot) == set(made[0].snapshot_paths))
-        return link(group, planned, before)
+        return replace(group, planned, before)
 
     seen_by_verify: list[set[str]] = []
-    verify = dedup_module._verify
+    verify_applied = dedup_apply.verify_applied
 
     def recording_verify(plan, before, findings):
         seen_by_verify.append(set(before))
-        return verify(plan, before, findings)
+        return verify_applied(plan, before, findings)
 
-    monkeypatch.setattr(dedup_module, "_BeforeChanges", Recorded)
-    monkeypatch.setattr(dedup_module, "_link", checked_link)
-    monkeypatch.setattr(dedup_module, "_verify", recording_verify)
-    monkeypatch.setattr(dedup_module, "SNAPSHOT_SHARE", 2)  # several shares
-    monkeypatch.setattr(dedup_module, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(dedup_apply, "BeforeChanges", Recorded)
+    monkeypatch.setattr(dedup_apply, "replace_with_symlink", checked_link)
+    monkeypatch.setattr(dedup_apply, "verify_applied", recording_verify)
+    monkeypatch.setattr(tuning, "SNAPSHOT_SHARE", 2)  # several shares
+    monkeypatch.setattr(tuning, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     monkeypatch.setattr("rocm_audit.tree.forkmap.threading.active_count", lambda: 1)
     roots, _ = resolve_roots([str(sdk.site)], for_dedup=True)

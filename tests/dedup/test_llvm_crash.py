@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.dedup.engine import run_dedup
+from rocm_audit.dedup.run import run_dedup
 
 LIBLLVM15 = Path("/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1")  # Debian package libllvm15
 LIBCLANG_CPP15 = Path("/usr/lib/llvm-15/lib/libclang-cpp.so.15")  # Debian package libclang-cpp15

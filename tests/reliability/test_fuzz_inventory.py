@@ -83,7 +83,7 @@ def test_absurd_program_header_fields_are_format_errors_not_allocations(seed, tm
 @FUZZ
 @given(st.lists(st.text(max_size=200), max_size=6))
 def test_manifest_reader_rejects_garbage_with_a_usage_error(tmp_path, lines):
-    from rocm_audit.dedup.engine import revert_manifests
+    from rocm_audit.dedup.revert import revert_manifests
 
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("\n".join(lines), encoding="utf-8", errors="surrogateescape")

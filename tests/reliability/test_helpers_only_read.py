@@ -20,9 +20,10 @@ from support.sdk_tree import build_sdk_tree
 from support.tools import require_tool
 
 FORCE_HELPERS = (
-    "import os, rocm_audit.dedup.engine as dedup\n"
-    "dedup.PARALLEL_MIN_BYTES = 0\n"
-    "dedup.PIECE_BYTES = 1\n"
+    "import os\n"
+    "from rocm_audit.dedup import tuning\n"
+    "tuning.PARALLEL_MIN_BYTES = 0\n"
+    "tuning.PIECE_BYTES = 1\n"
     "os.sched_getaffinity = lambda pid: {0, 1, 2}\n"
     "from rocm_audit.cli.app import entry\n"
     "entry()\n"

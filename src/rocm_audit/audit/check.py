@@ -81,7 +81,9 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
     summaries: list[str] = []
 
     if "dedup" not in options.skip:
-        from rocm_audit.dedup.engine import ApplyResult, check_mode_findings, dedup_section, make_plan
+        from rocm_audit.dedup.apply import ApplyResult
+        from rocm_audit.dedup.plan import make_plan
+        from rocm_audit.dedup.report import check_mode_findings, dedup_section
 
         plan = make_plan(inventory)
         findings.extend(plan.findings)

@@ -49,12 +49,12 @@ def command(
     if sum(bool(x) for x in (dry_run, check, revert)) > 1:
         raise UsageError("--dry-run, --check and --revert exclude each other")
     if revert:
-        from rocm_audit.dedup.engine import revert_manifests
+        from rocm_audit.dedup.revert import revert_manifests
 
         outcome = revert_manifests(revert)
     else:
         from rocm_audit.cli.progress import progress_line
-        from rocm_audit.dedup.engine import run_dedup
+        from rocm_audit.dedup.run import run_dedup
 
         mode = "check" if check else "dry-run" if dry_run else "apply"
         with progress_line("dedup: scanning", report.quiet) as progress:

@@ -1,0 +1,152 @@
+"""Safety of one change: re-check a pair against the plan, compare it, and rename a relative symlink over the
+duplicate after a last look; tree locks so two runs never change one tree."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rocm_audit.dedup.plan import DedupGroup, PlannedLink
+from rocm_audit.tree.identical import CompareStats, ReadFailure, same_bytes
+from rocm_audit.tree.inventory import TEMP_PREFIX, FileRecord
+
+
+class Skip(Exception):
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule, self.message = rule, message
+
+
+def same_snapshot(current: os.stat_result, planned: FileRecord) -> bool:
+    # Not st_ctime: replacing one hardlink of an inode changes the inode's link count and ctime.
+    return (
+        stat.S_ISREG(current.st_mode)
+        and (current.st_dev, current.st_ino) == planned.identity
+        and current.st_size == planned.size
+        and current.st_mtime_ns == planned.mtime_ns
+        and current.st_mode == planned.mode
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PairBefore:
+    """A pair as it was just before its comparison began (both files still as planned).
+
+    st_ctime_ns of a file with a single link: no rename of ours can change it and nobody can set
+    it back, so a change after this moment shows at the last look even when the size and mtime
+    were restored. None for an inode with several links (replacing one of them changes it)."""
+
+    victim_ctime_ns: int | None
+    keeper_ctime_ns: int | None
+
+
+def _ctime_if_single(st: os.stat_result) -> int | None:
+    return st.st_ctime_ns if st.st_nlink == 1 else None
+
+
+def look_before(group: DedupGroup, planned: PlannedLink) -> PairBefore:
+    """Re-check a pair against the plan just before its comparison. Raises Skip."""
+    keeper, victim = group.keeper, planned.record
+    try:
+        keeper_now = os.lstat(keeper.path)
+        victim_now = os.lstat(victim.path)
+    except FileNotFoundError as exc:
+        raise Skip("DUP003", f"{exc.filename} vanished since the plan") from None
+    if not same_snapshot(keeper_now, keeper):
+        raise Skip("DUP003", "the keeper changed since the plan")
+    if not stat.S_ISREG(victim_now.st_mode):
+        raise Skip("DUP003", "no longer a regular file")
+    if not same_snapshot(victim_now, victim):
+        raise Skip("DUP003", "the file changed since the plan")
+    if os.stat(os.path.dirname(victim.path)).st_dev != keeper_now.st_dev:
+        raise Skip("DUP005", "refusing to link across filesystems")
+    return PairBefore(_ctime_if_single(victim_now), _ctime_if_single(keeper_now))
+
+
+@dataclass(frozen=True, slots=True)
+class PairPiece:
+    """One range of a duplicate's bytes, to compare with the keeper's (in any process)."""
+
+    keeper: str
+    victim: str
+    size: int
+    byte_range: tuple[int, int]
+
+
+DIFFERS = "differs"  # a piece's verdict besides None (equal) and a read failure's text
+
+
+def compare_piece(piece: PairPiece, stats: CompareStats) -> tuple[str | None, int]:
+    """(None when the range is equal, else DIFFERS or why it could not be read; bytes read)."""
+    before = stats.bytes_read
+    try:
+        same = same_bytes(piece.keeper, piece.victim, piece.size, stats, piece.byte_range)
+    except ReadFailure as failure:
+        return f"cannot re-read {failure.path}: {failure.error.strerror}", stats.bytes_read - before
+    return (None if same else DIFFERS), stats.bytes_read - before
+
+
+def replace_with_symlink(group: DedupGroup, planned: PlannedLink, before: PairBefore) -> None:
+    """Make the symlink under a temporary name beside the duplicate and, after a last look, rename
+    it over the duplicate. Raises Skip."""
+    keeper, victim = group.keeper, planned.record
+    directory = os.path.dirname(victim.path)
+    try:
+        resolved = os.stat(os.path.join(directory, planned.link_text))
+    except OSError:
+        raise Skip("DUP005", f"link text {planned.link_text!r} would not resolve") from None
+    if (resolved.st_dev, resolved.st_ino) != keeper.identity:
+        raise Skip("DUP005", f"link text {planned.link_text!r} would not resolve to the keeper")
+    temp_path = os.path.join(directory, f"{TEMP_PREFIX}{os.urandom(6).hex()}")
+    try:
+        os.symlink(planned.link_text, temp_path)
+    except OSError as exc:
+        raise Skip("DUP005", f"cannot create a link in {directory}: {exc.strerror}") from None
+    try:
+        # Last look right before the rename: the window left is one syscall wide.
+        victim_now, keeper_now = os.lstat(victim.path), os.lstat(keeper.path)
+        if not same_snapshot(victim_now, victim) or not same_snapshot(keeper_now, keeper):
+            raise Skip("DUP003", "the file changed during the comparison")
+        if before.victim_ctime_ns not in (None, victim_now.st_ctime_ns) or before.keeper_ctime_ns not in (
+            None,
+            keeper_now.st_ctime_ns,
+        ):
+            raise Skip("DUP003", "the file changed after the comparison (its ctime moved)")
+        os.replace(temp_path, victim.path)
+    except OSError as exc:
+        unlink_quietly(temp_path)
+        raise Skip("DUP005", f"cannot rename the link into place: {exc.strerror}") from None
+    except BaseException:
+        unlink_quietly(temp_path)
+        raise
+
+
+def unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+@contextlib.contextmanager
+def tree_locks(trees: list[str]) -> Iterator[list[str]]:
+    """Hold an exclusive flock on each SDK tree directory; yield the trees already locked by others."""
+    held: list[int] = []
+    busy: list[str] = []
+    try:
+        for tree in sorted(trees):
+            fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                busy.append(tree)
+                continue
+            held.append(fd)
+        yield busy
+    finally:
+        for fd in held:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)

@@ -1,0 +1,122 @@
+"""The revert manifest (format 1): one JSON line per planned change, fsync'ed before the first change; its reader."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from typing import Any
+
+from rocm_audit import __version__
+from rocm_audit.dedup.plan import DedupGroup, DedupPlan
+
+MANIFEST_DIR = ".rocm-audit"
+MANIFEST_NAME = "dedup-manifest.jsonl"
+MANIFEST_FORMAT = 1
+
+
+def default_manifest_path(plan: DedupPlan) -> str:
+    """`.rocm-audit/dedup-manifest.jsonl` in the directory holding the (first) SDK tree."""
+    trees = sorted({g.keeper.sdk_tree for g in plan.groups if g.keeper.sdk_tree})
+    base = os.path.dirname(trees[0]) if trees else plan.inventory.roots[0].path
+    return os.path.join(base, MANIFEST_DIR, MANIFEST_NAME)
+
+
+def journal_changes(manifest_path: str, groups: list[DedupGroup], run_id: str, *, header: bool) -> None:
+    """Append every planned change to the manifest and fsync it before any of them is made."""
+    import json
+
+    if not groups:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(manifest_path)), exist_ok=True)
+    lines = (
+        [
+            json.dumps(
+                {
+                    "rocm_audit_manifest": MANIFEST_FORMAT,
+                    "run": run_id,
+                    "tool_version": __version__,
+                    "created_unix": int(time.time()),
+                }
+            )
+        ]
+        if header
+        else []
+    )
+    for group in groups:
+        keeper = group.keeper
+        for planned in group.duplicates:
+            victim = planned.record
+            lines.append(
+                json.dumps(
+                    {
+                        "run": run_id,
+                        "path": victim.path,
+                        "keeper": keeper.path,
+                        "link_text": planned.link_text,
+                        "hardlink": planned.hardlink,
+                        "mode": stat.S_IMODE(victim.mode),
+                        "uid": victim.uid,
+                        "gid": victim.gid,
+                        "mtime_ns": victim.mtime_ns,
+                        "size": victim.size,
+                        "keeper_dev": keeper.dev,
+                        "keeper_ino": keeper.ino,
+                        "keeper_size": keeper.size,
+                        "keeper_mtime_ns": keeper.mtime_ns,
+                    }
+                )
+            )  # ASCII escapes keep undecodable file-name bytes exact (\udcXX round-trips)
+    with open(manifest_path, "a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_manifest(path: str) -> list[dict[str, Any]]:
+    import json
+
+    from rocm_audit.errors import UsageError
+
+    entries = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    # A run killed while appending leaves a partial last line: ignore only that one.
+                    if not handle.readline():
+                        break
+                    raise UsageError(f"{path}:{number}: not a rocm-audit manifest line: {exc.msg}") from None
+                if not isinstance(entry, dict):
+                    raise UsageError(f"{path}:{number}: not a rocm-audit manifest line: not a JSON object")
+                if "rocm_audit_manifest" in entry:
+                    if entry["rocm_audit_manifest"] != MANIFEST_FORMAT:
+                        raise UsageError(f"{path}:{number}: unsupported manifest format {entry['rocm_audit_manifest']}")
+                    continue
+                if (
+                    not all(isinstance(entry.get(k), str) and entry[k] for k in ("path", "keeper", "link_text"))
+                    or not isinstance(entry.get("mode"), int)
+                    or isinstance(entry.get("mode"), bool)
+                ):
+                    raise UsageError(f"{path}:{number}: manifest entry lacks path/keeper/link_text/mode")
+                for key in (
+                    "uid",
+                    "gid",
+                    "mtime_ns",
+                    "size",
+                    "keeper_dev",
+                    "keeper_ino",
+                    "keeper_size",
+                    "keeper_mtime_ns",
+                ):
+                    if key in entry and (not isinstance(entry[key], int) or isinstance(entry[key], bool)):
+                        raise UsageError(f"{path}:{number}: manifest field {key} must be an integer")
+                entries.append(entry)
+    except OSError as exc:
+        raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
+    return entries

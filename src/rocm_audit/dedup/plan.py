@@ -1,0 +1,366 @@
+"""Plan: group byte-identical (and hardlinked) SDK libraries and choose each group's keeper."""
+
+from __future__ import annotations
+
+import functools
+import os
+import stat
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rocm_audit.dedup import tuning
+from rocm_audit.errors import FormatError
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.rulebook.policy import policy
+from rocm_audit.tree.forkmap import fork_imap, worker_count
+from rocm_audit.tree.identical import (
+    CHUNK_BYTES,
+    MAX_LOCKSTEP_MEMBERS,
+    Candidate,
+    CompareStats,
+    HeadFilter,
+    ReadFailure,
+    equal_over,
+    keeping_open,
+    middle_pieces,
+    partition_identical,
+    refine,
+)
+from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, ListedFile, classify
+from rocm_audit.tree.keeper import KeeperRule
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedLink:
+    record: FileRecord  # the duplicate as the plan saw it
+    link_text: str  # relative symlink text, as `ln -sr` would write it
+    hardlink: bool  # shares the keeper's inode
+
+
+@dataclass(slots=True)
+class DedupGroup:
+    keeper: FileRecord
+    duplicates: list[PlannedLink]
+    reason: str  # "identical-content" or "hardlink"
+    status: dict[str, str] = field(default_factory=dict)  # duplicate path -> planned/replaced/...
+
+    @property
+    def size(self) -> int:
+        return self.keeper.size
+
+    def bytes_freed_if_done(self) -> int:
+        # Hardlinks already share blocks: turning them into symlinks frees nothing.
+        return sum(self.size for d in self.duplicates if not d.hardlink)
+
+
+@dataclass(slots=True)
+class DedupPlan:
+    inventory: Inventory
+    groups: list[DedupGroup]
+    findings: list[Finding]
+    stats: CompareStats
+    exact: bool = True  # False: members agree on size, head and tail; apply_plan compares the rest
+
+
+def relative_link_text(
+    keeper_real: str,
+    link_path: str,
+    realdir: Callable[[str], str] = os.path.realpath,
+    reldir: Callable[[str, str], str] = os.path.relpath,
+) -> str:
+    """The text `ln -sr keeper link` writes: the keeper's real path relative to the link's real
+    directory. ``realdir`` and ``reldir`` may be cached: a plan asks about few directories, and
+    their real paths and relative paths cost a system call or a string walk per component."""
+    keeper_dir, name = os.path.split(keeper_real)
+    up = reldir(keeper_dir, realdir(os.path.dirname(link_path)))
+    return name if up == "." else f"{up}/{name}"
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def hardlinked(listed: list[ListedFile]) -> set[str]:
+    """The files dedup's inventory opens: hardlinked ones, whose kind a plan needs without any
+    content comparison. Every other candidate is first opened by the comparison itself, which
+    classifies one member per class of identical heads; a file of unique size is never opened."""
+    return {entry.path for entry in listed if entry.sdk_tree is not None and entry.stat.st_nlink > 1}
+
+
+def _kind_filter(kinds: set[FileKind], findings: list[Finding]) -> HeadFilter:
+    def wanted(path: str, fd: int, head: memoryview) -> bool:
+        try:
+            kind, _ = classify(fd, bytes(head), os.fstat(fd).st_size)
+        except FormatError as exc:
+            findings.append(make_finding("SCAN002", path, exc.reason, data={"offset": exc.offset}))
+            return False
+        return kind in kinds
+
+    return wanted
+
+
+def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
+    """Group byte-identical (and hardlinked) SDK shared libraries and choose each group's keeper.
+
+    ``exact=False`` is for a run that applies the plan at once: the apply step must byte-compare
+    every pair just before replacing it anyway, so the plan stops after size, head and tail and
+    each file is read in full only once, by that comparison (apply_plan regroups the rare member
+    that turns out to differ from its keeper).
+    """
+    settings = policy("dedup")
+    kinds = {FileKind(k) for k in settings.get("kinds", ["shared-library"])}
+    findings: list[Finding] = []
+    stats = CompareStats()
+    # kind None: not opened yet (dedup's own inventory); the comparison classifies those.
+    candidates = [r for r in inventory.files if r.sdk_tree is not None and (r.kind is None or r.kind in kinds)]
+    paths_by_inode = _paths_by_inode(candidates)
+    with keeping_open():  # a file compared in pieces is opened once, by all processes together
+        groups = _groups_among(paths_by_inode, inventory, findings, stats, exact=exact, kinds=kinds)
+    for records in paths_by_inode.values():
+        if records[0].nlink > len(records):
+            findings.append(
+                make_finding(
+                    "DUP009",
+                    records[0].path,
+                    f"link count {records[0].nlink} but {len(records)} path(s) under the audited trees",
+                    related=[r.path for r in records[1:]],
+                )
+            )
+    groups.sort(key=lambda g: g.keeper.path)
+    return DedupPlan(inventory, groups, findings, stats, exact)
+
+
+@dataclass(slots=True)
+class _BucketOutcome:
+    """One size bucket, or one piece of one, compared (possibly in a forkmap helper, hence plain
+    picklable data)."""
+
+    classes: list[list[str]]  # paths of members equal over what was compared
+    failures: list[ReadFailure]
+    findings: list[Finding]  # malformed files met while classifying
+    bytes_read: int
+
+
+@dataclass(frozen=True, slots=True)
+class BucketPiece:
+    """The members of one probable class (equal size, head and tail) over one range of their bytes."""
+
+    probable: int  # which probable class
+    members: tuple[Candidate, ...]
+    byte_range: tuple[int, int]
+
+
+def _paths_by_inode(records: list[FileRecord]) -> dict[tuple[str, int, int], list[FileRecord]]:
+    paths_by_inode: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
+    for record in records:
+        paths_by_inode[(record.root, record.dev, record.ino)].append(record)
+    return paths_by_inode
+
+
+def _groups_among(
+    paths_by_inode: dict[tuple[str, int, int], list[FileRecord]],
+    inventory: Inventory,
+    findings: list[Finding],
+    stats: CompareStats,
+    *,
+    exact: bool,
+    kinds: set[FileKind] | None,
+) -> list[DedupGroup]:
+    """Groups of identical inodes (and of paths of one inode), each with its keeper chosen.
+    ``kinds``: classify the files the inventory did not open, and keep only these kinds."""
+    # Size buckets of distinct inodes; never read anything for a singleton (peers.md 1).
+    inodes_by_size: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
+    for records in paths_by_inode.values():
+        first = records[0]
+        inodes_by_size[(first.root, first.dev, first.size)].append(first)
+    buckets = [sorted(reps, key=lambda r: r.ino) for _, reps in sorted(inodes_by_size.items()) if len(reps) > 1]
+
+    def compare(item: list[FileRecord] | BucketPiece, *, full: bool = exact) -> _BucketOutcome:
+        failures: list[ReadFailure] = []
+        found: list[Finding] = []
+        before = stats.bytes_read
+        if isinstance(item, BucketPiece):
+            classes = equal_over(item.members, item.byte_range, stats, failures)
+        else:
+            unread = kinds is not None and any(r.kind is None for r in item)
+            classes = partition_identical(
+                [Candidate(r.path, r.size, r.head_digest) for r in item],
+                stats,
+                failures,
+                _kind_filter(kinds, found) if unread and kinds else None,
+                full=full,
+            )
+        return _BucketOutcome([[c.path for c in cls] for cls in classes], failures, found, stats.bytes_read - before)
+
+    # What each bucket will read: everything when exact; else head and tail (a file that fits one
+    # chunk is read whole).
+    weights = [len(b) * (b[0].size if exact else min(b[0].size, CHUNK_BYTES)) for b in buckets]
+    workers = worker_count(sum(weights), tuning.PARALLEL_MIN_BYTES)
+    keeper_rule = KeeperRule.from_policy()
+    realdir = functools.lru_cache(maxsize=None)(os.path.realpath)  # one realpath per directory
+    reldir = functools.lru_cache(maxsize=None)(os.path.relpath)  # one relpath per directory pair
+    groups: list[DedupGroup] = []
+    grouped: set[tuple[str, int, int]] = set()
+    found_by_bucket: dict[int, list[Finding]] = defaultdict(list)  # merged in bucket order: the same each run
+    bytes_before = stats.bytes_read
+    bytes_read = 0
+
+    def take(bucket_number: int, outcome: _BucketOutcome) -> None:
+        """Record what a comparison found; classes that are final become groups at once."""
+        nonlocal bytes_read
+        bytes_read += outcome.bytes_read  # helpers count in their own copy of stats
+        found = found_by_bucket[bucket_number]
+        found.extend(outcome.findings)
+        for failure in outcome.failures:
+            found.append(make_finding("SCAN001", failure.path, f"cannot read: {failure.error.strerror}"))
+
+    def group(bucket_number: int, classes: list[list[str]]) -> None:
+        by_path = {r.path: r for r in buckets[bucket_number]}
+        for paths in classes:
+            keys = [(r.root, r.dev, r.ino) for r in (by_path[p] for p in paths)]
+            grouped.update(keys)
+            made = _group_from(
+                [r for key in keys for r in paths_by_inode[key]],
+                inventory,
+                keeper_rule,
+                found_by_bucket[bucket_number],
+                realdir,
+                reldir,
+            )
+            if made is not None:
+                groups.append(made)
+
+    # Items: whole buckets, and pieces of the large ones once their heads and tails agree.
+    items: list[list[FileRecord] | BucketPiece] = []
+    item_weights: list[int] = []
+    item_buckets: list[int] = []
+    probable: list[tuple[int, tuple[Candidate, ...], int]] = []  # (bucket number, members, pieces)
+    for number, bucket in enumerate(buckets):
+        if workers < 2 or not exact or weights[number] <= tuning.PIECE_BYTES or len(bucket) > MAX_LOCKSTEP_MEMBERS:
+            items.append(bucket)
+            item_weights.append(weights[number])
+            item_buckets.append(number)
+            continue
+        outcome = compare(bucket, full=False)
+        take(number, outcome)
+        by_path = {r.path: r for r in bucket}
+        if not outcome.failures:  # members in no probable class differ in head or tail from all others
+            in_classes = {p for cls in outcome.classes for p in cls}
+            inventory.identical.record([r.identity for r in bucket if r.path not in in_classes], [])
+        for paths in outcome.classes:
+            members = tuple(Candidate(p, by_path[p].size, None) for p in paths)
+            ranges = middle_pieces(bucket[0].size, tuning.PIECE_BYTES // len(members))
+            probable.append((number, members, len(ranges)))
+            for byte_range in ranges:
+                items.append(BucketPiece(len(probable) - 1, members, byte_range))
+                item_weights.append(len(members) * (byte_range[1] - byte_range[0]))
+                item_buckets.append(number)
+            if not ranges:  # head and tail were all of it
+                group(number, [list(paths)])
+    pieces_in: dict[int, list[list[list[Candidate]]]] = defaultdict(list)
+    # Groups are built as answers come in, while helpers still compare the rest; heaviest first
+    # keeps the end of the run balanced.
+    for index, outcome in fork_imap(compare, items, item_weights, workers):
+        item, number = items[index], item_buckets[index]
+        take(number, outcome)
+        if not isinstance(item, BucketPiece):
+            if exact and not outcome.failures:  # compared in full: later checks need not read again
+                identity_of = {r.path: r.identity for r in buckets[number]}
+                inventory.identical.record(
+                    [r.identity for r in buckets[number]], [[identity_of[p] for p in cls] for cls in outcome.classes]
+                )
+            group(number, outcome.classes)
+            continue
+        _, members, expected = probable[item.probable]
+        member_by_path = {one.path: one for one in members}
+        partitions = pieces_in[item.probable]
+        partitions.append([[member_by_path[p] for p in cls] for cls in outcome.classes])
+        if len(partitions) == expected:
+            refined = refine(members, partitions)
+            if not any(f.rule == "SCAN001" for f in found_by_bucket[number]):  # no piece failed to read
+                identity_of = {r.path: r.identity for r in buckets[number]}
+                inventory.identical.record(
+                    [identity_of[one.path] for one in members],
+                    [[identity_of[one.path] for one in cls] for cls in refined],
+                )
+            group(number, [[one.path for one in cls] for cls in refined])
+            del pieces_in[item.probable]
+    stats.bytes_read = bytes_before + bytes_read
+    for number in sorted(found_by_bucket):
+        findings.extend(found_by_bucket[number])
+    # A single inode with several paths in the trees is a hardlink group on its own.
+    for key, records in paths_by_inode.items():
+        if key not in grouped and len(records) > 1:
+            made = _group_from(records, inventory, keeper_rule, findings, realdir, reldir)
+            if made is not None:
+                groups.append(made)
+    return groups
+
+
+def _group_from(
+    records: list[FileRecord],
+    inventory: Inventory,
+    keeper_rule: KeeperRule,
+    findings: list[Finding],
+    realdir: Callable[[str], str] = os.path.realpath,
+    reldir: Callable[[str, str], str] = os.path.relpath,
+) -> DedupGroup | None:
+    soname = None
+    if keeper_rule.needs_soname([r.sdk_tree for r in records]):
+        try:
+            soname = inventory.dynamic(records[0]).soname
+        except (OSError, Exception) as exc:  # noqa: BLE001 - a malformed dynamic section only loses the SONAME tie-break
+            findings.append(make_finding("SCAN002", records[0].path, f"cannot read the dynamic section: {exc}"))
+    ordered = sorted(records, key=lambda r: keeper_rule.sort_key(r.path, r.sdk_tree, soname))
+    keeper = ordered[0]
+    # records are regular files (lstat), so realpath(file) == realpath(its directory) + its name
+    keeper_real = os.path.join(realdir(os.path.dirname(keeper.path)), os.path.basename(keeper.path))
+    if not _inside(keeper_real, keeper.root):
+        findings.append(
+            make_finding(
+                "DUP005",
+                keeper.path,
+                "keeper resolves outside the audited root; group left alone",
+                related=[r.path for r in ordered[1:]],
+            )
+        )
+        return None
+    duplicates = []
+    for record in ordered[1:]:
+        link_text = relative_link_text(keeper_real, record.path, realdir, reldir)
+        duplicates.append(PlannedLink(record, link_text, hardlink=record.identity == keeper.identity))
+        if stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode) or (record.uid, record.gid) != (
+            keeper.uid,
+            keeper.gid,
+        ):
+            findings.append(
+                make_finding(
+                    "DUP004",
+                    record.path,
+                    f"mode {stat.S_IMODE(record.mode):o} owner {record.uid}:{record.gid} differs from the keeper's "
+                    f"mode {stat.S_IMODE(keeper.mode):o} owner {keeper.uid}:{keeper.gid}",
+                    related=[keeper.path],
+                )
+            )
+    reason = "hardlink" if all(d.hardlink for d in duplicates) else "identical-content"
+    group = DedupGroup(keeper, duplicates, reason)
+    for planned in duplicates:
+        group.status[planned.record.path] = "planned"
+    return group
+
+
+def regroup_differing(
+    group: DedupGroup, different: list[PlannedLink], plan: DedupPlan, findings: list[Finding]
+) -> list[DedupGroup]:
+    """Take members that differ from their keeper out of the group; group them among themselves,
+    exactly this time. A member left alone was never a duplicate: it is not reported."""
+    group.duplicates = [d for d in group.duplicates if d not in different]
+    for planned in different:
+        del group.status[planned.record.path]
+    paths_by_inode = _paths_by_inode([d.record for d in different])
+    # Classified again: equal heads do not make equal dynamic sections (a PIE tells itself apart there).
+    kinds = {FileKind(k) for k in policy("dedup").get("kinds", ["shared-library"])}
+    regrouped = _groups_among(paths_by_inode, plan.inventory, findings, plan.stats, exact=True, kinds=kinds)
+    plan.groups.extend(regrouped)
+    return regrouped

@@ -1,0 +1,84 @@
+"""What a dedup run reports: the JSON section, the --dry-run shell preview, the findings of --check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rocm_audit.dedup.apply import ApplyResult
+from rocm_audit.dedup.plan import DedupGroup, DedupPlan
+from rocm_audit.findings import Finding, make_finding
+
+
+def _group_json(group: DedupGroup) -> dict[str, Any]:
+    return {
+        "keeper": group.keeper.path,
+        "duplicates": [
+            {
+                "path": d.record.path,
+                "link_text": d.link_text,
+                "hardlink": d.hardlink,
+                "status": group.status[d.record.path],
+            }
+            for d in group.duplicates
+        ],
+        "size": group.size,
+        "reason": group.reason,
+    }
+
+
+def shell_preview(groups: list[DedupGroup]) -> list[str]:
+    """An equivalent shell script for --dry-run (without rocm-audit's re-checks)."""
+    import shlex
+
+    lines = []
+    for group in groups:
+        for d in group.duplicates:
+            lines.append(
+                f"cmp -s -- {shlex.quote(group.keeper.path)} {shlex.quote(d.record.path)} && "
+                f"ln -sfn -- {shlex.quote(d.link_text)} {shlex.quote(d.record.path)}"
+            )
+    return lines
+
+
+def human_bytes(count: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1000  # type: ignore[assignment]
+    raise AssertionError("unreachable")
+
+
+def dedup_section(plan: DedupPlan, mode: str, result: ApplyResult, elapsed_s: float) -> dict[str, Any]:
+    """The `dedup` section of the JSON report."""
+    planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)
+    return {
+        "mode": mode,
+        "groups": [_group_json(g) for g in plan.groups],
+        "bytes_freed": result.bytes_freed if mode == "apply" else planned_freed,
+        "replaced": result.replaced,
+        "skipped": result.skipped,
+        "manifest": result.manifest,
+        "verified": result.verified,
+        "shell_preview": shell_preview(plan.groups) if mode == "dry-run" else [],
+        "files_scanned": len(plan.inventory.files),
+        "bytes_compared": plan.stats.bytes_read,
+        "elapsed_s": round(elapsed_s, 3),
+    }
+
+
+def check_mode_findings(plan: DedupPlan) -> list[Finding]:
+    """DUP001/DUP002 for every group a plain run would change (what --check and `check` report)."""
+    findings = []
+    for group in plan.groups:
+        rule = "DUP002" if group.reason == "hardlink" else "DUP001"
+        findings.append(
+            make_finding(
+                rule,
+                group.keeper.path,
+                f"{len(group.duplicates)} other path(s) hold the same {group.size:,}-byte library"
+                + (" through hardlinks" if group.reason == "hardlink" else " under another inode"),
+                related=[d.record.path for d in group.duplicates],
+                data={"size": group.size},
+            )
+        )
+    return findings

@@ -1,0 +1,135 @@
+"""`dedup --revert`: turn the links a manifest records back into the files they replaced, newest first."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from typing import Any
+
+from rocm_audit.dedup.link import Skip, unlink_quietly
+from rocm_audit.dedup.manifest import read_manifest
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.tree.inventory import TEMP_PREFIX
+
+_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]{12}")
+
+
+def _restore_one(entry: dict[str, Any]) -> str:
+    """Turn one manifest link back into a regular file. Returns "restored" or "original". Raises Skip."""
+    path, keeper_path = entry["path"], entry["keeper"]
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        raise Skip("DUP007", "path is missing") from None
+    if stat.S_ISREG(now.st_mode):
+        return "original"  # never replaced, or already reverted
+    if not stat.S_ISLNK(now.st_mode) or os.readlink(path) != entry["link_text"]:
+        raise Skip("DUP007", "path is no longer the link rocm-audit made")
+    try:
+        keeper_now = os.stat(keeper_path)
+        through_link = os.stat(path)
+    except OSError as exc:
+        raise Skip("DUP007", f"keeper does not resolve: {exc.strerror}") from None
+    if (through_link.st_dev, through_link.st_ino) != (keeper_now.st_dev, keeper_now.st_ino):
+        raise Skip("DUP007", "link no longer resolves to the keeper")
+    if keeper_now.st_size != entry.get("keeper_size", entry.get("size")) or (
+        "keeper_mtime_ns" in entry and keeper_now.st_mtime_ns != entry["keeper_mtime_ns"]
+    ):
+        raise Skip("DUP007", "the keeper changed since dedup; its bytes are not the original bytes")
+    directory = os.path.dirname(path)
+    temp_path = os.path.join(directory, f"{TEMP_PREFIX}{os.urandom(6).hex()}")
+    try:
+        if entry.get("hardlink") and (keeper_now.st_dev, keeper_now.st_ino) == (
+            entry.get("keeper_dev"),
+            entry.get("keeper_ino"),
+        ):
+            os.link(keeper_path, temp_path)  # it was a hardlink of the keeper: make it one again
+        else:
+            _copy_file(keeper_path, temp_path, entry)
+        os.replace(temp_path, path)
+    except OSError as exc:
+        unlink_quietly(temp_path)
+        raise Skip("DUP007", f"cannot restore: {exc.strerror}") from None
+    except BaseException:
+        unlink_quietly(temp_path)
+        raise
+    return "restored"
+
+
+def _copy_file(source: str, destination: str, entry: dict[str, Any]) -> None:
+    with open(source, "rb") as src:
+        fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as dst:
+            remaining = os.fstat(src.fileno()).st_size
+            while remaining:
+                sent = os.sendfile(dst.fileno(), src.fileno(), None, min(remaining, 1 << 30))
+                if sent == 0:
+                    raise OSError(5, "short copy")
+                remaining -= sent
+            if os.geteuid() == 0:
+                os.fchown(dst.fileno(), entry.get("uid", -1), entry.get("gid", -1))
+            os.fchmod(dst.fileno(), entry["mode"])
+            dst.flush()
+            os.fsync(dst.fileno())
+    if "mtime_ns" in entry:
+        os.utime(destination, ns=(entry["mtime_ns"], entry["mtime_ns"]), follow_symlinks=False)
+    if os.path.getsize(destination) != entry.get("size", os.path.getsize(destination)):
+        raise OSError(5, "restored size differs from the recorded size")
+
+
+def _remove_temporaries_in(directories: set[str], findings: list[Finding]) -> None:
+    """Remove rocm-audit's own temporary names (TEMP_PREFIX + 12 hex digits) from directories."""
+    for directory in sorted(directories):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            if _TEMP_NAME.fullmatch(name):
+                path = os.path.join(directory, name)
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    findings.append(make_finding("SCAN004", path, f"cannot remove leftover: {exc.strerror}"))
+
+
+def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
+    """Undo the replacements recorded in the manifests, newest first."""
+    findings: list[Finding] = []
+    restored: list[str] = []
+    already = failed = 0
+    entries = [e for path in manifest_paths for e in read_manifest(path)]
+    # A run killed between creating a temporary name and renaming it leaves it behind.
+    _remove_temporaries_in({os.path.dirname(e["path"]) for e in entries}, findings)
+    for entry in reversed(entries):
+        try:
+            outcome = _restore_one(entry)
+        except Skip as skip:
+            findings.append(make_finding(skip.rule, entry["path"], skip.message, related=[entry["keeper"]]))
+            failed += 1
+            continue
+        if outcome == "restored":
+            restored.append(entry["path"])
+        else:
+            already += 1
+    summary = (
+        f"dedup --revert: {len(restored)} file(s) restored, {already} already original, {failed} could not be restored"
+    )
+    return CommandOutcome(
+        command="dedup",
+        findings=findings,
+        inputs=[os.path.abspath(p) for p in manifest_paths],
+        sections={
+            "revert": {
+                "manifests": [os.path.abspath(p) for p in manifest_paths],
+                "restored": sorted(restored),
+                "already_original": already,
+                "failed": failed,
+            }
+        },
+        summary=summary,
+    )

@@ -1,0 +1,63 @@
+"""`rocm-audit dedup`: discover, plan and (mode "apply") apply; the outcome for the CLI."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rocm_audit.dedup.apply import ApplyResult, apply_plan
+from rocm_audit.dedup.plan import hardlinked, make_plan
+from rocm_audit.dedup.report import check_mode_findings, dedup_section, human_bytes
+from rocm_audit.findings import make_finding
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.tree.discovery import resolve_roots
+from rocm_audit.tree.inventory import ProgressCallback, build_inventory
+
+
+def run_dedup(
+    paths: list[str] | None, *, mode: str, manifest_path: str | None = None, progress: ProgressCallback | None = None
+) -> CommandOutcome:
+    """Discover, plan, and (mode == "apply") apply. Returns the outcome for the CLI."""
+    started = time.monotonic()
+    roots, looked = resolve_roots(paths, for_dedup=True)
+    inventory = build_inventory(roots, progress, worth_reading=hardlinked)
+    findings = list(inventory.findings)
+    if not inventory.sdk_trees:
+        findings.append(
+            make_finding(
+                "SCAN003",
+                looked[0] if len(looked) == 1 else ", ".join(looked),
+                f"no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}",
+                data={"looked_in": looked},
+            )
+        )
+    plan = make_plan(inventory, exact=mode != "apply")
+    findings.extend(plan.findings)
+    result = ApplyResult()
+    if mode == "apply":
+        result = apply_plan(plan, manifest_path, findings)
+        findings = [f for f in findings if not (f.rule == "SCAN004" and not os.path.lexists(f.path))]
+    elif mode == "check":
+        findings.extend(check_mode_findings(plan))
+    planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)
+    elapsed = time.monotonic() - started
+    replaced_or_planned = result.replaced if mode == "apply" else sum(len(g.duplicates) for g in plan.groups)
+    sections: dict[str, Any] = {"sdk_trees": inventory.sdk_trees, "dedup": dedup_section(plan, mode, result, elapsed)}
+    verb = {"apply": "replaced", "dry-run": "to be replaced", "check": "to be replaced"}[mode]
+    freed = result.bytes_freed if mode == "apply" else planned_freed
+    summary = (
+        f"dedup ({mode}): {len(plan.groups)} group(s), {replaced_or_planned} file(s) {verb} by symlinks, "
+        f"{human_bytes(freed)} {'freed' if mode == 'apply' else 'to free'}, "
+        f"{len(inventory.files)} files scanned in {elapsed:.2f} s"
+    )
+    if not inventory.sdk_trees:
+        summary = f"dedup: no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}"
+    return CommandOutcome(
+        command="dedup",
+        findings=findings,
+        inputs=[r.path for r in roots],
+        sections=sections,
+        force_failure=(mode == "check" and bool(plan.groups)),
+        summary=summary,
+    )
