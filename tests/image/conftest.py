@@ -76,13 +76,15 @@ class Docker:
             "DOCKER_BUILDKIT": "1",
         }
 
-    def run(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, timeout: float = 900, check: bool = True, buildkit: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             [self.binary, *args],
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=self.env,
+            env={**self.env, "DOCKER_BUILDKIT": "1" if buildkit else "0"},
             check=False,
         )
         if check:
@@ -103,6 +105,7 @@ class Docker:
         *,
         target: str | None = None,
         check: bool = True,
+        buildkit: bool = True,
     ) -> subprocess.CompletedProcess[str]:
         argv = [
             "build",
@@ -119,7 +122,10 @@ class Docker:
             argv += ["--build-arg", f"{key}={value}"]
         if target:
             argv += ["--target", target]
-        return self.run(*argv, str(context), check=check)
+        if not buildkit:  # the classic builder has no --progress
+            argv.remove("--progress")
+            argv.remove("plain")
+        return self.run(*argv, str(context), check=check, buildkit=buildkit)
 
 
 @pytest.fixture(scope="session")

@@ -50,9 +50,10 @@ def write_file_member(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(info, io.BytesIO(data))
 
 
-def image_config(layers: list[bytes], env: list[str] | None) -> bytes:
-    """The image config both archive formats carry: platform, Env, and the layers' diff ids."""
-    config = {
+def image_config(layers: list[bytes], env: list[str] | None, history: list[str] | None = None) -> bytes:
+    """The image config both archive formats carry: platform, Env, the layers' diff ids, and
+    ``history`` (one ``created_by`` per entry, oldest first) when given."""
+    config: dict[str, object] = {
         "architecture": "amd64",
         "os": "linux",
         "config": {"Env": env or []},
@@ -61,6 +62,8 @@ def image_config(layers: list[bytes], env: list[str] | None) -> bytes:
             "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers],
         },
     }
+    if history is not None:
+        config["history"] = [{"created_by": line} for line in history]
     return json.dumps(config).encode()
 
 
@@ -72,13 +75,14 @@ def docker_save(
     tag: str = "test/image:1",
     manifest: object | None = None,
     linked: dict[int, int] | None = None,
+    history: list[str] | None = None,
 ) -> Path:
     """A legacy `docker save` archive: manifest.json, <id>.json config, <id>/layer.tar.
 
     ``linked`` {i: j}: layer i's layer.tar is a symlink to layer j's (docker writes that for
     identical layers).
     """
-    config_bytes = image_config(layers, env)
+    config_bytes = image_config(layers, env, history)
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
     names = [f"{hashlib.sha256(bytes([i]) + b).hexdigest()}/layer.tar" for i, b in enumerate(layers)]
     if manifest is None:
@@ -109,6 +113,7 @@ def oci_layout(
     env: list[str] | None = None,
     corrupt_digest: bool = False,
     docker_manifest: bool = False,
+    history: list[str] | None = None,
 ) -> Path:
     """An OCI image layout directory (gzip layers), as skopeo and umoci write it.
 
@@ -139,7 +144,7 @@ def oci_layout(
                 "size": len(stored),
             }
         )
-    config_bytes = image_config(layers, env)
+    config_bytes = image_config(layers, env, history)
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",

@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.findings import Finding, make_finding
@@ -19,11 +19,17 @@ from rocm_audit.tree.discovery import AuditRoot, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.loader import HostView, LoaderModel
 
+if TYPE_CHECKING:
+    from rocm_audit.gpu.verify import TargetCandidate
+
 
 @dataclass(slots=True)
 class CheckOptions:
     targets: list[str] = field(default_factory=list)  # as on the verify-arch command line
     environ: dict[str, str] | None = None  # for $GPU_ARCH; None = os.environ
+    environ_label: str = "$GPU_ARCH"  # how the report names that variable's origin
+    # Target lists the audited system records (an image's Env and build history), most trusted first.
+    recorded_targets: tuple[TargetCandidate, ...] = ()
     sysroot: str = "/"  # the system the audited files run on (an unpacked image root)
     probe: bool = False
     probe_timeout_s: float | None = None
@@ -98,12 +104,19 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         from rocm_audit.gpu import verify as archcheck
 
         environ = dict(os.environ) if options.environ is None else options.environ
+        choice: archcheck.TargetChoice | None = None
         try:
-            required, source = archcheck.requested_targets(options.targets, [r.path for r in inventory.roots], environ)
+            choice = archcheck.choose_targets(
+                options.targets,
+                [r.path for r in inventory.roots],
+                environ,
+                options.recorded_targets,
+                options.environ_label,
+            )
         except UsageError:
             if options.targets:
                 raise  # targets the user named must be valid
-            required, source = [], ""
+        required = choice.targets if choice else []
         scans = archcheck.scan_inventory(inventory)
         carriers = archcheck.build_carriers(scans)
         findings.extend(archcheck.scan_findings(scans))
@@ -111,7 +124,8 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
             for carrier in carriers:
                 findings.extend(archcheck.judge(carrier, required))
             sections["targets"] = [{"target": t.spelled, "agent": str(t.agent)} for t in required]
-            sections["targets_source"] = source
+            sections["targets_source"] = choice.source if choice else ""
+            sections["targets_origin"] = choice.origin if choice else {}
             missing = sum(1 for c in carriers if c.missing)
             summaries.append(f"{len(carriers)} GPU code carrier(s), {missing} missing a target")
         else:

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,9 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.discovery import enclosing_sdk_tree, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 
-DIST_INFO = os.path.join("_rocm_sdk_core", "share", "therock", "dist_info.json")
+CORE_TREE = "_rocm_sdk_core"
+DIST_INFO_IN_TREE = os.path.join("share", "therock", "dist_info.json")
+DIST_INFO = os.path.join(CORE_TREE, DIST_INFO_IN_TREE)
 HOST_KINDS = (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE, FileKind.OTHER_ELF)
 
 # Per-arch kernel databases (formats.md 2.10): (kind, directory suffix that roots the database).
@@ -59,46 +61,93 @@ _MIOPEN_ARCH = re.compile(
 # Requested targets
 
 
+@dataclass(frozen=True, slots=True)
+class TargetCandidate:
+    """A target list found outside the command line, environment and rules file (an image's Env or
+    build history), with a label for people (``source``) and one for programs (``origin``)."""
+
+    value: str
+    source: str
+    origin: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetChoice:
+    targets: list[RequiredTarget]
+    source: str  # for people: "command line", "$GPU_ARCH", a dist_info.json path ...
+    origin: dict[str, Any]  # the JSON ``targets_origin``: kind, and variable / path / history_index
+
+
 def requested_targets(
     args: list[str], roots: Iterable[str], environ: dict[str, str]
 ) -> tuple[list[RequiredTarget], str]:
-    """Targets from arguments, else $GPU_ARCH, else the policy's ``targets``, else dist_info.json;
-    plus the policy's ``extra_targets`` (``--rules``). Returns (targets, source). Raises UsageError."""
+    """(targets, source) of :func:`choose_targets`. Raises UsageError."""
+    choice = choose_targets(args, roots, environ)
+    return choice.targets, choice.source
+
+
+def choose_targets(
+    args: list[str],
+    roots: Iterable[str],
+    environ: Mapping[str, str],
+    recorded: Sequence[TargetCandidate] = (),
+    environ_label: str = "$GPU_ARCH",
+) -> TargetChoice:
+    """The first of: arguments; $GPU_ARCH; the policy's ``targets``; ``recorded`` (what an image
+    says, in order); ``dist_amdgpu_targets`` of dist_info.json; plus the policy's
+    ``extra_targets`` (``--rules``). Raises UsageError when none gives a target."""
     from rocm_audit.rulebook.policy import policy
 
     settings = policy("verify-arch")
     names = split_target_args(args)
-    source = "command line"
+    source, origin = "command line", {"kind": "command-line"}
     if not names and environ.get("GPU_ARCH", "").strip():
-        names, source = split_target_args([environ["GPU_ARCH"]]), "$GPU_ARCH"
+        names = split_target_args([environ["GPU_ARCH"]])
+        source, origin = environ_label, {"kind": "environment", "variable": "GPU_ARCH"}
     if not names and settings.get("targets"):
-        names, source = split_target_args(list(settings["targets"])), "rules file (policy.verify-arch.targets)"
+        names = split_target_args(list(settings["targets"]))
+        source, origin = "rules file (policy.verify-arch.targets)", {"kind": "rules-file"}
+    for candidate in recorded:
+        if names:
+            break
+        names = split_target_args([candidate.value])
+        source, origin = candidate.source, dict(candidate.origin)
     if not names:
-        for path in _dist_info_candidates(roots):
+        for path in dist_info_candidates(roots):
             names = _targets_from_dist_info(path)
             if names:
-                source = path
+                source, origin = path, {"kind": "dist-info", "path": path}
                 break
     extra = [n for n in split_target_args(list(settings.get("extra_targets", []))) if n not in names]
     if extra:
         names = names + extra
         source += " + rules file (policy.verify-arch.extra_targets)"
+        origin["extra_targets"] = extra
     if not names:
         raise UsageError(
             'no GPU target given: pass targets (verify-arch gfx942 gfx950, or "gfx942;gfx950"), '
             f"set GPU_ARCH, or audit a tree with {DIST_INFO}"
         )
-    return [resolve_required(name) for name in names], source
+    origin["value"] = ";".join(names)
+    return TargetChoice([resolve_required(name) for name in names], source, origin)
 
 
-def _dist_info_candidates(roots: Iterable[str]) -> list[str]:
+def dist_info_candidates(roots: Iterable[str]) -> list[str]:
+    """dist_info.json of every ``_rocm_sdk_core`` tree beside or above the roots; TheRock's version
+    nonce renames the tree (``_rocm_sdk_core_r7130``, formats.md 1.2), so both spellings count."""
     found = []
     for root in roots:
         tree = enclosing_sdk_tree(root)
         base = os.path.dirname(tree) if tree else root
-        candidate = os.path.join(base, DIST_INFO)
-        if os.path.isfile(candidate) and candidate not in found:
-            found.append(candidate)
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for name in names:
+            if name == CORE_TREE or name.startswith(CORE_TREE + "_"):
+                candidate = os.path.join(base, name, DIST_INFO_IN_TREE)
+                if os.path.isfile(candidate) and candidate not in found:
+                    found.append(candidate)
     return found
 
 
@@ -414,9 +463,8 @@ def verify_arch(
 ) -> CommandOutcome:
     """Judge every carrier under ``paths`` against the requested targets. Raises UsageError."""
     roots, looked = resolve_roots(paths)
-    required, source = requested_targets(
-        target_args, [r.path for r in roots], dict(os.environ) if environ is None else environ
-    )
+    choice = choose_targets(target_args, [r.path for r in roots], dict(os.environ) if environ is None else environ)
+    required = choice.targets
     inventory = build_inventory(roots, progress)
     scans = scan_inventory(inventory)
     carriers = build_carriers(scans)
@@ -430,7 +478,8 @@ def verify_arch(
         inputs=looked,
         sections={
             "targets": [{"target": t.spelled, "agent": str(t.agent)} for t in required],
-            "targets_source": source,
+            "targets_source": choice.source,
+            "targets_origin": choice.origin,
             "carriers": [carrier_to_dict(c) for c in carriers],
         },
         summary=f"verify-arch: {len(carriers)} carrier(s), {failing} missing a target of "

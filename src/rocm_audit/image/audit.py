@@ -19,8 +19,10 @@ from typing import Any
 from rocm_audit.audit.check import CheckOptions, run_check
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.gpu.verify import TargetCandidate
 from rocm_audit.image import merge, tarstream, waste
 from rocm_audit.image.archive import ImageLayout, iter_layer_streams, open_store, read_layout
+from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
 
 PACKAGE_DIRS = ("site-packages", "dist-packages")
@@ -46,7 +48,9 @@ class ImageOptions:
     max_entries: int = merge.DEFAULT_MAX_ENTRIES
     full: bool = False  # extract every file, not only site-packages and the loader's directories
     workdir_parent: str | None = None  # where the private temp dir goes (default: $TMPDIR)
-    env: dict[str, str] = field(default_factory=dict)  # the image's ENV (GPU_ARCH for verify-arch)
+    # Target lists the image records (its Env, its build history), most trusted first: verify-arch
+    # uses them after --target, the auditing host's $GPU_ARCH and a rules file, before dist_info.json.
+    recorded: tuple[TargetCandidate, ...] = ()
 
 
 def config_env(config: dict[str, Any]) -> dict[str, str]:
@@ -59,6 +63,12 @@ def config_env(config: dict[str, Any]) -> dict[str, str]:
             key, value = entry.split("=", 1)
             env[key] = value
     return env
+
+
+def image_targets(config: dict[str, Any], history: list[str] | None = None) -> tuple[TargetCandidate, ...]:
+    """What the image config records about its GPU targets (image/targets.py); ``history`` (oldest
+    first) when it comes from elsewhere than the config (the daemon's history API)."""
+    return tuple(recorded_targets(config_env(config), config_history(config) if history is None else history))
 
 
 def wanted(full: bool) -> Callable[[str], bool]:
@@ -89,7 +99,7 @@ def audit_archive(archive: str, options: ImageOptions) -> CommandOutcome:
             "tags": layout.tags,
             "manifest_digest": layout.manifest_digest,
         }
-        options = dataclasses.replace(options, env=config_env(layout.config))
+        options = dataclasses.replace(options, recorded=image_targets(layout.config))
         layer_names = [ref.digest or ref.member for ref in layout.layers]
         return _audit_merged(state, options, source, layer_names, [archive])
 
@@ -177,8 +187,9 @@ def _audit_merged(
                 "no site-packages or dist-packages directory in the image; audited the whole extracted root",
             )
         )
-    # verify-arch reads GPU_ARCH from the image's ENV, never from the auditing host's.
-    check_options = dataclasses.replace(options.check, sysroot=state.root, probe=False, environ=dict(options.env))
+    check_options = dataclasses.replace(
+        options.check, sysroot=state.root, probe=False, recorded_targets=options.recorded
+    )
     outcome = run_check(package_dirs or [state.root], check_options)
     section: dict[str, Any] = {
         "source": source,

@@ -19,7 +19,7 @@ import tempfile
 from typing import Any
 
 from rocm_audit.errors import UsageError
-from rocm_audit.image.audit import ImageOptions, audit_archive, audit_stream, config_env
+from rocm_audit.image.audit import ImageOptions, audit_archive, audit_stream, image_targets
 from rocm_audit.outcome import CommandOutcome
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,9 @@ def audit_daemon_image(ref: str, options: ImageOptions, layers: bool = False) ->
         raise UsageError(f"cannot inspect image {ref!r}: {exc}") from None
     if layers:
         return _via_save(image, ref, options)
-    options = dataclasses.replace(options, env=config_env({"Config": image.attrs.get("Config") or {}}))
+    options = dataclasses.replace(
+        options, recorded=image_targets({"Config": image.attrs.get("Config") or {}}, _history(image))
+    )
     container_id = client.api.create_container(
         image.id,
         command=NEVER_RUN,
@@ -83,6 +85,18 @@ def audit_daemon_image(ref: str, options: ImageOptions, layers: bool = False) ->
             log.warning("could not remove container %s: %s", container_id, exc)
     outcome.inputs = [ref]
     return outcome
+
+
+def _history(image: Any) -> list[str]:
+    """``CreatedBy`` of each history entry, oldest first (the API lists the newest first)."""
+    import docker  # noqa: PLC0415 - present: the caller got ``image`` from it
+
+    try:
+        entries = image.history()
+    except docker.errors.APIError as exc:
+        log.warning("cannot read the history of %s: %s", image.id, exc)
+        return []
+    return [str(e.get("CreatedBy") or "") for e in reversed(entries) if isinstance(e, dict)]
 
 
 def _via_save(image: Any, ref: str, options: ImageOptions) -> CommandOutcome:

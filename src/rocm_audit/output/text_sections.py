@@ -186,7 +186,8 @@ def check_lines(sections: Sections) -> list[str]:
         carriers = sections["carriers"]
         missing = [c for c in carriers if c.get("missing")]
         targets = ", ".join(display(t["target"]) for t in sections.get("targets", [])) or "unknown"
-        lines.append(f"verify-arch: {len(carriers)} carrier(s), {len(missing)} missing a target of {targets}")
+        source = f"  [from {display(sections['targets_source'])}]" if sections.get("targets_source") else ""
+        lines.append(f"verify-arch: {len(carriers)} carrier(s), {len(missing)} missing a target of {targets}{source}")
     if "clashes" in sections:
         with_roles = [lib for lib in sections["libraries"] if lib.get("role") not in ("none", None)]
         lines.append(

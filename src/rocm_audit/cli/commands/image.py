@@ -50,8 +50,9 @@ def command(
             "-t",
             metavar="TARGET",
             help='GPU targets for verify-arch (gfx950 or "gfx942;gfx950"); '
-            "repeatable. Default: GPU_ARCH from the image's config, "
-            "else its dist_info.json.",
+            "repeatable. Default, the first that is set: $GPU_ARCH of this host; GPU_ARCH, then "
+            "PYTORCH_ROCM_ARCH in the image's Env; the build args GPU_ARCH, PYTORCH_ROCM_ARCH, "
+            "GPU_ARCHS, AMDGPU_TARGETS its history records; its dist_info.json.",
         ),
     ] = None,
     layers: Annotated[
@@ -103,6 +104,8 @@ def command(
     `docker` extra). --archive FILE: no daemon at all.
     """
 
+    import os
+
     from rocm_audit.audit.check import CheckOptions, checks_to_skip
     from rocm_audit.errors import UsageError
     from rocm_audit.image.audit import ImageOptions, audit_archive
@@ -112,15 +115,19 @@ def command(
     if layers and archive is not None:
         raise UsageError("--layers is for REF (an archive is always read layer by layer)")
     options = ImageOptions(
-        check=CheckOptions(targets=list(targets or []), environ={}, skip=checks_to_skip(skip or [])),
+        check=CheckOptions(
+            targets=list(targets or []),
+            # Only GPU_ARCH of this host: nothing else of its environment describes the image.
+            environ={k: v for k, v in os.environ.items() if k == "GPU_ARCH"},
+            environ_label="$GPU_ARCH of the auditing host",
+            skip=checks_to_skip(skip or []),
+        ),
         ref=ref if archive is not None else None,
         max_bytes=parse_size(max_bytes),
         max_entries=max_entries,
         full=full,
     )
     if archive is not None:
-        import os
-
         if not os.path.exists(archive):
             raise UsageError(f"archive does not exist: {archive}")
         outcome = audit_archive(archive, options)

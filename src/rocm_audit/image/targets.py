@@ -1,0 +1,91 @@
+"""Where an image says which GPU targets it was built for: its config's Env and its build history.
+
+In the seed Dockerfiles (seeds.md) ``GPU_ARCH`` is a build ARG, never an ENV, so it is not in
+``Config.Env``. The image still records it: both Docker builders store the build arguments a RUN
+step used in that step's history entry, ``created_by``:
+
+- classic builder: ``|2 GPU_ARCH=gfx942;gfx950 PYTHON_VERSION=3.12 /bin/sh -c pip install ...``
+- BuildKit:        ``RUN |2 GPU_ARCH=gfx942;gfx950 PYTHON_VERSION=3.12 /bin/sh -c pip install ...``
+
+``|N`` counts the ``KEY=VALUE`` words that follow; values are written unquoted. Both facts were
+observed on Docker 20.10 (tests/image/test_image_targets.py builds both ways). Only the final
+stage's steps (and the base image's) are in the history: a runtime stage without a RUN records no
+argument, which is why Dockerfile.rocm also keeps GPU_ARCH in the runtime stage's ENV.
+Pure: a config document in, candidates out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rocm_audit.gpu.verify import TargetCandidate
+
+# The image config's Env names that hold a target list, in the order they are trusted.
+ENV_NAMES = ("GPU_ARCH", "PYTORCH_ROCM_ARCH")
+# Build arguments that hold a target list (verl, miles, PyTorch, CMake projects), in that order.
+BUILD_ARG_NAMES = ("GPU_ARCH", "PYTORCH_ROCM_ARCH", "GPU_ARCHS", "AMDGPU_TARGETS")
+
+_ARG_COUNT = re.compile(r"^(?:RUN\s+)?\|(\d+)\s+")
+_ARG_WORD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
+
+
+def run_step_args(created_by: str) -> dict[str, str]:
+    """The build arguments a RUN history entry records (``|N K=V ... cmd``); {} for other steps.
+
+    Values hold no spaces in the written form's grammar only when they hold none themselves: a value
+    with spaces runs to the next ``NAME=`` word, and the last one to the first space (the command
+    follows it), so ``GPU_ARCH="gfx942 gfx950"`` as the last argument reads as ``gfx942``."""
+    match = _ARG_COUNT.match(created_by.strip())
+    if match is None:
+        return {}
+    count = int(match.group(1))
+    words = created_by.strip()[match.end() :].split(" ")
+    found: dict[str, str] = {}
+    name: str | None = None
+    for word in words:
+        starts = _ARG_WORD.match(word)
+        if starts is not None and len(found) < count:
+            name = starts.group(1)
+            found[name] = word[starts.end() :]
+        elif name is not None and len(found) < count:
+            found[name] += " " + word  # a value with a space, before the next argument
+        else:
+            break
+    return found
+
+
+def config_history(config: Mapping[str, Any]) -> list[str]:
+    """``created_by`` of every history entry of an OCI / docker image config, oldest first."""
+    entries = config.get("history")
+    if not isinstance(entries, list):
+        return []
+    return [str(e.get("created_by") or "") if isinstance(e, dict) else "" for e in entries]
+
+
+def recorded_targets(env: Mapping[str, str], history: Iterable[str]) -> list[TargetCandidate]:
+    """Every target list the image records, most trusted first: Env (GPU_ARCH, PYTORCH_ROCM_ARCH),
+    then build arguments by name (GPU_ARCH, PYTORCH_ROCM_ARCH, GPU_ARCHS, AMDGPU_TARGETS), each with
+    the value of the last history step that set it. ``history`` is oldest first."""
+    found = [
+        TargetCandidate(env[name], f"image config Env {name}", {"kind": "image-env", "variable": name})
+        for name in ENV_NAMES
+        if env.get(name, "").strip()
+    ]
+    last: dict[str, tuple[int, str]] = {}
+    for index, created_by in enumerate(history):
+        for name, value in run_step_args(created_by).items():
+            if name in BUILD_ARG_NAMES and value.strip():
+                last[name] = (index, value)
+    for name in BUILD_ARG_NAMES:
+        if name in last:
+            index, value = last[name]
+            found.append(
+                TargetCandidate(
+                    value,
+                    f"image history: build arg {name} of step {index}",
+                    {"kind": "image-build-arg", "variable": name, "history_index": index},
+                )
+            )
+    return found
