@@ -2,40 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
 import jsonschema
 import pytest
-from typer.testing import CliRunner
 
-from rocm_audit.output.report import load_schema
+from support import cli
 from support.sdk_tree import SdkTree, build_sdk_tree
 
 
 @pytest.fixture(scope="session")
 def report_validator() -> jsonschema.Draft202012Validator:
-    schema = load_schema()
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    return cli.report_validator()
 
 
 @pytest.fixture()
 def run_cli(report_validator):
     """Run the CLI in-process; JSON output is parsed and validated against the shipped schema."""
-    from rocm_audit.cli.app import app
 
     def invoke(*args: str, expect: int | None = None):
-        runner = CliRunner()
-        result = runner.invoke(app, list(args), catch_exceptions=False)
-        if expect is not None:
-            assert result.exit_code == expect, (result.exit_code, result.output)
-        result.report = None
-        if "--format" in args and args[args.index("--format") + 1] == "json" and "-o" not in args:
-            result.report = json.loads(result.stdout)
-            report_validator.validate(result.report)
-        return result
+        return cli.invoke_cli(report_validator, args, expect)
 
     return invoke
 

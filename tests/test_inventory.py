@@ -15,17 +15,14 @@ import pytest
 from rocm_audit.tree.discovery import AuditRoot, resolve_roots
 from rocm_audit.tree.inventory import FileKind, build_inventory, read_dynamic_info
 from support.memory import PEAK_RSS_KIB_EXPR
+from support.toolchain import gcc_compile
 from support.tools import require_tool
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
 
 def compile_c(output: Path, *flags: str, source: str = "int f(void) { return 1; }\n") -> Path:
-    src = output.with_suffix(".c")
-    src.write_text(source)
-    subprocess.run(["gcc", "-o", str(output), str(src), *flags], check=True, capture_output=True, timeout=120)
-    src.unlink()
-    return output
+    return gcc_compile(output, source, *flags)
 
 
 @pytest.fixture(scope="module")

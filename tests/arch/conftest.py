@@ -9,8 +9,6 @@ downloaded once and pinned by sha256.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,14 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from support.run import run_checked
+from support.tools import require_tool
+
 sys.path.insert(0, str(Path(__file__).parent))
-
-
-def require_tool(name: str) -> str:
-    """A tool scripts/test installs; missing means a broken set-up: a failure, not a skip."""
-    path = shutil.which(name)
-    assert path, f"{name} not found: run ./scripts/test, which installs the suite's Debian packages"
-    return path
 
 
 HIP_TU_1 = """\
@@ -50,11 +44,6 @@ JAX_WHEEL_SHA256 = "56ea9cb8b20b2155307da1c7f81941d6811954d8ce3431ffe8d56aa251b7
 HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
 
 
-def _run(argv: list[str], cwd: Path) -> None:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stderr}"
-
-
 def _llvmlite_objects(out: Path, cpus: list[str]) -> None:
     """Compile one amdgpu_kernel per CPU with llvmlite in a child (its LLVM stays out of pytest)."""
     script = (
@@ -67,7 +56,7 @@ def _llvmlite_objects(out: Path, cpus: list[str]) -> None:
         "    code = tm.emit_object(llvm.parse_assembly(ir))\n"
         "    open(f'{sys.argv[1]}/ll_{cpu}.o', 'wb').write(code)\n"
     )
-    _run([sys.executable, "-c", script, str(out), *cpus], out)
+    run_checked([sys.executable, "-c", script, str(out), *cpus], out)
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +83,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
     made: dict[str, Path] = {}
 
     def lib(name: str, *args: str, sources: tuple[str, ...] = ("k1.hip",)) -> None:
-        _run([cxx, *HIP_FLAGS, "-shared", *args, *sources, "-o", name], out)
+        run_checked([cxx, *HIP_FLAGS, "-shared", *args, *sources, "-o", name], out)
         made[name] = out / name
 
     lib("libplain.so", "--offload-arch=gfx942", "--offload-arch=gfx90a")
@@ -126,7 +115,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
     # Two translation units without -fgpu-rdc: two wrappers, two bundles; the second lacks gfx942.
     for compress, name in ((False, "libmulti.so"), (True, "libmultic.so")):
         extra = ["--offload-compress"] if compress else []
-        _run(
+        run_checked(
             [
                 cxx,
                 *HIP_FLAGS,
@@ -140,14 +129,14 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
             ],
             out,
         )
-        _run(
+        run_checked(
             [cxx, *HIP_FLAGS, "-c", *extra, "--offload-arch=gfx90a", "k2.hip", "-o", f"{name}.2.o"],
             out,
         )
-        _run([cxx, "-shared", f"{name}.1.o", f"{name}.2.o", "-o", name], out)
+        run_checked([cxx, "-shared", f"{name}.1.o", f"{name}.2.o", "-o", name], out)
         made[name] = out / name
     # Relocatable object of the new offload driver: carries .llvm.offloading.
-    _run(
+    run_checked(
         [
             cxx,
             "-x",
@@ -167,7 +156,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
     )
     made["knew.o"] = out / "knew.o"
     # Standalone raw code object from clang; gfx950 / gfx9-4-generic from llvmlite + ld.lld-19.
-    _run(
+    run_checked(
         [
             cxx,
             "-x",
@@ -186,7 +175,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
     made["k_gfx942.hsaco"] = out / "k_gfx942.hsaco"
     _llvmlite_objects(out, ["gfx950", "gfx9-4-generic"])
     for cpu in ("gfx950", "gfx9-4-generic"):
-        _run([tools["ld.lld-19"], "-shared", f"ll_{cpu}.o", "-o", f"ll_{cpu}.hsaco"], out)
+        run_checked([tools["ld.lld-19"], "-shared", f"ll_{cpu}.o", "-o", f"ll_{cpu}.hsaco"], out)
         made[f"ll_{cpu}.hsaco"] = out / f"ll_{cpu}.hsaco"
     # Bundles made by clang-offload-bundler-19 (it writes the gfx950 id as "...--gfx950-"), then
     # embedded in a host library as its fat binary.
@@ -199,7 +188,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
         for compress in (False, True):
             name = f"{stem}{'c' if compress else ''}.hipfb"
             targets = ",".join(["host-x86_64-unknown-linux"] + [f"hipv4-amdgcn-amd-amdhsa--{a}" for a in arches])
-            _run(
+            run_checked(
                 [
                     bundler,
                     "-type=o",
@@ -214,7 +203,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
             )
             made[name] = out / name
             lib_name = f"lib{stem}{'c' if compress else ''}.so"
-            _run(
+            run_checked(
                 [
                     cxx,
                     "-x",
@@ -240,7 +229,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
     (out / "magic.c").write_text(
         'const char bundle_magic[] = "__CLANG_OFFLOAD_BUNDLE__";\nconst char *magic(void) { return bundle_magic; }\n'
     )
-    _run([tools["clang-19"], "-fPIC", "-shared", "magic.c", "-o", "libmagic.so"], out)
+    run_checked([tools["clang-19"], "-fPIC", "-shared", "magic.c", "-o", "libmagic.so"], out)
     made["libmagic.so"] = out / "libmagic.so"
     # A runtime-like library with a raw gfx950 code object embedded in .rodata (no fat binary).
     (out / "embed.c").write_text(
@@ -248,7 +237,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
         '"  .incbin \\"ll_gfx950.hsaco\\"\\n.text\\n");\n'
         "extern const char blob[];\nconst char *get_blob(void) { return blob; }\n"
     )
-    _run([tools["clang-19"], "-fPIC", "-shared", "embed.c", "-o", "libembedded.so"], out)
+    run_checked([tools["clang-19"], "-fPIC", "-shared", "embed.c", "-o", "libembedded.so"], out)
     made["libembedded.so"] = out / "libembedded.so"
     return made
 
@@ -296,10 +285,3 @@ def sdk_tree(tmp_path) -> Path:
     for name in ("_rocm_sdk_core/lib", "_rocm_sdk_libraries/lib", "_rocm_sdk_core/share/therock"):
         (tmp_path / "site-packages" / name).mkdir(parents=True)
     return tmp_path / "site-packages"
-
-
-def copy(src: Path, dst: Path) -> Path:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(src.read_bytes())
-    os.chmod(dst, 0o755)
-    return dst

@@ -13,7 +13,7 @@ import msgpack
 import pytest
 from arch_writers import amdgpu_header, bundle, host_elf, kpack_archive, section_bytes
 
-from conftest import copy
+from support.files import copy_file as copy
 from support.memory import PEAK_RSS_KIB_EXPR
 
 SHT_PROGBITS, SHF_ALLOC = 1, 2

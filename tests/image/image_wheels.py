@@ -21,11 +21,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import zipfile
 from pathlib import Path
+
+from support.run import run_checked
 
 VERSION = "10.0.0"
 FAMILY_TREE = "_rocm_sdk_libraries_gfx94X_dcgpu"
@@ -114,11 +115,6 @@ if __name__ == "__main__":
 )
 
 
-def run(argv: list[str], cwd: Path) -> None:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stderr}"
-
-
 def build_carriers(out: Path) -> dict[str, Path]:
     """Two host libraries with HIP fat binaries: gfx942+gfx950 (bundled by hand) and gfx942 only."""
     out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +123,7 @@ def build_carriers(out: Path) -> dict[str, Path]:
     for tool in (cxx, lld, bundler):
         assert shutil.which(tool), f"{tool} not found: scripts/test installs clang-19, lld-19, clang-tools-19"
     flags = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
-    run(
+    run_checked(
         [
             cxx,
             *flags,
@@ -140,7 +136,7 @@ def build_carriers(out: Path) -> dict[str, Path]:
         ],
         out,
     )
-    run(
+    run_checked(
         [
             cxx,
             "-x",
@@ -165,9 +161,9 @@ def build_carriers(out: Path) -> dict[str, Path]:
         " reloc='pic')\n"
         f"open('ll_gfx950.o', 'wb').write(tm.emit_object(llvm.parse_assembly({LLVM_IR!r})))\n"
     )
-    run([sys.executable, "-c", script], out)
-    run([lld, "-shared", "ll_gfx950.o", "-o", "k_gfx950.hsaco"], out)
-    run(
+    run_checked([sys.executable, "-c", script], out)
+    run_checked([lld, "-shared", "ll_gfx950.o", "-o", "k_gfx950.hsaco"], out)
+    run_checked(
         [
             bundler,
             "-type=o",
@@ -180,7 +176,7 @@ def build_carriers(out: Path) -> dict[str, Path]:
         ],
         out,
     )
-    run(
+    run_checked(
         [
             cxx,
             *flags,

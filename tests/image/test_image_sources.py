@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tarfile
 
 import pytest
@@ -13,6 +12,7 @@ from image_wheels import CARRIER_942, REGISTRANT
 from layer_writers import layer, member
 
 from conftest import SITE
+from support.run import run_checked
 
 pytestmark = pytest.mark.docker
 
@@ -37,11 +37,6 @@ def tool(name: str) -> str:
     path = shutil.which(name)
     assert path, f"{name} not found: scripts/test installs it"
     return path
-
-
-def run(*argv: str) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, f"{' '.join(argv)}:\n{done.stderr[-3000:]}"
 
 
 def test_daemon_image_with_split_copies(run_cli, docker, docker_env, images):
@@ -99,24 +94,30 @@ def test_skopeo_oci_layout_and_oci_archive_match_docker_save(run_cli, saved, tmp
     layout, archive = tmp_path / "oci", tmp_path / "oci-archive.tar"
     # Uncompressed layers in the layout, zstd in the archive: both as skopeo writes them, and
     # much faster than gzip on the 400 MB base layer.
-    run(
-        skopeo,
-        "--insecure-policy",
-        "copy",
-        "--dest-oci-accept-uncompressed-layers",
-        f"docker-archive:{saved['layered']}",
-        f"oci:{layout}:layered",
+    run_checked(
+        [
+            skopeo,
+            "--insecure-policy",
+            "copy",
+            "--dest-oci-accept-uncompressed-layers",
+            f"docker-archive:{saved['layered']}",
+            f"oci:{layout}:layered",
+        ],
+        timeout=600,
     )
-    run(
-        skopeo,
-        "--insecure-policy",
-        "copy",
-        "--dest-compress-format",
-        "zstd",
-        "--dest-compress-level",
-        "1",
-        f"oci:{layout}:layered",
-        f"oci-archive:{archive}:layered",
+    run_checked(
+        [
+            skopeo,
+            "--insecure-policy",
+            "copy",
+            "--dest-compress-format",
+            "zstd",
+            "--dest-compress-level",
+            "1",
+            f"oci:{layout}:layered",
+            f"oci-archive:{archive}:layered",
+        ],
+        timeout=600,
     )
 
     def key(report: dict) -> list[tuple[str, str]]:
@@ -137,14 +138,17 @@ def test_skopeo_oci_layout_and_oci_archive_match_docker_save(run_cli, saved, tmp
 def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path):
     skopeo, umoci = tool("skopeo"), tool("umoci")
     layout = tmp_path / "oci"
-    run(
-        skopeo,
-        "--insecure-policy",
-        "copy",
-        "--dest-compress-level",  # gzip (umoci 0.4 reads nothing else), fast
-        "1",
-        f"docker-archive:{saved['split_plain']}",
-        f"oci:{layout}:split",
+    run_checked(
+        [
+            skopeo,
+            "--insecure-policy",
+            "copy",
+            "--dest-compress-level",  # gzip (umoci 0.4 reads nothing else), fast
+            "1",
+            f"docker-archive:{saved['split_plain']}",
+            f"oci:{layout}:split",
+        ],
+        timeout=600,
     )
     sp = SITE.lstrip("/")
     top = layer(
@@ -155,15 +159,18 @@ def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path
         member(f"{sp}/_rocm_sdk_devel/evil", kind=tarfile.SYMTYPE, link="../../../../../../../../.."),
     )
     (tmp_path / "top.tar").write_bytes(top)
-    run(
-        umoci,
-        "raw",
-        "add-layer",
-        "--image",
-        f"{layout}:split",
-        "--tag",
-        "patched",
-        str(tmp_path / "top.tar"),
+    run_checked(
+        [
+            umoci,
+            "raw",
+            "add-layer",
+            "--image",
+            f"{layout}:split",
+            "--tag",
+            "patched",
+            str(tmp_path / "top.tar"),
+        ],
+        timeout=600,
     )
     report = run_cli("image", "--archive", str(layout), "patched", "--format", "json").report
     assert DEVEL_COPY not in dup_paths(report)
@@ -175,7 +182,7 @@ def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path
     assert "evil" in evil["path"] and isinstance(evil["data"]["offset"], int)
     # umoci's own unpack agrees on the merged view.
     bundle = tmp_path / "bundle"
-    run(umoci, "unpack", "--rootless", "--image", f"{layout}:patched", str(bundle))
+    run_checked([umoci, "unpack", "--rootless", "--image", f"{layout}:patched", str(bundle)], timeout=600)
     rootfs = bundle / "rootfs" / sp
     assert not (rootfs / "_rocm_sdk_devel/lib/llvm/lib/libclang-cpp.so.15").exists()
     assert sorted(p.name for p in (rootfs / "_rocm_sdk_devel/include").iterdir()) == ["new.h"]

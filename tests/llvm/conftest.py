@@ -8,13 +8,11 @@ two "copies" are two inodes exactly when the test says so.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonschema
 import pytest
 from llvm_builders import (
     FAKE_LLVM,
@@ -27,32 +25,16 @@ from llvm_builders import (
     require_file,
     stub,
 )
-from typer.testing import CliRunner
 
-from rocm_audit.output.report import load_schema
-
-
-@pytest.fixture(scope="session")
-def schema_validator() -> jsonschema.Draft202012Validator:
-    schema = load_schema()
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+from support import cli
 
 
 @pytest.fixture(scope="session")
-def llvm_cli(schema_validator):
+def llvm_cli(report_validator):
     """Run `rocm-audit llvm ...` in-process; JSON output is parsed and schema-validated."""
-    from rocm_audit.cli.app import app
 
     def invoke(*args: str, expect: int | None = None):
-        result = CliRunner().invoke(app, ["llvm", *args], catch_exceptions=False)
-        if expect is not None:
-            assert result.exit_code == expect, (result.exit_code, result.output)
-        result.report = None
-        if "json" in args and "-o" not in args:
-            result.report = json.loads(result.stdout)
-            schema_validator.validate(result.report)
-        return result
+        return cli.invoke_cli(report_validator, ["llvm", *args], expect)
 
     return invoke
 

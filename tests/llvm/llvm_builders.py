@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import subprocess
-import textwrap
 from pathlib import Path
+
+from support.toolchain import gcc_compile
 
 
 def place(source: Path, target: Path) -> Path:
@@ -19,20 +18,7 @@ def place(source: Path, target: Path) -> Path:
 
 def cc_shared(output: Path, source: str, *flags: str) -> Path:
     """Compile C source into a shared library with gcc (tests/apt-packages.txt)."""
-    gcc = shutil.which("gcc")
-    assert gcc, "gcc missing: install the Debian package gcc"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    source_path = output.with_suffix(output.suffix + ".c")
-    source_path.write_text(textwrap.dedent(source))
-    done = subprocess.run(
-        [gcc, "-shared", "-fPIC", "-O1", "-o", str(output), str(source_path), *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    source_path.unlink()
-    return output
+    return gcc_compile(output, source, "-shared", "-fPIC", "-O1", *flags)
 
 
 def stub(directory: Path, soname: str) -> Path:

@@ -173,12 +173,12 @@ def test_usage_errors_exit_2(llvm_cli, dup_llvm15, tmp_path):
     assert "--sysroot" in sysroot.output
 
 
-def test_report_file_is_written_and_summary_goes_to_stderr(llvm_cli, dup_llvm15, tmp_path, schema_validator):
+def test_report_file_is_written_and_summary_goes_to_stderr(llvm_cli, dup_llvm15, tmp_path, report_validator):
     import json
 
     target = tmp_path / "report.json"
     result = llvm_cli("-p", str(dup_llvm15.root), "--format", "json", "-o", str(target), expect=1)
-    schema_validator.validate(json.loads(target.read_text()))
+    report_validator.validate(json.loads(target.read_text()))
     assert "1 clash(es), 1 high" in result.output
 
 

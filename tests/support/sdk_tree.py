@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from support.run import run_checked
 
 LIB_SOURCE = """
 int {name}_value(void) {{ return {value}; }}
@@ -16,10 +17,6 @@ EXE_SOURCE = """
 #include <stdio.h>
 int main(void) { puts("tool"); return 0; }
 """
-
-
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
 
 def build_library(
@@ -46,12 +43,12 @@ def build_library(
         argv.append(f"-Wl,--disable-new-dtags,-rpath,{rpath}")
     if runpath:
         argv.append(f"-Wl,--enable-new-dtags,-rpath,{runpath}")
-    _run(*argv)
+    run_checked(argv, timeout=120)
     source.unlink()
     if payload is not None:
         blob = directory / f".{soname}.payload"
         blob.write_bytes(payload)
-        _run("objcopy", "--add-section", f".rocm_test_payload={blob}", str(output))
+        run_checked(["objcopy", "--add-section", f".rocm_test_payload={blob}", output], timeout=120)
         blob.unlink()
     return output
 
@@ -60,7 +57,7 @@ def build_executable(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     source = path.parent / ".tool.c"
     source.write_text(EXE_SOURCE)
-    _run("gcc", "-O1", "-o", str(path), str(source))
+    run_checked(["gcc", "-O1", "-o", path, source], timeout=120)
     source.unlink()
     return path
 

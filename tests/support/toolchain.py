@@ -1,11 +1,22 @@
-"""Real device code made at test time with Debian's clang-19 and ld.lld-19."""
+"""Real ELF files made at test time: host code with gcc, device code with Debian's clang-19 and ld.lld-19."""
 
 from __future__ import annotations
 
-import subprocess
+import textwrap
 from pathlib import Path
 
+from support.run import run_checked
 from support.tools import require_tool
+
+
+def gcc_compile(output: Path, source: str, *flags: str) -> Path:
+    """Compile C source (dedented) to output with gcc and the given flags; the source file is removed."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    source_path = output.with_name(output.name + ".c")
+    source_path.write_text(textwrap.dedent(source))
+    run_checked([require_tool("gcc"), "-o", output, source_path, *flags], timeout=120)
+    source_path.unlink()
+    return output
 
 
 def gfx942_code_object(directory: Path, name: str = "kernels.hsaco") -> Path:
@@ -14,7 +25,7 @@ def gfx942_code_object(directory: Path, name: str = "kernels.hsaco") -> Path:
     source = directory / f".{name}.c"
     source.write_text("void k(int *p) { *p = 1; }\n")
     relocatable = directory / f".{name}.o"
-    subprocess.run(
+    run_checked(
         [
             require_tool("clang-19"),
             "-target",
@@ -26,17 +37,10 @@ def gfx942_code_object(directory: Path, name: str = "kernels.hsaco") -> Path:
             str(relocatable),
             str(source),
         ],
-        check=True,
-        capture_output=True,
         timeout=120,
     )
     output = directory / name
-    subprocess.run(
-        [require_tool("ld.lld-19"), "-shared", "-o", str(output), str(relocatable)],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    run_checked([require_tool("ld.lld-19"), "-shared", "-o", output, relocatable], timeout=120)
     source.unlink()
     relocatable.unlink()
     return output

@@ -15,11 +15,12 @@ import json
 import shutil
 import sqlite3
 import struct
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
+
+from support.run import run_checked
 
 # Debian's LLVM 15: libLLVM-15.so.1 (libllvm15) and the cl::opt headers (llvm-15-dev, tests/apt-packages.txt).
 LLVM15_LIB_DIR = Path("/usr/lib/llvm-15/lib")
@@ -60,12 +61,6 @@ class ArtifactTree:
         return artifact
 
 
-def _run(argv: list[str], cwd: Path | None = None) -> None:
-    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        raise RuntimeError(f"{argv[0]} failed ({result.returncode}): {result.stderr[-2000:]}")
-
-
 def _versioned_library(
     lib_dir: Path,
     stem: str,
@@ -99,7 +94,7 @@ def _versioned_library(
         *extra,
     ]
     argv += [f"-L{d}" for d in needed_dirs] + ["-Wl,--no-as-needed"] + [f"-l:{n}" for n in needed]
-    _run(argv)
+    run_checked(argv)
     source_path.unlink()
     (lib_dir / soname).symlink_to(real_name)
     (lib_dir / f"lib{stem}.so").symlink_to(soname)
@@ -110,7 +105,7 @@ def _executable(path: Path, source: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     source_path = path.parent / f".{path.name}.c"
     source_path.write_text(source)
-    _run(["gcc", "-O1", "-fPIE", "-pie", "-o", str(path), str(source_path)])
+    run_checked(["gcc", "-O1", "-fPIE", "-pie", "-o", str(path), str(source_path)])
     source_path.unlink()
     return path
 
@@ -121,7 +116,7 @@ def amdgpu_code_object(directory: Path, arch: str, name: str, value: int) -> Pat
     source = directory / f".{name}.c"
     source.write_text(f"void k_{value}(int *p) {{ *p = {value}; }}\n")
     obj = directory / f".{name}.o"
-    _run(
+    run_checked(
         [
             "clang-19",
             "-target",
@@ -136,7 +131,7 @@ def amdgpu_code_object(directory: Path, arch: str, name: str, value: int) -> Pat
         ]
     )
     output = directory / name
-    _run(["ld.lld-19", "-shared", "-o", str(output), str(obj)])
+    run_checked(["ld.lld-19", "-shared", "-o", str(output), str(obj)])
     source.unlink()
     obj.unlink()
     return output
@@ -375,7 +370,7 @@ def build_artifacts(
         for alias in (f"libMIOpenCKGroupedConv_{arch}.so", f"libMIOpenCKGroupedConv_{arch}.so.1"):
             (lib_dir / alias).unlink()
         real = lib_dir / f"libMIOpenCKGroupedConv_{arch}.so.1.0.0"
-        _run(["patchelf", "--set-soname", f"libMIOpenCKGroupedConv_{arch}.so", str(real)])
+        run_checked(["patchelf", "--set-soname", f"libMIOpenCKGroupedConv_{arch}.so", str(real)])
         real.rename(lib_dir / f"libMIOpenCKGroupedConv_{arch}.so")
         _kdb(device_miopen.root / f"share/miopen/db/{arch}130.kdb", arch)
         (device_miopen.root / f"share/miopen/db/{arch}130.HIP.fdb.txt").write_text(
