@@ -30,30 +30,22 @@ else:  # pragma: no cover - 3.10
 sys.path.insert(0, str(Path(__file__).parent))
 
 import image_wheels  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
-DOCKER_HOST_ENV = "ROCM_AUDIT_TEST_DOCKER_HOST"
-BASE_SUITE = "bookworm"
-# libLLVM-15.so.1, which libclang-cpp.so.15 (the test registrant) needs; venv brings pip.
-BASE_PACKAGES = ("libllvm15", "python3-venv")
-BASE_TAG = "rocm-audit-test/base:bookworm"
-PYTHON_VERSION = "3.11"  # bookworm's python3
-VENV = "/opt/venv"
-SITE = f"{VENV}/lib/python{PYTHON_VERSION}/site-packages"
+from image_base import (  # noqa: E402
+    BASE_PACKAGES,
+    BASE_SUITE,
+    BASE_TAG,
+    DOCKER_HOST_ENV,
+    PYTHON_VERSION,
+    REPO,
+    SITE,
+    VENV,
+)
 
 
 def audit_requirements() -> list[str]:
     """What installing rocm-audit in the image needs: its dependencies and its build backend."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     return sorted([*project["project"]["dependencies"], *project["build-system"]["requires"]])
-
-
-LOAD_TWO = (
-    "import ctypes, os, sys\n"
-    "ctypes.CDLL(sys.argv[1], mode=os.RTLD_LOCAL)\n"
-    "ctypes.CDLL(sys.argv[2], mode=os.RTLD_LOCAL)\n"
-    "print('both loaded')\n"
-)
 
 
 def in_ci() -> bool:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from image_base import LOAD_TWO, REPO, SITE
 from image_wheels import CARRIER_942, CARRIER_ALL, FAMILY_TREE, REGISTRANT
-
-from conftest import LOAD_TWO, REPO, SITE
 
 pytestmark = pytest.mark.docker
 

@@ -8,10 +8,10 @@ import shutil
 import tarfile
 
 import pytest
+from image_base import SITE
 from image_wheels import CARRIER_942, REGISTRANT
 from layer_writers import layer, member
 
-from conftest import SITE
 from support.run import run_checked
 
 pytestmark = pytest.mark.docker
