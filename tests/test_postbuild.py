@@ -138,3 +138,16 @@ def test_extension_modules_must_match_their_interpreter_and_machine(site):
     paths = sorted(f.path for f in found["POST003"])
     assert paths == sorted([str(wrong_machine), str(wrong_python)])
     assert site_python(str(good)) == (3, 11)
+
+
+def test_one_post002_per_library_names_every_missing_soname(site):
+    user = site / "pkg" / "lib" / "libuser.so.1"
+    missing = ["libgone_a.so.1", "libgone_b.so.2", "libgone_c.so.3"]
+    subprocess.run(["patchelf", *(a for name in missing for a in ("--add-needed", name)), str(user)], check=True)
+    os.unlink(site / "pkg" / "lib" / "libbase.so.1")
+    (finding,) = findings_by_rule(site)["POST002"]
+    assert finding.path == str(user)
+    assert sorted(finding.data["missing_sonames"]) == sorted([*missing, "libbase.so.1"])
+    assert finding.data["needed"] == finding.data["missing_sonames"][0]
+    assert "4 DT_NEEDED libraries" in finding.message
+    assert all(name in finding.message for name in [*missing, "libbase.so.1"])

@@ -51,3 +51,46 @@ def make_finding(
 
 def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(findings, key=Finding.sort_key)
+
+
+GROUPED_LIST_LIMIT = 20
+
+
+def group_per_file(findings: Iterable[Finding]) -> list[Finding]:
+    """One finding per (file, rule): people read one line per library. Findings that name other
+    files (``related_paths``: a duplicate group, a clash pair) stay as they are, since each is
+    about its own set of files. The merged finding keeps the first one's data (the schema-v1
+    fields) and lists every original message and data under ``data["grouped"]``."""
+    ordered = sorted_findings(findings)
+    buckets: dict[tuple[str, str], list[Finding]] = {}
+    kept: list[Finding | tuple[str, str]] = []
+    for one in ordered:
+        if one.related_paths:
+            kept.append(one)
+            continue
+        key = (one.path, one.rule)
+        if key not in buckets:
+            buckets[key] = []
+            kept.append(key)
+        buckets[key].append(one)
+    result: list[Finding] = []
+    for entry in kept:
+        if isinstance(entry, Finding):
+            result.append(entry)
+            continue
+        same = buckets[entry]
+        if len(same) == 1:
+            result.append(same[0])
+            continue
+        shown = "; ".join(f.message for f in same[:GROUPED_LIST_LIMIT])
+        more = f"; ... and {len(same) - GROUPED_LIST_LIMIT} more" if len(same) > GROUPED_LIST_LIMIT else ""
+        result.append(
+            Finding(
+                rule=same[0].rule,
+                severity=max((f.severity for f in same), key=lambda s: s.rank),
+                path=same[0].path,
+                message=f"{len(same)} problems: {shown}{more}",
+                data={**same[0].data, "grouped": [{"message": f.message, "data": dict(f.data)} for f in same]},
+            )
+        )
+    return result

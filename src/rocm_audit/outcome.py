@@ -21,6 +21,9 @@ class CommandOutcome:
     summary: str | None = None
     # Findings an ignore in the policy removed, with the reason (filled in by the CLI).
     suppressed: list[dict[str, str]] = field(default_factory=list)
+    # The audited directories, spelled as the findings spell paths: text shows paths under them
+    # relative to them (the CLI fills it from ``inputs`` when a command leaves it empty).
+    roots: list[str] = field(default_factory=list)
 
     def exit_code(self, fail_on: Severity) -> int:
         if self.force_failure:

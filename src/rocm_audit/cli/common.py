@@ -36,6 +36,7 @@ class OutputFormat(str, enum.Enum):
     sarif = "sarif"
     junit = "junit"
     github = "github"
+    markdown = "markdown"
 
 
 class FailOn(str, enum.Enum):
@@ -58,7 +59,9 @@ PathsOption = Annotated[
 FormatOption = Annotated[
     OutputFormat,
     typer.Option(
-        "--format", help="text, json (versioned schema), sarif (2.1.0), junit (XML) or github (Actions annotations)."
+        "--format",
+        help="text, json (versioned schema), sarif (2.1.0), junit (XML), github (Actions annotations) "
+        "or markdown (a job summary: append it to $GITHUB_STEP_SUMMARY).",
     ),
 ]
 OutputOption = Annotated[
@@ -158,9 +161,15 @@ def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on
 
     When the report is machine-readable or goes to a file, the one-line summary goes to stderr
     (unless quiet), so a person watching the build still sees what happened."""
+    from rocm_audit.findings import group_per_file
     from rocm_audit.rulebook.policy import active_policy
 
     outcome.findings, outcome.suppressed = active_policy().apply(outcome.findings)
+    outcome.findings = group_per_file(outcome.findings)
+    if not outcome.roots:  # the audited directories as the findings spell them (resolved)
+        import os
+
+        outcome.roots = sorted({os.path.realpath(p) for p in outcome.inputs if os.path.isdir(p)})
     threshold = fail_on_severity(fail_on)
     if fmt is OutputFormat.json:
         from rocm_audit.output.report import build_report, to_json
@@ -186,6 +195,10 @@ def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on
         from rocm_audit.output.github import render_github
 
         text = render_github(outcome)
+    elif fmt is OutputFormat.markdown:
+        from rocm_audit.output.markdown import render_markdown
+
+        text = render_markdown(outcome)
     else:
         from rocm_audit.output.text import render_text
 

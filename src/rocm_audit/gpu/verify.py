@@ -360,6 +360,7 @@ def _entry_match(obj: CodeObject, agent: TargetId) -> MatchKind | None:
 def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
     """Fill ``matches``/``missing``; return ARCH001/ARCH002/ARCH008 findings."""
     findings: list[Finding] = []
+    spirv_only: list[str] = []
     for target in required:
         per_tu = [best_match([_entry_match(obj, target.agent) for obj in tu]) for tu in carrier.tus]
         tus_without = [index for index, how in enumerate(per_tu) if how is None]
@@ -376,14 +377,17 @@ def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
         if how is None:
             carrier.missing.append(target.spelled)
         elif how is MatchKind.SPIRV:
-            findings.append(
-                make_finding(
-                    "ARCH002",
-                    carrier.path,
-                    f"{target.spelled} is served only by SPIR-V (JIT-compiled at load time)",
-                    data={"target": target.spelled},
-                )
+            spirv_only.append(target.spelled)
+    if spirv_only:  # one finding per carrier; "target" (the first) is the schema-v1 field
+        findings.append(
+            make_finding(
+                "ARCH002",
+                carrier.path,
+                f"{', '.join(spirv_only)} {'is' if len(spirv_only) == 1 else 'are'} served only by SPIR-V "
+                "(JIT-compiled at load time)",
+                data={"target": spirv_only[0], "targets": spirv_only},
             )
+        )
     if carrier.missing:
         rule = (
             "ARCH008" if carrier.kind.startswith("kernel-database") or carrier.kind == "per-arch-files" else "ARCH001"

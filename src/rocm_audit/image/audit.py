@@ -219,6 +219,7 @@ def _audit_merged(
     outcome.sections["image"] = section
     outcome.command = "image"
     outcome.inputs = inputs
+    outcome.roots = list(section["audited_paths"])
     wasted = section.get("waste", {}).get("wasted_bytes")
     outcome.summary = (
         f"image: {len(state.layers)} layer(s)"

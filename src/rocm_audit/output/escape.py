@@ -34,3 +34,15 @@ def display(text: object) -> str:
     if shown.isprintable():  # the common case, in C: no control character, no surrogate, no separator
         return shown
     return _UNSAFE.sub(_escape, shown)
+
+
+# The ASCII punctuation CommonMark lets a backslash make literal (spec 2.4) that Markdown or GitHub
+# act on: emphasis, code, links and images, HTML and entities (<, &), headings and list markers,
+# table cells (|), strikethrough (~), autolinks (: and . of http:// and www.), mentions (@), math ($).
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~&@:$])")
+
+
+def markdown(text: object) -> str:
+    """``text`` as literal Markdown inline text (a table cell too): ``display`` first, so it is one
+    line without control characters, then every character Markdown could act on is backslash-escaped."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", display(text))

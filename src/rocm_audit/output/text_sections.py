@@ -8,25 +8,46 @@ no line of text output can start with characters a file name chose.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rocm_audit.output.escape import display
 
 Sections = Mapping[str, Any]
+Shorten = Callable[[str], str]
+
+
+def _same(path: str) -> str:
+    return path
+
+
+def relative_to_roots(roots: Sequence[str]) -> Shorten:
+    """A function showing a path relative to the deepest of ``roots`` holding it (pure: strings only)."""
+    prefixes = sorted((r.rstrip("/") for r in roots if r and r != "/"), key=len, reverse=True)
+    if not prefixes:
+        return _same
+
+    def shorten(path: str) -> str:
+        for prefix in prefixes:
+            if path.startswith(prefix + "/"):
+                return path[len(prefix) + 1 :]
+        return path
+
+    return shorten
+
 
 _LINK_MARK = {"planned": "would link", "replaced": "linked", "skipped": "SKIPPED", "failed": "FAILED"}
 
 
-def dedup_lines(sections: Sections) -> list[str]:
+def dedup_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
     section = sections["dedup"]
     lines = []
     for group in section["groups"]:
-        lines.append(f"keep {display(group['keeper'])}  ({group['size']:,} bytes, {display(group['reason'])})")
+        lines.append(f"keep {display(shorten(group['keeper']))}  ({group['size']:,} bytes, {display(group['reason'])})")
         for planned in group["duplicates"]:
             was = "  (was a hardlink)" if planned["hardlink"] else ""
             lines.append(
-                f"  {_LINK_MARK[planned['status']]:10} {display(planned['path'])} -> "
+                f"  {_LINK_MARK[planned['status']]:10} {display(shorten(planned['path']))} -> "
                 f"{display(planned['link_text'])}{was}"
             )
     if section["mode"] == "dry-run" and section["shell_preview"]:
@@ -52,7 +73,7 @@ def _relative_to_package(path: str, package: str | None) -> str:
     return path
 
 
-def verify_arch_lines(sections: Sections) -> list[str]:
+def verify_arch_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
     targets = ", ".join(
         display(t["target"]) + (f" (as {display(t['agent'])})" if t["target"] != t["agent"] else "")
         for t in sections["targets"]
@@ -75,12 +96,13 @@ def verify_arch_lines(sections: Sections) -> list[str]:
             members = f", {len(carrier['members'])} file(s)" if carrier["members"] else ""
             how = "; ".join(f"{display(m['target'])} {display(m['how'] or 'missing')}" for m in carrier["matches"])
             containers = ", ".join(display(c) for c in carrier["containers"])
-            path = display(_relative_to_package(carrier["path"], carrier["package"]))
+            inside = _relative_to_package(carrier["path"], carrier["package"])
+            path = display(inside if inside != carrier["path"] else shorten(inside))
             lines.append(f"  {status:<7} {path}  [{containers}{tus}{members}]  {how}")
     return lines
 
 
-def code_object_lines(sections: Sections) -> list[str]:
+def code_object_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
     lines: list[str] = []
     by_path: dict[str, list[Mapping[str, Any]]] = {}
     for code_object in sections["code_objects"]:
@@ -88,7 +110,7 @@ def code_object_lines(sections: Sections) -> list[str]:
     for info in sections["code_object_files"]:
         tus = f", {info['tu_count']} TU" if info["tu_count"] else ""
         containers = ", ".join(display(c) for c in info["containers"])
-        lines.append(f"{display(info['path'])}  [{containers}{tus}]")
+        lines.append(f"{display(shorten(info['path']))}  [{containers}{tus}]")
         for code_object in by_path.get(info["path"], []):
             version = code_object["code_object_version"]
             cov = f"cov{version}" if version else ""
@@ -114,7 +136,7 @@ def _probe_text(probe: Mapping[str, Any]) -> str:
     return f"{display(probe['mode'])} {display(probe['outcome'])}{contradicts}"
 
 
-def llvm_lines(sections: Sections) -> list[str]:
+def llvm_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
     libraries = sections["libraries"]
     count: dict[str, int] = {}
     for library in libraries:
@@ -131,7 +153,7 @@ def llvm_lines(sections: Sections) -> list[str]:
         details = ", ".join(display(x) for x in (library["soname"], library["version_node"]) if x)
         scope = "" if library["in_scan"] else " [reached by a closure]"
         lines.append(
-            f"  {display(library['role']):<13}{display(library['path'])}"
+            f"  {display(library['role']):<13}{display(shorten(library['path']))}"
             + (f"  ({details})" if details else "")
             + scope
         )
@@ -148,7 +170,7 @@ def llvm_lines(sections: Sections) -> list[str]:
             f"  {display(clash['severity']).upper()} {display(clash['reason'])}, "
             f"fires: {display(clash['mode'])}, {status}"
         )
-        lines.extend(f"      {display(path)}" for path in clash["paths"])
+        lines.extend(f"      {display(shorten(path))}" for path in clash["paths"])
         if clash["via"]:
             shown = clash["via"][:3]
             hidden = clash["via_count"] - len(shown)
@@ -197,7 +219,7 @@ def check_lines(sections: Sections) -> list[str]:
     return lines
 
 
-def image_lines(sections: Sections) -> list[str]:
+def image_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
     section = sections.get("image", {})
     source = section.get("source", {})
     audited = ", ".join(display(p) for p in section.get("audited_paths", []))
@@ -215,7 +237,7 @@ def image_lines(sections: Sections) -> list[str]:
         )
         for group in waste["groups"][:10]:
             copies = "; ".join(
-                f"{display(c['path'])} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
+                f"{display(shorten(c['path']))} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
                 for c in group["copies"]
             )
             lines.append(f"  {group['size']:,} bytes x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
@@ -246,24 +268,24 @@ def rules_lines(sections: Sections) -> list[str]:
     return lines
 
 
-def section_lines(command: str, sections: Sections) -> list[str]:
+def section_lines(command: str, sections: Sections, shorten: Shorten = _same) -> list[str]:
     """The lines of a command's own section; which renderer is chosen by the command and what it reported."""
     if command == "dedup":
         if "revert" in sections:
             return revert_lines(sections)
-        return dedup_lines(sections) if "dedup" in sections else []
+        return dedup_lines(sections, shorten) if "dedup" in sections else []
     if command == "verify-arch":
-        return verify_arch_lines(sections) if "carriers" in sections else []
+        return verify_arch_lines(sections, shorten) if "carriers" in sections else []
     if command == "scan":
         if "code_object_files" in sections:
-            return code_object_lines(sections)
+            return code_object_lines(sections, shorten)
         return file_kind_lines(sections) if "file_kinds" in sections else []
     if command == "llvm":
-        return llvm_lines(sections) if "libraries" in sections else []
+        return llvm_lines(sections, shorten) if "libraries" in sections else []
     if command == "check":
         return check_lines(sections)
     if command == "image":
-        return image_lines(sections) if "image" in sections else []
+        return image_lines(sections, shorten) if "image" in sections else []
     if command == "rules":
         return rules_lines(sections)
     return []

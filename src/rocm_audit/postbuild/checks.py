@@ -108,6 +108,7 @@ def post_build_findings(inventory: Inventory, loader: LoaderModel | None = None)
         facts = versions.get(record.path)
         if facts is None:
             continue
+        lacking: list[tuple[str, str, list[str], VersionFacts]] = []
         for needed_name, wanted in sorted(facts.needed.items()):
             provider = providers.get(needed_name)
             if provider is None:
@@ -117,41 +118,71 @@ def post_build_findings(inventory: Inventory, loader: LoaderModel | None = None)
                 continue
             missing = sorted(wanted - provided.defined)
             if missing:
-                findings.append(_version_finding(record.path, needed_name, provider, missing, provided))
+                lacking.append((needed_name, provider, missing, provided))
+        if lacking:
+            findings.append(_version_finding(record.path, lacking))
     return findings
 
 
 def _resolve_needed(
     record: FileRecord, dynamic: DynamicInfo, loader: LoaderModel, findings: list[Finding]
 ) -> dict[str, str]:
+    """Providers of the file's DT_NEEDED names; the names nothing provides become ONE POST002 for
+    the file (people read one line per library: a jax plugin without the SDK lacks 12 names)."""
     providers: dict[str, str] = {}
+    missing: list[str] = []
     for name in dynamic.needed:
         resolution = loader.resolve(name, record.path, dynamic)
         if resolution.path is None:
-            findings.append(
-                make_finding(
-                    "POST002",
-                    record.path,
-                    f"DT_NEEDED {name} is not found by its own RPATH/RUNPATH, ld.so.conf or the default directories",
-                    data={"needed": name, "rpath": list(dynamic.rpath), "runpath": list(dynamic.runpath)},
-                )
-            )
+            missing.append(name)
         else:
             providers[name] = resolution.path
+    if missing:
+        names = ", ".join(missing)
+        findings.append(
+            make_finding(
+                "POST002",
+                record.path,
+                (f"DT_NEEDED {names} is" if len(missing) == 1 else f"{len(missing)} DT_NEEDED libraries ({names}) are")
+                + " not found by its own RPATH/RUNPATH, ld.so.conf or the default directories",
+                # "needed" (the first name) is the schema-v1 field; "missing_sonames" holds them all.
+                data={
+                    "needed": missing[0],
+                    "missing_sonames": missing,
+                    "rpath": list(dynamic.rpath),
+                    "runpath": list(dynamic.runpath),
+                },
+            )
+        )
     return providers
 
 
-def _version_finding(path: str, needed_name: str, provider: str, missing: list[str], provided: VersionFacts) -> Finding:
-    families = sorted({parts[0] for parts in filter(None, map(split_version, missing))})
-    offered = []
-    for family in families:
-        best = newest(provided.defined, family)
-        offered.append(f"{family} up to {format_version(best)}" if best else f"no {family} versions")
+def _version_finding(path: str, lacking: list[tuple[str, str, list[str], VersionFacts]]) -> Finding:
+    """One POST001 for a file, naming every provider that lacks a version it needs."""
+    parts = []
+    for needed_name, provider, missing, provided in lacking:
+        families = sorted({pieces[0] for pieces in filter(None, map(split_version, missing))})
+        offered = []
+        for family in families:
+            best = newest(provided.defined, family)
+            offered.append(f"{family} up to {format_version(best)}" if best else f"no {family} versions")
+        parts.append(
+            f"needs {', '.join(missing)} from {needed_name}, but {provider} defines "
+            f"{'; '.join(offered) if offered else 'none of them'}"
+        )
+    first_name, first_provider, first_missing, _ = lacking[0]
     return make_finding(
         "POST001",
         path,
-        f"needs {', '.join(missing)} from {needed_name}, but {provider} defines "
-        f"{'; '.join(offered) if offered else 'none of them'}",
-        related=[provider],
-        data={"needed": needed_name, "missing": missing, "provider": provider},
+        "; ".join(parts),
+        related=[provider for _, provider, _, _ in lacking],
+        # needed/missing/provider: the first provider (the schema-v1 fields); "providers": all of them.
+        data={
+            "needed": first_name,
+            "missing": first_missing,
+            "provider": first_provider,
+            "providers": [
+                {"needed": name, "provider": provider, "missing": missing} for name, provider, missing, _ in lacking
+            ],
+        },
     )

@@ -1,0 +1,162 @@
+"""Markdown for people reading a CI job summary (GitHub's ``$GITHUB_STEP_SUMMARY``, a merge request note).
+
+Four parts, each only when it has something to say: a summary table (errors, warnings, info per
+check), a library x target coverage table (verify-arch, check, image: only carriers with a gap,
+capped), the largest duplicate groups (dedup, check, image) and the findings list (capped). Pure:
+the outcome in, one string out; every name and message passes through ``escape.markdown``, so a
+file name cannot open a link, an HTML tag, a table cell or a mention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rocm_audit.findings import Severity, sorted_findings
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.output.escape import markdown
+from rocm_audit.output.text_sections import relative_to_roots
+
+COVERAGE_ROWS = 25
+DUPLICATE_GROUPS = 10
+FINDINGS_LISTED = 100
+
+# Which check a rule belongs to, by its id's prefix (rules/*.toml).
+_CHECK_OF_PREFIX = {
+    "DUP": "dedup",
+    "ARCH": "verify-arch",
+    "LLVM": "llvm",
+    "POST": "post-build",
+    "IMG": "image",
+    "SCAN": "scan",
+    "CHK": "check",
+}
+
+
+def _check_of(rule: str) -> str:
+    prefix = rule.rstrip("0123456789")
+    return _CHECK_OF_PREFIX.get(prefix, prefix.lower())
+
+
+def _row(cells: Sequence[object]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    return [_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)]
+
+
+def summary_lines(outcome: CommandOutcome) -> list[str]:
+    counts: dict[str, dict[Severity, int]] = {}
+    for one in outcome.findings:
+        per = counts.setdefault(_check_of(one.rule), dict.fromkeys(Severity, 0))
+        per[one.severity] += 1
+    checks = list(outcome.sections.get("summary", {}).get("checks", [])) if outcome.command == "check" else []
+    for check in checks:
+        counts.setdefault(check, dict.fromkeys(Severity, 0))
+    if not counts:
+        return ["No findings."]
+    rows = [
+        [markdown(check), per[Severity.ERROR], per[Severity.WARNING], per[Severity.INFO]]
+        for check, per in sorted(counts.items())
+    ]
+    total = [sum(per[s] for per in counts.values()) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO)]
+    rows.append(["**total**", *(f"**{n}**" for n in total)])
+    return _table(["check", "errors", "warnings", "info"], rows)
+
+
+def coverage_lines(sections: Mapping[str, Any], shorten: Callable[[str], str]) -> list[str]:
+    """Library x target, only for carriers missing a target; at most COVERAGE_ROWS rows."""
+    targets = [t["target"] for t in sections.get("targets", [])]
+    carriers = sections.get("carriers")
+    if not targets or carriers is None:
+        return []
+    source = sections.get("targets_source")
+    lines = [f"Targets: {', '.join(markdown(t) for t in targets)}" + (f" (from {markdown(source)})" if source else "")]
+    gaps = [c for c in carriers if c.get("missing")]
+    lines.append("")
+    if not gaps:
+        lines.append(f"All {len(carriers)} GPU code carrier(s) cover every target.")
+        return lines
+    lines.append(f"{len(gaps)} of {len(carriers)} GPU code carrier(s) miss a target:")
+    lines.append("")
+    rows = []
+    for carrier in gaps[:COVERAGE_ROWS]:
+        how = {m["target"]: m["how"] for m in carrier.get("matches", [])}
+        rows.append(
+            [markdown(shorten(carrier["path"]))] + [markdown(how[t]) if how.get(t) else "**missing**" for t in targets]
+        )
+    lines.extend(_table(["library", *(markdown(t) for t in targets)], rows))
+    if len(gaps) > COVERAGE_ROWS:
+        lines.append("")
+        lines.append(f"... and {len(gaps) - COVERAGE_ROWS} more")
+    return lines
+
+
+def duplicate_lines(sections: Mapping[str, Any], shorten: Callable[[str], str]) -> list[str]:
+    """The largest groups of identical files: dedup's plan, or an image's layer-aware waste."""
+    rows: list[list[object]] = []
+    waste = sections.get("image", {}).get("waste")
+    if waste is not None:
+        groups = sorted(waste["groups"], key=lambda g: g["wasted_bytes"], reverse=True)
+        header = ["bytes wasted", "copies", "scope", "paths (layer)"]
+        for group in groups[:DUPLICATE_GROUPS]:
+            paths = "<br>".join(f"{markdown(shorten(c['path']))} ({c['layer']})" for c in group["copies"])
+            rows.append([f"{group['wasted_bytes']:,}", len(group["copies"]), markdown(group["scope"]), paths])
+        total = len(groups)
+    elif "dedup" in sections:
+        groups = sorted(sections["dedup"]["groups"], key=lambda g: g["size"] * len(g["duplicates"]), reverse=True)
+        header = ["size (bytes)", "copies", "keep", "link"]
+        for group in groups[:DUPLICATE_GROUPS]:
+            links = "<br>".join(markdown(shorten(d["path"])) for d in group["duplicates"])
+            rows.append([f"{group['size']:,}", 1 + len(group["duplicates"]), markdown(shorten(group["keeper"])), links])
+        total = len(groups)
+    else:
+        return []
+    if not rows:
+        return ["No duplicate files."]
+    lines = [f"Largest duplicate groups ({min(total, DUPLICATE_GROUPS)} of {total}):", "", *_table(header, rows)]
+    if total > DUPLICATE_GROUPS:
+        lines += ["", f"... and {total - DUPLICATE_GROUPS} more"]
+    return lines
+
+
+def finding_lines(outcome: CommandOutcome, shorten: Callable[[str], str]) -> list[str]:
+    severity_order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+    ordered = sorted(sorted_findings(outcome.findings), key=lambda f: severity_order[f.severity])
+    lines = [
+        f"- **{one.severity.value}** {markdown(one.rule)} {markdown(shorten(one.path))}: {markdown(one.message)}"
+        for one in ordered[:FINDINGS_LISTED]
+    ]
+    if len(ordered) > FINDINGS_LISTED:
+        lines.append(f"- ... and {len(ordered) - FINDINGS_LISTED} more (the JSON report has them all)")
+    return lines
+
+
+def _rules_lines(sections: Mapping[str, Any]) -> list[str]:
+    rows = [
+        [markdown(r["id"]), markdown(r["severity"]), markdown(r["title"]), markdown(r["severity_source"])]
+        for r in sections.get("rules", [])
+    ]
+    return _table(["rule", "severity", "title", "severity from"], rows)
+
+
+def render_markdown(outcome: CommandOutcome) -> str:
+    shorten = relative_to_roots(outcome.roots)
+    parts: list[list[str]] = [[f"### rocm-audit {markdown(outcome.command)}"]]
+    if outcome.summary:
+        parts[0] += ["", markdown(outcome.summary)]
+    shown_roots = [r for r in outcome.roots if r != "/"]
+    if shown_roots:
+        parts[0] += ["", "Paths relative to " + ", ".join(markdown(r) for r in shown_roots)]
+    if outcome.command == "rules":
+        parts.append(_rules_lines(outcome.sections))
+    else:
+        parts.append(summary_lines(outcome))
+    for section in (coverage_lines(outcome.sections, shorten), duplicate_lines(outcome.sections, shorten)):
+        if section:
+            parts.append(section)
+    findings = finding_lines(outcome, shorten)
+    if findings:
+        parts.append(["Findings:", "", *findings])
+    return "\n\n".join("\n".join(p) for p in parts) + "\n"

@@ -1,0 +1,115 @@
+"""Reports people read: `--format markdown` on every command, one finding per (file, rule), and
+text paths relative to the audited root.
+
+The Markdown must be safe in a GitHub job summary: a file name that looks like a link, an HTML tag,
+a table cell or a mention stays literal text (every name goes through escape.markdown).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from rocm_audit.findings import Severity, group_per_file, make_finding
+from rocm_audit.output.escape import markdown
+from support.toolchain import gfx942_code_object
+
+sys.path.insert(0, str(Path(__file__).parent / "image"))
+from layer_writers import docker_save, layer  # noqa: E402
+
+HOSTILE = "x](https:\\\\evil.example)<img src=y>|@someone $m$ *b* www.evil.example"
+
+
+@pytest.fixture(scope="module")
+def carriers(tmp_path_factory) -> Path:
+    """30 gfx942-only code objects (one with a hostile name) and one clean site-packages root."""
+    site = tmp_path_factory.mktemp("md") / "site-packages"
+    code = gfx942_code_object(site / "pkg")
+    for index in range(29):
+        shutil.copy2(code, site / "pkg" / f"k{index:02}.hsaco")
+    shutil.copy2(code, site / "pkg" / f"{HOSTILE}.hsaco")
+    return site
+
+
+def test_markdown_coverage_table_lists_only_gaps_capped(run_cli, carriers):
+    result = run_cli("verify-arch", "gfx942", "-p", str(carriers), "--format", "markdown", expect=0)
+    assert "| library |" not in result.stdout  # no gap, no table
+    assert "cover every target" in result.stdout
+    result = run_cli("verify-arch", "gfx942", "gfx950", "-p", str(carriers), "--format", "markdown", expect=1)
+    text = result.stdout
+    assert "| check | errors | warnings | info |" in text
+    assert "| verify\\-arch | 31 | 0 | 0 |" in text
+    assert "| library | gfx942 | gfx950 |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "**missing**" in line]
+    assert len(rows) == 25
+    assert "... and 6 more" in text
+    assert "Paths relative to " in text
+
+
+def test_markdown_keeps_hostile_names_literal(run_cli, carriers):
+    text = run_cli("verify-arch", "gfx950", "-p", str(carriers), "--format", "markdown", expect=1).stdout
+    assert markdown(f"pkg/{HOSTILE}.hsaco") in text
+    for raw in ("](https", "<img", "|@someone", "@someone", "$m$", "*b*", "www.evil"):
+        assert not re.search(r"(?<!\\)" + re.escape(raw), text), raw  # only escaped forms
+    # Every table row still has the header's column count (no cell was split by a name's '|').
+    for line in text.splitlines():
+        if line.startswith("| ") and "**missing**" in line:
+            assert line.replace("\\|", "").count("|") == 3, line
+
+
+def test_markdown_on_every_command_with_the_same_exit_code(run_cli, sdk, tmp_path):
+    site = str(sdk.site)
+    for argv, code in (
+        (("dedup", "--check", "-p", site), 1),
+        (("check", "gfx942", "-p", site), None),
+        (("llvm", "-p", site), None),
+        (("scan", "-p", site), 0),
+        (("scan", "--targets", "-p", site), 0),
+        (("rules",), 0),
+    ):
+        text_run = run_cli(*argv)
+        md_run = run_cli(*argv, "--format", "markdown")
+        assert md_run.exit_code == text_run.exit_code, argv
+        if code is not None:
+            assert md_run.exit_code == code, argv
+        assert md_run.stdout.startswith(f"### rocm-audit {argv[0]}"), argv
+    dedup = run_cli("dedup", "--check", "-p", site, "--format", "markdown").stdout
+    assert "Largest duplicate groups" in dedup and "| size (bytes) | copies | keep | link |" in dedup
+    rules = run_cli("rules", "--format", "markdown").stdout
+    assert "| POST002 | warning |" in rules
+
+
+def test_markdown_for_an_image_lists_the_largest_identical_copies(run_cli, tmp_path):
+    sp = "usr/lib/python3/dist-packages"
+    blob = os.urandom(300_000)
+    one = layer((f"{sp}/_rocm_sdk_core/lib/libx.so", blob))
+    two = layer((f"{sp}/_rocm_sdk_devel/lib/libx.so", blob))
+    archive = docker_save(tmp_path / "s.tar", [one, two])
+    text = run_cli("image", "--archive", str(archive), "--target", "gfx942", "--format", "markdown").stdout
+    assert "| bytes wasted | copies | scope | paths (layer) |" in text
+    assert "cross\\-layer" in text and "\\_rocm\\_sdk\\_devel/lib/libx\\.so (1)" in text
+
+
+def test_one_finding_per_file_and_rule():
+    many = [make_finding("ARCH006", "/a/lib.so", f"entry {n}: bad", data={"offset": n}) for n in range(3)]
+    pair = [make_finding("DUP001", "/a/lib.so", "copies", related=["/b/lib.so"])] * 1
+    other = [make_finding("ARCH006", "/a/other.so", "one")]
+    grouped = group_per_file(many + pair + other)
+    assert len(grouped) == 3
+    (merged,) = [f for f in grouped if f.rule == "ARCH006" and f.path == "/a/lib.so"]
+    assert merged.message.startswith("3 problems: entry 0: bad; entry 1: bad; entry 2: bad")
+    assert merged.data["offset"] == 0 and [g["data"]["offset"] for g in merged.data["grouped"]] == [0, 1, 2]
+    assert merged.severity is Severity.INFO
+
+
+def test_text_shows_paths_relative_to_the_audited_root(run_cli, carriers):
+    text = run_cli("verify-arch", "gfx950", "-p", str(carriers), expect=1).stdout
+    assert text.splitlines()[0] == f"paths relative to {os.path.realpath(carriers)}"
+    finding_lines = [line for line in text.splitlines() if line.startswith("ERROR ARCH001")]
+    assert finding_lines and all(line.startswith("ERROR ARCH001 pkg/") for line in finding_lines)
+    assert str(carriers) not in "\n".join(text.splitlines()[1:])
