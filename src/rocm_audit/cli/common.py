@@ -53,9 +53,37 @@ PathsOption = Annotated[
         "--path",
         metavar="PATH",
         help="site-packages dir, _rocm_sdk_* tree, any dir or a single file; repeatable. "
-        "Default: every site-packages dir of this interpreter.",
+        "Default: every site-packages dir of this interpreter, or of --python.",
     ),
 ]
+PythonOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--python",
+        metavar="PATH",
+        help="Audit the site-packages dirs of this interpreter (a venv's bin/python too) instead of "
+        "rocm-audit's own, so rocm-audit can live in its own venv.",
+    ),
+]
+
+
+def audited_paths(paths: list[str] | None, python: str | None) -> list[str] | None:
+    """-p/--path as given, else the site-packages of --python, else None (this interpreter's).
+    Raises UsageError when both are given."""
+    if python is None:
+        return paths
+    from rocm_audit.errors import UsageError
+
+    if paths:
+        raise UsageError("--python and -p/--path exclude each other: name the interpreter or the directories")
+    from rocm_audit.tree.discovery import site_packages_of
+
+    found = site_packages_of(python)
+    if not found:
+        raise UsageError(f"--python {python}: it reports no existing site-packages directory")
+    return found
+
+
 FormatOption = Annotated[
     OutputFormat,
     typer.Option(

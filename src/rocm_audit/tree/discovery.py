@@ -44,6 +44,59 @@ def default_site_packages() -> list[str]:
         candidates.append(sysconfig.get_paths()[key])
     if site.ENABLE_USER_SITE and sys.prefix == sys.base_prefix:
         candidates.append(site.getusersitepackages())
+    return _existing(candidates)
+
+
+# Run by the interpreter named with --python: the same candidates as default_site_packages, as JSON.
+_SITE_DIRS_SCRIPT = """\
+import json, site, sys, sysconfig
+dirs = []
+try:
+    dirs.extend(site.getsitepackages())
+except AttributeError:
+    pass
+dirs.extend(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+if site.ENABLE_USER_SITE and sys.prefix == sys.base_prefix:
+    dirs.append(site.getusersitepackages())
+print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "site_dirs": dirs}))
+"""
+
+
+def site_packages_of(python: str, timeout_s: float = 60.0) -> list[str]:
+    """Every existing site-packages directory of another interpreter (a venv's python too), as that
+    interpreter reports them: run in a subprocess from ``/`` (so no module of the caller's working
+    directory shadows the stdlib), without PYTHONPATH/PYTHONHOME of this process. Raises UsageError."""
+    import json
+    import shutil
+    import subprocess
+
+    executable = python if os.sep in python else shutil.which(python)
+    if not executable or not os.path.isfile(executable) or not os.access(executable, os.X_OK):
+        raise UsageError(f"--python {python}: not an executable interpreter")
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    try:
+        done = subprocess.run(
+            [executable, "-c", _SITE_DIRS_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd="/",
+            env=environment,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--python {python}: cannot run it: {exc}") from None
+    try:
+        dirs = json.loads(done.stdout.strip().splitlines()[-1])["site_dirs"] if done.returncode == 0 else None
+    except (ValueError, IndexError, KeyError, TypeError):
+        dirs = None
+    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+        detail = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        raise UsageError(f"--python {python}: did not report its site directories ({detail[0]})")
+    return _existing(dirs)
+
+
+def _existing(candidates: list[str]) -> list[str]:
     seen: list[str] = []
     for one in candidates:
         resolved = os.path.realpath(one)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -22,6 +22,7 @@ def command(
         ),
     ] = None,
     paths: PathsOption = None,
+    python: PythonOption = None,
     probe: Annotated[bool, typer.Option("--probe", help="Confirm LLVM clashes with sandboxed load probes.")] = False,
     sysroot: Annotated[
         str, typer.Option("--sysroot", metavar="DIR", help="Root of the system the files run on (an unpacked image).")
@@ -34,6 +35,8 @@ def command(
     ] = None,
 ) -> CommandOutcome:
     """Run every check over one inventory: dedup (check mode), verify-arch, llvm and post-build checks."""
+
+    paths = audited_paths(paths, python)
 
     from rocm_audit.audit.check import CheckOptions, checks_to_skip, run_check
     from rocm_audit.cli.progress import progress_line

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -14,6 +14,7 @@ from rocm_audit.outcome import CommandOutcome
 def command(
     report: Report,
     paths: PathsOption = None,
+    python: PythonOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan (and an equivalent shell script); change nothing.")
     ] = False,
@@ -43,6 +44,8 @@ def command(
     The copy in the runtime package (_rocm_sdk_core, then _rocm_sdk_libraries*) is kept; devel
     copies and hardlinks become symlinks, each made atomically after a fresh byte comparison.
     """
+
+    paths = audited_paths(paths, python)
 
     from rocm_audit.errors import UsageError
 

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -14,6 +14,7 @@ from rocm_audit.outcome import CommandOutcome
 def command(
     report: Report,
     paths: PathsOption = None,
+    python: PythonOption = None,
     probe: Annotated[
         bool,
         typer.Option(
@@ -81,6 +82,8 @@ def command(
     LLVMs are reported with the load modes they fire in and a fix. Exit 1 on any high-risk or
     probe-confirmed clash.
     """
+
+    paths = audited_paths(paths, python)
 
     from rocm_audit.cli.progress import progress_line
     from rocm_audit.llvm.clashes import LlvmOptions, run_llvm

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -14,6 +14,7 @@ from rocm_audit.outcome import CommandOutcome
 def command(
     report: Report,
     paths: PathsOption = None,
+    python: PythonOption = None,
     targets: Annotated[
         bool,
         typer.Option(
@@ -24,6 +25,8 @@ def command(
     ] = False,
 ) -> CommandOutcome:
     """Report what the trees hold: file kinds, or with --targets every GPU code object per file."""
+
+    paths = audited_paths(paths, python)
 
     from rocm_audit.cli.progress import progress_line
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -23,6 +23,7 @@ def command(
         ),
     ] = None,
     paths: PathsOption = None,
+    python: PythonOption = None,
 ) -> CommandOutcome:
     """Check that every library, code-object file and kernel database carries code for each target.
 
@@ -31,6 +32,8 @@ def command(
     Every translation unit of a library must match. A bare processor name means its usual setting:
     sramecc+ and xnack- where the processor has those features.
     """
+
+    paths = audited_paths(paths, python)
 
     from rocm_audit.cli.progress import progress_line
     from rocm_audit.gpu.verify import verify_arch
