@@ -7,7 +7,7 @@ import pytest
 from rocm_audit.errors import UsageError
 from rocm_audit.formats import amdgpu_elf
 from rocm_audit.formats.offload_bundle import parse_entry_id
-from rocm_audit.gpu.targets import (
+from rocm_audit.tree.targets import (
     MatchKind,
     TargetId,
     arch_tokens,

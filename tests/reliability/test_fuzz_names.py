@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.formats.offload_bundle import parse_entry_id
-from rocm_audit.gpu import targets
+from rocm_audit.tree import targets
 from rocm_audit.gpu import verify as archcheck
 
 EXAMPLES = 3000 if os.environ.get("ROCM_AUDIT_SLOW") == "1" else 300

@@ -22,7 +22,7 @@ from rocm_audit.elf.sections import SHF_EXECINSTR, Section, read_sections
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle
-from rocm_audit.gpu.targets import FEATURES, TargetId, parse_target_id
+from rocm_audit.tree.targets import FEATURES, TargetId, parse_target_id
 from rocm_audit.tree.inventory import FileKind, FileRecord
 
 log = logging.getLogger(__name__)

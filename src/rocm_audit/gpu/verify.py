@@ -20,7 +20,7 @@ from typing import Any
 from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.codeobjects import CodeObject, FileCodeObjects, scan_file
-from rocm_audit.gpu.targets import (
+from rocm_audit.tree.targets import (
     MatchKind,
     RequiredTarget,
     TargetId,

@@ -227,3 +227,71 @@ def arch_tokens(text: str) -> list[str]:
         if token not in found:
             found.append(token)
     return found
+
+
+# ---------------------------------------------------------------------------------------------
+# What a kept target could load (prune): the same rules, with unspelled features left open.
+
+# A family name stands for several processors: AOTriton's amd-gfx11xx / amd-gfx110x folders,
+# TheRock's gfx94X / gfx110X families. Each x stands for one character of the processor name.
+_FAMILY_RE = re.compile(r"^gfx[0-9a-f]*[xX]+$")
+
+
+def is_family_name(name: str) -> bool:
+    return bool(_FAMILY_RE.match(name))
+
+
+def family_covers(family: str, processor: str) -> bool:
+    """Whether a family name (``gfx11xx``, ``gfx94X``) stands for ``processor``."""
+    pattern = "".join("[0-9a-z]" if c in "xX" else re.escape(c) for c in family)
+    return re.fullmatch(pattern, processor) is not None
+
+
+def kept_target(spelled: str) -> TargetId:
+    """A target as the user spelled it, features not spelled left unspecified (either setting).
+
+    verify-arch reads a bare ``gfx942`` as the usual device (sramecc+, xnack-); prune must not
+    remove what another setting of that device loads (``HSA_XNACK=1`` selects xnack+ code), so a
+    bare name keeps code for both settings. Raises UsageError for unknown names."""
+    agent = resolve_required(spelled).agent  # validates the name and its features
+    parsed = parse_target_id(spelled.strip())
+    assert parsed is not None
+    return TargetId(agent.processor, parsed.sramecc, parsed.xnack)
+
+
+def serves_kept(
+    code_target: str,
+    kept: TargetId,
+    *,
+    code_object_version: int | None = None,
+    generic_version: int | None = None,
+) -> MatchKind | None:
+    """How code for ``code_target`` (a target id, a generic or SPIR-V name, or a family name)
+    could run on some device that ``kept`` names; None when no such device loads it.
+
+    The HIP runtime's order (native, generic, SPIR-V; formats.md 2.9); a feature ``kept`` leaves
+    unspecified matches either value. A name that cannot be parsed counts as serving: what
+    rocm-audit cannot read, it never removes."""
+    processor = code_target.split(":")[0]
+    if is_family_name(processor):
+        return MatchKind.NATIVE if family_covers(processor, kept.processor) else None
+    code = parse_target_id(code_target)
+    if code is None:
+        return MatchKind.NATIVE
+    if code.processor == SPIRV_PROCESSOR:
+        return MatchKind.SPIRV
+    for name in FEATURES:
+        wanted, have = code.feature(name), kept.feature(name)
+        if wanted is not None and have is not None and wanted != have:
+            return None
+    if code.processor == kept.processor:
+        return MatchKind.NATIVE
+    if code.processor in GENERIC_PROCESSORS and GENERIC_OF.get(kept.processor) == code.processor:
+        if code_object_version is not None and code_object_version < GENERIC_CODE_OBJECT_VERSION:
+            return None
+        if generic_version is not None and generic_version < MIN_GENERIC_VERSION:
+            return None
+        return MatchKind.GENERIC
+    if code.processor not in KNOWN_PROCESSORS and code.processor not in GENERIC_PROCESSORS:
+        return MatchKind.NATIVE  # a processor this release does not know: never removed
+    return None

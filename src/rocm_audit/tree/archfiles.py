@@ -1,0 +1,121 @@
+"""Per-arch units: files and folders a runtime opens only on a device of the arch they are named for.
+
+Recognised by path alone (formats.md 1.3, 1.7, 2.10; kpack's database_handlers.py classification):
+
+- kpack archives ``.kpack/<name>_gfxNNN.kpack`` (the kpack runtime opens the archive of the
+  device's arch);
+- Tensile / hipBLASLt / hipSPARSELt ``library/`` files named for one arch (``.co``, ``.hsaco``,
+  ``.dat``: ``TensileLibrary_lazy_gfx942.dat``, ``Kernels.so-000-gfx942.hsaco``) and per-arch
+  folders ``library/gfx942/``; arch-less files (``TensileLibrary_lazy_fallback.dat``) are shared;
+- MIOpen databases ``share/miopen/db/gfx942130.kdb`` (arch + CU count), and the per-arch CK
+  plugins ``libMIOpenCK<name>_gfx942.so`` MIOpen dlopens for the device's arch;
+- AOTriton image folders ``aotriton.images/amd-gfx942/`` and family folders (``amd-gfx11xx``),
+  and ``aotriton/kernels/gfx942/``;
+- standalone code-object files named for one arch (``Kernels_gfx950.hsaco``), the per-arch sets
+  verify-arch already judges: only when their content is for that arch too (the caller checks).
+
+A unit is removed whole or not at all; what the caller checks before that is in prune/.
+Device distributions (TheRock ``rocm-sdk-device-gfx942``, PyTorch ``amd-torch-device-gfx942``)
+are recognised by name here too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from rocm_audit.tree.targets import arch_tokens, is_family_name
+
+_KPACK = re.compile(r"^(?P<name>.+)_(?P<arch>gfx[0-9a-z]+(?:-[0-9a-z]+)*)\.kpack$")
+_TENSILE_ROOTS = (("rocblas", "library"), ("hipblaslt", "library"), ("hipsparselt", "library"))
+_TENSILE_SUFFIXES = (".co", ".hsaco", ".dat")
+_MIOPEN_DB = ("miopen", "db")
+# The CU count follows the arch without a separator (gfx942130), so only known arch names are cut off.
+_MIOPEN_ARCH = re.compile(
+    r"^(gfx(?:90a|900|906|908|940|941|942|950|1010|1030|1100|1101|1102|1150|1151|1200|1201|1250))(?:-strict)?(?=[0-9_.])"
+)
+_MIOPEN_CK = re.compile(r"^libMIOpenCK.*_(gfx[0-9a-z]+)\.so(?:\.[0-9]+)*$")
+_AOTRITON_IMAGES = re.compile(r"^amd-(gfx[0-9a-zA-Z]+)$")
+_AOTRITON_KERNELS = ("aotriton", "kernels")
+_ARCH_DIR = re.compile(r"^gfx[0-9a-z]+(?:-[0-9a-z]+)*$")
+_DEVICE_DIST = re.compile(r"^(?:rocm-sdk-device|amd-[a-z0-9-]+-device)-(gfx[0-9a-z]+(?:-[a-z]+)?)$")
+_FAMILY_SUFFIX = re.compile(r"-(?:all|dgpu|igpu|dcgpu)$")
+
+
+@dataclass(frozen=True, slots=True)
+class ArchUnit:
+    """One per-arch unit: ``path`` is a file, or a folder when ``is_dir`` (every file under it)."""
+
+    kind: str  # kpack-archive | tensile | tensile-dir | miopen-db | miopen-ck | aotriton | code-object-file
+    path: str
+    is_dir: bool
+    arches: tuple[str, ...]  # as named: gfx942, gfx90a:xnack+, gfx11xx (a family)
+
+
+def _find(parts: list[str], suffix: tuple[str, ...]) -> int | None:
+    """Index just past the last occurrence of ``suffix`` among the directory parts, or None."""
+    for index in range(len(parts) - len(suffix), -1, -1):
+        if tuple(parts[index : index + len(suffix)]) == suffix:
+            return index + len(suffix)
+    return None
+
+
+def arch_unit_of(path: str) -> ArchUnit | None:
+    """The per-arch unit ``path`` (a regular file) belongs to by its name, or None."""
+    directory, name = os.path.split(path)
+    parts = directory.split(os.sep)
+    match = _KPACK.match(name)
+    if match is not None:
+        tokens = arch_tokens(match.group("arch"))
+        if tokens:
+            return ArchUnit("kpack-archive", path, False, tuple(tokens))
+    end = _find(parts, ("aotriton.images",))
+    if end is not None and end < len(parts):
+        folder = _AOTRITON_IMAGES.match(parts[end])
+        if folder is not None:
+            return ArchUnit("aotriton", os.sep.join(parts[: end + 1]), True, (folder.group(1),))
+    end = _find(parts, _AOTRITON_KERNELS)
+    if end is not None and end < len(parts) and _ARCH_DIR.match(parts[end]):
+        return ArchUnit("aotriton", os.sep.join(parts[: end + 1]), True, (parts[end],))
+    for root in _TENSILE_ROOTS:
+        end = _find(parts, root)
+        if end is None:
+            continue
+        if end < len(parts) and _ARCH_DIR.match(parts[end]):
+            return ArchUnit("tensile-dir", os.sep.join(parts[: end + 1]), True, (parts[end],))
+        if end == len(parts) and name.endswith(_TENSILE_SUFFIXES):
+            tokens = arch_tokens(name)
+            if len(tokens) == 1:
+                return ArchUnit("tensile", path, False, tuple(tokens))
+        return None
+    if _find(parts, _MIOPEN_DB) == len(parts):
+        match = _MIOPEN_ARCH.match(name)
+        if match is not None:
+            return ArchUnit("miopen-db", path, False, (match.group(1),))
+        return None
+    match = _MIOPEN_CK.match(name)
+    if match is not None:
+        return ArchUnit("miopen-ck", path, False, (match.group(1),))
+    return None
+
+
+def code_object_file_unit(path: str) -> ArchUnit | None:
+    """A standalone code-object file named for exactly one arch (``Kernels_gfx950.hsaco``)."""
+    tokens = arch_tokens(os.path.basename(path))
+    if len(tokens) != 1:
+        return None
+    return ArchUnit("code-object-file", path, False, tuple(tokens))
+
+
+def device_distribution_arch(name: str) -> str | None:
+    """The arch (or family) a device distribution is for: ``rocm-sdk-device-gfx942`` -> gfx942,
+    ``amd-torch-device-gfx950`` -> gfx950, ``rocm-sdk-device-gfx94X-dcgpu`` -> gfx94X; else None.
+    ``name`` is normalised (PEP 503: lower case, runs of ``-_.`` as ``-``) except an X of a family."""
+    normalised = re.sub(r"[-_.]+", "-", name)
+    match = _DEVICE_DIST.match(normalised.lower())
+    if match is None:
+        return None
+    arch = normalised[match.start(1) : match.end(1)]  # keep the family's capital X as written
+    arch = _FAMILY_SUFFIX.sub("", arch)
+    return arch if is_family_name(arch) else arch.lower()
