@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.formats.offload_bundle import parse_entry_id
-from rocm_audit.tree import targets
 from rocm_audit.gpu import verify as archcheck
+from rocm_audit.tree import targets
 
 EXAMPLES = 3000 if os.environ.get("ROCM_AUDIT_SLOW") == "1" else 300
 NAMES = settings(max_examples=EXAMPLES, deadline=None, derandomize=True)

@@ -33,10 +33,10 @@ class CheckOptions:
     sysroot: str = "/"  # the system the audited files run on (an unpacked image root)
     probe: bool = False
     probe_timeout_s: float | None = None
-    skip: frozenset[str] = frozenset()  # any of "dedup", "verify-arch", "llvm", "post-build"
+    skip: frozenset[str] = frozenset()  # any of CHECKS
 
 
-CHECKS = ("dedup", "verify-arch", "llvm", "post-build")
+CHECKS = ("dedup", "verify-arch", "llvm", "post-build", "prune")
 
 
 def checks_to_skip(names: list[str]) -> frozenset[str]:
@@ -140,6 +140,15 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
             summaries.append(f"{len(carriers)} GPU code carrier(s), targets unknown")
         sections["carriers"] = [archcheck.carrier_to_dict(c) for c in carriers]
         ran.append("verify-arch")
+        if required and "prune" not in options.skip:
+            from rocm_audit.audit.pruning import Kept, kept_target, prune_for_check
+
+            kept = [Kept(t.spelled, kept_target(t.spelled)) for t in required]
+            where = looked[0] if looked else ""
+            finding, section = prune_for_check(inventory, kept, choice.source if choice else "", where)
+            findings.append(finding)
+            sections["prune"] = section
+            ran.append("prune")
 
     if "llvm" not in options.skip:
         from rocm_audit.llvm import clashes as llvm_clashes

@@ -50,6 +50,7 @@ def _root(
 # and this module.
 _COMMANDS: dict[str, tuple[str, dict[str, Any]]] = {
     "dedup": ("dedup", {}),
+    "prune": ("prune", {}),
     "verify-arch": ("verify_arch", {}),
     "llvm": ("llvm", {}),
     "check": ("check", {}),

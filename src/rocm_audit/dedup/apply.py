@@ -17,7 +17,6 @@ from rocm_audit.dedup.link import (
     compare_piece,
     look_before,
     replace_with_symlink,
-    tree_locks,
 )
 from rocm_audit.dedup.manifest import default_manifest_path, journal_changes
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan, PlannedLink, regroup_differing
@@ -26,6 +25,7 @@ from rocm_audit.findings import Finding, make_finding
 from rocm_audit.tree.forkmap import fork_imap, worker_count
 from rocm_audit.tree.identical import pieces
 from rocm_audit.tree.inventory import TEMP_PREFIX, Inventory
+from rocm_audit.tree.journal import tree_locks
 
 
 class _NoManifest(Exception):

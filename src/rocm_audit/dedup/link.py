@@ -4,10 +4,8 @@ duplicate after a last look; tree locks so two runs never change one tree."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rocm_audit.dedup.plan import DedupGroup, PlannedLink
@@ -128,25 +126,3 @@ def replace_with_symlink(group: DedupGroup, planned: PlannedLink, before: PairBe
 def unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-
-
-@contextlib.contextmanager
-def tree_locks(trees: list[str]) -> Iterator[list[str]]:
-    """Hold an exclusive flock on each SDK tree directory; yield the trees already locked by others."""
-    held: list[int] = []
-    busy: list[str] = []
-    try:
-        for tree in sorted(trees):
-            fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                busy.append(tree)
-                continue
-            held.append(fd)
-        yield busy
-    finally:
-        for fd in held:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)

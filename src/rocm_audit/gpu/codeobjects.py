@@ -22,8 +22,8 @@ from rocm_audit.elf.sections import SHF_EXECINSTR, Section, read_sections
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle
-from rocm_audit.tree.targets import FEATURES, TargetId, parse_target_id
 from rocm_audit.tree.inventory import FileKind, FileRecord
+from rocm_audit.tree.targets import FEATURES, TargetId, parse_target_id
 
 log = logging.getLogger(__name__)
 
@@ -679,7 +679,12 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
                     )
                     continue
                 for arch in sorted(manifest.files_by_arch):
-                    paths.append(os.path.join(os.path.dirname(candidate), manifest.files_by_arch[arch]))
+                    # The kpack runtime opens only the archive of the device's arch: one that is not
+                    # installed (its device wheel was not, or was pruned) is no error here; a target
+                    # left without code is judged missing like any other.
+                    listed = os.path.join(os.path.dirname(candidate), manifest.files_by_arch[arch])
+                    if os.path.exists(listed):
+                        paths.append(listed)
             else:
                 paths.append(candidate)
     if not paths:

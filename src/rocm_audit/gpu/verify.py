@@ -20,6 +20,9 @@ from typing import Any
 from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.codeobjects import CodeObject, FileCodeObjects, scan_file
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.tree.discovery import enclosing_sdk_tree, resolve_roots
+from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import (
     MatchKind,
     RequiredTarget,
@@ -31,9 +34,6 @@ from rocm_audit.tree.targets import (
     resolve_required,
     split_target_args,
 )
-from rocm_audit.outcome import CommandOutcome
-from rocm_audit.tree.discovery import enclosing_sdk_tree, resolve_roots
-from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 
 CORE_TREE = "_rocm_sdk_core"
 DIST_INFO_IN_TREE = os.path.join("share", "therock", "dist_info.json")

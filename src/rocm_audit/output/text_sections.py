@@ -210,6 +210,12 @@ def check_lines(sections: Sections) -> list[str]:
         targets = ", ".join(display(t["target"]) for t in sections.get("targets", [])) or "unknown"
         source = f"  [from {display(sections['targets_source'])}]" if sections.get("targets_source") else ""
         lines.append(f"verify-arch: {len(carriers)} carrier(s), {len(missing)} missing a target of {targets}{source}")
+    if "prune" in sections:
+        totals = sections["prune"]["totals"]
+        lines.append(
+            f"prune: {totals['unused_bytes']:,} of {totals['device_bytes']:,} device-code bytes for no kept target, "
+            f"{totals['removable_bytes']:,} removable by rocm-audit prune"
+        )
     if "clashes" in sections:
         with_roles = [lib for lib in sections["libraries"] if lib.get("role") not in ("none", None)]
         lines.append(
@@ -242,6 +248,64 @@ def image_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
             )
             lines.append(f"  {group['size']:,} bytes x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
     return lines + check_lines(sections)
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):,.1f}"
+
+
+_REMOVAL_MARK = {"planned": "would remove", "removed": "removed", "skipped": "SKIPPED", "failed": "FAILED"}
+
+
+def prune_lines(sections: Sections, shorten: Shorten = _same, *, limit: int = 40) -> list[str]:
+    section = sections["prune"]
+    totals = section["totals"]
+    lines = [
+        f"Keep: {', '.join(display(t) for t in section['targets'])}  [from {display(section['targets_source'])}]",
+        f"device code {_mib(totals['device_bytes'])} MiB on disk ({_mib(totals['compressed_bytes'])} MiB in compressed"
+        f" bundles, {_mib(totals['inflated_bytes'])} MiB inflated); for no kept target: "
+        f"{_mib(totals['unused_bytes'])} MiB, removable: {_mib(totals['removable_bytes'])} MiB",
+        "",
+        f"{'distribution':40} {'target':24} {'MiB':>10} {'compressed':>10} {'kept':>4} {'removable':>10}",
+    ]
+    rows = section["weight"]
+    for row in rows[:limit]:
+        lines.append(
+            f"{display(row['distribution']):40} {display(row['target']):24} {_mib(row['bytes']):>10} "
+            f"{_mib(row['compressed_bytes']):>10} {'yes' if row['needed'] else 'no':>4} "
+            f"{_mib(row['removable_bytes']):>10}"
+        )
+    if len(rows) > limit:
+        lines.append(f"... {len(rows) - limit} more row(s) in the JSON report")
+    if section["removals"]:
+        lines.append("")
+    for removal in section["removals"]:
+        what = (
+            display(removal["distribution"]) + " (pip uninstall)"
+            if removal["distribution"]
+            else display(removal["path"])
+        )
+        devel = f", {len(removal['devel_links'])} devel link(s)" if removal["devel_links"] else ""
+        why = f": {display(removal['reason'])}" if removal["reason"] else ""
+        lines.append(
+            f"{_REMOVAL_MARK[removal['status']]:12} {what}  [{display(removal['kind'])}, "
+            f"{', '.join(display(a) for a in removal['arches'])}, {_mib(removal['bytes'])} MiB{devel}]{why}"
+        )
+    for kept in section["kept_units"]:
+        lines.append(f"{'kept':12} {display(shorten(kept['path']))}: {display(kept['reason'])}")
+    if section["mode"] == "dry-run" and section["shell_preview"]:
+        lines.append("# equivalent shell (rocm-audit also journals and re-checks each file just before removing it):")
+        lines.extend(display(line) for line in section["shell_preview"])
+    if section["manifest"]:
+        lines.append(f"revert manifest: {display(section['manifest'])}")
+    return lines
+
+
+def prune_revert_lines(sections: Sections) -> list[str]:
+    section = sections["prune_revert"]
+    lines = [f"restored {display(path)}" for path in section["restored"]]
+    lines.extend(f"to restore, run: {display(line)}" for line in section["reinstall"])
+    return lines
 
 
 def rules_lines(sections: Sections) -> list[str]:
@@ -282,6 +346,10 @@ def section_lines(command: str, sections: Sections, shorten: Shorten = _same) ->
         return file_kind_lines(sections) if "file_kinds" in sections else []
     if command == "llvm":
         return llvm_lines(sections, shorten) if "libraries" in sections else []
+    if command == "prune":
+        if "prune_revert" in sections:
+            return prune_revert_lines(sections)
+        return prune_lines(sections, shorten) if "prune" in sections else []
     if command == "check":
         return check_lines(sections)
     if command == "image":

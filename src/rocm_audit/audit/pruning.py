@@ -1,0 +1,193 @@
+"""`rocm-audit prune` and prune's part of `check`: gpu's code-object scan fed into prune's plan.
+
+prune (a capability) cannot import gpu (another one); this module, above both, resolves the
+targets the way verify-arch does and hands prune gpu's per-file code-object fact.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.outcome import CommandOutcome
+from rocm_audit.prune import apply as prune_apply
+from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, make_plan
+from rocm_audit.prune.weigh import Weight, weigh
+from rocm_audit.tree.discovery import resolve_roots
+from rocm_audit.tree.inventory import FileRecord, Inventory, build_inventory
+from rocm_audit.tree.targets import kept_target
+
+MODES = ("apply", "dry-run", "check")
+
+
+def kept_targets(target_args: list[str], roots: list[str], environ: dict[str, str]) -> tuple[list[Kept], str]:
+    """Targets as verify-arch resolves them (arguments, $GPU_ARCH, policy, dist_info.json). Raises UsageError."""
+    from rocm_audit.gpu.verify import requested_targets
+
+    required, source = requested_targets(target_args, roots, environ)
+    return [Kept(t.spelled, kept_target(t.spelled)) for t in required], source
+
+
+def device_code_of(inventory: Inventory) -> DeviceCodeOf:
+    """gpu's code-object fact of a file (read once per run), None for files that hold no code."""
+    from rocm_audit.gpu.verify import code_objects_of, may_hold_code
+
+    def read(record: FileRecord) -> DeviceCode | None:
+        if record.kind is None or not may_hold_code(record):
+            return None
+        return code_objects_of(inventory, record)
+
+    return read
+
+
+def _human(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{count} B"
+        value /= 1024
+    return f"{count} B"
+
+
+def weight_finding(plan: PrunePlan, weight: Weight, looked: str) -> Finding:
+    totals = weight.totals()
+    kept = ", ".join(k.spelled for k in plan.kept)
+    return make_finding(
+        "PRUNE001",
+        looked,
+        f"{_human(totals['unused_bytes'])} of {_human(totals['device_bytes'])} device code is for GPUs no kept "
+        f"target ({kept}) loads; {_human(totals['removable_bytes'])} of it can be removed by `rocm-audit prune` "
+        f"({len(plan.removals)} unit(s)), the rest sits in fat binaries of host libraries",
+        data={**totals, "removals": len(plan.removals), "targets": [k.spelled for k in plan.kept]},
+    )
+
+
+def _removal_dict(removal: Any) -> dict[str, Any]:
+    distribution = removal.distribution
+    return {
+        "kind": removal.kind,
+        "path": removal.path,
+        "arches": list(removal.arches),
+        "distribution": distribution.name if distribution is not None else None,
+        "version": distribution.version if distribution is not None else None,
+        "files": sorted(r.path for r in removal.files),
+        "devel_links": sorted(d.path for d in removal.devel_links),
+        "bytes": removal.bytes_on_disk,
+        "status": removal.status,
+        "reason": removal.reason,
+    }
+
+
+def shell_preview(plan: PrunePlan) -> list[str]:
+    """What the plan does, as shell (rocm-audit also journals and re-checks each file first)."""
+    lines = []
+    for removal in plan.removals:
+        if removal.distribution is not None:
+            lines.append(f"python -m pip uninstall -y {shlex.quote(removal.distribution.name)}")
+            paths = [d.path for d in removal.devel_links]
+        elif removal.directories:
+            lines.append(f"rm -rf -- {shlex.quote(removal.path)}")
+            paths = [d.path for d in removal.devel_links]
+        else:
+            paths = [r.path for r in removal.files] + [d.path for d in removal.devel_links]
+        lines.extend(f"rm -f -- {shlex.quote(path)}" for path in paths)
+    return lines
+
+
+def prune_section(
+    plan: PrunePlan,
+    weight: Weight,
+    mode: str,
+    source: str,
+    result: prune_apply.ApplyResult | None = None,
+    elapsed_s: float = 0.0,
+) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "targets": [k.spelled for k in plan.kept],
+        "targets_source": source,
+        "totals": weight.totals(),
+        "weight": [row.to_dict() for row in weight.rows],
+        "removals": [_removal_dict(r) for r in plan.removals],
+        "kept_units": [{"path": k.path, "arches": list(k.arches), "reason": k.reason} for k in plan.kept_units],
+        "removed": result.removed if result else 0,
+        "bytes_freed": result.bytes_freed if result else 0,
+        "manifest": result.manifest if result else None,
+        "backup": result.backup if result else None,
+        "shell_preview": shell_preview(plan) if mode == "dry-run" else [],
+        "elapsed_s": round(elapsed_s, 3),
+    }
+
+
+def prune_for_check(inventory: Inventory, kept: list[Kept], source: str, looked: str) -> tuple[Finding, dict[str, Any]]:
+    """check's part: the weight and the plan (nothing changes), as one info finding and the section."""
+    reader = device_code_of(inventory)
+    plan = make_plan(inventory, kept, reader)
+    weight = weigh(plan, reader)
+    return weight_finding(plan, weight, looked), prune_section(plan, weight, "check", source)
+
+
+def run_prune(
+    paths: list[str] | None,
+    target_args: list[str],
+    *,
+    mode: str,
+    manifest_path: str | None = None,
+    backup_dir: str | None = None,
+    python: str | None = None,
+    environ: dict[str, str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CommandOutcome:
+    """Weigh, plan and (mode "apply") remove. Raises UsageError."""
+    started = time.monotonic()
+    roots, looked = resolve_roots(paths)
+    kept, source = kept_targets(target_args, [r.path for r in roots], dict(os.environ) if environ is None else environ)
+    inventory = build_inventory(roots, progress)
+    reader = device_code_of(inventory)
+    plan = make_plan(inventory, kept, reader)
+    weight = weigh(plan, reader)
+    where = looked[0] if len(looked) == 1 else ", ".join(looked)
+    findings: list[Finding] = list(inventory.findings) + plan.findings
+    findings.append(weight_finding(plan, weight, where))
+    result = None
+    if mode == "apply":
+        result = prune_apply.apply_plan(plan, manifest_path, backup_dir, python, findings)
+    section = prune_section(plan, weight, mode, source, result, time.monotonic() - started)
+    totals = section["totals"]
+    if mode == "apply":
+        summary = (
+            f"prune: {result.removed if result else 0} of {len(plan.removals)} unit(s) removed, "
+            f"{_human(result.bytes_freed if result else 0)} freed; kept {', '.join(k.spelled for k in kept)}"
+        )
+    else:
+        summary = (
+            f"prune ({mode}): {len(plan.removals)} unit(s), {_human(totals['removable_bytes'])} removable of "
+            f"{_human(totals['unused_bytes'])} unused device code ({_human(totals['device_bytes'])} in all)"
+        )
+    return CommandOutcome(
+        command="prune",
+        findings=findings,
+        inputs=[r.path for r in roots],
+        sections={"sdk_trees": inventory.sdk_trees, "prune": section},
+        force_failure=mode == "check" and bool(plan.removals),
+        summary=summary,
+    )
+
+
+def revert_prune(manifests: list[str]) -> CommandOutcome:
+    result = prune_apply.revert(manifests)
+    return CommandOutcome(
+        command="prune",
+        findings=result.findings,
+        inputs=list(manifests),
+        sections={
+            "prune_revert": {"restored": result.restored, "original": result.original, "reinstall": result.reinstall}
+        },
+        force_failure=bool(result.reinstall),
+        summary=f"prune --revert: {len(result.restored)} path(s) restored, {len(result.original)} already original"
+        + (f", {len(result.reinstall)} reinstall command(s) to run" if result.reinstall else ""),
+    )

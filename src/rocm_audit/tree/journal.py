@@ -1,0 +1,92 @@
+"""What every changing command shares: tree locks, and an append-only JSON Lines journal that is on
+disk (fsync'ed) before the change it describes is made.
+
+dedup and prune both change other people's site-packages; they lock the same directories, so a
+dedup and a prune never change one tree at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from rocm_audit.errors import UsageError
+
+
+@contextlib.contextmanager
+def tree_locks(trees: list[str]) -> Iterator[list[str]]:
+    """Hold an exclusive flock on each directory; yield the directories already locked by others."""
+    held: list[int] = []
+    busy: list[str] = []
+    try:
+        for tree in sorted(set(trees)):
+            fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                busy.append(tree)
+                continue
+            held.append(fd)
+        yield busy
+    finally:
+        for fd in held:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def append_records(path: str, records: Iterable[dict[str, Any]]) -> None:
+    """Append one JSON object per line and fsync the file (and, when it is new, its directory).
+
+    JSON's ASCII escapes keep undecodable file-name bytes exact (``\\udcXX`` round-trips through
+    ``os.fsencode``)."""
+    lines = [json.dumps(record) for record in records]
+    if not lines:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    new = not os.path.exists(path)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    if new:
+        fsync_directory(directory)
+
+
+def fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_records(path: str) -> list[dict[str, Any]]:
+    """Every JSON object of a journal. A partial last line (a run killed while appending) is
+    ignored; any other bad line is a UsageError naming the file and line."""
+    records: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().split("\n")
+    except OSError as exc:
+        raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a rocm-audit manifest (not UTF-8)") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if all(not rest.strip() for rest in lines[number:]):
+                break
+            raise UsageError(f"{path}:{number}: not a rocm-audit manifest line: {exc.msg}") from None
+        if not isinstance(record, dict):
+            raise UsageError(f"{path}:{number}: not a rocm-audit manifest line: not a JSON object")
+        records.append(record)
+    return records
