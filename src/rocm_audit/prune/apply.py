@@ -419,49 +419,58 @@ def _is_original(entry: dict[str, Any]) -> bool:
 
 
 def revert(manifest_paths: list[str]) -> RevertResult:
+    """Restore every journalled path; a path several runs journalled is judged by its latest entry
+    and restored from whichever backup still holds its bytes."""
     result = RevertResult()
     reinstall: dict[str, None] = {}
+    by_path: dict[str, list[dict[str, Any]]] = {}
     for manifest in manifest_paths:
         records = read_records(manifest)
         if records and "rocm_audit_prune_manifest" not in records[0]:
             raise UsageError(f"{manifest}: not a rocm-audit prune manifest")
-        entries = [r for r in records if r.get("type") in ("file", "link", "dir")]
-        for entry in entries:
+        for entry in records:
+            if entry.get("type") not in ("file", "link", "dir"):
+                continue
             if not isinstance(entry.get("path"), str) or (entry["type"] == "file" and "sha256" not in entry):
                 raise UsageError(f"{manifest}: a manifest entry lacks its path or sha256")
-        for entry in sorted((e for e in entries if e["type"] == "dir"), key=lambda e: e["path"].count(os.sep)):
-            if not os.path.isdir(entry["path"]):
-                os.makedirs(entry["path"], exist_ok=True)
-                os.chmod(entry["path"], entry["mode"])
-        restored_at: dict[str, str] = {}
-        for entry in (e for e in entries if e["type"] != "dir"):
-            path = entry["path"]
-            if os.path.lexists(path):
-                if _is_original(entry):
-                    result.original.append(path)
-                    restored_at[path] = path
-                else:
-                    result.findings.append(
-                        make_finding("PRUNE006", path, "not restored: the path holds something else now")
-                    )
-                continue
-            try:
-                if _restore(entry, restored_at):
-                    result.restored.append(path)
-                    restored_at[path] = path
-                    continue
-            except OSError as exc:
-                result.findings.append(make_finding("PRUNE006", path, f"not restored: {exc.strerror or exc}"))
-                continue
-            owner = entry.get("owner")
-            if owner:
-                reinstall[f"python -m pip install --force-reinstall --no-deps {owner}=={entry['owner_version']}"] = None
-            elif entry.get("role") in ("devel-file", "devel-link"):
-                reinstall["rocm-sdk init"] = None  # TheRock re-creates its devel links
+            by_path.setdefault(entry["path"], []).append(entry)
+    directories = sorted((p for p, e in by_path.items() if e[-1]["type"] == "dir"), key=lambda p: p.count(os.sep))
+    for path in directories:
+        if not os.path.isdir(path):
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, by_path[path][-1]["mode"])
+    restored_at: dict[str, str] = {}
+    for path, entries in by_path.items():
+        latest = entries[-1]
+        if latest["type"] == "dir":
+            continue
+        if os.path.lexists(path):
+            if any(_is_original(e) for e in reversed(entries)):
+                result.original.append(path)
+                restored_at[path] = path
             else:
                 result.findings.append(
-                    make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
+                    make_finding("PRUNE006", path, "not restored: the path holds something else now")
                 )
+            continue
+        try:
+            done = any(_restore(e, restored_at) for e in reversed(entries))
+        except OSError as exc:
+            result.findings.append(make_finding("PRUNE006", path, f"not restored: {exc.strerror or exc}"))
+            continue
+        if done:
+            result.restored.append(path)
+            restored_at[path] = path
+        elif latest.get("owner"):
+            reinstall[
+                f"python -m pip install --force-reinstall --no-deps {latest['owner']}=={latest['owner_version']}"
+            ] = None
+        elif latest.get("role") in ("devel-file", "devel-link"):
+            reinstall["rocm-sdk init"] = None  # TheRock re-creates its devel links
+        else:
+            result.findings.append(
+                make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
+            )
     result.reinstall = list(reinstall)
     for line in result.reinstall:
         result.findings.append(

@@ -1,0 +1,194 @@
+"""`rocm-audit prune` on per-arch units built at test time: plan, weight, apply, revert, gate, races."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import KEPT_FOR_SAFETY, REMOVED, tree_state
+from rocm_audit.tree.archfiles import arch_unit_of, device_distribution_arch
+from rocm_audit.tree.targets import MatchKind, kept_target, serves_kept
+
+
+def _prune(run_cli, site: Path, *args: str, expect: int | None = 0):
+    return run_cli("prune", *args, "-p", str(site), "--format", "json", expect=expect).report
+
+
+def _rel(site: Path, paths: list[str]) -> set[str]:
+    return {os.path.relpath(p, site) for p in paths}
+
+
+def test_units_are_recognised_by_name():
+    cases = {
+        "/s/_rocm_sdk_libraries/.kpack/blas_lib_gfx942.kpack": ("kpack-archive", ("gfx942",)),
+        "/s/x/rocblas/library/TensileLibrary_lazy_gfx90a.dat": ("tensile", ("gfx90a",)),
+        "/s/x/rocblas/library/Kernels.so-000-gfx90a-xnack+.hsaco": ("tensile", ("gfx90a:xnack+",)),
+        "/s/x/hipblaslt/library/gfx950/TensileLibrary.dat": ("tensile-dir", ("gfx950",)),
+        "/s/x/share/miopen/db/gfx942130.kdb": ("miopen-db", ("gfx942",)),
+        "/s/x/lib/libMIOpenCKGroupedConv_gfx950.so": ("miopen-ck", ("gfx950",)),
+        "/s/torch/lib/aotriton.images/amd-gfx11xx/flash/k.aks2": ("aotriton", ("gfx11xx",)),
+    }
+    for path, (kind, arches) in cases.items():
+        unit = arch_unit_of(path)
+        assert unit is not None and (unit.kind, unit.arches) == (kind, arches), path
+    for shared in ("/s/x/rocblas/library/TensileLibrary_lazy_fallback.dat", "/s/x/lib/librocblas.so.5", "/s/x/a.kpm"):
+        assert arch_unit_of(shared) is None
+    assert device_distribution_arch("rocm-sdk-device-gfx942") == "gfx942"
+    assert device_distribution_arch("amd_torch_device_gfx950") == "gfx950"
+    assert device_distribution_arch("rocm-sdk-device-gfx94X-dcgpu") == "gfx94X"
+    assert device_distribution_arch("rocm-sdk-libraries") is None
+
+
+def test_kept_targets_match_as_the_runtime_does_with_unspelled_features_open():
+    bare = kept_target("gfx942")
+    assert serves_kept("gfx942:xnack+", bare) is MatchKind.NATIVE  # HSA_XNACK=1 loads it
+    assert serves_kept("gfx942:sramecc-", bare) is MatchKind.NATIVE
+    assert serves_kept("gfx9-4-generic", bare, code_object_version=6, generic_version=1) is MatchKind.GENERIC
+    assert serves_kept("gfx9-4-generic", bare, code_object_version=5) is None
+    assert serves_kept("amdgcnspirv", bare) is MatchKind.SPIRV
+    assert serves_kept("gfx94X", bare) is MatchKind.NATIVE and serves_kept("gfx11xx", bare) is None
+    assert serves_kept("gfx90a", bare) is None
+    assert serves_kept("gfx942:xnack+", kept_target("gfx942:xnack-")) is None
+    assert serves_kept("gfx11xx", kept_target("gfx1100")) is MatchKind.NATIVE
+
+
+def test_dry_run_plans_whole_units_only_and_changes_nothing(run_cli, units):
+    before = tree_state(units)
+    report = _prune(run_cli, units, "gfx942", "--dry-run")
+    assert tree_state(units) == before
+    section = report["prune"]
+    assert _rel(units, [r["path"] for r in section["removals"]]) == set(REMOVED)
+    assert all(r["status"] == "planned" for r in section["removals"])
+    kept = {os.path.relpath(k["path"], units): k["reason"] for k in section["kept_units"]}
+    assert set(kept) == set(KEPT_FOR_SAFETY)
+    assert "gfx942" in kept[KEPT_FOR_SAFETY[0]] and "DT_NEEDED" in kept[KEPT_FOR_SAFETY[1]]
+    assert "link" in kept[KEPT_FOR_SAFETY[2]]
+    assert {f["rule"] for f in report["findings"]} == {"PRUNE001", "PRUNE002"}
+    # the HIP library's gfx90a code is weighed as unused, never removable
+    fat = [r for r in section["weight"] if r["distribution"] == "mylib" and r["target"] == "gfx90a"]
+    assert fat and fat[0]["needed"] is False and fat[0]["bytes"] > fat[0]["removable_bytes"] > 0
+    totals = section["totals"]
+    assert totals["removable_bytes"] == sum(r["bytes"] for r in section["removals"]) > 0
+    assert totals["unused_in_host_libraries_bytes"] > 0
+    assert [r["bytes"] for r in section["weight"]] == sorted((r["bytes"] for r in section["weight"]), reverse=True)
+    assert any(line.startswith("rm -rf -- ") for line in section["shell_preview"])
+    text = run_cli("prune", "gfx942", "-p", str(units), "--dry-run", expect=0).stdout
+    assert "would remove" in text and "distribution" in text.splitlines()[3]
+
+
+def test_check_gates_until_applied_then_a_second_run_finds_nothing(run_cli, units):
+    _prune(run_cli, units, "gfx942", "--check", expect=1)
+    applied = _prune(run_cli, units, "gfx942")
+    assert all(r["status"] == "removed" for r in applied["prune"]["removals"])
+    for rel in REMOVED:
+        assert not os.path.lexists(units / rel), rel
+    for rel in KEPT_FOR_SAFETY:
+        assert os.path.lexists(units / rel), rel
+    again = _prune(run_cli, units, "gfx942", "--check", expect=0)
+    assert again["prune"]["removals"] == [] and again["prune"]["totals"]["removable_bytes"] == 0
+
+
+def test_apply_keeps_what_kept_targets_load_and_verify_arch_agrees(run_cli, units):
+    before = tree_state(units)
+    # Kernels_gfx90a.hsaco is a carrier without gfx942 code: it fails before and is gone after
+    verdicts_before = run_cli("verify-arch", "gfx942", "-p", str(units), "--format", "json", expect=1).report
+    _prune(run_cli, units, "gfx942")
+    after = tree_state(units)
+    gone = {rel for rel in before if rel not in after}
+    assert all(any(rel == r or rel.startswith(r + "/") for r in REMOVED) for rel in gone), gone
+    assert all(before[rel] == after[rel] for rel in after), "a kept file changed"
+    assert "mylib/lib/rocblas/library/Kernels.so-000-gfx942-xnack+.hsaco" in after  # bare target: both xnack
+    assert "mylib/libfat.so" in after and "mylib/lib/rocblas/library/TensileLibrary_lazy_fallback.dat" in after
+    verdicts_after = run_cli("verify-arch", "gfx942", "-p", str(units), "--format", "json", expect=0).report
+
+    def verdicts(report):
+        return {(c["path"], json.dumps(c["matches"])) for c in report["carriers"] if os.path.lexists(c["path"])}
+
+    assert verdicts(verdicts_after) == verdicts(verdicts_before)
+    assert [c["path"] for c in verdicts_before["carriers"] if c["missing"]] == [
+        str(units / "mylib/kernels/Kernels_gfx*.hsaco")
+    ]
+
+
+def test_a_spelled_feature_prunes_the_other_setting(run_cli, units):
+    report = _prune(run_cli, units, "gfx942:xnack-", "--dry-run")
+    planned = _rel(units, [r["path"] for r in report["prune"]["removals"]])
+    assert "mylib/lib/rocblas/library/Kernels.so-000-gfx942-xnack+.hsaco" in planned
+
+
+def test_revert_from_backup_gives_back_the_exact_tree(run_cli, units, tmp_path):
+    before = tree_state(units)
+    applied = _prune(run_cli, units, "gfx942", "--backup", str(tmp_path / "backup"))
+    manifest = applied["prune"]["manifest"]
+    assert manifest and os.path.isfile(manifest)
+    reverted = run_cli("prune", "--revert", manifest, "--format", "json", expect=0).report
+    assert reverted["prune_revert"]["reinstall"] == []
+    assert tree_state(units) == before
+    again = run_cli("prune", "--revert", manifest, "--format", "json", expect=0).report
+    assert again["prune_revert"]["restored"] == [] and again["prune_revert"]["original"]
+
+
+def test_revert_without_backup_names_the_pip_reinstall(run_cli, units):
+    applied = _prune(run_cli, units, "gfx942")
+    reverted = run_cli("prune", "--revert", applied["prune"]["manifest"], "--format", "json", expect=1).report
+    assert reverted["prune_revert"]["reinstall"] == ["python -m pip install --force-reinstall --no-deps mylib==1.0"]
+    unowned = {f["path"] for f in reverted["findings"] if f["rule"] == "PRUNE006"}
+    assert any(p.endswith("blas_lib_gfx90a.kpack") for p in unowned)  # no RECORD owns it, no backup holds it
+
+
+def test_a_file_changed_after_the_journal_is_skipped(run_cli, units, monkeypatch):
+    from rocm_audit.prune import apply as prune_apply
+
+    victim = units / "mylib/kernels/Kernels_gfx90a.hsaco"
+    real_append = prune_apply.append_records
+
+    def append_then_touch(path, records):
+        real_append(path, records)
+        with open(victim, "r+b") as handle:  # same size, mtime put back: only the ctime tells
+            data = handle.read()
+            handle.seek(0)
+            handle.write(data)
+        st = victim.stat()
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    monkeypatch.setattr(prune_apply, "append_records", append_then_touch)
+    report = _prune(run_cli, units, "gfx942", expect=1)
+    skipped = [r for r in report["prune"]["removals"] if r["status"] == "skipped"]
+    assert [os.path.relpath(r["path"], units) for r in skipped] == ["mylib/kernels/Kernels_gfx90a.hsaco"]
+    assert victim.exists() and any(f["rule"] == "PRUNE003" for f in report["findings"])
+
+
+def test_a_concurrent_run_is_refused(run_cli, units):
+    fd = os.open(units / "_rocm_sdk_libraries", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        report = _prune(run_cli, units, "gfx942", expect=1)
+    finally:
+        os.close(fd)
+    assert any(f["rule"] == "PRUNE005" for f in report["findings"])
+    assert all(os.path.lexists(units / rel) for rel in REMOVED)
+
+
+def test_backup_inside_the_audited_tree_is_refused(run_cli, units):
+    result = run_cli("prune", "gfx942", "-p", str(units), "--backup", str(units / "bk"), expect=2)
+    assert "inside the audited tree" in result.output
+
+
+def test_check_adds_one_info_finding_with_the_totals(run_cli, units):
+    report = run_cli("check", "gfx942", "-p", str(units), "--skip", "llvm", "--format", "json").report
+    weight = [f for f in report["findings"] if f["rule"] == "PRUNE001"]
+    assert len(weight) == 1 and weight[0]["severity"] == "info"
+    assert weight[0]["data"]["removable_bytes"] == report["prune"]["totals"]["removable_bytes"] > 0
+    assert report["prune"]["mode"] == "check" and "prune" in report["summary"]["checks"]
+
+
+@pytest.mark.parametrize("target", ["gfx1100"])
+def test_family_folders_are_kept_for_their_members(run_cli, units, target):
+    report = _prune(run_cli, units, target, "--dry-run")
+    planned = _rel(units, [r["path"] for r in report["prune"]["removals"]])
+    assert "mylib/lib/aotriton.images/amd-gfx11xx" not in planned
+    assert "mylib/lib/aotriton.images/amd-gfx942" in planned
