@@ -15,7 +15,7 @@ def test_check_runs_every_check_over_one_inventory(sdk, run_cli):
     result = run_cli("check", "-p", str(sdk.site), "--format", "json", expect=1)
     report = result.report
     assert report["command"] == "check"
-    assert report["summary"]["checks"] == ["dedup", "verify-arch", "llvm", "post-build"]
+    assert report["summary"]["checks"] == ["dedup", "verify-arch", "llvm", "post-build", "prune"]
     rules = {f["rule"] for f in report["findings"]}
     assert {"DUP001", "DUP002"} <= rules
     missing = [f for f in report["findings"] if f["rule"].startswith("ARCH") and f["severity"] == "error"]
@@ -32,7 +32,7 @@ def test_check_runs_every_check_over_one_inventory(sdk, run_cli):
 def test_check_with_explicit_targets_and_skips(sdk, run_cli):
     gfx942_code_object(sdk.libraries / "lib" / "hsaco")
     result = run_cli("check", "gfx942", "-p", str(sdk.site), "--skip", "dedup", "--format", "json", expect=0)
-    assert result.report["summary"]["checks"] == ["verify-arch", "llvm", "post-build"]
+    assert result.report["summary"]["checks"] == ["verify-arch", "llvm", "post-build", "prune"]
     assert "dedup" not in result.report
     assert not [f for f in result.report["findings"] if f["severity"] == "error"]
 

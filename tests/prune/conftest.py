@@ -24,23 +24,6 @@ extern "C" __attribute__((global)) void kfat(int* out) { *out = 3; }
 """
 HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
 
-# What the fixture's plan for `prune gfx942` removes, kept for safety, and never looks at (relative paths).
-REMOVED = (
-    "mylib/lib/aotriton.images/amd-gfx90a",
-    "mylib/lib/aotriton.images/amd-gfx11xx",
-    "mylib/lib/rocblas/library/TensileLibrary_gfx90a.co",
-    "mylib/lib/rocblas/library/Kernels.so-000-gfx90a-xnack+.hsaco",
-    "mylib/kernels/Kernels_gfx90a.hsaco",
-    "_rocm_sdk_libraries/.kpack/blas_lib_gfx90a.kpack",
-    "_rocm_sdk_libraries/share/miopen/db/gfx90a68.kdb",
-    "_rocm_sdk_libraries/lib/libMIOpenCKConv_gfx90a.so",
-)
-KEPT_FOR_SAFETY = (
-    "mylib/lib/rocblas/library/TensileLibrary_gfx1100.co",  # holds gfx942 code
-    "_rocm_sdk_libraries/lib/libMIOpenCKNeeded_gfx90a.so",  # DT_NEEDED by libuser.so
-    "mylib/lib/rocblas/library/TensileLibrary_lazy_gfx90a.dat",  # a link points to it
-)
-
 
 def _run(argv: list[str], cwd: Path | None = None) -> None:
     done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
@@ -142,19 +125,3 @@ def units(pristine_units: Path, tmp_path: Path) -> Path:
     site = tmp_path / "site-packages"
     shutil.copytree(pristine_units, site, symlinks=True)
     return site
-
-
-def tree_state(site: Path) -> dict[str, tuple]:
-    """Relative path -> (kind, content or link text, mode, mtime_ns); the manifest folder left out."""
-    out = {}
-    for dirpath, dirs, files in os.walk(site):
-        dirs[:] = [d for d in dirs if d != ".rocm-audit"]
-        for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(dirpath, d)))]:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if os.path.islink(path):
-                out[os.path.relpath(path, site)] = ("link", os.readlink(path), 0, 0)
-            else:
-                with open(path, "rb") as handle:
-                    out[os.path.relpath(path, site)] = ("file", handle.read(), st.st_mode, st.st_mtime_ns)
-    return out

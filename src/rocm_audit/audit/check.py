@@ -100,6 +100,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
 
     read_facts(inventory, options.skip)
 
+    prune_choice = None
     if "verify-arch" not in options.skip:
         from rocm_audit.gpu import verify as archcheck
 
@@ -140,15 +141,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
             summaries.append(f"{len(carriers)} GPU code carrier(s), targets unknown")
         sections["carriers"] = [archcheck.carrier_to_dict(c) for c in carriers]
         ran.append("verify-arch")
-        if required and "prune" not in options.skip:
-            from rocm_audit.audit.pruning import Kept, kept_target, prune_for_check
-
-            kept = [Kept(t.spelled, kept_target(t.spelled)) for t in required]
-            where = looked[0] if looked else ""
-            finding, section = prune_for_check(inventory, kept, choice.source if choice else "", where)
-            findings.append(finding)
-            sections["prune"] = section
-            ran.append("prune")
+        prune_choice = choice if required else None
 
     if "llvm" not in options.skip:
         from rocm_audit.llvm import clashes as llvm_clashes
@@ -176,6 +169,16 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys())
         findings.extend(post_build_findings(inventory, LoaderModel(sysroot=options.sysroot, host=host)))
         ran.append("post-build")
+
+    if prune_choice is not None and "prune" not in options.skip:
+        # the weight of device code no kept target loads (one info finding), over the facts read above
+        from rocm_audit.audit.pruning import Kept, kept_target, prune_for_check
+
+        kept = [Kept(t.spelled, kept_target(t.spelled)) for t in prune_choice.targets]
+        finding, section = prune_for_check(inventory, kept, prune_choice.source, looked[0] if looked else "")
+        findings.append(finding)
+        sections["prune"] = section
+        ran.append("prune")
 
     elapsed = time.monotonic() - started
     sections["summary"] = {"checks": ran, "files_scanned": len(inventory.files), "elapsed_s": round(elapsed, 3)}
