@@ -21,6 +21,7 @@ from rocm_audit.tree.loader import HostView, LoaderModel
 
 if TYPE_CHECKING:
     from rocm_audit.gpu.verify import TargetCandidate
+    from rocm_audit.tree.targets import TargetSelection
 
 
 @dataclass(slots=True)
@@ -47,17 +48,22 @@ def checks_to_skip(names: list[str]) -> frozenset[str]:
     return frozenset(names)
 
 
-def read_facts(inventory: Inventory, skip: frozenset[str]) -> None:
+def read_facts(inventory: Inventory, skip: frozenset[str], selection: TargetSelection | None = None) -> None:
     """The fact pass: each file is opened once for every fact the checks not skipped will ask for
-    (tree/facts.py). A fact that cannot be read is remembered; the check that asks reports it."""
+    (tree/facts.py). A fact that cannot be read is remembered; the check that asks reports it.
+    ``selection``: the targets verify-arch will judge, so that code objects are read only as far
+    as that judgement needs (gpu/codeobjects.scan_file)."""
     from rocm_audit.gpu.verify import code_objects_of, may_hold_code
     from rocm_audit.llvm.clashes import role_facts_of
+
+    def code_objects(inventory: Inventory, record: FileRecord) -> object:
+        return code_objects_of(inventory, record, selection)
 
     host_kinds = (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE)
     for record in inventory.files:
         readers: list[Callable[[Inventory, FileRecord], object]] = []
         if "verify-arch" not in skip and may_hold_code(record):
-            readers.append(code_objects_of)
+            readers.append(code_objects)
         if "llvm" not in skip and record.kind is FileKind.SHARED_LIBRARY:
             readers.append(role_facts_of)
         if "post-build" not in skip and record.kind in host_kinds:
@@ -98,9 +104,8 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         ran.append("dedup")
         summaries.append(f"{len(plan.groups)} duplicate group(s)")
 
-    read_facts(inventory, options.skip)
-
     prune_choice = None
+    selection = None
     if "verify-arch" not in options.skip:
         from rocm_audit.gpu import verify as archcheck
 
@@ -118,7 +123,15 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
             if options.targets:
                 raise  # targets the user named must be valid
         required = choice.targets if choice else []
-        scans = archcheck.scan_inventory(inventory)
+        # No targets: nothing is judged, and the carriers are listed from their entry tables alone.
+        selection = archcheck.selection_for(required)
+
+    read_facts(inventory, options.skip, selection)
+
+    if "verify-arch" not in options.skip:
+        from rocm_audit.gpu import verify as archcheck
+
+        scans = archcheck.scan_inventory(inventory, selection)
         carriers = archcheck.build_carriers(scans)
         findings.extend(archcheck.scan_findings(scans))
         if required:
@@ -175,7 +188,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         from rocm_audit.audit.pruning import Kept, kept_target, prune_for_check
 
         kept = [Kept(t.spelled, kept_target(t.spelled)) for t in prune_choice.targets]
-        finding, section = prune_for_check(inventory, kept, prune_choice.source, looked[0] if looked else "")
+        finding, section = prune_for_check(inventory, kept, prune_choice.source, looked[0] if looked else "", selection)
         findings.append(finding)
         sections["prune"] = section
         ran.append("prune")

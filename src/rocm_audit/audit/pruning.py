@@ -19,7 +19,7 @@ from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, mak
 from rocm_audit.prune.weigh import Weight, weigh
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileRecord, Inventory, build_inventory
-from rocm_audit.tree.targets import kept_target
+from rocm_audit.tree.targets import TargetSelection, kept_target
 
 MODES = ("apply", "dry-run", "check")
 
@@ -32,14 +32,16 @@ def kept_targets(target_args: list[str], roots: list[str], environ: dict[str, st
     return [Kept(t.spelled, kept_target(t.spelled)) for t in required], source
 
 
-def device_code_of(inventory: Inventory) -> DeviceCodeOf:
-    """gpu's code-object fact of a file (read once per run), None for files that hold no code."""
+def device_code_of(inventory: Inventory, selection: TargetSelection | None = None) -> DeviceCodeOf:
+    """gpu's code-object fact of a file (read once per run), None for files that hold no code.
+    ``selection``: check's, so that prune weighs the fact verify-arch already read (entries the
+    judgement did not inflate count by the target their bundle id names)."""
     from rocm_audit.gpu.verify import code_objects_of, may_hold_code
 
     def read(record: FileRecord) -> DeviceCode | None:
         if record.kind is None or not may_hold_code(record):
             return None
-        return code_objects_of(inventory, record)
+        return code_objects_of(inventory, record, selection)
 
     return read
 
@@ -123,9 +125,11 @@ def prune_section(
     }
 
 
-def prune_for_check(inventory: Inventory, kept: list[Kept], source: str, looked: str) -> tuple[Finding, dict[str, Any]]:
+def prune_for_check(
+    inventory: Inventory, kept: list[Kept], source: str, looked: str, selection: TargetSelection | None = None
+) -> tuple[Finding, dict[str, Any]]:
     """check's part: the weight and the plan (nothing changes), as one info finding and the section."""
-    reader = device_code_of(inventory)
+    reader = device_code_of(inventory, selection)
     plan = make_plan(inventory, kept, reader)
     weight = weigh(plan, reader)
     return weight_finding(plan, weight, looked), prune_section(plan, weight, "check", source)

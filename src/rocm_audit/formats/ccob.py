@@ -99,19 +99,32 @@ class PayloadStream:
     """Sequential, bounded reads of a CCOB's uncompressed payload.
 
     ``read_at`` reads the compressed bytes (offsets relative to the compressed payload start,
-    ``compressed_size`` of them). Output never exceeds ``limit`` bytes in total.
+    ``compressed_size`` of them). Output never exceeds ``limit`` bytes in total. ``hashed``: keep
+    an MD5 of every byte handed out or skipped, for ``hash_matches`` (it costs more than zstd
+    itself, so only callers that will check it ask).
     """
 
     CHUNK = 64 << 10
+    SKIP_CHUNK = 1 << 20  # one reused buffer: skipped bytes are inflated into it and dropped
 
-    def __init__(self, header: CcobHeader, read_at: ReadAt, compressed_size: int, base: int, limit: int) -> None:
+    def __init__(
+        self,
+        header: CcobHeader,
+        read_at: ReadAt,
+        compressed_size: int,
+        base: int,
+        limit: int,
+        *,
+        hashed: bool = True,
+    ) -> None:
         self._read_at = read_at
         self._compressed_size = compressed_size
         self._base = base
         self._in_pos = 0
         self._limit = limit
         self.position = 0  # uncompressed bytes handed out (or skipped) so far
-        self._md5 = hashlib.md5(usedforsecurity=False)
+        self._md5 = hashlib.md5(usedforsecurity=False) if hashed else None
+        self._skip_buffer: bytearray | None = None
         self._pending = b""
         self._eof = False
         self._zlib: Any = None
@@ -126,7 +139,7 @@ class PayloadStream:
             # stream_reader.read(n) returns at most n bytes: a bomb never inflates past a request.
             self._zstd_reader = zstandard.ZstdDecompressor().stream_reader(
                 _CompressedInput(self),  # type: ignore[arg-type]  # any object with read() works
-                read_size=4096,
+                read_size=self.CHUNK,
                 read_across_frames=False,
             )
 
@@ -178,7 +191,8 @@ class PayloadStream:
             got += len(out)
         self.position += got
         data = b"".join(parts)
-        self._md5.update(data)
+        if self._md5 is not None:
+            self._md5.update(data)
         return data
 
     def hash_matches(self, header: CcobHeader) -> bool | None:
@@ -186,7 +200,7 @@ class PayloadStream:
 
         None when the stream was not read to its declared end (the hash covers every byte).
         """
-        if self.position != header.uncompressed_size or self.read(1):
+        if self._md5 is None or self.position != header.uncompressed_size or self.read(1):
             return None
         return self._md5.digest()[:8] == header.hash64
 
@@ -201,12 +215,38 @@ class PayloadStream:
 
     def skip(self, size: int) -> int:
         """Discard ``size`` bytes in bounded steps; returns how many were skipped."""
+        if self._md5 is None and self._zstd_reader is not None:
+            return self._skip_unhashed(size)
         done = 0
         while done < size:
             chunk = self.read(min(self.CHUNK, size - done))
             if not chunk:
                 break
             done += len(chunk)
+        return done
+
+    def _skip_unhashed(self, size: int) -> int:
+        """zstd without a hash: inflate into one reused buffer, no copy per chunk."""
+        done = min(len(self._pending), size)
+        self._pending = self._pending[done:]
+        self.position += done
+        if self._skip_buffer is None:
+            self._skip_buffer = bytearray(self.SKIP_CHUNK)
+        view = memoryview(self._skip_buffer)
+        while done < size and not self._eof:
+            room = self._limit - self.position
+            if room <= 0:
+                break
+            want = min(size - done, self.SKIP_CHUNK, room)
+            try:
+                got = self._zstd_reader.readinto(view[:want])
+            except self._zstd_error as exc:
+                raise FormatError(FMT, self._base + self._in_pos, f"zstd stream is corrupt: {exc}") from None
+            if not got:
+                self._eof = True
+                break
+            done += got
+            self.position += got
         return done
 
 

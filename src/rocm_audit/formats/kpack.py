@@ -160,6 +160,7 @@ def parse_kpack_ref(data: bytes, base: int) -> KpackRef:
 class KpackManifest:
     component_name: str
     files_by_arch: dict[str, str]
+    prefix: str = ""  # the build stage prefix the TOC keys start with ("math-libs/BLAS/rocBLAS/stage")
 
 
 def parse_kpm(data: bytes, base: int) -> KpackManifest:
@@ -171,7 +172,8 @@ def parse_kpm(data: bytes, base: int) -> KpackManifest:
     for arch, info in manifest["kpack_files"].items():
         if isinstance(arch, str) and isinstance(info, dict) and isinstance(info.get("file"), str):
             files[arch] = info["file"]
-    return KpackManifest(str(manifest.get("component_name", "")), files)
+    prefix = manifest.get("prefix")
+    return KpackManifest(str(manifest.get("component_name", "")), files, prefix if isinstance(prefix, str) else "")
 
 
 def zstd_frame_offsets(read_at: Any, blob_size: int, base: int, max_kernels: int = 1 << 20) -> list[tuple[int, int]]:

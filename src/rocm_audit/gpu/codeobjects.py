@@ -23,7 +23,7 @@ from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle
 from rocm_audit.tree.inventory import FileKind, FileRecord
-from rocm_audit.tree.targets import FEATURES, TargetId, parse_target_id
+from rocm_audit.tree.targets import FEATURES, TargetId, TargetSelection, parse_target_id
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,11 @@ MAX_SHNUM_FOR_NOTES = 4096
 BUNDLE_WINDOW = 64 << 10
 MAX_EMBEDDED = 4096
 SCAN_CHUNK = 1 << 20
-CCOB_HASH_CHECK_BYTES = 16 << 20  # inflate at most this much beyond the last entry head for MD5
+CCOB_HASH_CHECK_BYTES = 16 << 20  # payloads up to this size are inflated to the end for their MD5
 MAX_CCOB_STREAM = 4 << 30  # hard cap on inflated bytes walked per CCOB, whatever it declares
 RAW_ELF_SIGNATURE = b"\x7fELF\x02\x01\x01"  # 64-bit, LSB, EV_CURRENT: AMDGPU code objects
 EMBEDDED_SECTION_PREFIXES = (".rodata", ".data", ".ldata", ".lrodata")  # HSA runtime: .data
+DEVICE_KINDS = ("hip", "hipv4", "hcc", "device")  # entries the HIP runtime may load on a GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,15 +290,32 @@ def _read_bundle_table(read_at: ReadAt, base: int, available: int) -> offload_bu
             window = min(limit, max(window * 2, more.needed))
 
 
-def _bundle_objects(result: FileCodeObjects, fh: _File, start: int, available: int, tu: int | None, place: str) -> int:
+def _wanted_entries(bundle: offload_bundle.Bundle, selection: TargetSelection | None) -> set[int] | None:
+    """Indices of the entries whose code objects are read (None: all of them)."""
+    if selection is None:
+        return None
+    named = [e.entry_id.target if e.entry_id.kind in DEVICE_KINDS else "" for e in bundle.entries]
+    return {i for i in selection.wanted(named) if bundle.entries[i].entry_id.kind in DEVICE_KINDS}
+
+
+def _bundle_objects(
+    result: FileCodeObjects,
+    fh: _File,
+    start: int,
+    available: int,
+    tu: int | None,
+    place: str,
+    selection: TargetSelection | None,
+) -> int:
     """List a plain bundle at file offset ``start``; returns its size in bytes."""
     bundle = _read_bundle_table(fh.reader(start, available), start, available)
+    wanted = _wanted_entries(bundle, selection)
     for number, entry in enumerate(bundle.entries):
         location = f"{place} entry {number}"
         entry_start = start + entry.offset
         facts = None
         kind = entry.entry_id.kind
-        if _is_amdgcn(entry.entry_id) and entry.size:
+        if _is_amdgcn(entry.entry_id) and entry.size and (wanted is None or number in wanted):
             try:
                 facts = inspect_code_object(fh.reader(entry_start, entry.size), entry.size, entry_start)
             except FormatError as exc:
@@ -319,8 +337,19 @@ def _bundle_objects(result: FileCodeObjects, fh: _File, start: int, available: i
     return bundle.end
 
 
-def _ccob_objects(result: FileCodeObjects, fh: _File, start: int, available: int, tu: int | None, place: str) -> int:
-    """List a CCOB at file offset ``start``; returns its size in bytes (v1: up to the next CCOB)."""
+def _ccob_objects(
+    result: FileCodeObjects,
+    fh: _File,
+    start: int,
+    available: int,
+    tu: int | None,
+    place: str,
+    selection: TargetSelection | None,
+) -> int:
+    """List a CCOB at file offset ``start``; returns its size in bytes (v1: up to the next CCOB).
+
+    With a selection, only the chosen entries' heads are inflated and the stream is closed after
+    the last of them; without one, the stream is walked once to the last entry head."""
     header = ccob.parse_header(fh.read(start, ccob.MAX_HEADER_SIZE), start, available)
     if header.total_size is not None:
         total = header.total_size
@@ -336,12 +365,16 @@ def _ccob_objects(result: FileCodeObjects, fh: _File, start: int, available: int
             f"declares {header.uncompressed_size} uncompressed bytes from "
             f"{compressed} compressed: not a plausible bundle",
         )
+    # MD5 covers every byte of the payload: checked only where the whole payload is inflated
+    # anyway and small (the HIP runtime never checks it; LLVM's bundler only with -verbose).
+    check_hash = selection is None and header.uncompressed_size <= CCOB_HASH_CHECK_BYTES
     stream = ccob.PayloadStream(
         header,
         fh.reader(payload_start, compressed),
         compressed,
         payload_start,
         limit=min(header.uncompressed_size, MAX_CCOB_STREAM),
+        hashed=check_hash,
     )
     try:
         window = min(BUNDLE_WINDOW, header.uncompressed_size)
@@ -364,11 +397,15 @@ def _ccob_objects(result: FileCodeObjects, fh: _File, start: int, available: int
                     start,
                     f"inflated bundle: {exc.reason} (at inflated offset {exc.offset:#x})",
                 ) from None
-        # Entry heads: walk the stream once in entry order, keeping only each entry's first bytes.
+        # Entry heads: walk the stream once in entry order, keeping only each entry's first bytes;
+        # with a selection, stop inflating after the last head it wants.
+        wanted = _wanted_entries(bundle, selection)
         for number, entry in sorted(enumerate(bundle.entries), key=lambda item: item[1].offset):
             location = f"{place} entry {number}"
             facts = None
-            if _is_amdgcn(entry.entry_id) and entry.size:
+            if wanted is not None and number not in wanted:
+                pass
+            elif _is_amdgcn(entry.entry_id) and entry.size:
                 want = min(entry.size, CO_HEAD_BYTES)
                 head = _stream_slice(stream, prefix, entry.offset, want)
                 if len(head) < want:
@@ -400,8 +437,7 @@ def _ccob_objects(result: FileCodeObjects, fh: _File, start: int, available: int
             )
             result.code_objects.append(obj)
             result.findings.extend(_consistency_findings(result.path, obj, facts, start))
-        # The hash covers the whole payload; check it when the rest is cheap to inflate.
-        if header.uncompressed_size - stream.position <= CCOB_HASH_CHECK_BYTES:
+        if check_hash:
             stream.skip(header.uncompressed_size - stream.position)
             if stream.hash_matches(header) is False:
                 _malformed(
@@ -458,7 +494,7 @@ def _first_nonzero(fh: _File, pos: int, end: int) -> int:
     return end
 
 
-def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section) -> int:
+def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection: TargetSelection | None) -> int:
     """Each container in ``.hip_fatbin`` is one translation unit; returns how many were read.
 
     Containers follow each other directly (LLVM's CCOB search) or at the next 4 KiB boundary of
@@ -491,10 +527,10 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section) -> int:
         try:
             if head.startswith(offload_bundle.BUNDLE_MAGIC):
                 result.add_container("offload-bundle")
-                size = _bundle_objects(result, fh, pos, end - pos, tu, place)
+                size = _bundle_objects(result, fh, pos, end - pos, tu, place, selection)
                 result.bundles.append((pos, size, "offload-bundle"))
             elif head.startswith(ccob.CCOB_MAGIC):
-                size = _ccob_objects(result, fh, pos, end - pos, tu, place)
+                size = _ccob_objects(result, fh, pos, end - pos, tu, place, selection)
                 result.bundles.append((pos, size, "ccob"))
             else:
                 reason = f"no bundle or CCOB magic at section offset {pos - start:#x}"
@@ -647,10 +683,22 @@ def _load_archive(path: str, result: FileCodeObjects) -> _LoadedArchive | None:
         os.close(fd)
 
 
-def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObjects) -> list[str]:
-    """Search paths relative to the library; ``@GFXARCH@`` matches every arch present."""
+@dataclass(frozen=True, slots=True)
+class _KpackSource:
+    """One archive a kpack reference leads to. ``build_dir``: for an archive listed by an older-flow
+    ``.kpm``, the TOC key directory that holds this library's build path
+    (``<kpm prefix>/<library dir relative to the prefix root>``), else None."""
+
+    path: str
+    build_dir: str | None = None
+
+
+def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObjects) -> list[_KpackSource]:
+    """The archives the kpack runtime would open: search paths relative to the library's
+    directory (the path it was loaded through); ``@GFXARCH@`` matches every arch present; a
+    ``.kpm`` (older flow) lists one archive per arch and names the build prefix of the TOC keys."""
     base_dir = os.path.dirname(library)
-    paths: list[str] = []
+    sources: list[_KpackSource] = []
     for pattern in ref.search_paths:
         full = os.path.normpath(os.path.join(base_dir, pattern))
         candidates = (
@@ -678,16 +726,21 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
                         make_finding("ARCH005", result.path, f"cannot read {candidate}: {exc.strerror}")
                     )
                     continue
+                # The .kpm sits in <prefix root>/.kpack/; the splitter keyed each binary by
+                # "<prefix>/<its path under the prefix root>" at build time.
+                prefix_root = os.path.dirname(os.path.dirname(candidate))
+                rel_dir = os.path.relpath(base_dir, prefix_root).replace(os.sep, "/")
+                build_dir = "/".join(p for p in (manifest.prefix.strip("/"), rel_dir) if p and p != ".")
                 for arch in sorted(manifest.files_by_arch):
                     # The kpack runtime opens only the archive of the device's arch: one that is not
                     # installed (its device wheel was not, or was pruned) is no error here; a target
                     # left without code is judged missing like any other.
                     listed = os.path.join(os.path.dirname(candidate), manifest.files_by_arch[arch])
                     if os.path.exists(listed):
-                        paths.append(listed)
+                        sources.append(_KpackSource(listed, build_dir if not rel_dir.startswith("..") else None))
             else:
-                paths.append(candidate)
-    if not paths:
+                sources.append(_KpackSource(candidate))
+    if not sources:
         result.findings.append(
             make_finding(
                 "ARCH005",
@@ -696,16 +749,37 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
                 data={"search_paths": list(ref.search_paths)},
             )
         )
-    return list(dict.fromkeys(paths))
+    return list(dict.fromkeys(sources))
+
+
+_VERSION_SUFFIX = re.compile(r"^(?:\.[0-9]+)+$")
+
+
+def _is_build_name(key_name: str, installed_name: str) -> bool:
+    """Whether a TOC key's file name is the build file of a library installed as ``installed_name``:
+    the same name, or the versioned real file whose SONAME the wheel materialised
+    (``librocblas.so.5.0.0`` installed as ``librocblas.so.5``)."""
+    if key_name == installed_name:
+        return True
+    return key_name.startswith(installed_name + ".") and bool(_VERSION_SUFFIX.match(key_name[len(installed_name) :]))
 
 
 def _kernels_for(
-    archive: _LoadedArchive, library: str, kernel_name: str, tu_count: int
+    archive: _LoadedArchive, library: str, kernel_name: str, tu_count: int, build_dir: str | None = None
 ) -> list[tuple[int, kpack.KpackKernel]]:
-    """(TU, kernel) pairs of one library: keys ``<kernel_name>#<i>`` (newer flow), or keys whose
-    stem is a path suffix of the library, ``_rocm_sdk_libraries/lib/libk.so`` (older flow)."""
+    """(TU, kernel) pairs of one library, found by the key its reference holds: ``<kernel_name>#<i>``
+    or ``<kernel_name>`` (newer flow; whatever name the library is installed under). Older flow
+    (the reference names a component, the TOC keys build paths): keys in ``build_dir`` whose file
+    name is the library's build name, or keys whose stem is a path suffix of the library."""
     parts = library.replace(os.sep, "/").split("/")
     stems = [kernel_name.lstrip("/")] + ["/".join(parts[i:]) for i in range(len(parts))]
+    if build_dir is not None:
+        installed = parts[-1]
+        stems += [
+            stem
+            for stem in archive.by_stem
+            if stem.rpartition("/")[0] == build_dir and _is_build_name(stem.rpartition("/")[2], installed)
+        ]
     found: list[tuple[int, kpack.KpackKernel]] = []
     for stem in dict.fromkeys(stems):
         for index, kernel in archive.by_stem.get(stem, []):
@@ -717,28 +791,59 @@ def _kernels_for(
     return found
 
 
-def _kpack_objects(result: FileCodeObjects, fh: _File, library: str, ref: kpack.KpackRef, tu_count: int) -> None:
+def _kpack_objects(
+    result: FileCodeObjects,
+    fh: _File,
+    library: str,
+    ref: kpack.KpackRef,
+    tu_count: int,
+    selection: TargetSelection | None,
+) -> None:
     result.add_container("kpack")
-    for archive_path in _kpack_archive_paths(library, ref, result):
-        archive = _load_archive(archive_path, result)
+    listed: list[tuple[_LoadedArchive, int, kpack.KpackKernel]] = []
+    searched: list[str] = []
+    for source in _kpack_archive_paths(library, ref, result):
+        archive = _load_archive(source.path, result)
         if archive is None:
             continue
-        for tu, kernel in _kernels_for(archive, library, ref.kernel_name, tu_count):
-            facts = _kpack_kernel_facts(archive, kernel, result)
-            obj = _device_record(
-                container="kpack",
-                location=f"{archive_path}:{kernel.key}@{kernel.arch}",
-                file_offset=None,
-                size=kernel.original_size,
-                tu=tu,
-                entry_id=kernel.key,
-                kind="device",
-                bundle_target=kernel.arch,
-                facts=facts,
-                listed_source="kpack-toc",
+        searched.append(source.path)
+        listed.extend(
+            (archive, tu, kernel)
+            for tu, kernel in _kernels_for(archive, library, ref.kernel_name, tu_count, source.build_dir)
+        )
+    if searched and not listed:
+        result.findings.append(
+            make_finding(
+                "ARCH005",
+                result.path,
+                f"kpack reference names kernel {ref.kernel_name!r}, but no archive it leads to "
+                f"({', '.join(searched)}) holds a key for this library",
+                data={"kernel_name": ref.kernel_name, "archives": searched},
             )
-            result.code_objects.append(obj)
-            result.findings.extend(_consistency_findings(result.path, obj, facts, 0))
+        )
+    wanted: set[int] | None = None
+    if selection is not None:
+        wanted = set()
+        for tu in range(tu_count):
+            members = [i for i, (_, at, _) in enumerate(listed) if at == tu]
+            chosen = selection.wanted([listed[i][2].arch for i in members])
+            wanted.update(members[i] for i in chosen)
+    for number, (archive, tu, kernel) in enumerate(listed):
+        facts = _kpack_kernel_facts(archive, kernel, result) if wanted is None or number in wanted else None
+        obj = _device_record(
+            container="kpack",
+            location=f"{archive.path}:{kernel.key}@{kernel.arch}",
+            file_offset=None,
+            size=kernel.original_size,
+            tu=tu,
+            entry_id=kernel.key,
+            kind="device",
+            bundle_target=kernel.arch,
+            facts=facts,
+            listed_source="kpack-toc",
+        )
+        result.code_objects.append(obj)
+        result.findings.extend(_consistency_findings(result.path, obj, facts, 0))
 
 
 def _kpack_kernel_facts(archive: _LoadedArchive, kernel: kpack.KpackKernel, result: FileCodeObjects) -> _Facts | None:
@@ -809,9 +914,13 @@ def _kpack_archive_listing(result: FileCodeObjects, fh: _File) -> None:
 # Entry point
 
 
-def scan_file(record: FileRecord, fd: int | None = None) -> FileCodeObjects:
+def scan_file(record: FileRecord, fd: int | None = None, selection: TargetSelection | None = None) -> FileCodeObjects:
     """Every code object in one file (read from fd when given: the caller keeps it open and closes
-    it). Never raises for malformed content: those become findings."""
+    it). Never raises for malformed content: those become findings.
+
+    With a ``selection`` every code object is still listed, but only the entries the runtime would
+    choose for its agents are read (the others keep what their bundle id or kpack key names), and
+    findings come from what was read: a judgement. Without one, everything is read: ``scan``."""
     result = FileCodeObjects(record.path, record.sdk_tree, record.opened_kind.value)
     owned = fd is None
     if fd is None:
@@ -828,9 +937,9 @@ def scan_file(record: FileRecord, fd: int | None = None) -> FileCodeObjects:
             _raw_elf_object(result, fh, 0, fh.size, "raw-elf", "file", 0)
         elif record.kind in (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE, FileKind.OTHER_ELF):
             if record.elf is not None and record.elf.is_64 and record.elf.little_endian:
-                _scan_host_elf(result, fh, record.elf)
+                _scan_host_elf(result, fh, record.elf, selection)
         else:
-            _scan_standalone(result, fh, record.magic)
+            _scan_standalone(result, fh, record.magic, selection)
     except FormatError as exc:
         _malformed(result, exc, "file")
     except OSError as exc:
@@ -841,14 +950,14 @@ def scan_file(record: FileRecord, fd: int | None = None) -> FileCodeObjects:
     return result
 
 
-def _scan_standalone(result: FileCodeObjects, fh: _File, magic: bytes) -> None:
+def _scan_standalone(result: FileCodeObjects, fh: _File, magic: bytes, selection: TargetSelection | None) -> None:
     if magic.startswith(offload_bundle.BUNDLE_MAGIC):
         result.add_container("offload-bundle")
         result.tu_count = 1
-        result.bundles.append((0, _bundle_objects(result, fh, 0, fh.size, 0, "file"), "offload-bundle"))
+        result.bundles.append((0, _bundle_objects(result, fh, 0, fh.size, 0, "file", selection), "offload-bundle"))
     elif magic.startswith(ccob.CCOB_MAGIC):
         result.tu_count = 1
-        result.bundles.append((0, _ccob_objects(result, fh, 0, fh.size, 0, "file"), "ccob"))
+        result.bundles.append((0, _ccob_objects(result, fh, 0, fh.size, 0, "file", selection), "ccob"))
     elif magic.startswith(kpack.KPACK_MAGIC):
         _kpack_archive_listing(result, fh)
     elif magic.startswith(offload_binary.OFFLOAD_BINARY_MAGIC):
@@ -887,7 +996,9 @@ def _offload_binaries(result: FileCodeObjects, fh: _File, start: int, size: int,
             )
 
 
-def _scan_host_elf(result: FileCodeObjects, fh: _File, header: elfread.ElfHeader) -> None:
+def _scan_host_elf(
+    result: FileCodeObjects, fh: _File, header: elfread.ElfHeader, selection: TargetSelection | None
+) -> None:
     try:
         sections = read_sections(fh.fd, header, fh.size)
     except FormatError as exc:
@@ -925,10 +1036,10 @@ def _scan_host_elf(result: FileCodeObjects, fh: _File, header: elfread.ElfHeader
                 _malformed(result, exc, ".rocm_kpack_ref")
             else:
                 result.tu_count = max(len(wrappers), 1)
-                _kpack_objects(result, fh, result.path, ref, result.tu_count)
+                _kpack_objects(result, fh, result.path, ref, result.tu_count, selection)
     elif fatbin is not None and fatbin.has_file_bytes:
         result.add_container("hip-fatbin")
-        bundles = _walk_fatbin(result, fh, fatbin)
+        bundles = _walk_fatbin(result, fh, fatbin, selection)
         result.tu_count = bundles
         # -fgpu-rdc: every TU's wrapper registers the one device-linked bundle, so more wrappers
         # than bundles is normal there; fewer wrappers, or several bundles that do not pair

@@ -19,7 +19,7 @@ from typing import Any
 
 from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.gpu.codeobjects import CodeObject, FileCodeObjects, scan_file
+from rocm_audit.gpu.codeobjects import DEVICE_KINDS, CodeObject, FileCodeObjects, scan_file
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.discovery import enclosing_sdk_tree, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
@@ -27,8 +27,10 @@ from rocm_audit.tree.targets import (
     MatchKind,
     RequiredTarget,
     TargetId,
+    TargetSelection,
     arch_tokens,
     best_match,
+    choose_entry,
     match_code_object,
     parse_target_id,
     resolve_required,
@@ -190,8 +192,14 @@ def _database_arches(kind: str, rel_path: str) -> list[str]:
     return arch_tokens(rel_path)
 
 
-def scan_inventory(inventory: Inventory) -> list[FileCodeObjects]:
-    """Code objects of every file that can hold some, in path order; kernel-database files too."""
+def selection_for(required: list[RequiredTarget]) -> TargetSelection:
+    """What a judgement against ``required`` needs the scan to read."""
+    return TargetSelection(tuple(dict.fromkeys(t.agent for t in required)))
+
+
+def scan_inventory(inventory: Inventory, selection: TargetSelection | None = None) -> list[FileCodeObjects]:
+    """Code objects of every file that can hold some, in path order; kernel-database files too.
+    With a selection, only what judging its agents needs is read (``scan_file``)."""
     results = []
     for record in sorted(inventory.files, key=lambda r: r.path):
         database = _database_root(record.path)
@@ -199,7 +207,7 @@ def scan_inventory(inventory: Inventory) -> list[FileCodeObjects]:
             kind, root, _judged = database
             rel = os.path.relpath(record.path, root)
             scanned = (
-                code_objects_of(inventory, record)
+                code_objects_of(inventory, record, selection)
                 if may_hold_code(record)
                 else FileCodeObjects(record.path, record.sdk_tree, record.opened_kind.value)
             )
@@ -227,7 +235,7 @@ def scan_inventory(inventory: Inventory) -> list[FileCodeObjects]:
                 results.append(scanned)
             continue
         if may_hold_code(record):
-            scanned = code_objects_of(inventory, record)
+            scanned = code_objects_of(inventory, record, selection)
             if scanned.code_objects or scanned.findings:
                 results.append(scanned)
     return results
@@ -240,10 +248,13 @@ def may_hold_code(record: FileRecord) -> bool:
     return record.magic.startswith((b"__CLANG_OFFLOAD_BUNDLE__", b"CCOB", b"KPAK", b"\x10\xff\x10\xad"))
 
 
-def code_objects_of(inventory: Inventory, record: FileRecord) -> FileCodeObjects:
-    """The code-object fact of one inventory file, read once per run (per path: the findings of a
-    scan name the path it was read through)."""
-    return inventory.facts.get(record, "code-objects", lambda fd: scan_file(record, fd), per_path=True)
+def code_objects_of(
+    inventory: Inventory, record: FileRecord, selection: TargetSelection | None = None
+) -> FileCodeObjects:
+    """The code-object fact of one inventory file, read once per run and selection (per path: the
+    findings of a scan name the path it was read through)."""
+    name = "code-objects" if selection is None else f"code-objects:{selection.key}"
+    return inventory.facts.get(record, name, lambda fd: scan_file(record, fd, selection), per_path=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,7 +277,9 @@ class Carrier:
         return [obj for tu in self.tus for obj in tu]
 
     def targets(self) -> list[str]:
-        return sorted({obj.target for obj in self.code_objects if obj.target})
+        """What the entries offer, by the name the runtime selects them by (ELF header otherwise):
+        the same whether or not an entry was read."""
+        return sorted({name for obj in self.code_objects if (name := _named_target(obj) or obj.target)})
 
 
 def _package(sdk_tree: str | None) -> str | None:
@@ -274,7 +287,7 @@ def _package(sdk_tree: str | None) -> str | None:
 
 
 def _device_objects(scanned: FileCodeObjects) -> list[CodeObject]:
-    return [obj for obj in scanned.code_objects if obj.kind in ("hip", "hipv4", "hcc", "device")]
+    return [obj for obj in scanned.code_objects if obj.kind in DEVICE_KINDS]
 
 
 def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
@@ -357,12 +370,35 @@ def _entry_match(obj: CodeObject, agent: TargetId) -> MatchKind | None:
     )
 
 
+def _named_target(obj: CodeObject) -> str | None:
+    """The target an entry's bundle id or kpack key names: what the runtime selects it by."""
+    if obj.target_source == "file-name" or obj.bundle_target is None:
+        return None
+    return obj.bundle_target if parse_target_id(obj.bundle_target) is not None else None
+
+
+def tu_match(objects: list[CodeObject], agent: TargetId) -> MatchKind | None:
+    """How one translation unit serves ``agent``, as the runtime decides: it selects an entry by
+    the target its id names (``choose_entry``); the loader then takes it only if the code object's
+    own ELF header, when read, agrees (features, code-object version of generic entries). Entries
+    whose id names no target (raw ELFs, database files) count by what their header or name says."""
+    named = [_named_target(obj) for obj in objects]
+    kinds = [_entry_match(obj, agent) for obj, name in zip(objects, named, strict=True) if name is None]
+    chosen = choose_entry(named, agent)
+    if chosen is not None:
+        index, kind = chosen
+        obj = objects[index]
+        if obj.target_source != "e_flags" or _entry_match(obj, agent) is not None:
+            kinds.append(kind)
+    return best_match(kinds)
+
+
 def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
     """Fill ``matches``/``missing``; return ARCH001/ARCH002/ARCH008 findings."""
     findings: list[Finding] = []
     spirv_only: list[str] = []
     for target in required:
-        per_tu = [best_match([_entry_match(obj, target.agent) for obj in tu]) for tu in carrier.tus]
+        per_tu = [tu_match(tu, target.agent) for tu in carrier.tus]
         tus_without = [index for index, how in enumerate(per_tu) if how is None]
         order = [MatchKind.NATIVE, MatchKind.GENERIC, MatchKind.SPIRV]
         how = None if tus_without else max(per_tu, key=lambda k: order.index(k) if k else -1)
@@ -470,7 +506,7 @@ def verify_arch(
     choice = choose_targets(target_args, [r.path for r in roots], dict(os.environ) if environ is None else environ)
     required = choice.targets
     inventory = build_inventory(roots, progress)
-    scans = scan_inventory(inventory)
+    scans = scan_inventory(inventory, selection_for(required))
     carriers = build_carriers(scans)
     findings = list(inventory.findings) + scan_findings(scans)
     for carrier in carriers:

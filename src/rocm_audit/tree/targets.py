@@ -295,3 +295,60 @@ def serves_kept(
     if code.processor not in KNOWN_PROCESSORS and code.processor not in GENERIC_PROCESSORS:
         return MatchKind.NATIVE  # a processor this release does not know: never removed
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Which entry the runtime picks
+
+
+def _specified_features(code: TargetId) -> int:
+    return sum(code.feature(name) is not None for name in FEATURES)
+
+
+def choose_entry(named_targets: list[str | None], agent: TargetId) -> tuple[int, MatchKind] | None:
+    """The entry the HIP runtime selects for ``agent`` among one translation unit's entries, by
+    the target each entry's bundle id (or kpack TOC) names: the best match kind (native, then
+    generic, then SPIR-V); among equals the one that specifies more features (``gfx90a:xnack+``
+    before ``gfx90a``), then the first. None entries (no id names a target) take no part.
+
+    The choice reads names only: a generic entry counts here whatever its code-object version,
+    which is checked afterwards on the chosen entry's ELF header (``judge``). Both the lazy scan
+    (which inflates only the chosen entries) and the judgement call this, so they agree."""
+    order = {MatchKind.NATIVE: 0, MatchKind.GENERIC: 1, MatchKind.SPIRV: 2}
+    best: tuple[int, int, int] | None = None
+    chosen: tuple[int, MatchKind] | None = None
+    for index, name in enumerate(named_targets):
+        code = parse_target_id(name) if name else None
+        if code is None:
+            continue
+        kind = match_code_object(code, agent, code_object_version=None, generic_version=None)
+        if kind is None:
+            continue
+        rank = (order[kind], -_specified_features(code), index)
+        if best is None or rank < best:
+            best, chosen = rank, (index, kind)
+    return chosen
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSelection:
+    """The agents a judgement needs, handed to the code-object scan so that it inflates only the
+    entries the runtime would select for them (``choose_entry``) and stops reading a compressed
+    bundle after the last of those. ``None`` instead of a selection means every entry (``scan``)."""
+
+    agents: tuple[TargetId, ...]
+
+    @property
+    def key(self) -> str:
+        """Names the fact a scan with this selection produces (tree/facts.py)."""
+        return ",".join(sorted(str(agent) for agent in self.agents))
+
+    def wanted(self, named_targets: list[str | None]) -> set[int]:
+        """Indices of the entries to read: each agent's choice, plus every entry whose id names
+        no target (only its ELF header can say what it is)."""
+        picked = {index for index, name in enumerate(named_targets) if not name or parse_target_id(name) is None}
+        for agent in self.agents:
+            chosen = choose_entry(named_targets, agent)
+            if chosen is not None:
+                picked.add(chosen[0])
+        return picked

@@ -1,0 +1,185 @@
+"""One verdict, whichever path computes it: the lazy judgement (only the entries the runtime would
+select are inflated, each compressed stream stops after the last of them) against the full scan
+(every entry read), over clang-built libraries, the pinned vendor wheel and test-written bundles."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from arch_writers import amdgpu_header, bundle, ccob
+
+from rocm_audit.formats import ccob as ccob_format
+from rocm_audit.gpu import verify
+from rocm_audit.tree.discovery import resolve_roots
+from rocm_audit.tree.inventory import build_inventory
+from rocm_audit.tree.targets import choose_entry
+
+TARGET_SETS = [
+    ["gfx942"],
+    ["gfx950"],
+    ["gfx90a:xnack+"],
+    ["gfx90a:xnack-", "gfx1100"],
+    ["gfx900", "gfx1010", "gfx1201"],
+]
+
+# e_flags: mach | xnack "any" (0x100) | sramecc "any" (0x400), cov6 (formats.md 2.7).
+GFX942_ANY = amdgpu_header(0x54C)
+GFX90A_ANY = amdgpu_header(0x53F)
+GFX950_ANY = amdgpu_header(0x54F)
+
+
+def _written_samples(into: Path) -> None:
+    """Bundles no toolchain here makes: CCOB v1/v3, zlib, and an entry whose ELF header disagrees
+    with its bundle id (the runtime picks it by id; the loader then refuses it)."""
+    entries = [
+        ("host-x86_64-unknown-linux--", b""),
+        ("hipv4-amdgcn-amd-amdhsa--gfx90a", GFX90A_ANY),
+        ("hipv4-amdgcn-amd-amdhsa--gfx942", GFX942_ANY),
+        ("hipv4-amdgcn-amd-amdhsa--gfx950", GFX950_ANY),
+    ]
+    for version, method in ((1, 0), (2, 0), (3, 1)):
+        (into / f"v{version}m{method}.co").write_bytes(ccob(bundle(entries), version=version, method=method))
+    (into / "plain.co").write_bytes(bundle(entries))
+    lying = [entries[0], ("hipv4-amdgcn-amd-amdhsa--gfx942", GFX90A_ANY), entries[3]]
+    (into / "lying.co").write_bytes(ccob(bundle(lying), version=3))
+
+
+@pytest.fixture(scope="module")
+def sample_dirs(built, jax_plugin, tmp_path_factory) -> dict[str, Path]:
+    clang = tmp_path_factory.mktemp("lazy-clang")
+    for name, path in built.items():
+        shutil.copy(path, clang / name)
+    written = tmp_path_factory.mktemp("lazy-written")
+    _written_samples(written)
+    return {"clang": clang, "vendor": jax_plugin, "written": written}
+
+
+def _full_judgement(root: Path, targets: list[str]):
+    roots, _ = resolve_roots([str(root)])
+    inventory = build_inventory(roots)
+    required = [verify.resolve_required(t) for t in targets]
+    scans = verify.scan_inventory(inventory)  # no selection: every entry read
+    carriers = verify.build_carriers(scans)
+    findings = list(inventory.findings) + verify.scan_findings(scans)
+    for carrier in carriers:
+        findings.extend(verify.judge(carrier, required))
+    return carriers, findings, required
+
+
+def _lazy_judgement(root: Path, targets: list[str]):
+    roots, _ = resolve_roots([str(root)])
+    inventory = build_inventory(roots)
+    required = [verify.resolve_required(t) for t in targets]
+    scans = verify.scan_inventory(inventory, verify.selection_for(required))
+    carriers = verify.build_carriers(scans)
+    findings = list(inventory.findings) + verify.scan_findings(scans)
+    for carrier in carriers:
+        findings.extend(verify.judge(carrier, required))
+    return carriers, findings
+
+
+def _verdicts(carriers) -> list[tuple]:
+    return [(c.path, c.kind, len(c.tus), c.matches, sorted(c.missing)) for c in carriers]
+
+
+def _judged_objects(carriers, required) -> list[tuple]:
+    """The entry each TU's runtime choice lands on, per target: what the judgement read."""
+    chosen = []
+    for carrier in carriers:
+        for number, tu in enumerate(carrier.tus):
+            named = [verify._named_target(obj) for obj in tu]
+            for target in required:
+                pick = choose_entry(named, target.agent)
+                if pick is not None:
+                    chosen.append((carrier.path, number, target.spelled, tu[pick[0]]))
+    return chosen
+
+
+def _keyed(findings) -> list[tuple]:
+    return sorted((f.rule, f.path, f.message) for f in findings)
+
+
+@pytest.mark.parametrize("targets", TARGET_SETS, ids=lambda t: "+".join(t))
+@pytest.mark.parametrize("sample", ["clang", "vendor", "written"])
+def test_lazy_and_full_paths_give_one_verdict(sample_dirs, sample, targets):
+    root = sample_dirs[sample]
+    full_carriers, full_findings, required = _full_judgement(root, targets)
+    lazy_carriers, lazy_findings = _lazy_judgement(root, targets)
+    assert full_carriers, f"no carriers in {sample}"
+    assert _verdicts(lazy_carriers) == _verdicts(full_carriers)
+    assert _judged_objects(lazy_carriers, required) == _judged_objects(full_carriers, required)
+    if sample == "written":
+        # lying.co's gfx942 entry holds a gfx90a object: the full scan reports it whatever is
+        # judged; the lazy one only when a target makes the runtime pick that entry. Every other
+        # finding is the same.
+        lying = str(root / "lying.co")
+        full = [k for k in _keyed(full_findings) if not (k[0] == "ARCH003" and k[1] == lying)]
+        lazy = [k for k in _keyed(lazy_findings) if not (k[0] == "ARCH003" and k[1] == lying)]
+        assert lazy == full
+    else:
+        assert _keyed(lazy_findings) == _keyed(full_findings)
+
+
+def test_an_entry_the_runtime_picks_by_id_but_the_loader_refuses_serves_nothing(sample_dirs):
+    """lying.co: the id says gfx942, the ELF header gfx90a. gfx942 is missing (ARCH001) with ARCH003
+    on the entry; gfx90a is served by the real gfx90a entry."""
+    root = sample_dirs["written"]
+    outcome = verify.verify_arch([str(root / "lying.co")], ["gfx942"], environ={})
+    rules = sorted(f.rule for f in outcome.findings)
+    assert rules == ["ARCH001", "ARCH003"], outcome.findings
+    outcome = verify.verify_arch([str(root / "lying.co")], ["gfx950"], environ={})
+    assert not [f for f in outcome.findings if f.rule in ("ARCH001", "ARCH003")], outcome.findings
+
+
+def test_lazy_judgement_inflates_only_up_to_the_chosen_entries(sample_dirs, monkeypatch):
+    """On the vendor wheel's CCOB v3 bundles, an early target's heads are reached after a small
+    part of each stream; the full scan inflates to the last head. Entries no target picks are
+    never inspected."""
+    inflated = {"bytes": 0}
+    real_read, real_skip = ccob_format.PayloadStream.read, ccob_format.PayloadStream.skip
+
+    def counting_read(self, size):
+        data = real_read(self, size)
+        inflated["bytes"] += len(data)
+        return data
+
+    def counting_skip(self, size):
+        done = real_skip(self, size)
+        inflated["bytes"] += done
+        return done
+
+    monkeypatch.setattr(ccob_format.PayloadStream, "read", counting_read)
+    monkeypatch.setattr(ccob_format.PayloadStream, "skip", counting_skip)
+    root = sample_dirs["vendor"]
+    full_carriers, _, _ = _full_judgement(root, ["gfx1010"])
+    full_bytes, inflated["bytes"] = inflated["bytes"], 0
+    lazy_carriers, _ = _lazy_judgement(root, ["gfx1010"])
+    lazy_bytes = inflated["bytes"]
+    assert full_bytes > 0 and lazy_bytes * 4 < full_bytes, (lazy_bytes, full_bytes)
+    read_from_elf = [
+        obj.bundle_target for c in lazy_carriers for obj in c.code_objects if obj.target_source == "e_flags"
+    ]
+    assert read_from_elf and set(read_from_elf) == {"gfx1010"}
+    assert len([o for c in full_carriers for o in c.code_objects if o.target_source == "e_flags"]) > len(read_from_elf)
+
+
+def test_the_md5_of_a_large_payload_is_not_computed(monkeypatch):
+    """Hashing costs more than inflating; a stream asked for no hash keeps none."""
+    payload = bundle([("host-x86_64-unknown-linux--", b""), ("hipv4-amdgcn-amd-amdhsa--gfx942", GFX942_ANY)])
+    data = ccob(payload, version=3)
+    header = ccob_format.parse_header(data, 0, len(data))
+
+    def read_at(offset: int, size: int) -> bytes:
+        return data[32 + offset : 32 + offset + size]
+
+    stream = ccob_format.PayloadStream(header, read_at, len(data) - 32, 32, len(payload), hashed=False)
+    assert stream.skip(len(payload)) == len(payload)
+    assert stream.hash_matches(header) is None
+    stream.close()
+    stream = ccob_format.PayloadStream(header, read_at, len(data) - 32, 32, len(payload))
+    stream.skip(len(payload))
+    assert stream.hash_matches(header) is True
+    assert struct.unpack_from("<Q", data, 16)[0] == len(payload)
