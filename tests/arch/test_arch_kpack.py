@@ -1,0 +1,125 @@
+"""kpack'd host libraries judged the way the kpack runtime resolves them: the key the
+``.rocm_kpack_ref`` holds and the search paths it names, relative to the path the library is
+installed under, not the name it had at build time.
+
+TheRock's wheels materialise a library under its SONAME (``lib/librocblas.so.5``) while rocm-kpack
+keyed its kernels by the build path (``math-libs/BLAS/rocBLAS/stage/lib/librocblas.so.5.0.0``,
+older flow through a ``.kpm``) or by the relpath its reference names (``<relpath>#<co_index>``,
+newer flow). The libraries are built by gcc with the post-split sections (HIPK wrapper,
+``.rocm_kpack_ref``, NOBITS ``.hip_fatbin``); archives are written by the test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import msgpack
+import pytest
+from arch_writers import amdgpu_header, kpack_archive
+
+from rocm_audit.gpu import verify
+from support.therock.artifacts import kpack_ref_asm
+
+GFX942_ANY = amdgpu_header(0x54C)
+GFX90A_ANY = amdgpu_header(0x53F)
+BUILD_PREFIX = "math-libs/BLAS/rocBLAS/stage"
+BUILD_RELPATH = "lib/librocblas.so.5.0.0"
+
+
+def _kpackd_library(path: Path, search_paths: list[str], kernel_name: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source = path.parent / "kpackd.c"
+    source.write_text("int rocblas_get_version(void) { return 5; }\n" + kpack_ref_asm(search_paths, kernel_name, 16384))
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", f"-Wl,-soname,{path.name}", str(source), "-o", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    source.unlink()
+    return path
+
+
+def _older_flow(site: Path, *, key: str = f"{BUILD_PREFIX}/{BUILD_RELPATH}", scheme: str = "none") -> Path:
+    """kpack-old's splitter: the reference names the component and the .kpm; TOC keys are build paths."""
+    tree = site / "_rocm_sdk_libraries"
+    library = _kpackd_library(tree / "lib/librocblas.so.5", ["../.kpack/blas_lib.kpm"], "blas_lib")
+    files = {}
+    for arch, code in (("gfx942", GFX942_ANY), ("gfx90a", GFX90A_ANY)):
+        name = f"blas_lib_{arch}.kpack"
+        (tree / ".kpack").mkdir(exist_ok=True)
+        (tree / ".kpack" / name).write_bytes(kpack_archive([(key, arch, code)], scheme=scheme, family=arch))
+        files[arch] = {"file": name, "size": 0, "kernel_count": 1}
+    (tree / ".kpack/blas_lib.kpm").write_bytes(
+        msgpack.packb({"format_version": 1, "component_name": "blas_lib", "prefix": BUILD_PREFIX, "kpack_files": files})
+    )
+    return library
+
+
+def _newer_flow(site: Path) -> Path:
+    """rocm-systems kpack: the reference holds the relpath; keys are "<relpath>#<co_index>"; the
+    search path is an @GFXARCH@ pattern."""
+    tree = site / "_rocm_sdk_libraries"
+    library = _kpackd_library(tree / "lib/librocblas.so.5", ["../.kpack/blas_lib_@GFXARCH@.kpack"], BUILD_RELPATH)
+    (tree / ".kpack").mkdir(exist_ok=True)
+    for arch, code in (("gfx942", GFX942_ANY), ("gfx90a", GFX90A_ANY)):
+        (tree / f".kpack/blas_lib_{arch}.kpack").write_bytes(kpack_archive([(f"{BUILD_RELPATH}#0", arch, code)]))
+    return library
+
+
+def _carrier(outcome, library: Path) -> dict:
+    (found,) = [c for c in outcome.sections["carriers"] if c["path"] == str(library)]
+    return found
+
+
+@pytest.mark.parametrize("scheme", ["none", "zstd-per-kernel"])
+def test_a_library_installed_under_its_soname_is_judged_by_its_build_key(tmp_path, scheme):
+    library = _older_flow(tmp_path / "site", scheme=scheme)
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx942"], environ={})
+    carrier = _carrier(outcome, library)
+    assert carrier["kind"] == "library" and "kpack" in carrier["containers"]
+    assert carrier["targets"] == ["gfx90a", "gfx942"] and carrier["missing"] == []
+    assert [m["how"] for m in carrier["matches"]] == ["native"]
+    assert not [f for f in outcome.findings if f.rule.startswith("ARCH")], outcome.findings
+
+
+def test_a_target_no_archive_holds_is_an_arch_finding_naming_the_library(tmp_path):
+    library = _older_flow(tmp_path / "site")
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx950"], environ={})
+    named = [(f.rule, f.path) for f in outcome.findings]
+    assert ("ARCH001", str(library)) in named, outcome.findings
+    assert _carrier(outcome, library)["missing"] == ["gfx950"]
+
+
+def test_the_newer_flow_is_found_by_the_key_the_reference_holds(tmp_path):
+    library = _newer_flow(tmp_path / "site")
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx90a:xnack-", "gfx942"], environ={})
+    carrier = _carrier(outcome, library)
+    assert carrier["missing"] == [] and [m["how"] for m in carrier["matches"]] == ["native", "native"]
+    assert not [f for f in outcome.findings if f.rule.startswith("ARCH")], outcome.findings
+
+
+def test_a_key_no_archive_holds_is_reported_not_skipped(tmp_path):
+    """The archives exist, but none holds a key for this library (another build's TOC): the library
+    is named by ARCH005 and, judged, by ARCH001; it is never silently 'no code objects'."""
+    library = _older_flow(tmp_path / "site", key="math-libs/BLAS/hipBLASLt/stage/lib/libhipblaslt.so.1.0.0")
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx942"], environ={})
+    rules = {(f.rule, f.path) for f in outcome.findings}
+    assert ("ARCH005", str(library)) in rules and ("ARCH001", str(library)) in rules, outcome.findings
+    (reason,) = [f.message for f in outcome.findings if f.rule == "ARCH005"]
+    assert "blas_lib" in reason
+
+
+def test_lazy_judgement_reads_only_the_kernel_of_the_judged_arch(tmp_path):
+    library = _older_flow(tmp_path / "site")
+    from rocm_audit.tree.discovery import resolve_roots
+    from rocm_audit.tree.inventory import build_inventory
+
+    roots, _ = resolve_roots([str(library)])
+    inventory = build_inventory(roots)
+    required = [verify.resolve_required("gfx942")]
+    (lazy,) = verify.scan_inventory(inventory, verify.selection_for(required))
+    (full,) = verify.scan_inventory(inventory)
+    assert sorted(o.bundle_target for o in full.code_objects if o.target_source == "e_flags") == ["gfx90a", "gfx942"]
+    assert [o.bundle_target for o in lazy.code_objects if o.target_source == "e_flags"] == ["gfx942"]
+    assert sorted(o.bundle_target for o in lazy.code_objects) == ["gfx90a", "gfx942"]
