@@ -34,7 +34,7 @@ from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.prune.plan import PrunePlan, Removal
 from rocm_audit.prune.records import Distribution
-from rocm_audit.tree.discovery import default_site_packages
+from rocm_audit.tree.discovery import default_site_packages, site_packages_of
 from rocm_audit.tree.inventory import TEMP_PREFIX, LinkRecord
 from rocm_audit.tree.journal import append_records, fsync_directory, read_records, tree_locks
 
@@ -84,7 +84,7 @@ def _entries(
     lines.append({**head, "type": "removal", "arches": list(removal.arches)})
     paths: list[tuple[str, str]] = [(r.path, "file") for r in removal.files]
     if distribution is not None:
-        on_disk = {r.path for r in removal.files}
+        on_disk = {r.path for r in removal.files} | set(removal.shared)
         paths += [(p, "file") for p in sorted(distribution.files) if p not in on_disk and os.path.lexists(p)]
     paths += [(path, "shared") for path in removal.shared]
     paths += [(link.path, "link") for link in removal.links]
@@ -228,7 +228,8 @@ def _back_up(entry: dict[str, Any], backed_up: dict[str, str]) -> None:
 
 
 def _interpreter_for(site_dir: str, explicit: str | None) -> str:
-    """The Python whose site-packages is ``site_dir``. Raises UsageError."""
+    """The Python whose site-packages is ``site_dir``: ``--python``, this one, or the
+    ``<prefix>/bin/python*`` that reports it (a venv's too). Raises UsageError."""
     if explicit:
         return explicit
     real = os.path.realpath(site_dir)
@@ -240,22 +241,14 @@ def _interpreter_for(site_dir: str, explicit: str | None) -> str:
     version = os.path.basename(os.path.dirname(real)).removeprefix("python")
     for name in (f"python{version}", "python3", "python"):
         candidate = os.path.join(prefix, "bin", name)
-        if os.access(candidate, os.X_OK) and _site_of(candidate) == real:
-            return candidate
+        if not os.access(candidate, os.X_OK):
+            continue
+        try:
+            if real in {os.path.realpath(d) for d in site_packages_of(candidate)}:
+                return candidate
+        except UsageError:
+            continue
     raise UsageError(f"cannot find the Python interpreter of {site_dir}: pass --python")
-
-
-def _site_of(python: str) -> str | None:
-    try:
-        out = subprocess.run(
-            [python, "-I", "-c", "import sysconfig; print(sysconfig.get_path('platlib'))"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return os.path.realpath(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
 
 
 def pip_command(python: str) -> list[str]:
@@ -265,7 +258,7 @@ def pip_command(python: str) -> list[str]:
     if probe.returncode == 0:
         return [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
     own = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, timeout=120)
-    if own.returncode == 0 and os.path.realpath(python) != os.path.realpath(sys.executable):
+    if own.returncode == 0:
         return [sys.executable, "-m", "pip", "--python", python, "--disable-pip-version-check", "--no-input"]
     raise UsageError(f"{python} has no pip to uninstall device distributions with")
 

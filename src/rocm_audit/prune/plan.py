@@ -233,9 +233,12 @@ def make_plan(inventory: Inventory, kept: list[Kept], device_code: DeviceCodeOf)
     inside = set(ctx.by_path) | {link.path for link in inventory.links}
 
     device_dists = [(d, arch) for d in distributions if (arch := device_distribution_arch(d.name)) is not None]
+    device_names = {d.dist_info for d, _arch in device_dists}
     for distribution, _arch in device_dists:
         for path in distribution.files:
-            plan.device_dist_of_path[path] = distribution
+            # a file another kind of distribution installs too (_rocm_sdk_libraries/__init__.py) is not device content
+            if not any(o.files.get(path) for o in distributions if o.dist_info not in device_names):
+                plan.device_dist_of_path[path] = distribution
     for record in inventory.files:
         unit = arch_unit_of(record.path)
         if unit is None and record.kind is not FileKind.SHARED_LIBRARY and _is_code_object_file(record):

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, Report, reporting_command
+from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -22,6 +22,7 @@ def command(
         ),
     ] = None,
     paths: PathsOption = None,
+    python: PythonOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the weight table and the plan; change nothing.")
     ] = False,
@@ -44,14 +45,6 @@ def command(
             help="Move removed files into DIR (outside the audited trees) instead of deleting.",
         ),
     ] = None,
-    python: Annotated[
-        str | None,
-        typer.Option(  # noqa: UP045
-            "--python",
-            metavar="PYTHON",
-            help="Interpreter whose pip uninstalls device distributions. Default: the one owning the site-packages.",
-        ),
-    ] = None,
     revert: Annotated[
         list[str] | None,
         typer.Option(  # noqa: UP045
@@ -66,7 +59,8 @@ def command(
     Whole per-arch units only: kpack archives, Tensile/MIOpen/AOTriton per-arch files and folders,
     and device distributions (rocm-sdk-device-gfxNNN, uninstalled with pip). Never a file a kept
     target could load (native, generic or SPIR-V); fat binaries inside host libraries are weighed,
-    not touched. A bare target (gfx942) keeps code for both xnack settings.
+    not touched. A bare target (gfx942) keeps code for both xnack settings. Device distributions
+    are uninstalled by the pip of --python, else of the interpreter that owns the site-packages.
     """
     from rocm_audit.errors import UsageError
 
@@ -80,6 +74,7 @@ def command(
     from rocm_audit.cli.progress import progress_line
 
     mode = "check" if check else "dry-run" if dry_run else "apply"
+    paths = audited_paths(paths, python)  # --python: its site-packages, and its pip uninstalls
     with progress_line("prune: scanning", report.quiet) as progress:
         return run_prune(
             paths,
