@@ -47,7 +47,12 @@ def test_dockerfile_declares_global_args_before_the_first_from():
     for name in ("GPU_ARCH", "PYTHON_VERSION", "BASE_IMAGE", "ROCM_INDEX_URL", "ROCM_SDK_SPEC"):
         assert f"\nARG {name}" in head, name
     assert "# syntax=" not in text
-    assert 'rocm-audit dedup && rocm-audit verify-arch "${GPU_ARCH}" && rocm-audit llvm' in text
+    audit = "/opt/rocm-audit/bin/rocm-audit"
+    for step in ('dedup --python "${VENV}/bin/python"', 'verify-arch --python "${VENV}/bin/python" "${GPU_ARCH}"'):
+        assert f"{audit} {step}" in text, step
+    # The auditor is mounted into the SDK's RUN, never copied into a stage the image is made of.
+    assert "--mount=type=bind,from=rocm-audit,source=/opt/rocm-audit,target=/opt/rocm-audit" in text
+    assert "COPY --from=rocm-audit" not in text
 
 
 def test_a_two_copy_steps_split_the_hardlink_and_loading_both_aborts(docker, images):
@@ -71,8 +76,32 @@ def test_b_the_audit_step_leaves_relative_symlinks_and_the_load_succeeds(docker,
         loaded = _in_container(docker, image, "/usr/bin/python3", "-c", LOAD_TWO, CORE_COPY, DEVEL_COPY)
         assert loaded.returncode == 0, (image, loaded.stderr[-2000:])
         assert loaded.stdout.strip() == "both loaded"
-    # The audit ran in the RUN that installed the SDK, and said what it did.
-    assert "rocm-audit" in images.audited_log and "dedup" in images.audited_log
+    # The audit ran in the RUN that installed the SDK, and said what it did (its own output lines).
+    log = images.audited_log
+    assert "  linked     " in log and "dedup: 0 error(s)" in log, log[-3000:]
+    assert "verify-arch: 0 error(s)" in log and "llvm: 0 error(s)" in log
+
+
+FIND_TOOLS = (
+    "import glob, os, sys\n"
+    "site = glob.glob(sys.argv[1] + '/lib/python*/site-packages')[0]\n"
+    "names = sorted(n for n in os.listdir(site) if n.split('-')[0].split('.')[0].lower() in "
+    "('rocm_audit', 'typer', 'rich', 'click', 'shellingham', 'pygments', 'markdown_it'))\n"
+    "print(site, os.path.exists('/opt/rocm-audit'), names)\n"
+)
+
+
+def test_d_the_auditor_is_in_no_layer_of_the_image(docker, images):
+    """rocm-audit and its dependencies stay out of the application venv and out of the image."""
+    for image in (images.audited, images.split_audited):
+        done = _in_container(docker, image, "/usr/bin/python3", "-c", FIND_TOOLS, "/opt/venv")
+        assert done.returncode == 0, done.stderr
+        site, auditor_present, names = done.stdout.split(" ", 2)
+        assert site == SITE and auditor_present == "False", done.stdout
+        assert names.strip() == "[]", done.stdout
+        # The SDK itself is there: the audit had something to audit.
+        listed = _in_container(docker, image, "/bin/ls", SITE)
+        assert "_rocm_sdk_core" in listed.stdout and "_rocm_sdk_devel" in listed.stdout
 
 
 def test_c_the_build_fails_when_gpu_arch_asks_for_a_missing_target(docker, build_context, dockerfile_args):
