@@ -183,3 +183,25 @@ def test_the_md5_of_a_large_payload_is_not_computed(monkeypatch):
     stream.skip(len(payload))
     assert stream.hash_matches(header) is True
     assert struct.unpack_from("<Q", data, 16)[0] == len(payload)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_helpers_that_share_the_bundles_give_the_same_scan(sample_dirs, monkeypatch, lazy):
+    """CCOBs of one section are inflated by forked helpers when there is much to inflate; forced
+    here for every file with two or more CCOBs, the scan is the same as a sequential one."""
+    from rocm_audit.gpu import codeobjects
+
+    required = [verify.resolve_required(t) for t in ("gfx942", "gfx90a:xnack-")]
+    selection = verify.selection_for(required) if lazy else None
+
+    def scans(root: Path) -> list:
+        roots, _ = resolve_roots([str(root)])
+        return verify.scan_inventory(build_inventory(roots), selection)
+
+    for root in (sample_dirs["clang"], sample_dirs["vendor"]):
+        monkeypatch.setattr(codeobjects, "PARALLEL_INFLATE_BYTES", 1 << 60)
+        alone = scans(root)
+        monkeypatch.setattr(codeobjects, "PARALLEL_INFLATE_BYTES", 0)
+        shared = scans(root)
+        assert shared == alone
+        assert any(sum(kind == "ccob" for _, _, kind in s.bundles) > 1 for s in shared)

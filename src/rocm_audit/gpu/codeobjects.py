@@ -350,14 +350,10 @@ def _ccob_objects(
 
     With a selection, only the chosen entries' heads are inflated and the stream is closed after
     the last of them; without one, the stream is walked once to the last entry head."""
-    header = ccob.parse_header(fh.read(start, ccob.MAX_HEADER_SIZE), start, available)
-    if header.total_size is not None:
-        total = header.total_size
-    else:
-        total = _next_magic(fh, start + 4, start + available, ccob.CCOB_MAGIC) - start
+    header, total = _ccob_extent(fh, start, available)
+    result.add_container(f"ccob-v{header.version}-{header.method_name}")
     compressed = total - header.header_size
     payload_start = start + header.header_size
-    result.add_container(f"ccob-v{header.version}-{header.method_name}")
     if not ccob.plausible_size(header, compressed):
         raise FormatError(
             ccob.FMT,
@@ -450,6 +446,14 @@ def _ccob_objects(
         stream.close()  # frees zstd's window now, not when the garbage collector gets to it
 
 
+def _ccob_extent(fh: _File, start: int, available: int) -> tuple[ccob.CcobHeader, int]:
+    """A CCOB's header and its size in the file (v1: up to the next CCOB magic). Raises FormatError."""
+    header = ccob.parse_header(fh.read(start, ccob.MAX_HEADER_SIZE), start, available)
+    if header.total_size is not None:
+        return header, header.total_size
+    return header, _next_magic(fh, start + 4, start + available, ccob.CCOB_MAGIC) - start
+
+
 def _stream_slice(stream: ccob.PayloadStream, buffered: bytes, offset: int, length: int) -> bytes:
     """Bytes [offset, offset+length) of the inflated payload; ``buffered`` holds its first bytes.
 
@@ -494,16 +498,84 @@ def _first_nonzero(fh: _File, pos: int, end: int) -> int:
     return end
 
 
+@dataclass(frozen=True, slots=True)
+class _Container:
+    """One container found in ``.hip_fatbin`` (or the error that ended the walk there)."""
+
+    kind: str  # offload-bundle | ccob | error
+    pos: int
+    available: int  # section bytes from pos on
+    tu: int
+    place: str
+    inflated: int = 0  # a CCOB's declared uncompressed size: the work of reading it
+    error: FormatError | None = None  # kind "error": bytes that start no container
+
+
+# Inflating CCOBs is the work; above this many declared bytes in one section, helpers share it.
+PARALLEL_INFLATE_BYTES = 256 << 20
+
+
 def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection: TargetSelection | None) -> int:
     """Each container in ``.hip_fatbin`` is one translation unit; returns how many were read.
 
+    First the containers are located from their headers alone (a CCOB's header gives its size);
+    then each is read, CCOBs in forked helpers as well as here when there is much to inflate (each
+    stream is one zstd frame, so one stream cannot be split, but bundles can). Results are merged
+    in file order, and the first container that fails ends the list, as a sequential walk would."""
+    located = _locate_containers(fh, section)
+    items = [c for c in located if c.kind != "error"]
+    weight = sum(c.inflated for c in items)
+    from rocm_audit.tree.forkmap import fork_imap, worker_count
+
+    workers = worker_count(weight, PARALLEL_INFLATE_BYTES) if sum(c.kind == "ccob" for c in items) > 1 else 1
+
+    def read(container: _Container) -> tuple[FileCodeObjects, int, tuple[str, int, str] | None]:
+        partial = FileCodeObjects(result.path, result.sdk_tree, result.file_kind)
+        size = 0
+        try:
+            if container.kind == "offload-bundle":
+                partial.add_container("offload-bundle")
+                size = _bundle_objects(
+                    partial, fh, container.pos, container.available, container.tu, container.place, selection
+                )
+            else:
+                size = _ccob_objects(
+                    partial, fh, container.pos, container.available, container.tu, container.place, selection
+                )
+        except FormatError as exc:  # sent back as data: an exception does not pickle its fields
+            return partial, size, (exc.fmt, exc.offset, exc.reason)
+        return partial, size, None
+
+    answers: dict[int, tuple[FileCodeObjects, int, tuple[str, int, str] | None]] = dict(
+        fork_imap(read, items, [c.inflated for c in items], workers)
+    )
+    tu = 0
+    for number, container in enumerate(items):
+        partial, size, error = answers[number]
+        for name in partial.containers:
+            result.add_container(name)
+        result.code_objects.extend(partial.code_objects)
+        result.findings.extend(partial.findings)
+        if error is not None:
+            _malformed(result, FormatError(*error), container.place)
+            return tu + 1
+        result.bundles.append((container.pos, size, container.kind))
+        tu += 1
+    if located and located[-1].error is not None:
+        _malformed(result, located[-1].error, located[-1].place)
+    return tu
+
+
+def _locate_containers(fh: _File, section: Section) -> list[_Container]:
+    """The containers of ``.hip_fatbin`` from their headers, in file order.
+
     Containers follow each other directly (LLVM's CCOB search) or at the next 4 KiB boundary of
-    the section (each TU's section is 4096-aligned); zero padding between them is skipped.
-    """
+    the section (each TU's section is 4096-aligned); zero padding between them is skipped. A
+    container that cannot be located ends the list as an ``error`` entry."""
     start, end = section.offset, section.offset + section.size
     align = offload_bundle.BUNDLE_ALIGN
     pos = start
-    tu = 0
+    found: list[_Container] = []
     while pos < end:
         head = fh.read(pos, min(32, end - pos))
         place = f".hip_fatbin+{pos - start:#x}"
@@ -515,32 +587,36 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection
             pos += gap
             continue
         if not is_container and not head.strip(b"\0"):
-            found = _first_nonzero(fh, pos, end)
-            if found >= end:
+            first = _first_nonzero(fh, pos, end)
+            if first >= end:
                 break
             # Skip the padding to the boundary before the first data byte; a container that does
             # not start on a boundary is reported as unexpected bytes below.
-            pos = max(pos, start + (found - start) // align * align)
+            pos = max(pos, start + (first - start) // align * align)
             if not fh.read(pos, min(32, end - pos)).strip(b"\0"):
-                pos = found
+                pos = first
             continue
+        tu = len(found)
         try:
             if head.startswith(offload_bundle.BUNDLE_MAGIC):
-                result.add_container("offload-bundle")
-                size = _bundle_objects(result, fh, pos, end - pos, tu, place, selection)
-                result.bundles.append((pos, size, "offload-bundle"))
+                size = _read_bundle_table(fh.reader(pos, end - pos), pos, end - pos).end
+                found.append(_Container("offload-bundle", pos, end - pos, tu, place))
             elif head.startswith(ccob.CCOB_MAGIC):
-                size = _ccob_objects(result, fh, pos, end - pos, tu, place, selection)
-                result.bundles.append((pos, size, "ccob"))
+                header, size = _ccob_extent(fh, pos, end - pos)
+                found.append(_Container("ccob", pos, end - pos, tu, place, inflated=header.uncompressed_size))
             else:
                 reason = f"no bundle or CCOB magic at section offset {pos - start:#x}"
                 raise FormatError(".hip_fatbin", pos, reason)
         except FormatError as exc:
-            _malformed(result, exc, place)
-            return tu + 1 if is_container else tu
-        tu += 1
+            if is_container:
+                # Its own reader meets the same error when the containers are read, in order.
+                kind = "offload-bundle" if head.startswith(offload_bundle.BUNDLE_MAGIC) else "ccob"
+                found.append(_Container(kind, pos, end - pos, tu, place))
+            else:
+                found.append(_Container("error", pos, end - pos, tu, place, error=exc))
+            break
         pos += max(size, 1)
-    return tu
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
