@@ -17,6 +17,8 @@ class CommandOutcome:
     sections: dict[str, Any] = field(default_factory=dict)
     # Set by commands whose own contract decides failure (dedup --check: "anything would change").
     force_failure: bool = False
+    # False for a preview (dedup --dry-run): it reports what is wrong, and exits 0 whatever it found.
+    findings_decide_exit: bool = True
     # One human line for stderr when the report itself goes to a file or is JSON.
     summary: str | None = None
     # Findings an ignore in the policy removed, with the reason (filled in by the CLI).
@@ -28,4 +30,6 @@ class CommandOutcome:
     def exit_code(self, fail_on: Severity) -> int:
         if self.force_failure:
             return 1
+        if not self.findings_decide_exit:
+            return 0
         return 1 if any(f.severity >= fail_on for f in self.findings) else 0

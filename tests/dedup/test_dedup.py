@@ -674,7 +674,7 @@ def test_bytes_changed_after_the_comparison_are_caught_by_the_ctime_before_the_r
     victim.write_bytes(bytes(data))
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(dedup_link.Skip) as skipped:
-        dedup_link.replace_with_symlink(group, planned, before)
+        dedup_link.replace_with_link(group, planned, before)
     assert skipped.value.rule == "DUP003" and "ctime" in skipped.value.message
     assert victim.read_bytes() == bytes(data) and not os.path.islink(victim)
     assert not [p for p in os.listdir(victim.parent) if p.startswith(TEMP_PREFIX)]  # link removed
@@ -691,7 +691,7 @@ def test_with_helpers_no_change_is_made_before_the_whole_dt_needed_snapshot_is_i
             made.append(self)
 
     complete_at_each_link: list[bool] = []
-    replace = dedup_apply.replace_with_symlink
+    replace = dedup_apply.replace_with_link
 
     def checked_link(group, planned, before):
         complete_at_each_link.append(set(made[0].snapshot) == set(made[0].snapshot_paths))
@@ -705,7 +705,7 @@ def test_with_helpers_no_change_is_made_before_the_whole_dt_needed_snapshot_is_i
         return verify_applied(plan, before, findings)
 
     monkeypatch.setattr(dedup_apply, "BeforeChanges", Recorded)
-    monkeypatch.setattr(dedup_apply, "replace_with_symlink", checked_link)
+    monkeypatch.setattr(dedup_apply, "replace_with_link", checked_link)
     monkeypatch.setattr(dedup_apply, "verify_applied", recording_verify)
     monkeypatch.setattr(tuning, "SNAPSHOT_SHARE", 2)  # several shares
     monkeypatch.setattr(tuning, "PARALLEL_MIN_BYTES", 0)

@@ -16,7 +16,7 @@ from rocm_audit.dedup.link import (
     Skip,
     compare_piece,
     look_before,
-    replace_with_symlink,
+    replace_with_link,
 )
 from rocm_audit.dedup.manifest import default_manifest_path, journal_changes
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan, PlannedLink, regroup_differing
@@ -144,7 +144,7 @@ def _apply_groups(
                 raise Skip("DUP003", "bytes differ from the keeper at apply time")
             if problem is not None:
                 raise Skip("DUP005", problem)
-            replace_with_symlink(group, planned, before)
+            replace_with_link(group, planned, before)
         except Skip as skip:
             _record_skip(group, planned, skip, result, findings)
             return

@@ -88,33 +88,53 @@ def compare_piece(piece: PairPiece, stats: CompareStats) -> tuple[str | None, in
     return (None if same else DIFFERS), stats.bytes_read - before
 
 
-def replace_with_symlink(group: DedupGroup, planned: PlannedLink, before: PairBefore) -> None:
-    """Make the symlink under a temporary name beside the duplicate and, after a last look, rename
-    it over the duplicate. Raises Skip."""
+def replace_with_link(group: DedupGroup, planned: PlannedLink, before: PairBefore) -> None:
+    """Make the link (``planned.make``: the relative symlink, or a hardlink of the keeper) under a
+    temporary name beside the duplicate and, after a last look, rename it over the duplicate.
+    Raises Skip."""
     keeper, victim = group.keeper, planned.record
     directory = os.path.dirname(victim.path)
-    try:
-        resolved = os.stat(os.path.join(directory, planned.link_text))
-    except OSError:
-        raise Skip("DUP005", f"link text {planned.link_text!r} would not resolve") from None
-    if (resolved.st_dev, resolved.st_ino) != keeper.identity:
-        raise Skip("DUP005", f"link text {planned.link_text!r} would not resolve to the keeper")
+    hard = planned.make == "hardlink"
+    if not hard:
+        try:
+            resolved = os.stat(os.path.join(directory, planned.link_text))
+        except OSError:
+            raise Skip("DUP005", f"link text {planned.link_text!r} would not resolve") from None
+        if (resolved.st_dev, resolved.st_ino) != keeper.identity:
+            raise Skip("DUP005", f"link text {planned.link_text!r} would not resolve to the keeper")
     temp_path = os.path.join(directory, f"{TEMP_PREFIX}{os.urandom(6).hex()}")
-    try:
-        os.symlink(planned.link_text, temp_path)
-    except OSError as exc:
-        raise Skip("DUP005", f"cannot create a link in {directory}: {exc.strerror}") from None
-    try:
-        # Last look right before the rename: the window left is one syscall wide.
+
+    def last_look() -> None:
         victim_now, keeper_now = os.lstat(victim.path), os.lstat(keeper.path)
         if not same_snapshot(victim_now, victim) or not same_snapshot(keeper_now, keeper):
             raise Skip("DUP003", "the file changed during the comparison")
-        if before.victim_ctime_ns not in (None, victim_now.st_ctime_ns) or before.keeper_ctime_ns not in (
-            None,
-            keeper_now.st_ctime_ns,
-        ):
+        # The keeper's ctime is as it was before the comparison, or as this run's last hardlink of it left it.
+        keeper_unmoved = before.keeper_ctime_ns is None or keeper_now.st_ctime_ns in (
+            before.keeper_ctime_ns,
+            group.keeper_ctime_ns_ours,
+        )
+        if before.victim_ctime_ns not in (None, victim_now.st_ctime_ns) or not keeper_unmoved:
             raise Skip("DUP003", "the file changed after the comparison (its ctime moved)")
+
+    if hard:
+        # A hardlink moves the keeper's ctime itself: its last look comes just before the link.
+        try:
+            last_look()
+        except OSError as exc:
+            raise Skip("DUP003", f"cannot look at the pair again: {exc.strerror}") from None
+    try:
+        if hard:
+            os.link(keeper.path, temp_path, follow_symlinks=False)
+        else:
+            os.symlink(planned.link_text, temp_path)
+    except OSError as exc:
+        raise Skip("DUP005", f"cannot create a link in {directory}: {exc.strerror}") from None
+    try:
+        if not hard:
+            last_look()  # right before the rename: the window left is one syscall wide
         os.replace(temp_path, victim.path)
+        if hard:
+            group.keeper_ctime_ns_ours = os.lstat(keeper.path).st_ctime_ns
     except OSError as exc:
         unlink_quietly(temp_path)
         raise Skip("DUP005", f"cannot rename the link into place: {exc.strerror}") from None

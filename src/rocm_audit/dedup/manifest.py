@@ -55,6 +55,7 @@ def journal_changes(manifest_path: str, groups: list[DedupGroup], run_id: str, *
                         "keeper": keeper.path,
                         "link_text": planned.link_text,
                         "hardlink": planned.hardlink,
+                        "made": planned.make,
                         "mode": stat.S_IMODE(victim.mode),
                         "uid": victim.uid,
                         "gid": victim.gid,
@@ -104,6 +105,8 @@ def read_manifest(path: str) -> list[dict[str, Any]]:
                     or isinstance(entry.get("mode"), bool)
                 ):
                     raise UsageError(f"{path}:{number}: manifest entry lacks path/keeper/link_text/mode")
+                if entry.get("made", "symlink") not in ("symlink", "hardlink"):
+                    raise UsageError(f"{path}:{number}: manifest field made must be symlink or hardlink")
                 for key in (
                     "uid",
                     "gid",

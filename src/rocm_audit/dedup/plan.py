@@ -26,9 +26,11 @@ from rocm_audit.tree.identical import (
     middle_pieces,
     partition_identical,
     refine,
+    same_bytes,
 )
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, ListedFile, classify
 from rocm_audit.tree.keeper import KeeperRule
+from rocm_audit.tree.ownership import Ownership, sibling_trees, tree_relpath
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +38,20 @@ class PlannedLink:
     record: FileRecord  # the duplicate as the plan saw it
     link_text: str  # relative symlink text, as `ln -sr` would write it
     hardlink: bool  # shares the keeper's inode
+    # What replaces the duplicate: "symlink" (link_text), or "hardlink" of the keeper for what TheRock
+    # links itself (its device reconcile re-hardlinks a symlink; mirrored data files and executables,
+    # which find their siblings through /proc/self/exe, must stay regular files).
+    make: str = "symlink"
 
 
 @dataclass(slots=True)
 class DedupGroup:
     keeper: FileRecord
     duplicates: list[PlannedLink]
-    reason: str  # "identical-content" or "hardlink"
+    reason: str  # "identical-content", "hardlink", or "mirrored" (a devel file split from its runtime twin)
     status: dict[str, str] = field(default_factory=dict)  # duplicate path -> planned/replaced/...
+    # The keeper's st_ctime_ns after this run hardlinked it (a link moves it): the last look expects it.
+    keeper_ctime_ns_ours: int | None = None
 
     @property
     def size(self) -> int:
@@ -61,6 +69,9 @@ class DedupPlan:
     findings: list[Finding]
     stats: CompareStats
     exact: bool = True  # False: members agree on size, head and tail; apply_plan compares the rest
+    ownership: Ownership = field(default_factory=lambda: Ownership({}, {}))
+    # Expansions that already share their runtime file's inode, as rocm-sdk made them: (keeper, paths).
+    intact: list[tuple[str, list[str]]] = field(default_factory=list)
 
 
 def relative_link_text(
@@ -115,8 +126,15 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
     # kind None: not opened yet (dedup's own inventory); the comparison classifies those.
     candidates = [r for r in inventory.files if r.sdk_tree is not None and (r.kind is None or r.kind in kinds)]
     paths_by_inode = _paths_by_inode(candidates)
+    ownership = Ownership.of_trees(inventory.sdk_trees)
+    intact: list[tuple[str, list[str]]] = []
     with keeping_open():  # a file compared in pieces is opened once, by all processes together
-        groups = _groups_among(paths_by_inode, inventory, findings, stats, exact=exact, kinds=kinds)
+        groups = _groups_among(
+            paths_by_inode, inventory, findings, stats, exact=exact, kinds=kinds, ownership=ownership, intact=intact
+        )
+        classed = {p for g in groups for p in (g.keeper.path, *(d.record.path for d in g.duplicates))}
+        classed.update(p for _, paths in intact for p in paths)
+        groups += _mirrored_groups(inventory, ownership, classed, stats, findings, intact)
     for records in paths_by_inode.values():
         if records[0].nlink > len(records):
             findings.append(
@@ -128,7 +146,8 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
                 )
             )
     groups.sort(key=lambda g: g.keeper.path)
-    return DedupPlan(inventory, groups, findings, stats, exact)
+    intact.sort()
+    return DedupPlan(inventory, groups, findings, stats, exact, ownership, intact)
 
 
 @dataclass(slots=True)
@@ -166,9 +185,12 @@ def _groups_among(
     *,
     exact: bool,
     kinds: set[FileKind] | None,
+    ownership: Ownership,
+    intact: list[tuple[str, list[str]]],
 ) -> list[DedupGroup]:
     """Groups of identical inodes (and of paths of one inode), each with its keeper chosen.
-    ``kinds``: classify the files the inventory did not open, and keep only these kinds."""
+    ``kinds``: classify the files the inventory did not open, and keep only these kinds.
+    Expansions already on their keeper's inode go to ``intact``, not into a group."""
     # Size buckets of distinct inodes; never read anything for a singleton (peers.md 1).
     inodes_by_size: dict[tuple[str, int, int], list[FileRecord]] = defaultdict(list)
     for records in paths_by_inode.values():
@@ -225,6 +247,8 @@ def _groups_among(
                 inventory,
                 keeper_rule,
                 found_by_bucket[bucket_number],
+                ownership,
+                intact,
                 realdir,
                 reldir,
             )
@@ -292,7 +316,7 @@ def _groups_among(
     # A single inode with several paths in the trees is a hardlink group on its own.
     for key, records in paths_by_inode.items():
         if key not in grouped and len(records) > 1:
-            made = _group_from(records, inventory, keeper_rule, findings, realdir, reldir)
+            made = _group_from(records, inventory, keeper_rule, findings, ownership, intact, realdir, reldir)
             if made is not None:
                 groups.append(made)
     return groups
@@ -303,17 +327,51 @@ def _group_from(
     inventory: Inventory,
     keeper_rule: KeeperRule,
     findings: list[Finding],
+    ownership: Ownership,
+    intact: list[tuple[str, list[str]]],
     realdir: Callable[[str], str] = os.path.realpath,
     reldir: Callable[[str, str], str] = os.path.relpath,
 ) -> DedupGroup | None:
+    """The group of byte-identical ``records`` (None when nothing may change). Ownership first
+    (tree/ownership.py): the keeper is a copy a wheel installed when there is one; a copy another
+    distribution installed stays its own (DUP010), and an expansion already on the keeper's inode
+    is left as rocm-sdk made it."""
+    owner = {r.path: ownership.owner(r.path) for r in records}
     soname = None
-    if keeper_rule.needs_soname([r.sdk_tree for r in records]):
+    if keeper_rule.needs_soname([r.sdk_tree for r in records], [owner[r.path] is not None for r in records]):
         try:
             soname = inventory.dynamic(records[0]).soname
         except (OSError, Exception) as exc:  # noqa: BLE001 - a malformed dynamic section only loses the SONAME tie-break
             findings.append(make_finding("SCAN002", records[0].path, f"cannot read the dynamic section: {exc}"))
-    ordered = sorted(records, key=lambda r: keeper_rule.sort_key(r.path, r.sdk_tree, soname))
+    ordered = sorted(
+        records, key=lambda r: keeper_rule.sort_key(r.path, r.sdk_tree, soname, owned=owner[r.path] is not None)
+    )
     keeper = ordered[0]
+    keeper_owner = owner[keeper.path]
+    foreign = [r for r in ordered[1:] if owner[r.path] not in (None, keeper_owner)]
+    if foreign:
+        split = [r for r in foreign if r.identity != keeper.identity]
+        if split:
+            findings.append(
+                make_finding(
+                    "DUP010",
+                    keeper.path,
+                    f"{len(split)} copy(ies) of these bytes installed by another distribution "
+                    f"({', '.join(sorted({owner[r.path] or '' for r in split}))}); each owns its copy, none is linked",
+                    related=[r.path for r in split],
+                    data={"owner": keeper_owner, "others": sorted({owner[r.path] or "" for r in split})},
+                )
+            )
+    settled = [
+        r
+        for r in ordered[1:]
+        if keeper_owner is not None and r.identity == keeper.identity and ownership.is_expansion(r.path)
+    ]
+    if settled:
+        intact.append((keeper.path, [r.path for r in settled]))
+    changeable = [r for r in ordered[1:] if r not in foreign and r not in settled]
+    if not changeable:
+        return None
     # records are regular files (lstat), so realpath(file) == realpath(its directory) + its name
     keeper_real = os.path.join(realdir(os.path.dirname(keeper.path)), os.path.basename(keeper.path))
     if not _inside(keeper_real, keeper.root):
@@ -327,9 +385,10 @@ def _group_from(
         )
         return None
     duplicates = []
-    for record in ordered[1:]:
+    for record in changeable:
         link_text = relative_link_text(keeper_real, record.path, realdir, reldir)
-        duplicates.append(PlannedLink(record, link_text, hardlink=record.identity == keeper.identity))
+        make = "hardlink" if ownership.is_device_link(record.path) else "symlink"
+        duplicates.append(PlannedLink(record, link_text, hardlink=record.identity == keeper.identity, make=make))
         if stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode) or (record.uid, record.gid) != (
             keeper.uid,
             keeper.gid,
@@ -361,6 +420,73 @@ def regroup_differing(
     paths_by_inode = _paths_by_inode([d.record for d in different])
     # Classified again: equal heads do not make equal dynamic sections (a PIE tells itself apart there).
     kinds = {FileKind(k) for k in policy("dedup").get("kinds", ["shared-library"])}
-    regrouped = _groups_among(paths_by_inode, plan.inventory, findings, plan.stats, exact=True, kinds=kinds)
+    regrouped = _groups_among(
+        paths_by_inode,
+        plan.inventory,
+        findings,
+        plan.stats,
+        exact=True,
+        kinds=kinds,
+        ownership=plan.ownership,
+        intact=plan.intact,
+    )
     plan.groups.extend(regrouped)
     return regrouped
+
+
+# What TheRock never mirrors into devel (rocm_sdk/tests/devel_test.py skips them too).
+_NOT_MIRRORED = ("__init__.py", ".devel_reconcile.lock")
+
+
+def _mirrored_groups(
+    inventory: Inventory,
+    ownership: Ownership,
+    classed: set[str],
+    stats: CompareStats,
+    findings: list[Finding],
+    intact: list[tuple[str, list[str]]],
+) -> list[DedupGroup]:
+    """Files TheRock links from an expansion (devel) to the runtime file of the same path inside a
+    sibling tree (kernel DBs, ``.kpack``/``.kpm``, Tensile files, executables, headers): when a copy
+    split them and the bytes are still equal, the plan restores TheRock's hardlink. Shared libraries
+    that the content groups already judged are left to them."""
+    by_path = {r.path: r for r in inventory.files}
+    realdir = functools.lru_cache(maxsize=None)(os.path.realpath)
+    groups: dict[str, DedupGroup] = {}
+    for record in inventory.files:
+        if record.sdk_tree is None or record.path in classed or not ownership.is_expansion(record.path):
+            continue
+        relpath = tree_relpath(record.path, record.sdk_tree)
+        if relpath in _NOT_MIRRORED or "__pycache__" in relpath.split(os.sep):
+            continue
+        for sibling in sibling_trees(record.sdk_tree, inventory.sdk_trees):
+            twin = by_path.get(os.path.join(sibling, relpath))
+            if twin is None or ownership.owner(twin.path) is None:
+                continue
+            if twin.identity == record.identity:
+                intact.append((twin.path, [record.path]))
+            elif twin.size == record.size and twin.dev == record.dev:
+                try:
+                    equal = same_bytes(twin.path, record.path, twin.size, stats)
+                except ReadFailure as failure:
+                    findings.append(make_finding("SCAN001", failure.path, f"cannot read: {failure.error.strerror}"))
+                    break
+                if equal:
+                    keeper_real = os.path.join(realdir(os.path.dirname(twin.path)), os.path.basename(twin.path))
+                    planned = PlannedLink(
+                        record, relative_link_text(keeper_real, record.path, realdir), hardlink=False, make="hardlink"
+                    )
+                    group = groups.setdefault(twin.path, DedupGroup(twin, [], "mirrored"))
+                    group.duplicates.append(planned)
+                    group.status[record.path] = "planned"
+            elif twin.size == record.size:
+                findings.append(
+                    make_finding(
+                        "DUP012",
+                        record.path,
+                        "split from the runtime file TheRock links it to, on another filesystem: cannot be hardlinked",
+                        related=[twin.path],
+                    )
+                )
+            break
+    return list(groups.values())

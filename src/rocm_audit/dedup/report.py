@@ -17,6 +17,7 @@ def _group_json(group: DedupGroup) -> dict[str, Any]:
                 "path": d.record.path,
                 "link_text": d.link_text,
                 "hardlink": d.hardlink,
+                "made": d.make,
                 "status": group.status[d.record.path],
             }
             for d in group.duplicates
@@ -33,10 +34,13 @@ def shell_preview(groups: list[DedupGroup]) -> list[str]:
     lines = []
     for group in groups:
         for d in group.duplicates:
-            lines.append(
-                f"cmp -s -- {shlex.quote(group.keeper.path)} {shlex.quote(d.record.path)} && "
-                f"ln -sfn -- {shlex.quote(d.link_text)} {shlex.quote(d.record.path)}"
+            keeper, path = shlex.quote(group.keeper.path), shlex.quote(d.record.path)
+            link = (
+                f"ln -fn -- {keeper} {path}"
+                if d.make == "hardlink"
+                else f"ln -sfn -- {shlex.quote(d.link_text)} {path}"
             )
+            lines.append(f"cmp -s -- {keeper} {path} && {link}")
     return lines
 
 
@@ -60,6 +64,7 @@ def dedup_section(plan: DedupPlan, mode: str, result: ApplyResult, elapsed_s: fl
         "manifest": result.manifest,
         "verified": result.verified,
         "shell_preview": shell_preview(plan.groups) if mode == "dry-run" else [],
+        "intact_links": [{"keeper": keeper, "paths": paths} for keeper, paths in plan.intact],
         "files_scanned": len(plan.inventory.files),
         "bytes_compared": plan.stats.bytes_read,
         "elapsed_s": round(elapsed_s, 3),
@@ -67,9 +72,22 @@ def dedup_section(plan: DedupPlan, mode: str, result: ApplyResult, elapsed_s: fl
 
 
 def check_mode_findings(plan: DedupPlan) -> list[Finding]:
-    """DUP001/DUP002 for every group a plain run would change (what --check and `check` report)."""
+    """DUP001/DUP002/DUP011 for every group a plain run would change (what --check, --dry-run and
+    `check` report). Expansions on their runtime file's inode (plan.intact) are TheRock's own links
+    and no finding: a fresh install passes."""
     findings = []
     for group in plan.groups:
+        if group.reason == "mirrored":
+            findings.append(
+                make_finding(
+                    "DUP011",
+                    group.keeper.path,
+                    f"{len(group.duplicates)} path(s) TheRock links to this file hold a separate copy of it",
+                    related=[d.record.path for d in group.duplicates],
+                    data={"size": group.size},
+                )
+            )
+            continue
         rule = "DUP002" if group.reason == "hardlink" else "DUP001"
         findings.append(
             make_finding(

@@ -17,15 +17,22 @@ _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]{12}")
 
 
 def _restore_one(entry: dict[str, Any]) -> str:
-    """Turn one manifest link back into a regular file. Returns "restored" or "original". Raises Skip."""
+    """Turn one manifest link back into a regular file. Returns "restored", "original", or
+    "relinked" (rocm-sdk hardlinked the path to the keeper since: left as rocm-sdk made it). Raises Skip."""
     path, keeper_path = entry["path"], entry["keeper"]
     try:
         now = os.lstat(path)
     except FileNotFoundError:
         raise Skip("DUP007", "path is missing") from None
-    if stat.S_ISREG(now.st_mode):
+    on_keeper_inode = (now.st_dev, now.st_ino) == (entry.get("keeper_dev"), entry.get("keeper_ino"))
+    if stat.S_ISREG(now.st_mode) and not (on_keeper_inode and entry.get("made") == "hardlink"):
+        if on_keeper_inode and not entry.get("hardlink"):
+            # TheRock's device reconcile (rocm-sdk init/path/test) replaces a symlink by a hardlink.
+            return "relinked"
         return "original"  # never replaced, or already reverted
-    if not stat.S_ISLNK(now.st_mode) or os.readlink(path) != entry["link_text"]:
+    if stat.S_ISREG(now.st_mode):
+        pass  # the hardlink this run's dedup made
+    elif not stat.S_ISLNK(now.st_mode) or os.readlink(path) != entry["link_text"]:
         raise Skip("DUP007", "path is no longer the link rocm-audit made")
     try:
         keeper_now = os.stat(keeper_path)
@@ -101,6 +108,7 @@ def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
     """Undo the replacements recorded in the manifests, newest first."""
     findings: list[Finding] = []
     restored: list[str] = []
+    relinked: list[str] = []
     already = failed = 0
     entries = [e for path in manifest_paths for e in read_manifest(path)]
     # A run killed between creating a temporary name and renaming it leaves it behind.
@@ -114,11 +122,15 @@ def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
             continue
         if outcome == "restored":
             restored.append(entry["path"])
+        elif outcome == "relinked":
+            relinked.append(entry["path"])
         else:
             already += 1
     summary = (
         f"dedup --revert: {len(restored)} file(s) restored, {already} already original, {failed} could not be restored"
     )
+    if relinked:
+        summary += f", {len(relinked)} left as rocm-sdk re-linked them (hardlinks of the keeper, as TheRock makes them)"
     return CommandOutcome(
         command="dedup",
         findings=findings,
@@ -128,6 +140,7 @@ def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
                 "manifests": [os.path.abspath(p) for p in manifest_paths],
                 "restored": sorted(restored),
                 "already_original": already,
+                "relinked_by_rocm_sdk": sorted(relinked),
                 "failed": failed,
             }
         },

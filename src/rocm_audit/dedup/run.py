@@ -38,7 +38,7 @@ def run_dedup(
     if mode == "apply":
         result = apply_plan(plan, manifest_path, findings)
         findings = [f for f in findings if not (f.rule == "SCAN004" and not os.path.lexists(f.path))]
-    elif mode == "check":
+    else:  # what a plain run would change; a dry run says it too, never "0 error(s)" on a split tree
         findings.extend(check_mode_findings(plan))
     planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)
     elapsed = time.monotonic() - started
@@ -47,10 +47,13 @@ def run_dedup(
     verb = {"apply": "replaced", "dry-run": "to be replaced", "check": "to be replaced"}[mode]
     freed = result.bytes_freed if mode == "apply" else planned_freed
     summary = (
-        f"dedup ({mode}): {len(plan.groups)} group(s), {replaced_or_planned} file(s) {verb} by symlinks, "
+        f"dedup ({mode}): {len(plan.groups)} group(s), {replaced_or_planned} file(s) {verb} by links, "
         f"{human_bytes(freed)} {'freed' if mode == 'apply' else 'to free'}, "
         f"{len(inventory.files)} files scanned in {elapsed:.2f} s"
     )
+    if plan.intact:
+        settled = sum(len(paths) for _, paths in plan.intact)
+        summary += f"; {settled} path(s) already on their runtime file's inode, left as rocm-sdk made them"
     if not inventory.sdk_trees:
         summary = f"dedup: no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}"
     return CommandOutcome(
@@ -59,5 +62,6 @@ def run_dedup(
         inputs=[r.path for r in roots],
         sections=sections,
         force_failure=(mode == "check" and bool(plan.groups)),
+        findings_decide_exit=mode != "dry-run",
         summary=summary,
     )

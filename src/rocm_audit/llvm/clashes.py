@@ -37,11 +37,12 @@ from rocm_audit.llvm.probes import (
 )
 from rocm_audit.llvm.roles import ClFacts, Role, classify
 from rocm_audit.outcome import CommandOutcome
-from rocm_audit.tree.discovery import resolve_roots
+from rocm_audit.tree.discovery import is_tree_of, resolve_roots
 from rocm_audit.tree.identical import Candidate, CompareStats, ReadFailure, partition_identical
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory, read_dynamic_info
 from rocm_audit.tree.keeper import KeeperRule
 from rocm_audit.tree.loader import LoaderModel
+from rocm_audit.tree.ownership import Ownership
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ ROCM_SDK_PRELOADS = ("amd_comgr", "amdhip64", "hiprtc", "rocm_kpack")
 def rocm_sdk_preloads(sdk_trees: Iterable[str]) -> list[str]:
     """The file rocm_sdk.find_libraries picks for each preload: the first sorted lib/lib<name>.so*
     match in a _rocm_sdk_core tree."""
-    cores = sorted(tree for tree in sdk_trees if os.path.basename(tree) == "_rocm_sdk_core")
+    cores = sorted(tree for tree in sdk_trees if is_tree_of(os.path.basename(tree), "core"))
     found = []
     for short in ROCM_SDK_PRELOADS:
         for core in cores:
@@ -355,6 +356,7 @@ def _duplicate_clashes(
 ) -> tuple[list[Clash], dict[tuple[int, int], int]]:
     """Clash kind 1, plus the group number of every exporter/registrant inode."""
     records = {r.path: r for r in inventory.files}
+    ownership = Ownership.of_trees(inventory.sdk_trees)  # the keeper dedup keeps: a wheel's own copy first
     paths_by_identity: dict[tuple[int, int], list[str]] = {}
     for record in inventory.by_kind(FileKind.SHARED_LIBRARY):
         if facts.of(record.path, record.identity).llvm_role:
@@ -421,7 +423,9 @@ def _duplicate_clashes(
             preloaded=(ordered[0] in preloaded, ordered[1] in preloaded),
         )
         registrant = first_facts.role is Role.REGISTRANT
-        keeper = keeper_rule.choose(paths, lambda p: records[p].sdk_tree if p in records else None, first_facts.soname)
+        keeper = keeper_rule.choose(
+            paths, lambda p: records[p].sdk_tree if p in records else None, first_facts.soname, ownership.is_owned
+        )
         others = ", ".join(p for p in paths if p != keeper)
         if same_bytes:
             fix = (

@@ -5,8 +5,11 @@ formats.md 3.4. Roles:
 - **exporter**: ``.dynsym`` defines a strong, default- or protected-visibility ``llvm::cl``
   symbol (``_ZN4llvm2cl*`` or ``_ZTVN4llvm2cl*``) and does not import ``addArgument``: another
   object can bind to its registry.
-- **registrant**: imports ``llvm::cl::Option::addArgument()`` and has initialisers, so its static
-  ``cl::opt``s register into whichever LLVM it binds to (whatever else it defines).
+- **registrant**: imports ``llvm::cl::Option::addArgument()``, or the ``done()`` of a ``cl::opt``
+  instantiation libLLVM exports (``opt<bool>``, ``opt<int>`` ..., whose ``done()`` calls
+  ``addArgument`` inside libLLVM: what a small comgr compiled against LLVM 15 imports), and has
+  initialisers, so its static ``cl::opt``s register into whichever LLVM it binds to (whatever
+  else it defines).
 - **private copy**: ``.rodata`` holds CommandLine.cpp's messages, nothing above does: a hidden
   registry.
 - **none**: everything else.
@@ -43,6 +46,14 @@ WINDOW_BYTES = 1 << 20
 # copies of cl::apply, OptionValue<T> and parser<T> vtables (libclang-cpp-15 exports seven such
 # and owns no registry).
 ADD_ARGUMENT = "_ZN4llvm2cl6Option11addArgumentEv"  # llvm::cl::Option::addArgument()
+# llvm::cl::opt<T, ...>::done(): registers the option (calls addArgument) where it is defined.
+OPT_PREFIX, DONE_SUFFIX = "_ZN4llvm2cl3optI", "E4doneEv"
+
+
+def _is_opt_done(name: str) -> bool:
+    return name.startswith(OPT_PREFIX) and name.endswith(DONE_SUFFIX)
+
+
 TOP_LEVEL_SUBCOMMAND = "_ZN4llvm2cl18TopLevelSubCommandE"  # data, LLVM <= 16
 CL_PREFIXES = (b"_ZN4llvm2cl", b"_ZTVN4llvm2cl")
 # formats.md 3.1: CommandLine.cpp literals; present only where the registry itself is compiled in.
@@ -315,6 +326,8 @@ def _classify_view(path: str, view: _ElfView, dynamic: elfread.DynamicInfo) -> C
     symbols = _cl_symbols(view)
     exported = [s for s in symbols if s.exported]
     add_argument_import = next((s for s in symbols if s.name == ADD_ARGUMENT and not s.defined), None)
+    if add_argument_import is None:
+        add_argument_import = next((s for s in symbols if not s.defined and _is_opt_done(s.name)), None)
     has_initialisers = _has_initialisers(view)
     version_node: str | None = None
     interposable: bool | None = None

@@ -19,6 +19,13 @@ def is_sdk_tree_name(name: str) -> bool:
     return name.startswith(SDK_TREE_PREFIX) and len(name) > len(SDK_TREE_PREFIX)
 
 
+def is_tree_of(name: str, logical: str) -> bool:
+    """``_rocm_sdk_<logical>`` (core, devel ...), also renamed by TheRock's version nonce
+    (``PY_PACKAGE_SUFFIX_NONCE``: ``_rocm_sdk_core_r7130``; rocm_sdk/_dist_info.py get_py_package_name)."""
+    base = SDK_TREE_PREFIX + logical
+    return name == base or name.startswith(base + "_")
+
+
 @dataclass(frozen=True, slots=True)
 class AuditRoot:
     """One audited path. ``path`` is absolute and resolved; links inside are never followed out of it.

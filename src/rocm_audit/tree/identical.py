@@ -217,6 +217,11 @@ def partition_identical(
     digested = all(c.head_digest is not None for c in candidates) and head_filter is None
     if not digested and len(candidates) > MAX_LOCKSTEP_MEMBERS:
         candidates = _with_head_digests(candidates, stats, failures)
+    elif any(c.head_digest is None for c in candidates):
+        # The inventory read the heads of some members only (hardlinked ones): a digest on one side
+        # and none on the other says nothing, so every head is compared (TheRock's multi-link devel
+        # aliases against a single-link runtime copy).
+        candidates = [Candidate(c.path, c.size, None) for c in candidates]
     by_head: dict[bytes | None, list[Candidate]] = {}
     for one in candidates:
         by_head.setdefault(one.head_digest, []).append(one)

@@ -1,0 +1,104 @@
+"""Who owns a file of an SDK tree, from the RECORD files of the distributions installed beside it.
+
+A RECORD row with a hash is content pip installed from that distribution's wheel: the distribution
+owns it, `pip uninstall` removes it, and `pip install --force-reinstall` writes it again. A row
+without a hash (``path,,``) is a file the distribution's code created after install: TheRock's
+``rocm-sdk init`` appends one for every member of the devel tarball it expands, and its device
+reconcile one for every device file it hardlinks into devel (rocm_sdk/_devel.py
+``_expand_devel_contents``, ``_reconcile_device_links``). Those are expansions of runtime content,
+which a link to the runtime copy may replace. Files in no RECORD are unknown to pip.
+
+Why it matters (TheRock issue 15 of this project): replacing a file one distribution owns by a link
+into another distribution leaves a dangling link when the other is uninstalled, and a reinstall
+writes a regular file over the link again.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rocm_audit.tree.discovery import is_sdk_tree_name
+
+DEVICE_DISTRIBUTION_PREFIX = "rocm_sdk_device"  # rocm-sdk-device-<arch>, normalised as in dist-info names
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRow:
+    distribution: str  # normalised name, as in ``<name>-<version>.dist-info``
+    hashed: bool  # installed from the wheel (owned content); False: created after install (an expansion)
+
+
+@dataclass(slots=True)
+class Ownership:
+    """RECORD rows by absolute path, for the directories holding the audited SDK trees."""
+
+    rows: dict[str, RecordRow]
+    records: dict[str, str]  # distribution -> its RECORD path
+
+    @classmethod
+    def of_trees(cls, sdk_trees: Iterable[str]) -> Ownership:
+        rows: dict[str, RecordRow] = {}
+        records: dict[str, str] = {}
+        for site_dir in sorted({os.path.dirname(tree) for tree in sdk_trees}):
+            try:
+                names = sorted(os.listdir(site_dir))
+            except OSError:
+                continue
+            for name in names:
+                if not name.endswith(".dist-info"):
+                    continue
+                record = os.path.join(site_dir, name, "RECORD")
+                distribution = name[: -len(".dist-info")].split("-", 1)[0].lower()
+                try:
+                    with open(record, encoding="utf-8", newline="") as handle:
+                        lines = list(csv.reader(handle))
+                except (OSError, UnicodeDecodeError, csv.Error):
+                    continue  # an unreadable RECORD owns nothing we can prove
+                records[distribution] = record
+                for line in lines:
+                    if not line or not line[0]:
+                        continue
+                    path = os.path.normpath(os.path.join(site_dir, line[0]))
+                    hashed = len(line) > 1 and bool(line[1])
+                    previous = rows.get(path)
+                    # A hashed row wins: a device wheel's reconcile may also list a file another wheel installed.
+                    if previous is None or (hashed and not previous.hashed):
+                        rows[path] = RecordRow(distribution, hashed)
+        return cls(rows, records)
+
+    def row(self, path: str) -> RecordRow | None:
+        return self.rows.get(path)
+
+    def owner(self, path: str) -> str | None:
+        """The distribution that installed this file from its wheel (a hashed row), else None."""
+        row = self.rows.get(path)
+        return row.distribution if row is not None and row.hashed else None
+
+    def is_owned(self, path: str) -> bool:
+        return self.owner(path) is not None
+
+    def is_expansion(self, path: str) -> bool:
+        """Created after install by a distribution's own code (``rocm-sdk init``, the device reconcile)."""
+        row = self.rows.get(path)
+        return row is not None and not row.hashed
+
+    def is_device_link(self, path: str) -> bool:
+        """A devel path that TheRock's device reconcile hardlinks on every init/path/test."""
+        row = self.rows.get(path)
+        return row is not None and not row.hashed and row.distribution.startswith(DEVICE_DISTRIBUTION_PREFIX)
+
+
+def tree_relpath(path: str, sdk_tree: str) -> str:
+    """The path of a file inside its ``_rocm_sdk_*`` tree (``lib/librocblas.so.5``)."""
+    return os.path.relpath(path, sdk_tree)
+
+
+def sibling_trees(sdk_tree: str, sdk_trees: Iterable[str]) -> list[str]:
+    """The other ``_rocm_sdk_*`` trees in the directory holding ``sdk_tree``."""
+    parent = os.path.dirname(sdk_tree)
+    return sorted(
+        t for t in sdk_trees if t != sdk_tree and os.path.dirname(t) == parent and is_sdk_tree_name(os.path.basename(t))
+    )

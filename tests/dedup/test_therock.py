@@ -1,0 +1,176 @@
+"""`rocm-audit dedup` on a TheRock-faithful install (tests/support/therock): one run fixes every real
+split, `rocm-sdk init/path/test` keep it fixed, a fresh install passes the gate, and ownership from
+RECORD decides what may become a link. Real effects decide: the fixture's real LLVM-15 abort and
+the fixture's `python -m rocm_sdk test` (TheRock's own tests, testLibrariesMirroredIntoDevel included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.therock import SPLIT_KINDS, TheRockInstall, build_therock_install
+
+
+def audit(*args: str) -> tuple[int, dict]:
+    done = subprocess.run(
+        [sys.executable, "-m", "rocm_audit", *args, "--format", "json"], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def rules(report: dict) -> set[str]:
+    return {f["rule"] for f in report["findings"]}
+
+
+def same_bytes_distinct_inodes(install: TheRockInstall) -> list[str]:
+    """Devel files on an inode of their own while a runtime tree holds the same bytes: what one
+    dedup run must leave none of (copies between two runtime files are reported, never linked)."""
+    by_content: dict[bytes, set[tuple[int, int]]] = {}
+    paths: dict[tuple[int, int], list[str]] = {}
+    for tree in sorted(install.site_packages.glob("_rocm_sdk_*")):
+        for path in sorted(tree.rglob("*")):
+            if path.is_symlink() or not path.is_file() or "__pycache__" in path.parts or path.name == "__init__.py":
+                continue
+            if path.name == ".devel_reconcile.lock" or ".devel_links" in path.parts:
+                continue
+            st = path.stat()
+            key = (st.st_dev, st.st_ino)
+            paths.setdefault(key, []).append(str(path))
+            by_content.setdefault(path.read_bytes(), set()).add(key)
+    split = []
+    for inodes in by_content.values():
+        runtime = [i for i in inodes if any("_rocm_sdk_devel" not in p for p in paths[i])]
+        if runtime:
+            split += sorted(p for i in inodes if i not in runtime for p in paths[i])
+    return split
+
+
+def assert_converged(install: TheRockInstall) -> None:
+    sp = str(install.site_packages)
+    code, report = audit("dedup", "--check", "-p", sp)
+    assert code == 0, [(f["rule"], f["path"]) for f in report["findings"]]
+    code, report = audit("check", "-p", sp)
+    assert not rules(report) & {"DUP001", "DUP002", "DUP011", "LLVM001"}, report["findings"]
+    code, report = audit("llvm", "-p", sp)
+    assert "LLVM001" not in rules(report)
+    tested = install.run_rocm_sdk("test")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "testLibrariesMirroredIntoDevel" in tested.stdout + tested.stderr
+    load = install.preload_after_devel_hip()
+    assert load.returncode == 0 and "loaded" in load.stdout, load.stderr
+
+
+@pytest.fixture()
+def install(tmp_path: Path) -> TheRockInstall:
+    return build_therock_install(tmp_path, init=True)
+
+
+def test_a_fresh_install_passes_the_gate_and_its_hardlinks_are_left_as_rocm_sdk_made_them(install):
+    code, report = audit("dedup", "--check", "-p", str(install.site_packages))
+    assert code == 0 and report["dedup"]["groups"] == []
+    intact = {p for entry in report["dedup"]["intact_links"] for p in entry["paths"]}
+    assert str(install.devel / "lib/libamd_comgr.so.3.0.0") in intact
+    assert str(install.devel / ".kpack/blas_lib.kpm") in intact
+    before = {p: os.lstat(p).st_ino for p in intact}
+    code, report = audit("dedup", "-p", str(install.site_packages))
+    assert code == 0 and report["dedup"]["replaced"] == 0
+    assert {p: os.lstat(p).st_ino for p in intact} == before
+    assert_converged(install)
+
+
+@pytest.mark.parametrize("kind", SPLIT_KINDS)
+def test_one_run_fixes_every_split_and_rocm_sdk_keeps_it_fixed(install, kind):
+    install.split(kind)
+    sp = str(install.site_packages)
+    assert same_bytes_distinct_inodes(install)
+    # Before: every command says the tree is split (they agree).
+    check_code, checked = audit("dedup", "--check", "-p", sp)
+    dry_code, dry = audit("dedup", "--dry-run", "-p", sp)
+    _, whole = audit("check", "-p", sp)
+    assert check_code == 1 and dry_code == 0
+    assert rules(dry) & {"DUP001", "DUP011"} and rules(dry) & {"DUP001", "DUP011"} == rules(checked) & {
+        "DUP001",
+        "DUP011",
+    }
+    assert {(f["rule"], f["path"]) for f in whole["findings"] if f["rule"] in ("DUP001", "DUP011")} == {
+        (f["rule"], f["path"]) for f in checked["findings"] if f["rule"] in ("DUP001", "DUP011")
+    }
+    if install.preload_after_devel_hip().returncode == -6:  # the real abort: check and llvm must both say so
+        assert "DUP001" in rules(checked)
+        assert "LLVM001" in rules(audit("llvm", "-p", sp)[1])
+    # One run.
+    code, applied = audit("dedup", "-p", sp)
+    assert code == 0 and applied["dedup"]["verified"] is True, applied["findings"]
+    assert same_bytes_distinct_inodes(install) == []
+    assert_converged(install)
+    # TheRock's own commands after dedup: they change nothing that matters, and the gate still passes.
+    for args in (("init",), ("path", "--root"), ("test",)):
+        result = install.run_rocm_sdk(*args)
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert_converged(install)
+    # Mirrored data files and executables are hardlinks again, never symlinks.
+    for relpath in (".kpack/blas_lib.kpm", "lib/rocblas/library/TensileLibrary_lazy_fallback.dat"):
+        devel_file = install.devel / relpath
+        assert not devel_file.is_symlink() and devel_file.samefile(install.libraries / relpath)
+    clang = install.devel / "lib/llvm/bin/clang"
+    assert not clang.is_symlink() and clang.samefile(install.core / "lib/llvm/bin/clang")
+    # The revert manifest takes the tree back to the split it found.
+    reverted = subprocess.run(
+        [sys.executable, "-m", "rocm_audit", "dedup", "--revert", applied["dedup"]["manifest"], "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    assert reverted.returncode == 0, reverted.stdout + reverted.stderr
+    assert same_bytes_distinct_inodes(install)
+
+
+def test_copies_two_runtime_packages_own_are_reported_and_never_linked(tmp_path):
+    install = build_therock_install(tmp_path, legacy_families=("gfx94X-dcgpu", "gfx90X-dcgpu"), extras=("devel",))
+    first = install.site_packages / "_rocm_sdk_libraries_gfx94X_dcgpu/lib/libhipblas.so.3"
+    second = install.site_packages / "_rocm_sdk_libraries_gfx90X_dcgpu/lib/libhipblas.so.3"
+    sp = str(install.site_packages)
+    code, report = audit("dedup", "-p", sp)
+    assert code == 0
+    assert any(
+        f["rule"] == "DUP010" and {str(first), str(second)} <= {f["path"], *f["related_paths"]}
+        for f in report["findings"]
+    )
+    assert not first.is_symlink() and not second.is_symlink() and not first.samefile(second)
+    code, report = audit("dedup", "--check", "-p", sp)
+    assert code == 0 and "DUP010" in rules(report)
+    install.pip("uninstall", "-y", "rocm-sdk-libraries-gfx94X-dcgpu")
+    dangling = [p for p in install.site_packages.rglob("*") if p.is_symlink() and not p.exists()]
+    assert dangling == [] and second.is_file()
+
+
+def test_the_nonce_ranks_like_the_tree_it_renames(tmp_path):
+    install = build_therock_install(tmp_path, nonce="_r7130", init=True)
+    install.split("per-tree")
+    code, report = audit("dedup", "-p", str(install.site_packages))
+    assert code == 0
+    keepers = {g["keeper"] for g in report["dedup"]["groups"]}
+    assert str(install.core / "lib/libamd_comgr.so.3") in keepers
+    assert not any("_rocm_sdk_devel" in k for k in keepers)
+    assert_converged(install)
+
+
+def test_revert_says_which_paths_rocm_sdk_re_linked(install):
+    install.split("per-tree")
+    code, applied = audit("dedup", "-p", str(install.site_packages))
+    assert code == 0
+    # rocm-sdk's device reconcile replaces a symlink in devel by a hardlink; make one symlink for it to find.
+    relpath = "lib/libMIOpenCKGroupedConv_gfx942.so"
+    devel_file = install.devel / relpath
+    devel_file.unlink()
+    devel_file.symlink_to(os.path.relpath(install.libraries / relpath, devel_file.parent))
+    assert install.run_rocm_sdk("path", "--root").returncode == 0
+    assert not devel_file.is_symlink() and devel_file.samefile(install.libraries / relpath)
+    code, reverted = audit("dedup", "--revert", applied["dedup"]["manifest"])
+    assert code == 0
+    assert reverted["revert"]["failed"] == 0
