@@ -54,7 +54,10 @@ FAKE_LLVM = r"""
 #include <string.h>
 struct registry { const char *names[16]; int count; };
 struct registry _ZN4llvm2cl18TopLevelSubCommandE;
-void _ZN4llvm2cl6Option11addArgumentEv(void) {}
+static void add(const char *name);
+/* Like LLVM's: a static cl::opt's initialiser calls Option::addArgument(), which files the option
+   under the TopLevelSubCommand its own GOT slot binds to. */
+void _ZN4llvm2cl6Option11addArgumentEv(void) { add("fake-opt"); }
 static void add(const char *name) {
     struct registry *top = &_ZN4llvm2cl18TopLevelSubCommandE;
     for (int i = 0; i < top->count; i++) {
@@ -66,5 +69,5 @@ static void add(const char *name) {
     }
     top->names[top->count++] = name;
 }
-__attribute__((constructor)) static void register_options(void) { add("fake-opt"); }
+__attribute__((constructor)) static void register_options(void) { _ZN4llvm2cl6Option11addArgumentEv(); }
 """

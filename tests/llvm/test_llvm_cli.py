@@ -134,11 +134,14 @@ def test_closure_on_request(llvm_cli, runpath_closures):
     assert "closure-two-llvms" in text
 
 
-def test_exporters_that_bind_each_other_are_a_warning_until_a_probe_confirms_them(llvm_cli, fake_llvms):
-    static = llvm_cli("-p", str(fake_llvms.root), "--format", "json", expect=0).report
-    assert {f["severity"] for f in static["findings"]} == {"warning"}
-    llvm_cli("-p", str(fake_llvms.root), "--fail-on", "warning", expect=1)
+def test_exporters_that_bind_each_other_are_an_error_when_some_order_fails(llvm_cli, fake_llvms):
+    # Issue 16: severity follows the truth. Each pair that binds aborts in some order (the model
+    # says so statically), so LLVM002 is an error before any probe; a probe then decides.
+    static = llvm_cli("-p", str(fake_llvms.root), "--format", "json", expect=1).report
+    assert {f["severity"] for f in static["findings"] if f["rule"] == "LLVM002"} == {"error"}
+    assert all(c["decided_by"] == "static" and c["verdict"] == "abort" for c in static["clashes"])
     report = llvm_cli("-p", str(fake_llvms.root), "--probe", "--format", "json", expect=1).report
+    assert all(c["decided_by"] == "probe" for c in report["clashes"])
     pairs = {
         tuple(os.path.basename(os.path.dirname(p)) for p in c["paths"])
         for c in report["clashes"]
@@ -148,7 +151,7 @@ def test_exporters_that_bind_each_other_are_a_warning_until_a_probe_confirms_the
     assert not {("node1-a", "node2"), ("node2", "node1-a"), ("plain-a", "symbolic")} & pairs
     assert ("symbolic", "plain-a") in pairs  # the -Bsymbolic one must come first to be bound to
     clashes = [c for c in report["clashes"] if c["reason"] == "interposable-exporters"]
-    assert all(c["severity"] == "medium" and c["mode"] == "first-global" and c["confirmed"] for c in clashes)
+    assert all(c["severity"] == "high" and c["mode"] == "first-global" and c["confirmed"] for c in clashes)
     assert "LLVM007" not in rules(report) and "LLVM005" in rules(report)
 
 

@@ -53,6 +53,8 @@ def test_timeout_is_inconclusive_and_kills_the_whole_process_group(tmp_path):
     assert time.monotonic() - started < 20
     assert result.outcome is ProbeOutcome.INCONCLUSIVE and result.returncode is None
     assert "timed out" in result.detail
+    # Issue 16: a timeout is a hang, as conclusive as an abort, with the step it hung in.
+    assert result.verdict.value == "hang" and result.step == f"local:{hang}"
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 10
     while not _gone(grandchild) and time.monotonic() < deadline:

@@ -163,12 +163,15 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         if options.probe_timeout_s is not None:
             llvm_options.probe_timeout_s = options.probe_timeout_s
         analysis = llvm_clashes.analyse(inventory, llvm_options)
-        findings.extend(analysis.findings)
         if options.probe:
-            findings.extend(llvm_clashes.probe_clashes(analysis.clashes, llvm_options))
+            llvm_clashes.probe_analysis(analysis, llvm_options)
+        findings.extend(analysis.findings)
         sections["libraries"] = [
             llvm_clashes.library_to_dict(
-                one, analysis.library_in_scan.get(one.path, True), analysis.library_identity.get(one.path)
+                one,
+                analysis.library_in_scan.get(one.path, True),
+                analysis.library_identity.get(one.path),
+                analysis.linkage_of(one.path),
             )
             for one in analysis.libraries
         ]

@@ -24,18 +24,26 @@ from typing import Any
 
 from rocm_audit.elf import read as elfread
 from rocm_audit.errors import FormatError, UsageError
-from rocm_audit.findings import Finding, make_finding
+from rocm_audit.findings import Finding, Severity, make_finding
+from rocm_audit.llvm import fixes
 from rocm_audit.llvm.closure import Closure, HostView, ProcessModel
+from rocm_audit.llvm.linkage import EMPTY as EMPTY_LINKAGE
+from rocm_audit.llvm.linkage import Linkage, read_linkage
+from rocm_audit.llvm.pairs import PairJudge, PairVerdicts
 from rocm_audit.llvm.probes import (
     CLOSURE_MODES,
     DEFAULT_TIMEOUT_S,
     PAIR_MODES,
+    LoadStep,
     ProbeOutcome,
     ProbeResult,
+    ProbeVerdict,
     probe_closure,
     probe_pair,
+    run_probe,
 )
 from rocm_audit.llvm.roles import ClFacts, Role, classify
+from rocm_audit.llvm.verdicts import Verdict
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.discovery import is_tree_of, resolve_roots
 from rocm_audit.tree.identical import Candidate, CompareStats, ReadFailure, partition_identical
@@ -96,6 +104,9 @@ class Clash:
     via_count: int = 0
     probe_root: str | None = None  # closure clashes: the root a probe dlopens (a library if any)
     probes: list[ProbeResult] = field(default_factory=list)
+    judged: PairVerdicts | None = None  # both orders, three modes, whole closures (pairs.py)
+    probe_expect: list[Verdict] = field(default_factory=list)  # judged: the static verdict of each probe
+    finding: Finding | None = None  # the clash's own finding (a probe verdict rewrites it)
 
     @property
     def mode(self) -> str:
@@ -263,6 +274,22 @@ class LlvmAnalysis:
     closures: list[Closure]
     closure_roles: dict[str, Role]
     findings: list[Finding]
+    pairs: list[PairVerdicts] = field(default_factory=list)  # failing pairs no clash names
+    judged_pairs: int = 0
+    judge: PairJudge | None = None
+    pair_findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
+    pair_probes: dict[tuple[str, str], tuple[list[ProbeResult], list[Verdict]]] = field(default_factory=dict)
+    facts: _Facts | None = None
+
+    def linkage_of(self, path: str) -> Linkage | None:
+        """The linkage facts of a listed exporter, registrant or private copy (None otherwise)."""
+        identity = self.library_identity.get(path)
+        if self.facts is None or identity is None:
+            return None
+        one = self.facts.by_identity.get(identity)
+        if one is None or one.role in (Role.NONE, Role.UNKNOWN):
+            return None
+        return self.facts.linkage(path, identity)
 
 
 class _Facts:
@@ -274,6 +301,25 @@ class _Facts:
         self.by_identity: dict[tuple[int, int], ClFacts] = {}
         self._dynamic: dict[str, elfread.DynamicInfo | None] = {}
         self._records = {r.path: r for r in inventory.files}
+        self._linkage: dict[tuple[int, int], Linkage] = {}
+
+    def linkage(self, path: str, identity: tuple[int, int], real_path: str | None = None) -> Linkage:
+        """Linkage facts (linkage.py) of the file at path, read once per inode; an unreadable
+        file has none (its LLVM009 finding comes from the role pass)."""
+        found = self._linkage.get(identity)
+        if found is None:
+            real = real_path or path
+            record = self._records.get(real)
+            try:
+                dynamic = self.dynamic(real) or elfread.EMPTY_DYNAMIC
+                if record is not None:
+                    found = self.inventory.facts.get(record, "llvm-linkage", lambda fd: read_linkage(real, dynamic, fd))
+                else:
+                    found = read_linkage(real, dynamic)
+            except (OSError, FormatError):
+                found = EMPTY_LINKAGE
+            self._linkage[identity] = found
+        return found
 
     def dynamic(self, path: str) -> elfread.DynamicInfo | None:
         """DT_NEEDED and friends of a regular file (a scanned one from the inventory's cache)."""
@@ -423,21 +469,15 @@ def _duplicate_clashes(
             preloaded=(ordered[0] in preloaded, ordered[1] in preloaded),
         )
         registrant = first_facts.role is Role.REGISTRANT
-        keeper = keeper_rule.choose(
-            paths, lambda p: records[p].sdk_tree if p in records else None, first_facts.soname, ownership.is_owned
+        sdk_tree_of = lambda p: records[p].sdk_tree if p in records else None  # noqa: E731
+        keeper = fixes.choose_keeper(paths, sdk_tree_of, first_facts.soname, keeper_rule, ownership.is_owned)
+        fix = fixes.duplicate_fix(
+            paths,
+            identical=same_bytes,
+            keeper=keeper,
+            in_sdk_trees=all(sdk_tree_of(p) for p in paths),
+            shared="SONAME" if first_facts.soname else "content",
         )
-        others = ", ".join(p for p in paths if p != keeper)
-        if same_bytes:
-            fix = (
-                f"Identical copies: run `rocm-audit dedup` (keeps {keeper}, links the others to "
-                f"it), or replace {others} by a symlink to {keeper}."
-            )
-        else:
-            shared = "SONAME" if first_facts.soname else "content"
-            fix = (
-                f"Different builds share one {shared}: keep only {keeper} and delete {others}, "
-                f"or give each build its own SONAME and symbol version node."
-            )
         clashes.append(
             Clash(
                 reason=Reason.DUPLICATE_REGISTRANT if registrant else Reason.DUPLICATE_EXPORTER,
@@ -585,6 +625,13 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
     executables = frozenset(r.path for r in inventory.by_kind(FileKind.EXECUTABLE))
     clashes += _closure_clashes(roots, process, host, facts, executables)
     clashes.sort(key=Clash.sort_key)
+    judge = PairJudge(
+        process,
+        lambda path, identity: facts.linkage(path, identity, host.realpath(path)),
+        _by_soname(libraries, facts),
+        preload=options.preload,
+    )
+    pairs, judged_count = _judge_pairs(libraries, facts, judge, clashes)
 
     closures = [process().dlopen(path) for path in options.closure_paths]
     closure_roles = {
@@ -614,8 +661,120 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
                 )
             )
     for clash in clashes:
-        findings.append(_clash_finding(clash))
-    return LlvmAnalysis(library_list, in_scan, identity_of, clashes, closures, closure_roles, findings)
+        clash.finding = _clash_finding(clash)
+        findings.append(clash.finding)
+    covered = {frozenset(c.paths) for c in clashes if c.judged is not None}
+    covered |= {frozenset(c.judged.paths) for c in clashes if c.judged is not None}
+    uncovered = [p for p in pairs if p.bad and frozenset(p.paths) not in covered]
+    analysis = LlvmAnalysis(library_list, in_scan, identity_of, clashes, closures, closure_roles, findings)
+    for pair in uncovered:
+        analysis.pair_findings[pair.paths] = _pair_finding(pair, judge)
+        findings.append(analysis.pair_findings[pair.paths])
+    analysis.pairs = uncovered
+    analysis.judged_pairs = judged_count
+    analysis.facts = facts
+    analysis.judge = judge
+    return analysis
+
+
+MAX_JUDGED_LIBRARIES = 96  # 4560 pairs; beyond that only exporters and registrants are paired
+
+
+def _by_soname(libraries: Sequence[FileRecord], facts: _Facts) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    seen: set[tuple[int, int]] = set()
+    for record in sorted(libraries, key=lambda r: r.path):
+        dynamic = facts.dynamic(record.path)
+        if dynamic is not None and dynamic.soname and record.identity not in seen:
+            seen.add(record.identity)
+            found.setdefault(dynamic.soname, []).append(record.path)
+    return found
+
+
+def _judge_pairs(
+    libraries: Sequence[FileRecord], facts: _Facts, judge: PairJudge, clashes: list[Clash]
+) -> tuple[list[PairVerdicts], int]:
+    """Judge every pair of LLVM-carrying libraries (one path per inode) in both orders and three
+    modes; attach each clash's worst pair; return the pairs and how many were judged."""
+    candidates: list[tuple[str, tuple[int, int]]] = []
+    seen: set[tuple[int, int]] = set()
+    for record in sorted(libraries, key=lambda r: r.path):
+        if record.identity in seen:
+            continue
+        seen.add(record.identity)
+        if facts.by_identity[record.identity].role in (Role.NONE, Role.UNKNOWN):
+            continue  # nothing of LLVM's registry in it (roles.py read its .dynstr and .rodata)
+        linkage = facts.linkage(record.path, record.identity)
+        if linkage.exports or linkage.binds or linkage.defines_registry:
+            candidates.append((record.path, record.identity))
+    if len(candidates) > MAX_JUDGED_LIBRARIES:
+        candidates = [c for c in candidates if facts.by_identity[c[1]].llvm_role][:MAX_JUDGED_LIBRARIES]
+    results: dict[frozenset[str], PairVerdicts] = {}
+    for index, (a, _) in enumerate(candidates):
+        for b, _ in candidates[index + 1 :]:
+            results[frozenset((a, b))] = judge.judge(a, b)
+    for clash in clashes:
+        if clash.kind != "pair":
+            continue
+        group = [results.get(frozenset((x, y))) for i, x in enumerate(clash.paths) for y in clash.paths[i + 1 :]]
+        judged = [g for g in group if g is not None]
+        if not judged:
+            continue
+        clash.judged = max(judged, key=lambda p: p.worst.verdict.rank)
+        worst_order = max(clash.judged.orders, key=lambda o: o.worst.verdict.rank)
+        clash.predictions = {mode: _expect_of(p.verdict) for mode, p in worst_order.modes.items()}
+        if clash.reason is Reason.INTERPOSABLE_EXPORTERS:
+            clash.paths = (worst_order.first, worst_order.second)
+            caution = judge.global_caution(*clash.paths)
+            clash.fix = fixes.pair_fix(*clash.paths, caution, clash.judged.arrives_through())
+        clash.risk = Risk.HIGH if clash.judged.bad else Risk.LOW
+    return list(results.values()), len(results)
+
+
+def _expect_of(verdict: Verdict) -> Expect:
+    if verdict is Verdict.ABORT:
+        return Expect.ABORT
+    return Expect.CLEAN if verdict is Verdict.CLEAN else Expect.UNSAFE
+
+
+def _pair_finding(pair: PairVerdicts, judge: PairJudge, probes: Sequence[ProbeResult] = ()) -> Finding:
+    """LLVM012 (the failure arrives through a dependency or a host) or LLVM013; with conclusive
+    probes, their verdict decides (clean: LLVM014)."""
+    worst = pair.worst
+    decided = probe_decided(probes)
+    through = pair.arrives_through()
+    hosts = [h for hs in pair.hosts.values() for h in hs]
+    failing = ", ".join(f"{o.first} then {o.second}" for o in pair.failing_orders())
+    caution = judge.global_caution(*pair.paths)
+    fix = fixes.pair_fix(*pair.paths, caution, through)
+    rule = "LLVM012" if through or hosts else "LLVM013"
+    where = f"; arrives through {', '.join(through)}" if through else ""
+    host_text = f"; loaded after its host {', '.join(hosts)}" if hosts else ""
+    data = {"verdict": worst.verdict.value, "arrives_through": through, "decided_by": "static"}
+    if decided is not None:
+        data.update(verdict=decided.value, decided_by="probe")
+        if not decided.bad:
+            return make_finding(
+                "LLVM014",
+                pair.paths[0],
+                f"predicted {worst.verdict.value} ({failing}), but {len(probes)} probe loads were clean",
+                related=[pair.paths[1], *through],
+                data=data,
+            )
+        return make_finding(
+            rule,
+            pair.paths[0],
+            f"probe: {decided.value} when loaded together{where}{host_text} (static: {worst.reason}); fix: {fix}",
+            related=[pair.paths[1], *through],
+            data=data,
+        )
+    return make_finding(
+        rule,
+        pair.paths[0],
+        f"{worst.verdict.value} when loaded together ({failing}){where}{host_text}: {worst.reason}; fix: {fix}",
+        related=[pair.paths[1], *through],
+        data=data,
+    )
 
 
 def _at_path(facts: ClFacts, path: str) -> ClFacts:
@@ -632,12 +791,57 @@ def _clash_finding(clash: Clash) -> Finding:
         Reason.CLOSURE_INTERPOSITION: f"one load closure maps two LLVMs, one registry{example}",
         Reason.CLOSURE_TWO_LLVMS: f"one load closure maps two different LLVMs{example}",
     }[clash.reason]
+    data: dict[str, Any] = {"reason": clash.reason.value, "mode": clash.mode}
+    judged = clash.judged
+    if judged is None:
+        return make_finding(
+            _RULE_OF_REASON[clash.reason],
+            clash.paths[0],
+            f"{' '.join(what.split())}; fires: {clash.mode}; fix: {clash.fix}",
+            related=clash.paths[1:],
+            data=data,
+        )
+    data.update(verdict=judged.worst.verdict.value, decided_by="static", arrives_through=judged.arrives_through())
+    decided = probe_decided(clash.probes)
+    if decided is not None:
+        data.update(verdict=decided.value, decided_by="probe")
+        loads = sum(1 for p in clash.probes if p.verdict.conclusive)
+        if not decided.bad:
+            return make_finding(
+                "LLVM014",
+                clash.paths[0],
+                f"{' '.join(what.split())}, yet {loads} probe loads (both orders, every mode) were clean "
+                f"(static verdict: {judged.worst.verdict.value})",
+                related=clash.paths[1:],
+                data=data,
+            )
+        seen = next(p for p in clash.probes if p.verdict.conclusive and p.verdict is not ProbeVerdict.CLEAN)
+        return make_finding(
+            _RULE_OF_REASON[clash.reason],
+            clash.paths[0],
+            f"{' '.join(what.split())}; probe: {decided.value} ({seen.mode}: {seen.detail}); fix: {clash.fix}",
+            related=clash.paths[1:],
+            data=data,
+            severity=Severity.ERROR,
+        )
+    if not judged.bad:
+        # Severity follows the truth: clean in every order and mode is never an error.
+        return make_finding(
+            "LLVM014",
+            clash.paths[0],
+            f"{' '.join(what.split())}, yet clean in both orders and every mode: {judged.worst.reason}",
+            related=clash.paths[1:],
+            data=data,
+        )
+    failing = ", ".join(f"{o.first} then {o.second}" for o in judged.failing_orders())
     return make_finding(
         _RULE_OF_REASON[clash.reason],
         clash.paths[0],
-        f"{' '.join(what.split())}; fires: {clash.mode}; fix: {clash.fix}",
+        f"{' '.join(what.split())}; {judged.worst.verdict.value} in {failing}; fires: {clash.mode}; "
+        f"{judged.worst.reason}; fix: {clash.fix}",
         related=clash.paths[1:],
-        data={"reason": clash.reason.value, "mode": clash.mode},
+        data=data,
+        severity=Severity.ERROR,
     )
 
 
@@ -645,16 +849,21 @@ def _clash_finding(clash: Clash) -> Finding:
 # Probing
 
 
-def probe_clashes(clashes: Sequence[Clash], options: LlvmOptions) -> list[Finding]:
-    """Run every clash's probes (one child per mode); return the findings they lead to."""
+def probe_clashes(clashes: Sequence[Clash], options: LlvmOptions, judge: PairJudge | None = None) -> list[Finding]:
+    """Run every clash's probes (one child per mode; a judged pair in both orders, each library
+    after its hosts); return the findings they lead to."""
     findings: list[Finding] = []
-    common: dict[str, Any] = {
-        "timeout_s": options.probe_timeout_s,
-        "preload": options.preload,
-        "ld_library_path": options.ld_library_path,
-    }
     for clash in clashes:
+        if clash.judged is not None and judge is not None:
+            clash.probes, clash.probe_expect = _probe_orders(clash.judged, judge, options)
+            findings.extend(_judged_probe_findings(clash.paths, clash.probes, clash.probe_expect))
+            continue
         for mode in clash.predictions:
+            common: dict[str, Any] = {
+                "timeout_s": options.probe_timeout_s,
+                "preload": options.preload,
+                "ld_library_path": options.ld_library_path,
+            }
             if clash.kind == "closure":
                 root = clash.probe_root or clash.via[0]
                 result = probe_closure(root, mode, watch=clash.paths, **common)
@@ -664,6 +873,157 @@ def probe_clashes(clashes: Sequence[Clash], options: LlvmOptions) -> list[Findin
             clash.probes.append(result)
         findings.extend(_probe_findings(clash))
     return findings
+
+
+def _probe_orders(
+    pair: PairVerdicts, judge: PairJudge, options: LlvmOptions
+) -> tuple[list[ProbeResult], list[Verdict]]:
+    """Both orders, three modes: what a real process loads (hosts first), and what was expected."""
+    results: list[ProbeResult] = []
+    expected: list[Verdict] = []
+    for order in pair.orders:
+        for mode, prediction in order.modes.items():
+            sequence = judge.load_sequence(order.first, order.second, mode)
+            result = run_probe(
+                mode,
+                [LoadStep(path, rtld_global) for path, rtld_global in sequence],
+                timeout_s=options.probe_timeout_s,
+                preload=options.preload,
+                ld_library_path=options.ld_library_path,
+            )
+            log.info("probe %s %s then %s: %s", mode, order.first, order.second, result.verdict.value)
+            results.append(result)
+            expected.append(prediction.verdict)
+    return results, expected
+
+
+def _judged_probe_findings(
+    paths: Sequence[str], probes: Sequence[ProbeResult], expected: Sequence[Verdict]
+) -> list[Finding]:
+    findings = []
+    subject, related = paths[0], list(paths[1:])
+
+    def where(result: ProbeResult) -> str:
+        loads = [step.split(":", 1)[1] for step in result.steps]
+        return f"{result.mode} ({' then '.join(loads)})"
+
+    aborted = [p for p in probes if p.verdict is ProbeVerdict.ABORT]
+    if aborted:
+        option = next((p.option for p in aborted if p.option), None)
+        named = f" of option '{option}'" if option else ""
+        findings.append(
+            make_finding(
+                "LLVM005",
+                subject,
+                f"probe confirmed double registration{named} ({'; '.join(where(p) for p in aborted[:3])})",
+                related=related,
+                data={"option": option, "modes": sorted({p.mode for p in aborted})},
+            )
+        )
+    at_exit = [p for p in probes if p.outcome is ProbeOutcome.CRASH_AT_EXIT]
+    if at_exit:
+        findings.append(
+            make_finding(
+                "LLVM006",
+                subject,
+                f"probe loaded the libraries, then crashed at exit ({'; '.join(where(p) for p in at_exit[:3])})",
+                related=related,
+                data={"modes": sorted({p.mode for p in at_exit})},
+            )
+        )
+    loading = [
+        p for p in probes if p.verdict is ProbeVerdict.HANG or (p.verdict is ProbeVerdict.CRASH and p.step != "exit")
+    ]
+    for result in loading[:3]:
+        what = (
+            f"hung while loading {result.step}"
+            if result.verdict is ProbeVerdict.HANG
+            else (f"killed by {result.signal} while loading {result.step}")
+        )
+        findings.append(
+            make_finding(
+                "LLVM015",
+                subject,
+                f"probe {result.mode}: {what}",
+                related=related,
+                data={
+                    "mode": result.mode,
+                    "verdict": result.verdict.value,
+                    "signal": result.signal,
+                    "step": result.step,
+                },
+            )
+        )
+    for result, expect in zip(probes, expected, strict=True):
+        if not result.verdict.conclusive:
+            findings.append(
+                make_finding(
+                    "LLVM008",
+                    subject,
+                    f"probe {where(result)} inconclusive: {result.detail}",
+                    related=related,
+                    data={"mode": result.mode},
+                )
+            )
+        elif (result.verdict is not ProbeVerdict.CLEAN) != expect.bad:
+            findings.append(
+                make_finding(
+                    "LLVM007",
+                    subject,
+                    f"probe {where(result)}: predicted {expect.value}, observed {result.verdict.value}",
+                    related=related,
+                    data={"mode": result.mode, "predicted": expect.value, "observed": result.verdict.value},
+                )
+            )
+    if any(p.isolation == "host network" for p in probes):
+        findings.append(
+            make_finding(
+                "LLVM016",
+                subject,
+                "probes ran with the host's network (not root: no network namespace)",
+                related=related,
+            )
+        )
+    return findings
+
+
+def probe_decided(probes: Sequence[ProbeResult]) -> Verdict | None:
+    """The verdict conclusive probes give (the worst seen), None when none was conclusive."""
+    conclusive = [p.verdict for p in probes if p.verdict.conclusive]
+    if not conclusive:
+        return None
+    if ProbeVerdict.ABORT in conclusive:
+        return Verdict.ABORT
+    if ProbeVerdict.CRASH in conclusive:
+        return Verdict.CRASH
+    if ProbeVerdict.HANG in conclusive:
+        return Verdict.HANG
+    return Verdict.CLEAN
+
+
+def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions) -> None:
+    """Probe every clash and every failing pair; the probe verdict overrides the static one (the
+    clash's finding is rewritten: a clean probe downgrades it to LLVM014 with the evidence, a bad
+    one makes it an error) and the report says which decided."""
+    analysis.findings.extend(probe_clashes(analysis.clashes, options, analysis.judge))
+    judge = analysis.judge
+    for pair in analysis.pairs:
+        if judge is None:
+            break
+        probes, expected = _probe_orders(pair, judge, options)
+        analysis.pair_probes[pair.paths] = (probes, expected)
+        analysis.findings.extend(_judged_probe_findings(pair.paths, probes, expected))
+    rewritten: dict[int, Finding] = {}
+    for clash in analysis.clashes:
+        if clash.finding is not None and clash.judged is not None and probe_decided(clash.probes) is not None:
+            rewritten[id(clash.finding)] = _clash_finding(clash)
+            clash.finding = rewritten[id(clash.finding)]
+    for pair in analysis.pairs:
+        probes = analysis.pair_probes.get(pair.paths, ([], []))[0]
+        old = analysis.pair_findings.get(pair.paths)
+        if old is not None and judge is not None and probe_decided(probes) is not None:
+            rewritten[id(old)] = _pair_finding(pair, judge, probes)
+    analysis.findings = [rewritten.get(id(f), f) for f in analysis.findings]
 
 
 def _probe_findings(clash: Clash) -> list[Finding]:
@@ -726,8 +1086,18 @@ def _probe_findings(clash: Clash) -> list[Finding]:
 # Report sections and text
 
 
-def library_to_dict(one: ClFacts, in_scan: bool, identity: tuple[int, int] | None) -> dict[str, Any]:
+def library_to_dict(
+    one: ClFacts, in_scan: bool, identity: tuple[int, int] | None, linkage: Linkage | None = None
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if linkage is not None and linkage is not EMPTY_LINKAGE:
+        extra = {
+            "registers_at_load": linkage.registers_at_load,
+            "registration_path": linkage.registration_path,
+            "registry_entry_points": linkage.entry_points(),
+        }
     return {
+        **extra,
         "path": one.path,
         "role": one.role.value,
         "soname": one.soname,
@@ -760,6 +1130,7 @@ def clash_to_dict(clash: Clash) -> dict[str, Any]:
         "via": list(clash.via),
         "via_count": clash.via_count,
         "predictions": {mode: expect.value for mode, expect in clash.predictions.items()},
+        **_judged_fields(clash),
         "probes": [
             {
                 "mode": p.mode,
@@ -771,11 +1142,58 @@ def clash_to_dict(clash: Clash) -> dict[str, Any]:
                 "steps": list(p.steps),
                 "stderr_tail": p.stderr_tail,
                 "instances": p.instances,
-                "agrees": agrees(clash.predictions[p.mode], p.outcome),
+                "agrees": _agreement(clash, index, p),
+                "verdict": p.verdict.value,
+                "signal": p.signal,
+                "step": p.step,
+                "isolation": p.isolation,
             }
-            for p in clash.probes
+            for index, p in enumerate(clash.probes)
         ],
     }
+
+
+def _agreement(clash: Clash, index: int, probe: ProbeResult) -> bool | None:
+    if index < len(clash.probe_expect):
+        if not probe.verdict.conclusive:
+            return None
+        return (probe.verdict is not ProbeVerdict.CLEAN) == clash.probe_expect[index].bad
+    return agrees(clash.predictions[probe.mode], probe.outcome)
+
+
+def _judged_fields(clash: Clash) -> dict[str, Any]:
+    """Fields added to schema v1 by issue 16: the verdict, who decided it, both orders."""
+    if clash.judged is None:
+        return {}
+    decided = probe_decided(clash.probes)
+    return {
+        "verdict": (decided or clash.judged.worst.verdict).value,
+        "decided_by": "probe" if decided is not None else "static",
+        "arrives_through": clash.judged.arrives_through(),
+        "orders": clash.judged.to_dict()["orders"],
+    }
+
+
+def pair_to_dict(pair: PairVerdicts, probes: tuple[list[ProbeResult], list[Verdict]] | None = None) -> dict[str, Any]:
+    found = pair.to_dict()
+    results = probes[0] if probes else []
+    decided = probe_decided(results)
+    found["decided_by"] = "probe" if decided is not None else "static"
+    if decided is not None:
+        found["verdict"] = decided.value
+    found["probes"] = [
+        {
+            "mode": p.mode,
+            "steps": list(p.steps),
+            "verdict": p.verdict.value,
+            "signal": p.signal,
+            "step": p.step,
+            "detail": p.detail,
+            "option": p.option,
+        }
+        for p in results
+    ]
+    return found
 
 
 def closure_to_dict(closure: Closure, roles: dict[str, Role]) -> dict[str, Any]:
@@ -826,19 +1244,22 @@ def run_llvm(
         options.preload = (*options.preload, *found)
     options.closure_paths = tuple(os.path.abspath(p) for p in options.closure_paths)
     analysis = analyse(inventory, options)
-    findings = list(inventory.findings) + analysis.findings
     if options.probe:
-        findings += probe_clashes(analysis.clashes, options)
+        probe_analysis(analysis, options)
+    findings = list(inventory.findings) + analysis.findings
     sections: dict[str, Any] = {
         "libraries": [
             library_to_dict(
                 one,
                 analysis.library_in_scan.get(one.path, True),
                 analysis.library_identity.get(one.path),
+                analysis.linkage_of(one.path),
             )
             for one in analysis.libraries
         ],
         "clashes": [clash_to_dict(c) for c in analysis.clashes],
+        "pairs": [pair_to_dict(p, analysis.pair_probes.get(p.paths)) for p in analysis.pairs],
+        "judged_pairs": analysis.judged_pairs,
     }
     if analysis.closures:
         sections["closures"] = [closure_to_dict(c, analysis.closure_roles) for c in analysis.closures]

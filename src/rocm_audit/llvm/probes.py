@@ -39,14 +39,24 @@ _INCONSISTENT = "inconsistency in registered CommandLine options"
 _CHILD = r"""
 import ctypes, os, resource, sys
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+status = int(sys.argv[1])
+memory, cpu = int(sys.argv[2]), int(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
 try:
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    libc.prctl(4, 0, 0, 0, 0)
 except Exception:
     pass
-status = int(sys.argv[1])
-for step in sys.argv[2:]:
+isolation = "host network"
+if os.geteuid() == 0:
+    if libc.unshare(0x40000000) == 0:  # CLONE_NEWNET: no interface but a down loopback
+        isolation = "network namespace"
+os.write(status, ("isolation %s\n" % isolation).encode())
+resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+for index, step in enumerate(sys.argv[4:]):
     mode, path = step.split(":", 1)
     flags = os.RTLD_GLOBAL if mode == "G" else os.RTLD_LOCAL
+    os.write(status, ("step %d\n" % index).encode())
     try:
         ctypes.CDLL(path, mode=flags)
     except OSError as exc:
@@ -62,6 +72,26 @@ report = "".join("mapped %s\n" % i for i in sorted(identities)) + "all loaded\n"
 os.write(status, report.encode())
 os.close(status)
 """
+
+
+MEMORY_LIMIT_BYTES = 16 << 30  # address space of a child: two libLLVMs and a libtriton fit
+NETWORK_NAMESPACE = "network namespace"
+
+
+class ProbeVerdict(str, enum.Enum):
+    """What the probe saw, in the words of the static verdicts (verdicts.py); conclusive except
+    the last two."""
+
+    ABORT = "abort"  # LLVM's double-registration message
+    CRASH = "crash"  # a signal while loading or at exit
+    HANG = "hang"  # the time bound was reached
+    CLEAN = "clean"
+    LOAD_ERROR = "load-error"
+    INCONCLUSIVE = "inconclusive"
+
+    @property
+    def conclusive(self) -> bool:
+        return self not in (ProbeVerdict.LOAD_ERROR, ProbeVerdict.INCONCLUSIVE)
 
 
 class ProbeOutcome(str, enum.Enum):
@@ -90,6 +120,10 @@ class ProbeResult:
     elapsed_s: float
     preload: tuple[str, ...] = ()  # loaded RTLD_GLOBAL before the steps
     steps: tuple[str, ...] = ()  # what the child loaded, in order: "global:PATH" or "local:PATH"
+    verdict: ProbeVerdict = ProbeVerdict.INCONCLUSIVE
+    signal: str | None = None  # the signal that ended the child (SIGSEGV ...)
+    step: str | None = None  # where it ended: "global:PATH" being loaded, or "exit"
+    isolation: str = NETWORK_NAMESPACE
 
 
 def probe_environment(ld_library_path: Sequence[str] = ()) -> dict[str, str]:
@@ -214,8 +248,9 @@ def classify(
             f"aborted with LLVM's double-registration message (status {returncode})",
         )
     loaded = LOADED_MARKER in status.splitlines()
-    if returncode == LOAD_ERROR_EXIT and status.startswith(LOAD_ERROR_PREFIX):
-        return ProbeOutcome.LOAD_ERROR, None, status.strip()
+    load_error = next((line for line in status.splitlines() if line.startswith(LOAD_ERROR_PREFIX)), None)
+    if returncode == LOAD_ERROR_EXIT and load_error is not None:
+        return ProbeOutcome.LOAD_ERROR, None, load_error.strip()
     if returncode == 0 and loaded:
         return ProbeOutcome.CLEAN, None, "loaded and exited cleanly"
     if returncode < 0 and loaded:
@@ -235,6 +270,36 @@ def classify(
         None,
         f"exit status {returncode} before every library was loaded",
     )
+
+
+def verdict_of(outcome: ProbeOutcome, returncode: int | None, status: str) -> ProbeVerdict:
+    """The conclusive reading of one child (formats.md 5): a signal while loading is a crash,
+    a timeout is a hang, both as conclusive as an abort."""
+    if outcome is ProbeOutcome.CONFIRMED:
+        return ProbeVerdict.ABORT
+    if outcome is ProbeOutcome.CRASH_AT_EXIT:
+        return ProbeVerdict.CRASH
+    if outcome is ProbeOutcome.CLEAN:
+        return ProbeVerdict.CLEAN
+    if outcome is ProbeOutcome.LOAD_ERROR:
+        return ProbeVerdict.LOAD_ERROR
+    if returncode is None:
+        return ProbeVerdict.HANG
+    if returncode < 0 and _last_step(status) is not None:
+        return ProbeVerdict.CRASH
+    return ProbeVerdict.INCONCLUSIVE
+
+
+def _last_step(status: str) -> int | None:
+    steps = [line.split()[1] for line in status.splitlines() if line.startswith("step ")]
+    return int(steps[-1]) if steps and steps[-1].isdigit() else None
+
+
+def _isolation(status: str) -> str:
+    for line in status.splitlines():
+        if line.startswith("isolation "):
+            return line[len("isolation ") :]
+    return "unknown"
 
 
 def _signal_name(number: int) -> str:
@@ -274,7 +339,9 @@ def run_probe(
 
     ``instances`` in the result counts the distinct inodes mapped among the steps and ``watch``.
     """
-    load_args = [f"G:{os.path.abspath(p)}" for p in preload]
+    cpu_seconds = max(1, int(timeout_s) + 1)
+    load_args = [str(MEMORY_LIMIT_BYTES), str(cpu_seconds)]
+    load_args += [f"G:{os.path.abspath(p)}" for p in preload]
     load_args += [f"{'G' if s.rtld_global else 'L'}:{os.path.abspath(s.path)}" for s in steps]
     identities: set[tuple[int, int]] = set()
     for watched in [s.path for s in steps] + list(watch):
@@ -290,6 +357,21 @@ def run_probe(
     if finished.truncated:
         detail += f"; output cut at {OUTPUT_LIMIT_BYTES} bytes"
     tail = "\n".join(finished.stderr.splitlines()[-5:])[-2000:]
+    verdict = verdict_of(outcome, finished.returncode, finished.status)
+    every_step = [f"global:{os.path.abspath(p)}" for p in preload]
+    every_step += [f"{'global' if s.rtld_global else 'local'}:{os.path.abspath(s.path)}" for s in steps]
+    last = _last_step(finished.status)
+    if LOADED_MARKER in finished.status.splitlines():
+        where: str | None = "exit"
+    else:
+        where = every_step[last] if last is not None and last < len(every_step) else None
+    signal_name = (
+        _signal_name(-finished.returncode) if finished.returncode is not None and finished.returncode < 0 else None
+    )
+    if verdict is ProbeVerdict.CRASH and outcome is ProbeOutcome.INCONCLUSIVE:
+        detail = f"killed by {signal_name} while loading {where}"
+    elif verdict is ProbeVerdict.HANG:
+        detail = f"hang: timed out after {timeout_s:g} s while loading {where}; process group killed"
     return ProbeResult(
         mode=mode,
         outcome=outcome,
@@ -301,6 +383,10 @@ def run_probe(
         elapsed_s=round(elapsed, 3),
         preload=tuple(os.path.abspath(p) for p in preload),
         steps=tuple(f"{'global' if s.rtld_global else 'local'}:{os.path.abspath(s.path)}" for s in steps),
+        verdict=verdict,
+        signal=signal_name,
+        step=where,
+        isolation=_isolation(finished.status),
     )
 
 

@@ -1,0 +1,480 @@
+"""How one shared library links to LLVM's registries: what it defines, what it binds, what it runs.
+
+formats.md 3 and 6. roles.py says which part a library plays; this module keeps the facts that
+decide what really happens when it is loaded next to another LLVM:
+
+- **exports**: every symbol of LLVM's, clang's or MLIR's namespaces that another object can bind to
+  (defined, not local, default or protected visibility), with its version node;
+- **binds**: every such symbol a dynamic relocation asks the loader for, with the relocation kind
+  (GLOB_DAT, JUMP_SLOT, ABS64) and the version the reference requires; a bound symbol the library
+  also defines is one it can be made to share with an earlier library (interposition);
+- **symbolic**: DT_SYMBOLIC / DF_SYMBOLIC: the library looks itself up first;
+- **registers at load**: whether an ``.init_array`` function reaches ``cl::Option::addArgument``
+  (directly, through calls into the library's own functions, through its PLT or its GOT). Importing
+  addArgument is not enough (formats.md 6: MLIR pass plugins call it only when a pass is built).
+
+The decoder is narrow on purpose (x86-64 only, no disassembler dependency): function extents come
+from ``.eh_frame_hdr``'s sorted table (every function compiled with unwind tables, the default on
+x86-64), and inside a function the only instructions looked at are ``call rel32`` (E8), ``jmp rel32``
+(E9), ``call *disp32(%rip)`` (FF 15) and ``jmp *disp32(%rip)`` (FF 25). A byte pattern that is not
+really an instruction would have to point exactly at a function start, a PLT stub or the GOT slot
+of addArgument to count; the walk is bounded in functions and bytes. Measured: 0.1 to 0.6 s for a
+100 MB libLLVM, most of it reading the relocation tables. Other machines: undecided (None).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from rocm_audit.elf import read as elfread
+from rocm_audit.elf.sections import Section, read_sections
+from rocm_audit.errors import FormatError
+
+# Entry points of LLVM's registries (formats.md 3.1, 3.4, 6).
+ADD_ARGUMENT = "_ZN4llvm2cl6Option11addArgumentEv"  # llvm::cl::Option::addArgument()
+TOP_LEVEL_SUBCOMMAND = "_ZN4llvm2cl18TopLevelSubCommandE"  # data, LLVM <= 16
+GET_TOP_LEVEL = "_ZN4llvm2cl10SubCommand11getTopLevelEv"  # llvm::cl::SubCommand::getTopLevel(), LLVM >= 16
+MACHINE_SCHED_REGISTRY = "_ZN4llvm20MachineSchedRegistry8RegistryE"  # MachinePassRegistry head
+REGISTRY_HEAD = re.compile(r"_ZN4llvm8RegistryI.*E4(Head|Tail)E$")  # llvm::Registry<T>::Head / Tail
+ENTRY_POINTS = (ADD_ARGUMENT, TOP_LEVEL_SUBCOMMAND, GET_TOP_LEVEL, MACHINE_SCHED_REGISTRY)
+
+# The namespaces whose symbols two LLVMs can share: llvm::, clang::, mlir:: (functions, const
+# methods, vtables, data). Type-info objects and names (_ZTI, _ZTS) are left out: sharing them
+# across copies is what the C++ ABI intends.
+WATCHED_PREFIXES = (
+    b"_ZN4llvm",
+    b"_ZNK4llvm",
+    b"_ZTVN4llvm",
+    b"_ZN5clang",
+    b"_ZNK5clang",
+    b"_ZTVN5clang",
+    b"_ZN4mlir",
+    b"_ZNK4mlir",
+    b"_ZTVN4mlir",
+)
+
+SHT_RELA, SHT_DYNSYM, SHT_INIT_ARRAY = 4, 11, 14
+SHT_GNU_VERDEF, SHT_GNU_VERNEED, SHT_GNU_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
+STB_LOCAL, STB_WEAK = 0, 2
+STT_OBJECT, STT_FUNC, STT_TLS = 1, 2, 6
+STV_DEFAULT, STV_PROTECTED = 0, 3
+VERSYM_HIDDEN = 0x8000
+EM_X86_64, EM_AARCH64 = 62, 183
+
+# Relocation kinds that ask the loader to look a symbol up, by machine.
+RELOC_KINDS = {
+    EM_X86_64: {1: "ABS64", 6: "GLOB_DAT", 7: "JUMP_SLOT"},
+    EM_AARCH64: {257: "ABS64", 1025: "GLOB_DAT", 1026: "JUMP_SLOT"},
+}
+R_X86_64_RELATIVE, R_X86_64_JUMP_SLOT, R_X86_64_GLOB_DAT = 8, 7, 6
+KIND_RANK = {"GLOB_DAT": 3, "JUMP_SLOT": 2, "ABS64": 1}  # which kind a symbol is listed under
+
+MAX_TABLE_BYTES = 256 << 20  # .dynsym, .dynstr, relocation tables: far above any real library
+MAX_VERSION_ENTRIES = 1 << 16
+MAX_WALK_FUNCTIONS = 20_000
+MAX_WALK_BYTES = 64 << 20
+MAX_WALK_DEPTH = 6
+FALLBACK_FUNCTION_BYTES = 4096  # a function's extent when .eh_frame_hdr does not give it
+_CALL_PATTERN = re.compile(rb"\xe8|\xe9|\xff\x15|\xff\x25", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """One watched symbol a dynamic relocation looks up."""
+
+    kind: str  # GLOB_DAT, JUMP_SLOT or ABS64 (the strongest when several relocate it)
+    version: str | None  # the version the reference requires (None: any)
+    defined_here: bool  # the library has its own definition: binding elsewhere shares it
+
+
+@dataclass(frozen=True, slots=True)
+class Linkage:
+    path: str
+    machine: int
+    symbolic: bool
+    exports: Mapping[str, str | None]  # watched symbol -> version node of its definition
+    binds: Mapping[str, Bind]
+    has_initialisers: bool
+    registers_at_load: bool | None  # None: undecided (not x86-64, or the walk ran out of budget)
+    registration_path: str  # how the decision was reached, for the report
+    defines_registry: bool = field(default=False)  # defines addArgument: CommandLine.cpp is in it
+    strong_data: frozenset[str] = field(default=frozenset())  # exported data, GLOBAL or UNIQUE (not WEAK)
+
+    def entry_points(self) -> dict[str, str]:
+        """How each registry entry point is reached: a relocation kind, "defined" or absent."""
+        found: dict[str, str] = {}
+        for name in self.registry_symbols():
+            if name in self.binds:
+                found[name] = self.binds[name].kind + (" (own copy)" if self.binds[name].defined_here else "")
+            elif name in self.exports:
+                found[name] = "defined"
+        return found
+
+    def registry_symbols(self) -> list[str]:
+        names = [n for n in ENTRY_POINTS if n in self.binds or n in self.exports]
+        heads = {n for n in (*self.binds, *self.exports) if REGISTRY_HEAD.match(n)}
+        return names + sorted(heads)
+
+    @property
+    def shared_copies(self) -> frozenset[str]:
+        """Watched symbols it defines and still looks up: what an earlier library can take over."""
+        return frozenset(name for name, bind in self.binds.items() if bind.defined_here)
+
+
+EMPTY = Linkage("", 0, False, {}, {}, False, False, "not read")
+
+
+class _Reader:
+    def __init__(self, fd: int, file_size: int, header: elfread.ElfHeader) -> None:
+        self.fd = fd
+        self.file_size = file_size
+        self.header = header
+        self.sections = read_sections(fd, header, file_size)
+
+    def offset_of(self, section: Section) -> int:
+        return self.header.e_shoff + section.index * self.header.e_shentsize
+
+    def read(self, section: Section, limit: int = MAX_TABLE_BYTES) -> bytes:
+        if not section.has_file_bytes:
+            return b""
+        if section.size > limit or section.offset + section.size > self.file_size:
+            raise FormatError("ELF", self.offset_of(section), f"{section.name} lies outside the file or is absurd")
+        data = os.pread(self.fd, section.size, section.offset)
+        if len(data) != section.size:
+            raise FormatError("ELF", section.offset, f"{section.name} is truncated")
+        return data
+
+    def read_vaddr(self, vaddr: int, size: int) -> bytes:
+        """size bytes of an allocated section at vaddr (shorter at the section's end)."""
+        for section in self.sections:
+            if section.has_file_bytes and section.addr <= vaddr < section.addr + section.size:
+                size = min(size, section.addr + section.size - vaddr)
+                return os.pread(self.fd, size, section.offset + vaddr - section.addr)
+        return b""
+
+    def by_type(self, sh_type: int) -> Section | None:
+        return next((s for s in self.sections if s.sh_type == sh_type), None)
+
+    def by_name(self, name: str) -> Section | None:
+        return next((s for s in self.sections if s.name == name), None)
+
+
+def _string(table: bytes, offset: int) -> str:
+    end = table.find(b"\0", offset)
+    if offset >= len(table) or end < 0:
+        raise FormatError("ELF", offset, "string offset outside the string table")
+    return table[offset:end].decode("ascii", "replace")
+
+
+def _version_names(reader: _Reader, dynstr: bytes) -> dict[int, str]:
+    """Version index -> node name, from .gnu.version_d and .gnu.version_r."""
+    names: dict[int, str] = {}
+    endian = reader.header.endian
+    verdef = reader.by_type(SHT_GNU_VERDEF)
+    if verdef is not None:
+        data = reader.read(verdef)
+        position, count = 0, 0
+        while position + 20 <= len(data) and count < MAX_VERSION_ENTRIES:
+            _v, _flags, index, aux_count, _hash, aux, next_entry = struct.unpack_from(
+                endian + "HHHHIII", data, position
+            )
+            if aux_count and position + aux + 8 <= len(data):
+                (name_offset,) = struct.unpack_from(endian + "I", data, position + aux)
+                names[index] = _string(dynstr, name_offset)
+            count += 1
+            if next_entry == 0:
+                break
+            position += next_entry
+    verneed = reader.by_type(SHT_GNU_VERNEED)
+    if verneed is not None:
+        data = reader.read(verneed)
+        position, count = 0, 0
+        while position + 16 <= len(data) and count < MAX_VERSION_ENTRIES:
+            _v, aux_count, _file, aux, next_entry = struct.unpack_from(endian + "HHIII", data, position)
+            aux_position = position + aux
+            for _ in range(min(aux_count, MAX_VERSION_ENTRIES)):
+                if aux_position + 16 > len(data):
+                    break
+                _hash, _flags, other, name_offset, aux_next = struct.unpack_from(endian + "IHHII", data, aux_position)
+                names[other & ~VERSYM_HIDDEN] = _string(dynstr, name_offset)
+                if aux_next == 0:
+                    break
+                aux_position += aux_next
+            count += 1
+            if next_entry == 0:
+                break
+            position += next_entry
+    return names
+
+
+@dataclass(slots=True)
+class _Symbol:
+    name: str
+    value: int
+    defined: bool
+    exported: bool
+    is_function: bool
+    version: str | None
+    is_data: bool = False
+    weak: bool = False
+
+
+def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | None]:
+    """Watched dynamic symbols by index (plus the other functions' starts for the walk)."""
+    dynsym = reader.by_type(SHT_DYNSYM)
+    if dynsym is None or dynsym.size == 0:
+        return {}, None
+    if not 0 < dynsym.link < len(reader.sections):
+        raise FormatError("ELF", reader.offset_of(dynsym), "sh_link of .dynsym is not a section")
+    if not reader.header.is_64 or dynsym.entsize != 24:
+        raise FormatError("ELF", reader.offset_of(dynsym), "only 64-bit .dynsym tables are read for linkage")
+    dynstr = reader.read(reader.sections[dynsym.link])
+    table = reader.read(dynsym)
+    versym_section = reader.by_type(SHT_GNU_VERSYM)
+    versym = reader.read(versym_section) if versym_section is not None else b""
+    version_names = _version_names(reader, dynstr) if versym else {}
+    endian = reader.header.endian
+    layout = struct.Struct(endian + "IBBHQQ")
+    symbols: dict[int, _Symbol] = {}
+    usable = len(table) - len(table) % 24
+    for index, (st_name, st_info, st_other, st_shndx, st_value, _size) in enumerate(layout.iter_unpack(table[:usable])):
+        if index == 0:
+            continue
+        is_function = st_info & 0xF == STT_FUNC
+        if st_name >= len(dynstr):
+            raise FormatError("ELF", dynsym.offset + index * 24, "symbol name outside .dynstr")
+        if not dynstr.startswith(WATCHED_PREFIXES, st_name):
+            if is_function and st_shndx != 0:  # a function start the walk may meet
+                symbols[index] = _Symbol("", st_value, True, False, True, None)
+            continue
+        name = _string(dynstr, st_name)
+        defined = st_shndx != 0
+        bind, visibility = st_info >> 4, st_other & 3
+        exported = defined and bind != STB_LOCAL and visibility in (STV_DEFAULT, STV_PROTECTED)
+        version = None
+        if versym and (index + 1) * 2 <= len(versym):
+            (raw,) = struct.unpack_from(endian + "H", versym, index * 2)
+            version = version_names.get(raw & ~VERSYM_HIDDEN) if (raw & ~VERSYM_HIDDEN) > 1 else None
+        is_data = st_info & 0xF in (STT_OBJECT, STT_TLS)
+        symbols[index] = _Symbol(name, st_value, defined, exported, is_function, version, is_data, bind == STB_WEAK)
+    return symbols, dynsym
+
+
+def _relocations(reader: _Reader, dynsym: Section | None) -> Iterable[tuple[int, int, int, int]]:
+    """(r_offset, type, symbol index, addend) of every dynamic RELA entry."""
+    if not reader.header.is_64:
+        return
+    layout = struct.Struct(reader.header.endian + "QQq")
+    for section in reader.sections:
+        if section.sh_type != SHT_RELA or section.size == 0:
+            continue
+        if dynsym is not None and section.link not in (0, dynsym.index):
+            continue  # .rela of a static symbol table (an object file's, never a loader's)
+        if section.entsize != 24:
+            raise FormatError("ELF", reader.offset_of(section), f"{section.name} entry size {section.entsize}")
+        data = reader.read(section)
+        usable = len(data) - len(data) % 24
+        for r_offset, r_info, addend in layout.iter_unpack(data[:usable]):
+            yield r_offset, r_info & 0xFFFFFFFF, r_info >> 32, addend
+
+
+def _function_starts(reader: _Reader) -> list[int] | None:
+    """Sorted function start addresses from .eh_frame_hdr's binary search table, or None."""
+    section = reader.by_name(".eh_frame_hdr")
+    if section is None or section.size < 12:
+        return None
+    data = reader.read(section, 64 << 20)
+    version, frame_enc, count_enc, table_enc = data[0], data[1], data[2], data[3]
+    # The encoding every toolchain emits: pcrel|sdata4 pointer, udata4 count, datarel|sdata4 table.
+    if version != 1 or count_enc != 0x03 or table_enc != 0x3B or frame_enc not in (0x1B, 0x03, 0x0B):
+        return None
+    (count,) = struct.unpack_from(reader.header.endian + "I", data, 8)
+    if 12 + count * 8 > len(data):
+        return None
+    pairs = struct.iter_unpack(reader.header.endian + "ii", data[12 : 12 + count * 8])
+    return sorted(section.addr + start for start, _fde in pairs)
+
+
+def _plt_stubs(reader: _Reader, jump_slots: Mapping[int, int]) -> dict[int, int]:
+    """PLT stub address -> symbol index, for stubs that jump through a JUMP_SLOT GOT entry."""
+    stubs: dict[int, int] = {}
+    for name in (".plt", ".plt.sec", ".plt.got"):
+        section = reader.by_name(name)
+        if section is None or not section.has_file_bytes:
+            continue
+        data = reader.read(section, 64 << 20)
+        for found in re.finditer(rb"\xff\x25", data):
+            position = found.start()
+            if position + 6 > len(data):
+                break
+            (displacement,) = struct.unpack_from("<i", data, position + 2)
+            slot = section.addr + position + 6 + displacement
+            symbol = jump_slots.get(slot)
+            if symbol is not None:
+                stubs[section.addr + position - position % 16] = symbol
+    return stubs
+
+
+def _init_functions(reader: _Reader, relative: Mapping[int, int]) -> list[int]:
+    entries: list[int] = []
+    for section in reader.sections:
+        if section.sh_type != SHT_INIT_ARRAY or section.size == 0:
+            continue
+        data = reader.read(section, 16 << 20)
+        for index, (value,) in enumerate(struct.iter_unpack(reader.header.endian + "Q", data[: len(data) // 8 * 8])):
+            slot = section.addr + index * 8
+            target = relative.get(slot, value)
+            if target not in (0, 0xFFFFFFFFFFFFFFFF):
+                entries.append(target)
+    return entries
+
+
+def _reaches(
+    reader: _Reader,
+    starts: list[int],
+    targets: frozenset[int],
+    got_slots: frozenset[int],
+    known_functions: frozenset[int],
+    stubs: Mapping[int, int],
+) -> tuple[bool | None, str]:
+    """Whether a call walk from starts hits targets (code addresses) or got_slots (indirect)."""
+    import bisect
+
+    extents = _function_starts(reader)
+    function_set = frozenset(extents) if extents else frozenset()
+    callable_starts = function_set | known_functions
+    stack = [(start, 0) for start in starts]
+    seen: set[int] = set()
+    spent_bytes = 0
+    while stack:
+        address, depth = stack.pop()
+        if address in seen:
+            continue
+        seen.add(address)
+        if len(seen) > MAX_WALK_FUNCTIONS or spent_bytes > MAX_WALK_BYTES:
+            return None, f"undecided: walk budget spent after {len(seen)} functions"
+        if extents:
+            index = bisect.bisect_right(extents, address)
+            end = extents[index] if index < len(extents) else address + FALLBACK_FUNCTION_BYTES
+            length = min(max(end - address, 1), 1 << 20)
+        else:
+            length = FALLBACK_FUNCTION_BYTES
+        code = reader.read_vaddr(address, length)
+        spent_bytes += len(code)
+        for found in _CALL_PATTERN.finditer(code):
+            position = found.start()
+            opcode = code[position]
+            if opcode in (0xE8, 0xE9):
+                if position + 5 > len(code):
+                    continue
+                (displacement,) = struct.unpack_from("<i", code, position + 1)
+                target = address + position + 5 + displacement
+                if target in targets:
+                    how = "PLT" if target in stubs else "direct call"
+                    return True, f"an .init_array function reaches addArgument ({how}, depth {depth + 1})"
+                if depth + 1 < MAX_WALK_DEPTH and target in callable_starts and target not in seen:
+                    stack.append((target, depth + 1))
+            else:
+                if position + 6 > len(code):
+                    continue
+                (displacement,) = struct.unpack_from("<i", code, position + 2)
+                if address + position + 6 + displacement in got_slots:
+                    return True, f"an .init_array function reaches addArgument (GOT, depth {depth + 1})"
+    return False, f"no .init_array function reaches addArgument ({len(seen)} functions walked)"
+
+
+def read_linkage(path: str, dynamic: elfread.DynamicInfo, fd: int | None = None) -> Linkage:
+    """The linkage facts of the shared library at path (read from fd when given). Raises
+    FormatError or OSError."""
+    owned = fd is None
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        file_size = os.fstat(fd).st_size
+        header = elfread.parse_header(os.pread(fd, 64, 0))
+        reader = _Reader(fd, file_size, header)
+        try:
+            return _linkage(path, reader, dynamic)
+        except (struct.error, ValueError, IndexError, OverflowError) as exc:
+            raise FormatError("ELF", 0, f"unreadable linkage data: {exc}") from None
+    finally:
+        if owned:
+            os.close(fd)
+
+
+def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkage:
+    machine = reader.header.e_machine
+    symbols, dynsym = _watched_symbols(reader)
+    kinds = RELOC_KINDS.get(machine, {})
+    binds: dict[str, Bind] = {}
+    relative: dict[int, int] = {}
+    jump_slots: dict[int, int] = {}
+    glob_dat_slots: dict[int, int] = {}
+    for r_offset, r_type, index, addend in _relocations(reader, dynsym):
+        if machine == EM_X86_64:
+            if r_type == R_X86_64_RELATIVE:
+                relative[r_offset] = addend
+                continue
+            if r_type == R_X86_64_JUMP_SLOT:
+                jump_slots[r_offset] = index
+            elif r_type == R_X86_64_GLOB_DAT:
+                glob_dat_slots[r_offset] = index
+        kind = kinds.get(r_type)
+        symbol = symbols.get(index)
+        if kind is None or symbol is None or not symbol.name:
+            continue
+        known = binds.get(symbol.name)
+        if known is None or KIND_RANK[kind] > KIND_RANK[known.kind]:
+            binds[symbol.name] = Bind(kind, symbol.version, symbol.defined)
+    exports = {s.name: s.version for s in symbols.values() if s.name and s.exported}
+    strong_data = frozenset(s.name for s in symbols.values() if s.name and s.exported and s.is_data and not s.weak)
+    has_initialisers = any(s.sh_type == SHT_INIT_ARRAY and s.size > 0 for s in reader.sections)
+    add_argument = next((i for i, s in symbols.items() if s.name == ADD_ARGUMENT), None)
+    defines_registry = add_argument is not None and symbols[add_argument].defined
+    registers, how = _registers_at_load(
+        reader, symbols, add_argument, relative, jump_slots, glob_dat_slots, has_initialisers
+    )
+    return Linkage(
+        path=path,
+        machine=machine,
+        symbolic=dynamic.symbolic,
+        exports=exports,
+        binds=binds,
+        has_initialisers=has_initialisers,
+        registers_at_load=registers,
+        registration_path=how,
+        defines_registry=defines_registry,
+        strong_data=strong_data,
+    )
+
+
+def _registers_at_load(
+    reader: _Reader,
+    symbols: Mapping[int, _Symbol],
+    add_argument: int | None,
+    relative: Mapping[int, int],
+    jump_slots: Mapping[int, int],
+    glob_dat_slots: Mapping[int, int],
+    has_initialisers: bool,
+) -> tuple[bool | None, str]:
+    if add_argument is None:
+        return False, "does not reference addArgument"
+    if not has_initialisers:
+        return False, "no .init_array"
+    if reader.header.e_machine != EM_X86_64:
+        return None, "undecided: the call decoder reads x86-64 only"
+    targets = set()
+    if symbols[add_argument].defined:
+        targets.add(symbols[add_argument].value)
+    stubs = _plt_stubs(reader, jump_slots)
+    targets |= {stub for stub, index in stubs.items() if index == add_argument}
+    got = frozenset(slot for slot, index in {**jump_slots, **glob_dat_slots}.items() if index == add_argument)
+    starts = _init_functions(reader, relative)
+    if not starts:
+        return False, "no .init_array function"
+    known = frozenset(s.value for s in symbols.values() if s.is_function and s.defined)
+    return _reaches(reader, starts, frozenset(targets), got, known, stubs)

@@ -1,0 +1,233 @@
+"""Real LLVM carriers from PyPI wheels and Debian packages, pinned by sha256, and a tree of them.
+
+Ten packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
+14/15/16/19 (versioned exporters, -Bsymbolic-functions) and libclang-cpp 15/19 (registrants through
+JUMP_SLOT, DT_NEEDED on the system libLLVM), rocm-llvm-python's DT_SYMBOLIC librocmllvm.so, two
+llvmlite versions (hidden copies), triton's libtriton (hidden) and its LLVM pass plugin
+libPrintLoadStoreMemSpaces.so (an unversioned exporter that is not -Bsymbolic-functions: its
+addArgument goes through its own PLT). Downloads go to ROCM_AUDIT_TEST_CACHE (default
+~/.cache/rocm-audit-tests) with the ordinary clients (pip download, apt-get download) and are
+checked against the pins before anything is unpacked; a missing or mismatching file fails the test
+(a broken set-up), it never skips.
+
+``build_tree`` lays the libraries out as an audited tree, with deliberate duplicates: second
+inodes holding the same bytes (a copy instead of a symlink), as `cp -r` or a wheel's copied alias
+makes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Carrier:
+    name: str  # a short name for the tree
+    kind: str  # "wheel" or "deb"
+    spec: str  # pip requirement or apt package=version
+    filename: str
+    sha256: str
+    members: tuple[str, ...]  # files to take, inside the unpacked package
+
+
+CARRIERS = (
+    Carrier(
+        "llvm14",
+        "deb",
+        "libllvm14=1:14.0.6-12",
+        "libllvm14_1%3a14.0.6-12_amd64.deb",
+        "cd986403cfe53f47c41b80667f6b344c40fe35de4c5081dad9358b4c77cf64a8",
+        ("usr/lib/x86_64-linux-gnu/libLLVM-14.so.1",),
+    ),
+    Carrier(
+        "llvm15",
+        "deb",
+        "libllvm15=1:15.0.6-4+b1",
+        "libllvm15_1%3a15.0.6-4+b1_amd64.deb",
+        "9f0751109ba89e65b1313a4f3e34a29977a0db6fa30ed475e2c6bd555fa9e866",
+        ("usr/lib/x86_64-linux-gnu/libLLVM-15.so.1",),
+    ),
+    Carrier(
+        "llvm16",
+        "deb",
+        "libllvm16=1:16.0.6-15~deb12u1",
+        "libllvm16_1%3a16.0.6-15~deb12u1_amd64.deb",
+        "ba0b6f4a348373d82e8c180c8f94ea5e9f0227afe4e01c78e5a66ec71fd2df1e",
+        ("usr/lib/x86_64-linux-gnu/libLLVM-16.so.1",),
+    ),
+    Carrier(
+        "llvm19",
+        "deb",
+        "libllvm19=1:19.1.7-3~deb12u1",
+        "libllvm19_1%3a19.1.7-3~deb12u1_amd64.deb",
+        "6edf3a8b28495cdba883d9760e0dca1a81983fc497a5f989dc64d0d96d23b4aa",
+        ("usr/lib/x86_64-linux-gnu/libLLVM.so.19.1",),
+    ),
+    Carrier(
+        "clang15",
+        "deb",
+        "libclang-cpp15=1:15.0.6-4+b1",
+        "libclang-cpp15_1%3a15.0.6-4+b1_amd64.deb",
+        "1fd391c424c91b885280163727aa1b079db583f5e2ebdd350336a12de68f5448",
+        ("usr/lib/llvm-15/lib/libclang-cpp.so.15",),
+    ),
+    Carrier(
+        "clang19",
+        "deb",
+        "libclang-cpp19=1:19.1.7-3~deb12u1",
+        "libclang-cpp19_1%3a19.1.7-3~deb12u1_amd64.deb",
+        "5daa784e1d747db320c16604729ffa805e6bfd72d3ac0b7cb0ee5f1a7ebc8aae",
+        ("usr/lib/x86_64-linux-gnu/libclang-cpp.so.19.1",),
+    ),
+    Carrier(
+        "llvmlite044",
+        "wheel",
+        "llvmlite==0.44.0",
+        "llvmlite-0.44.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "c5d22c3bfc842668168a786af4205ec8e3ad29fb1bc03fd11fd48460d0df64c1",
+        ("llvmlite/binding/libllvmlite.so",),
+    ),
+    Carrier(
+        "llvmlite050",
+        "wheel",
+        "llvmlite==0.50.0",
+        "llvmlite-0.50.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "a6ffde00d4be8772a24e3e8b3af6bf86a79e7cf066d944ef56136b3957d707dc",
+        ("llvmlite/binding/libllvmlite.so",),
+    ),
+    Carrier(
+        "rocmllvm",
+        "wheel",
+        "rocm-llvm-python==7.2.2.562.46",
+        "rocm_llvm_python-7.2.2.562.46-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "e96118552366a135ff9c3d8b9d8dc2d5889eca1b457986f5546861f3e9a19762",
+        ("rocm/llvm/librocmllvm.so",),
+    ),
+    Carrier(
+        "triton",
+        "wheel",
+        "triton==3.5.1",
+        "triton-3.5.1-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "61413522a48add32302353fdbaaf92daaaab06f6b5e3229940d21b5207f47579",
+        (
+            "triton/_C/libtriton.so",
+            "triton/instrumentation/libPrintLoadStoreMemSpaces.so",
+            "triton/instrumentation/libGPUInstrumentationTestLib.so",
+        ),
+    ),
+)
+
+# Deliberate duplicates: a second inode with the same bytes, next to the first in another folder.
+DUPLICATES = ("llvm15", "llvm19", "clang15", "rocmllvm", "triton/libPrintLoadStoreMemSpaces.so")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("ROCM_AUDIT_TEST_CACHE") or os.path.expanduser("~/.cache/rocm-audit-tests")
+    path = Path(base) / "llvm-carriers"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download(carrier: Carrier, into: Path) -> None:
+    if carrier.kind == "wheel":
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q"]
+        command += ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
+        for platform in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64"):
+            command += ["--platform", platform]
+        subprocess.run([*command, "-d", str(into), carrier.spec], check=True, timeout=1800)
+        return
+    download = ["apt-get", "download", carrier.spec]
+    if subprocess.run(download, cwd=into, check=False, timeout=1800).returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], check=True, timeout=1800)
+        subprocess.run(download, cwd=into, check=True, timeout=1800)
+
+
+def fetch(carrier: Carrier) -> Path:
+    """The pinned package file, downloaded once and checked."""
+    target = cache_dir() / carrier.filename
+    if not target.exists() or _sha256(target) != carrier.sha256:
+        _download(carrier, cache_dir())
+    digest = _sha256(target)
+    assert digest == carrier.sha256, f"{carrier.filename}: sha256 {digest}, pinned {carrier.sha256}"
+    return target
+
+
+def unpacked(carrier: Carrier) -> Path:
+    """The carrier's member files, unpacked once into the cache (read-only from then on)."""
+    root = cache_dir() / "unpacked" / carrier.name / carrier.sha256[:16]
+    done = root / ".complete"
+    if done.exists():
+        return root
+    package = fetch(carrier)
+    scratch = root.with_name(root.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    if carrier.kind == "wheel":
+        with zipfile.ZipFile(package) as archive:
+            for member in carrier.members:
+                archive.extract(member, scratch)
+    else:
+        subprocess.run(["dpkg-deb", "-x", str(package), str(scratch)], check=True, timeout=600)
+    for member in carrier.members:
+        assert (scratch / member).is_file(), f"{carrier.name}: {member} is not in {carrier.filename}"
+    shutil.rmtree(root, ignore_errors=True)
+    scratch.rename(root)
+    done.touch()
+    return root
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system than the cache's
+        shutil.copyfile(source, target)
+
+
+@dataclass(frozen=True)
+class CarrierTree:
+    root: Path
+    libraries: dict[str, Path]  # short name -> path in the tree ("llvm15", "llvm15-copy", ...)
+
+
+def build_tree(root: Path, names: tuple[str, ...] | None = None) -> CarrierTree:
+    """Hardlink the unpacked carriers into root (one inode with the cache: cheap), then add the
+    deliberate duplicates as real copies (new inodes)."""
+    libraries: dict[str, Path] = {}
+    for carrier in CARRIERS:
+        if names is not None and not any(n == carrier.name or n.startswith(carrier.name + "/") for n in names):
+            continue
+        source_root = unpacked(carrier)
+        for member in carrier.members:
+            key = carrier.name if len(carrier.members) == 1 else f"{carrier.name}/{Path(member).name}"
+            if names is not None and key not in names and carrier.name not in names:
+                continue
+            target = root / carrier.name / member
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(source_root / member, target)
+            libraries[key] = target
+            if key in DUPLICATES:
+                copy = root / f"{carrier.name}-copy" / member
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                copies = cache_dir() / "copies" / carrier.sha256[:16] / member
+                if not copies.exists():  # one real copy in the cache, hardlinked per tree
+                    copies.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source_root / member, copies.with_suffix(".partial"))
+                    copies.with_suffix(".partial").rename(copies)
+                _link_or_copy(copies, copy)
+                libraries[f"{key}-copy"] = copy
+    return CarrierTree(root, libraries)
