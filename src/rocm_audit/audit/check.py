@@ -54,7 +54,7 @@ def read_facts(inventory: Inventory, skip: frozenset[str], selection: TargetSele
     ``selection``: the targets verify-arch will judge, so that code objects are read only as far
     as that judgement needs (gpu/codeobjects.scan_file)."""
     from rocm_audit.gpu.verify import code_objects_of, may_hold_code
-    from rocm_audit.llvm.clashes import role_facts_of
+    from rocm_audit.llvm.clashes import linkage_facts_of, role_facts_of
 
     def code_objects(inventory: Inventory, record: FileRecord) -> object:
         return code_objects_of(inventory, record, selection)
@@ -65,7 +65,7 @@ def read_facts(inventory: Inventory, skip: frozenset[str], selection: TargetSele
         if "verify-arch" not in skip and may_hold_code(record):
             readers.append(code_objects)
         if "llvm" not in skip and record.kind is FileKind.SHARED_LIBRARY:
-            readers.append(role_facts_of)
+            readers += [role_facts_of, linkage_facts_of]
         if "post-build" not in skip and record.kind in host_kinds:
             readers.append(_versions_if_needed)
         if not readers:

@@ -368,6 +368,15 @@ def role_facts_of(inventory: Inventory, record: FileRecord) -> ClFacts:
     return inventory.facts.get(record, "llvm-role", lambda fd: classify(record.path, dynamic, fd))
 
 
+def linkage_facts_of(inventory: Inventory, record: FileRecord) -> Linkage | None:
+    """The linkage fact (linkage.py) of an exporter, registrant or private copy, read in the same
+    fact pass as its role (tree/facts.py); None for other libraries."""
+    if role_facts_of(inventory, record).role in (Role.NONE, Role.UNKNOWN):
+        return None
+    dynamic = inventory.dynamic(record)
+    return inventory.facts.get(record, "llvm-linkage", lambda fd: read_linkage(record.path, dynamic, fd))
+
+
 def _identical_classes(inventory: Inventory, records: Sequence[FileRecord], findings: list[Finding]) -> list[set[str]]:
     """Classes of byte-identical files among records (one path per inode); what this run compared
     already (dedup's plan, in `check`) is not read again."""
