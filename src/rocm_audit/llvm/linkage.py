@@ -41,6 +41,14 @@ GET_TOP_LEVEL = "_ZN4llvm2cl10SubCommand11getTopLevelEv"  # llvm::cl::SubCommand
 MACHINE_SCHED_REGISTRY = "_ZN4llvm20MachineSchedRegistry8RegistryE"  # MachinePassRegistry head
 REGISTRY_HEAD = re.compile(r"_ZN4llvm8RegistryI.*E4(Head|Tail)E$")  # llvm::Registry<T>::Head / Tail
 ENTRY_POINTS = (ADD_ARGUMENT, TOP_LEVEL_SUBCOMMAND, GET_TOP_LEVEL, MACHINE_SCHED_REGISTRY)
+# llvm::cl::opt<T, ...>::done() calls addArgument where it is defined: a library that imports the
+# done() of an instantiation libLLVM exports registers into libLLVM's registry (roles.py).
+OPT_PREFIX, DONE_SUFFIX = "_ZN4llvm2cl3optI", "E4doneEv"
+
+
+def registers_through(name: str) -> bool:
+    return name == ADD_ARGUMENT or (name.startswith(OPT_PREFIX) and name.endswith(DONE_SUFFIX))
+
 
 # The namespaces whose symbols two LLVMs can share: llvm::, clang::, mlir:: (functions, const
 # methods, vtables, data). Type-info objects and names (_ZTI, _ZTS) are left out: sharing them
@@ -103,6 +111,7 @@ class Linkage:
     registration_path: str  # how the decision was reached, for the report
     defines_registry: bool = field(default=False)  # defines addArgument: CommandLine.cpp is in it
     strong_data: frozenset[str] = field(default=frozenset())  # exported data, GLOBAL or UNIQUE (not WEAK)
+    registration_imports: tuple[str, ...] = ()  # addArgument, or opt<T>::done() imported: where options go
 
     def entry_points(self) -> dict[str, str]:
         """How each registry entry point is reached: a relocation kind, "defined" or absent."""
@@ -435,8 +444,12 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
     has_initialisers = any(s.sh_type == SHT_INIT_ARRAY and s.size > 0 for s in reader.sections)
     add_argument = next((i for i, s in symbols.items() if s.name == ADD_ARGUMENT), None)
     defines_registry = add_argument is not None and symbols[add_argument].defined
+    through = {i for i, s in symbols.items() if registers_through(s.name) and (not s.defined or i == add_argument)}
+    registration_imports = tuple(
+        sorted({symbols[i].name for i in through if symbols[i].name in binds}, key=lambda n: (n != ADD_ARGUMENT, n))
+    )
     registers, how = _registers_at_load(
-        reader, symbols, add_argument, relative, jump_slots, glob_dat_slots, has_initialisers
+        reader, symbols, add_argument, through, relative, jump_slots, glob_dat_slots, has_initialisers
     )
     return Linkage(
         path=path,
@@ -449,6 +462,7 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         registration_path=how,
         defines_registry=defines_registry,
         strong_data=strong_data,
+        registration_imports=registration_imports,
     )
 
 
@@ -456,23 +470,25 @@ def _registers_at_load(
     reader: _Reader,
     symbols: Mapping[int, _Symbol],
     add_argument: int | None,
+    through: set[int],
     relative: Mapping[int, int],
     jump_slots: Mapping[int, int],
     glob_dat_slots: Mapping[int, int],
     has_initialisers: bool,
 ) -> tuple[bool | None, str]:
-    if add_argument is None:
+    if add_argument is None and not through:
         return False, "does not reference addArgument"
     if not has_initialisers:
         return False, "no .init_array"
     if reader.header.e_machine != EM_X86_64:
         return None, "undecided: the call decoder reads x86-64 only"
     targets = set()
-    if symbols[add_argument].defined:
+    if add_argument is not None and symbols[add_argument].defined:
         targets.add(symbols[add_argument].value)
+    entries = through | ({add_argument} if add_argument is not None else set())
     stubs = _plt_stubs(reader, jump_slots)
-    targets |= {stub for stub, index in stubs.items() if index == add_argument}
-    got = frozenset(slot for slot, index in {**jump_slots, **glob_dat_slots}.items() if index == add_argument)
+    targets |= {stub for stub, index in stubs.items() if index in entries}
+    got = frozenset(slot for slot, index in {**jump_slots, **glob_dat_slots}.items() if index in entries)
     starts = _init_functions(reader, relative)
     if not starts:
         return False, "no .init_array function"

@@ -201,9 +201,10 @@ def _map_owner(process: _Process, one: Mapped, scope: Sequence[Mapped]) -> tuple
 def _register(process: _Process, one: Mapped, scope: Sequence[Mapped], index: int) -> Prediction | None:
     if one.linkage.registers_at_load is False:
         return None
-    if ADD_ARGUMENT not in one.linkage.binds and not one.linkage.defines_registry:
+    entry = next(iter(one.linkage.registration_imports), ADD_ARGUMENT)
+    if entry not in one.linkage.binds and not one.linkage.defines_registry:
         return None
-    registry = process.bound(one, ADD_ARGUMENT, scope)
+    registry = process.bound(one, entry, scope)
     if registry is None:
         return None
     map_owner = process.option_map.get(registry.identity, registry.identity)
@@ -211,8 +212,9 @@ def _register(process: _Process, one: Mapped, scope: Sequence[Mapped], index: in
     entries = process.registrations.setdefault(map_owner, [])
     for earlier_families, earlier in entries:
         if earlier_families & families:
-            how = "its own addArgument" if registry.identity == one.identity else f"addArgument of {registry.path}"
-            kind = one.linkage.binds.get(ADD_ARGUMENT)
+            what = "addArgument" if entry == ADD_ARGUMENT else "cl::opt<T>::done()"
+            how = f"its own {what}" if registry.identity == one.identity else f"{what} of {registry.path}"
+            kind = one.linkage.binds.get(entry)
             through = f" through {kind.kind}" if kind is not None and registry.identity != one.identity else ""
             return Prediction(
                 Verdict.ABORT,
@@ -221,7 +223,7 @@ def _register(process: _Process, one: Mapped, scope: Sequence[Mapped], index: in
                 culprit=one.path,
                 other=earlier.path,
                 step=index,
-                symbols=(ADD_ARGUMENT,),
+                symbols=(entry,),
             )
     entries.append((families, one))
     return None
