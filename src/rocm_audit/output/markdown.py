@@ -133,6 +133,33 @@ def finding_lines(outcome: CommandOutcome, shorten: Callable[[str], str]) -> lis
     return lines
 
 
+def prune_lines(sections: Mapping[str, Any], limit: int = 15) -> list[str]:
+    """Device code per distribution: how much no kept target loads, and how much prune removes."""
+    section = sections.get("prune")
+    if not section or not section["weight"]:
+        return []
+    from rocm_audit.output.text_sections import weight_by_distribution
+
+    mib = 1 << 20
+    rows = [
+        [
+            markdown(one["distribution"]),
+            one["targets"],
+            f"{one['bytes'] / mib:,.1f}",
+            f"{one['compressed_bytes'] / mib:,.1f}",
+            f"{one['unused_bytes'] / mib:,.1f}",
+            f"{one['removable_bytes'] / mib:,.1f}",
+        ]
+        for one in weight_by_distribution(section["weight"])[:limit]
+    ]
+    kept = ", ".join(markdown(t) for t in section["targets"])
+    return [
+        f"Device code by distribution (MiB; kept targets: {kept}):",
+        "",
+        *_table(["distribution", "targets", "on disk", "compressed", "for no kept target", "removable"], rows),
+    ]
+
+
 def _rules_lines(sections: Mapping[str, Any]) -> list[str]:
     rows = [
         [markdown(r["id"]), markdown(r["severity"]), markdown(r["title"]), markdown(r["severity_source"])]
@@ -153,7 +180,11 @@ def render_markdown(outcome: CommandOutcome) -> str:
         parts.append(_rules_lines(outcome.sections))
     else:
         parts.append(summary_lines(outcome))
-    for section in (coverage_lines(outcome.sections, shorten), duplicate_lines(outcome.sections, shorten)):
+    for section in (
+        coverage_lines(outcome.sections, shorten),
+        duplicate_lines(outcome.sections, shorten),
+        prune_lines(outcome.sections),
+    ):
         if section:
             parts.append(section)
     findings = finding_lines(outcome, shorten)

@@ -254,6 +254,27 @@ def _mib(count: int) -> str:
     return f"{count / (1 << 20):,.1f}"
 
 
+def weight_by_distribution(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The prune weight rows summed per distribution, largest first (pure; text and markdown)."""
+    sums: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        one = sums.setdefault(
+            row["distribution"],
+            {
+                "distribution": row["distribution"],
+                "bytes": 0,
+                "compressed_bytes": 0,
+                "unused_bytes": 0,
+                "removable_bytes": 0,
+                "targets": 0,
+            },
+        )
+        for key in ("bytes", "compressed_bytes", "unused_bytes", "removable_bytes"):
+            one[key] += row[key]
+        one["targets"] += 1
+    return sorted(sums.values(), key=lambda d: (-d["bytes"], d["distribution"]))
+
+
 _REMOVAL_MARK = {"planned": "would remove", "removed": "removed", "skipped": "SKIPPED", "failed": "FAILED"}
 
 
@@ -265,6 +286,15 @@ def prune_lines(sections: Sections, shorten: Shorten = _same, *, limit: int = 40
         f"device code {_mib(totals['device_bytes'])} MiB on disk ({_mib(totals['compressed_bytes'])} MiB in compressed"
         f" bundles, {_mib(totals['inflated_bytes'])} MiB inflated); for no kept target: "
         f"{_mib(totals['unused_bytes'])} MiB, removable: {_mib(totals['removable_bytes'])} MiB",
+        "",
+        f"{'distribution':40} {'targets':>7} {'MiB':>10} {'compressed':>10} {'unused':>10} {'removable':>10}",
+    ]
+    for one in weight_by_distribution(section["weight"]):
+        lines.append(
+            f"{display(one['distribution']):40} {one['targets']:>7} {_mib(one['bytes']):>10} "
+            f"{_mib(one['compressed_bytes']):>10} {_mib(one['unused_bytes']):>10} {_mib(one['removable_bytes']):>10}"
+        )
+    lines += [
         "",
         f"{'distribution':40} {'target':24} {'MiB':>10} {'compressed':>10} {'kept':>4} {'removable':>10}",
     ]
