@@ -99,7 +99,8 @@ def weigh(plan: PrunePlan, device_code: DeviceCodeOf) -> Weight:
         unit = plan.unit_of_path.get(record.path)
         distribution = plan.device_dist_of_path.get(record.path)
         entries = device_entries(device_code(record))
-        if unit is not None or distribution is not None:
+        # a device distribution's metadata, byte-code and link lists are no device code
+        if unit is not None or (distribution is not None and entries):
             seen.add(record.identity)
             if entries and sum(e.size for e in entries):
                 # the file's bytes, shared out by its code objects' sizes
