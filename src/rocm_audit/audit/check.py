@@ -31,6 +31,7 @@ class CheckOptions:
     environ_label: str = "$GPU_ARCH"  # how the report names that variable's origin
     # Target lists the audited system records (an image's Env and build history), most trusted first.
     recorded_targets: tuple[TargetCandidate, ...] = ()
+    prune_by_file: bool = False  # image: device-code bytes per file, for its per-layer weight
     sysroot: str = "/"  # the system the audited files run on (an unpacked image root)
     probe: bool = False
     probe_timeout_s: float | None = None
@@ -191,7 +192,10 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         from rocm_audit.audit.pruning import Kept, kept_target, prune_for_check
 
         kept = [Kept(t.spelled, kept_target(t.spelled)) for t in prune_choice.targets]
-        finding, section = prune_for_check(inventory, kept, prune_choice.source, looked[0] if looked else "", selection)
+        where = looked[0] if looked else ""
+        finding, section = prune_for_check(
+            inventory, kept, prune_choice.source, where, selection, by_file=options.prune_by_file
+        )
         findings.append(finding)
         sections["prune"] = section
         ran.append("prune")

@@ -126,13 +126,27 @@ def prune_section(
 
 
 def prune_for_check(
-    inventory: Inventory, kept: list[Kept], source: str, looked: str, selection: TargetSelection | None = None
+    inventory: Inventory,
+    kept: list[Kept],
+    source: str,
+    looked: str,
+    selection: TargetSelection | None = None,
+    *,
+    by_file: bool = False,
 ) -> tuple[Finding, dict[str, Any]]:
-    """check's part: the weight and the plan (nothing changes), as one info finding and the section."""
+    """check's part: the weight and the plan (nothing changes), as one info finding and the section.
+    ``by_file`` adds ``files`` (path, bytes, unused_bytes, removable_bytes), which ``image`` turns
+    into a per-layer weight and removes again."""
     reader = device_code_of(inventory, selection)
     plan = make_plan(inventory, kept, reader)
     weight = weigh(plan, reader)
-    return weight_finding(plan, weight, looked), prune_section(plan, weight, "check", source)
+    section = prune_section(plan, weight, "check", source)
+    if by_file:
+        section["files"] = [
+            {"path": path, "bytes": b, "unused_bytes": u, "removable_bytes": r}
+            for path, (b, u, r) in sorted(weight.by_path.items())
+        ]
+    return weight_finding(plan, weight, looked), section
 
 
 def run_prune(

@@ -188,7 +188,7 @@ def _audit_merged(
             )
         )
     check_options = dataclasses.replace(
-        options.check, sysroot=state.root, probe=False, recorded_targets=options.recorded
+        options.check, sysroot=state.root, probe=False, recorded_targets=options.recorded, prune_by_file=layer_aware
     )
     outcome = run_check(package_dirs or [state.root], check_options)
     section: dict[str, Any] = {
@@ -215,6 +215,9 @@ def _audit_merged(
         findings.extend(waste.waste_findings(groups, layer_names))
         section["waste"] = waste.waste_section(groups, total)
     outcome = _to_image_paths(outcome, state.root)
+    files = outcome.sections.get("prune", {}).pop("files", None)
+    if files is not None:
+        section["prune_layers"] = prune_layers(state, files, layer_names)
     outcome.findings.extend(findings)
     outcome.sections["image"] = section
     outcome.command = "image"
@@ -227,6 +230,31 @@ def _audit_merged(
         + (f"; {outcome.summary}" if outcome.summary else "")
     )
     return outcome
+
+
+def prune_layers(state: merge.MergeState, files: list[dict[str, Any]], layer_names: list[str]) -> list[dict[str, Any]]:
+    """Device-code bytes per layer that holds them (prune's weight by file, placed by the layer
+    that wrote the file the merged view shows). A prune in a later RUN frees none of a lower
+    layer's bytes: only a prune in the RUN that wrote the layer does."""
+    per: dict[int, dict[str, Any]] = {}
+    for one in files:
+        layer = state.layer_of.get(one["path"])
+        if layer is None:
+            continue
+        row = per.setdefault(
+            layer,
+            {
+                "layer": layer,
+                "name": layer_names[layer] if layer < len(layer_names) else str(layer),
+                "device_bytes": 0,
+                "unused_bytes": 0,
+                "removable_bytes": 0,
+            },
+        )
+        row["device_bytes"] += one["bytes"]
+        row["unused_bytes"] += one["unused_bytes"]
+        row["removable_bytes"] += one["removable_bytes"]
+    return [per[i] for i in sorted(per)]
 
 
 def find_package_dirs(root: str) -> list[str]:

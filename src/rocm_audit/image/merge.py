@@ -94,6 +94,8 @@ class MergeState:
     visible: dict[str, int] = field(default_factory=dict)
     # image paths sharing a copy through a tar hardlink: path -> copy index
     hardlinked: dict[str, int] = field(default_factory=dict)
+    # image path -> the layer that wrote the regular file (or hardlink) the merged view shows there
+    layer_of: dict[str, int] = field(default_factory=dict)
     # relative symlink path -> (layer member, layer index, header offset), for findings in finish()
     link_origin: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
@@ -312,6 +314,7 @@ def _regular(
             out.close()
     if out is not None:
         os.chmod(target, (entry.mode & 0o777) | 0o600)
+    state.layer_of["/" + rel] = index
     if hasher is not None:
         state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=hasher.digest()))
         state.visible["/" + rel] = len(state.copies) - 1
@@ -335,6 +338,8 @@ def _hardlink(
     _drop(state, rel, target)
     if copy_index is not None:
         state.hardlinked["/" + rel] = copy_index
+    if "/" + source_rel in state.layer_of:
+        state.layer_of["/" + rel] = state.layer_of["/" + source_rel]
     if not _parent_is_safe(state.root, source_rel) or not os.path.isfile(source) or os.path.islink(source):
         if state.keep("/" + rel) and state.keep("/" + source_rel):
             _refuse(

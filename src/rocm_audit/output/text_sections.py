@@ -247,6 +247,12 @@ def image_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
                 for c in group["copies"]
             )
             lines.append(f"  {group['size']:,} bytes x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
+    for row in section.get("prune_layers", []):
+        lines.append(
+            f"image: layer {row['layer']} holds {row['device_bytes']:,} bytes of device code, "
+            f"{row['unused_bytes']:,} for no kept target, {row['removable_bytes']:,} removable by prune "
+            "in the RUN that wrote it"
+        )
     return lines + check_lines(sections)
 
 

@@ -51,6 +51,8 @@ class WeightRow:
 @dataclass(slots=True)
 class Weight:
     rows: list[WeightRow]
+    # path -> [bytes, unused bytes, removable bytes] of device code in that file (image: per layer)
+    by_path: dict[str, list[int]]
 
     def total(self, name: str) -> int:
         return sum(getattr(row, name) for row in self.rows)
@@ -81,6 +83,7 @@ def weigh(plan: PrunePlan, device_code: DeviceCodeOf) -> Weight:
     rows: dict[tuple[str, str], WeightRow] = {}
     removed = {r.path for removal in plan.removals for r in [*removal.files, *removal.devel_links]}
     seen: set[tuple[int, int]] = set()
+    by_path: dict[str, list[int]] = {}
 
     def add(record: FileRecord, target: str, size: int, *, compressed: int = 0, inflated: int = 0) -> None:
         key = (_label(plan, record), target)
@@ -92,6 +95,10 @@ def weigh(plan: PrunePlan, device_code: DeviceCodeOf) -> Weight:
         row.inflated_bytes += inflated
         if record.path in removed:
             row.removable_bytes += size
+        per = by_path.setdefault(record.path, [0, 0, 0])
+        per[0] += size
+        per[1] += 0 if row.needed else size
+        per[2] += size if record.path in removed else 0
 
     for record in sorted(plan.inventory.files, key=lambda r: r.path):
         if record.identity in seen:
@@ -131,7 +138,7 @@ def weigh(plan: PrunePlan, device_code: DeviceCodeOf) -> Weight:
             else:
                 add(record, target, entry.size)
     ordered = sorted(rows.values(), key=lambda r: (-r.bytes, r.distribution, r.target))
-    return Weight(ordered)
+    return Weight(ordered, by_path)
 
 
 def _dist_arch(distribution: Any) -> tuple[str, ...]:

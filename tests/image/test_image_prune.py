@@ -1,0 +1,36 @@
+"""`image` weighs device code per layer: which layer holds the bytes no kept target loads, and
+what a prune in the RUN that wrote that layer would free (a later RUN frees none of it)."""
+
+from __future__ import annotations
+
+import os
+
+from layer_writers import docker_save, layer
+
+from support.therock.artifacts import amdgpu_code_object, kpack_archive
+
+SP = "usr/lib/python3/dist-packages"
+PREFIX = "math-libs/BLAS/rocBLAS/stage"
+
+
+def test_device_code_is_weighed_per_layer(tmp_path, run_cli):
+    code = {
+        arch: amdgpu_code_object(tmp_path / arch, arch, "k.hsaco", i + 1) for i, arch in enumerate(("gfx90a", "gfx942"))
+    }
+    archives = {
+        arch: kpack_archive("blas_lib", arch, [(f"{PREFIX}/lib/librocblas.so.5.0.0", path.read_bytes())], PREFIX)
+        for arch, path in code.items()
+    }
+    images = os.urandom(6000)
+    base = layer(*((f"{SP}/_rocm_sdk_libraries/.kpack/blas_lib_{arch}.kpack", data) for arch, data in archives.items()))
+    torch = layer((f"{SP}/torch/lib/aotriton.images/amd-gfx90a/flash/attn.aks2", images))
+    archive = docker_save(tmp_path / "save.tar", [base, torch], env=["GPU_ARCH=gfx942"])
+    report = run_cli("image", "--archive", str(archive), "--skip", "llvm", "--format", "json").report
+    rows = {row["layer"]: row for row in report["image"]["prune_layers"]}
+    assert rows[0]["device_bytes"] == sum(len(a) for a in archives.values())
+    assert rows[0]["unused_bytes"] == rows[0]["removable_bytes"] == len(archives["gfx90a"])
+    assert rows[1] == {**rows[1], "device_bytes": len(images), "unused_bytes": len(images)}
+    assert "files" not in report["prune"]  # the per-file weight only feeds the per-layer one
+    assert any(f["rule"] == "PRUNE001" for f in report["findings"])
+    text = run_cli("image", "--archive", str(archive), "--skip", "llvm").stdout
+    assert f"layer 1 holds {len(images):,} bytes of device code" in text
