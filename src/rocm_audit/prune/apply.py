@@ -33,10 +33,10 @@ from rocm_audit import __version__
 from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.prune.plan import PrunePlan, Removal
-from rocm_audit.prune.records import Distribution
 from rocm_audit.tree.discovery import default_site_packages, site_packages_of
 from rocm_audit.tree.inventory import TEMP_PREFIX, LinkRecord
 from rocm_audit.tree.journal import append_records, fsync_directory, read_records, tree_locks
+from rocm_audit.tree.ownership import Distribution
 
 MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "prune-manifest.jsonl"
