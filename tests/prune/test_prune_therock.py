@@ -89,3 +89,22 @@ def test_without_a_backup_revert_prints_the_exact_pip_line(install, run_cli):
 def test_targets_from_dist_info_keep_every_installed_arch(install, run_cli):
     report = run_cli("prune", "-p", str(install.site_packages), "--dry-run", "--format", "json", expect=0).report
     assert report["prune"]["targets"] == ["gfx90a", "gfx942"] and report["prune"]["removals"] == []
+
+
+@pytest.mark.parametrize("dedup_first", [False, True])
+def test_split_copies_and_deduplicated_trees_prune_clean(tmp_path, run_cli, dedup_first):
+    """One COPY --from per tree splits TheRock's devel hardlinks into copies: prune removes the devel
+    copies of the pruned device files too (same bytes, sha256-checked), with or without a dedup first."""
+    install = build_therock_install(tmp_path, init=True)
+    install.split("per-tree")
+    site = install.site_packages
+    if dedup_first:
+        run_cli("dedup", "-p", str(site), expect=0)
+    run_cli("prune", "gfx942", "-p", str(site), expect=0)
+    assert _named_for(site, "gfx90a") == []
+    assert _named_for(site, "gfx942"), "kept arch untouched"
+    run_cli("prune", "gfx942", "-p", str(site), "--check", expect=0)
+    if dedup_first:  # a split tree fails TheRock's mirror test until dedup restores the links
+        tested = install.run_rocm_sdk("test")
+        assert tested.returncode == 0, tested.stdout + tested.stderr
+        run_cli("dedup", "-p", str(site), "--check", expect=0)
