@@ -97,7 +97,7 @@ def duplicate_fix(
         )
     if identical:
         return (
-            "Identical copies outside an SDK tree (`rocm-audit dedup` does not act here): "
+            "Identical copies outside an SDK tree (where dedup does not act): make all but one a symlink: "
             + "; ".join(f"`{c}`" for c in symlink_commands(keeper, others))
             + "."
         )
