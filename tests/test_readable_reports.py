@@ -113,3 +113,20 @@ def test_text_shows_paths_relative_to_the_audited_root(run_cli, carriers):
     finding_lines = [line for line in text.splitlines() if line.startswith("ERROR ARCH001")]
     assert finding_lines and all(line.startswith("ERROR ARCH001 pkg/") for line in finding_lines)
     assert str(carriers) not in "\n".join(text.splitlines()[1:])
+
+
+def test_sarif_of_an_archive_named_by_a_relative_path(run_cli, tmp_path, monkeypatch):
+    """The README's CI step `rocm-audit image --archive image.tar --format sarif` (it once exited 3:
+    the archive's empty directory name cannot be a file URI); locations are relative to the
+    image's audited site-packages."""
+    import json
+
+    sp = "opt/venv/lib/python3.11/site-packages"
+    docker_save(tmp_path / "image.tar", [layer((f"{sp}/pkg/lib.so", b"\x7fELF" + b"\0" * 60))])
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("image", "--archive", "image.tar", "--target", "gfx942", "--format", "sarif")
+    assert result.exit_code in (0, 1), result.output
+    run = json.loads(result.stdout)["runs"][0]
+    assert run["originalUriBaseIds"] == {"INPUT1": {"uri": f"file:///{sp}/"}}
+    locations = [r["locations"][0]["physicalLocation"]["artifactLocation"] for r in run["results"]]
+    assert {"uri": "pkg/lib.so", "uriBaseId": "INPUT1"} in locations

@@ -34,7 +34,8 @@ def _client() -> Any:
     except ImportError:
         raise UsageError(
             "reading an image from a Docker daemon needs the docker SDK: "
-            "pip install 'rocm-audit[docker]' (or audit a `docker save` file with --archive)"
+            "install rocm-audit with its docker extra (pip install '.[docker]' in a clone), "
+            "or audit a `docker save` file with --archive"
         ) from None
     try:
         client = docker.from_env()

@@ -18,9 +18,14 @@ SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schem
 _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 
 
-def _base_ids(inputs: list[str]) -> dict[str, str]:
-    """INPUT1.. -> root directory, for relative artifact URIs (what code-scanning UIs show)."""
-    roots = sorted({p if os.path.isdir(p) else os.path.dirname(p) for p in inputs})
+def _base_ids(inputs: list[str], audited: list[str] | None = None) -> dict[str, str]:
+    """INPUT1.. -> root directory, for relative artifact URIs (what code-scanning UIs show).
+
+    The audited roots as the findings spell them when the outcome has them (an image's
+    site-packages, not the archive's directory), else the inputs' directories. Only absolute
+    ones: `--archive image.tar` has no directory a file URI could name."""
+    candidates = audited or [p if os.path.isdir(p) else os.path.dirname(p) for p in inputs]
+    roots = sorted({r for r in candidates if os.path.isabs(r) and r != "/"})
     return {f"INPUT{index}": root for index, root in enumerate(roots, 1)}
 
 
@@ -65,7 +70,7 @@ def render_sarif(outcome: CommandOutcome) -> str:
                 "defaultConfiguration": {"level": _LEVEL[rule.severity] if rule else "warning"},
             }
         )
-    bases = _base_ids(outcome.inputs)
+    bases = _base_ids(outcome.inputs, outcome.roots)
     results = [_result(one, index_of, bases) for one in outcome.findings]
     for suppressed in outcome.suppressed:
         results.append(
