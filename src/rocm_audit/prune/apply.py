@@ -430,8 +430,11 @@ def revert(manifest_paths: list[str]) -> RevertResult:
     directories = sorted((p for p, e in by_path.items() if e[-1]["type"] == "dir"), key=lambda p: p.count(os.sep))
     for path in directories:
         if not os.path.isdir(path):
+            entry = by_path[path][-1]
             os.makedirs(path, exist_ok=True)
-            os.chmod(path, by_path[path][-1]["mode"])
+            os.chmod(path, entry["mode"])
+            with contextlib.suppress(PermissionError, KeyError):
+                os.chown(path, entry["uid"], entry["gid"])
     restored_at: dict[str, str] = {}
     for path, entries in by_path.items():
         latest = entries[-1]
