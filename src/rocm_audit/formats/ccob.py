@@ -8,7 +8,6 @@ first kilobytes and skip through the rest, and a hostile declared size never dri
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import zlib
 from collections.abc import Callable
@@ -123,7 +122,11 @@ class PayloadStream:
         self._in_pos = 0
         self._limit = limit
         self.position = 0  # uncompressed bytes handed out (or skipped) so far
-        self._md5 = hashlib.md5(usedforsecurity=False) if hashed else None
+        self._md5: Any = None
+        if hashed:
+            import hashlib  # noqa: PLC0415 - only where a hash is checked: 3 ms of every run else
+
+            self._md5 = hashlib.md5(usedforsecurity=False)
         self._skip_buffer: bytearray | None = None
         self._pending = b""
         self._eof = False

@@ -11,7 +11,6 @@ grow with section size, and a CCOB is inflated as a bounded stream.
 from __future__ import annotations
 
 import glob
-import logging
 import os
 import re
 from collections.abc import Callable
@@ -24,8 +23,6 @@ from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle
 from rocm_audit.tree.inventory import FileKind, FileRecord
 from rocm_audit.tree.targets import FEATURES, TargetId, TargetSelection, parse_target_id
-
-log = logging.getLogger(__name__)
 
 ReadAt = Callable[[int, int], bytes]
 

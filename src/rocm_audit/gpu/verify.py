@@ -10,7 +10,6 @@ a ``CommandOutcome`` and never prints.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -154,6 +153,9 @@ def dist_info_candidates(roots: Iterable[str]) -> list[str]:
 
 
 def _targets_from_dist_info(path: str) -> list[str]:
+
+    import json  # noqa: PLC0415 - only when dist_info.json is read
+
     try:
         with open(path, encoding="utf-8") as handle:
             document = json.load(handle)

@@ -76,7 +76,7 @@ def _rules_folder() -> Any:
     only serves a package imported from a zip archive."""
     from pathlib import Path
 
-    folder = Path(__file__).with_name("rules")
+    folder = Path(__file__).parent.parent / "rules"  # rocm_audit/rules, beside this folder
     if folder.is_dir():
         return folder
     from importlib import resources
