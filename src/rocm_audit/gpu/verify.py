@@ -52,6 +52,7 @@ _DATABASE_ROOTS = (
 # MIOpen find/perf databases are optional (MIOpen compiles or searches without them):
 # listed, not judged.
 _LISTED_ONLY_ROOTS = (("miopen-db", ("miopen", "db")),)
+_DATABASE_DIRS = frozenset(suffix[0] for _, suffix in _DATABASE_ROOTS + _LISTED_ONLY_ROOTS)
 _MIOPEN_ARCH = re.compile(
     r"^(gfx(?:90a|900|906|908|940|941|942|950|1010|1030|1100|1101|1102|1150|1151|1200|1201|"
     r"1250)(?:-strict)?)"
@@ -176,6 +177,8 @@ def _targets_from_dist_info(path: str) -> list[str]:
 def _database_root(path: str) -> tuple[str, str, bool] | None:
     """(kind, root dir, judged) when ``path`` lies in a per-arch kernel database."""
     parts = path.split(os.sep)
+    if _DATABASE_DIRS.isdisjoint(parts):
+        return None  # most files: no component of any database root (this runs for every file)
     for table, judged in ((_DATABASE_ROOTS, True), (_LISTED_ONLY_ROOTS, False)):
         for kind, suffix in table:
             for index in range(len(parts) - len(suffix)):

@@ -9,6 +9,7 @@ V6, generic version >= 1), and SPIR-V entries as a last, JIT-compiled resort.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass
 
@@ -111,6 +112,7 @@ class TargetId:
         return text
 
 
+@functools.lru_cache(maxsize=4096)  # a judgement parses the same few names for every entry and target
 def parse_target_id(text: str) -> TargetId | None:
     """Parse ``gfx942``, ``gfx942:sramecc+:xnack-``, ``gfx9-4-generic``; None if malformed."""
     match = _TARGET_RE.match(text)
