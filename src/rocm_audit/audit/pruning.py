@@ -24,12 +24,17 @@ from rocm_audit.tree.targets import TargetSelection, kept_target
 MODES = ("apply", "dry-run", "check")
 
 
-def kept_targets(target_args: list[str], roots: list[str], environ: dict[str, str]) -> tuple[list[Kept], str]:
-    """Targets as verify-arch resolves them (arguments, $GPU_ARCH, policy, dist_info.json). Raises UsageError."""
-    from rocm_audit.gpu.verify import requested_targets
+def kept_targets(
+    target_args: list[str], roots: list[str], environ: dict[str, str]
+) -> tuple[list[Kept], str, TargetSelection]:
+    """Targets as verify-arch resolves them (arguments, $GPU_ARCH, policy, dist_info.json), and the
+    scan selection verify-arch would use for them: compressed entries no kept target selects are
+    listed from their bundle ids, never inflated (their sizes come from the entry table). Raises
+    UsageError."""
+    from rocm_audit.gpu.verify import requested_targets, selection_for
 
     required, source = requested_targets(target_args, roots, environ)
-    return [Kept(t.spelled, kept_target(t.spelled)) for t in required], source
+    return [Kept(t.spelled, kept_target(t.spelled)) for t in required], source, selection_for(required)
 
 
 def device_code_of(inventory: Inventory, selection: TargetSelection | None = None) -> DeviceCodeOf:
@@ -163,9 +168,10 @@ def run_prune(
     """Weigh, plan and (mode "apply") remove. Raises UsageError."""
     started = time.monotonic()
     roots, looked = resolve_roots(paths)
-    kept, source = kept_targets(target_args, [r.path for r in roots], dict(os.environ) if environ is None else environ)
+    environ = dict(os.environ) if environ is None else environ
+    kept, source, selection = kept_targets(target_args, [r.path for r in roots], environ)
     inventory = build_inventory(roots, progress)
-    reader = device_code_of(inventory)
+    reader = device_code_of(inventory, selection)
     plan = make_plan(inventory, kept, reader)
     weight = weigh(plan, reader)
     where = looked[0] if len(looked) == 1 else ", ".join(looked)
