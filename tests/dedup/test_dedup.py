@@ -539,6 +539,20 @@ def test_keeper_rule_ranks_exact_tree_names_before_patterns(tmp_path):
     ]
 
 
+def test_a_version_nonce_ranks_like_the_tree_it_renames_and_a_wheel_copy_comes_first():
+    """``_rocm_sdk_core_r7130`` ranks as ``_rocm_sdk_core`` (not as the ``_rocm_sdk_*`` pattern,
+    where ``_rocm_sdk_devel_r7130`` would tie with it); a copy a wheel installed (a hashed RECORD
+    row) is the keeper before any expansion, whatever the trees are called."""
+    from rocm_audit.tree.keeper import KeeperRule
+
+    rule = KeeperRule(("_rocm_sdk_core", "_rocm_sdk_libraries*", "_rocm_sdk_*", "_rocm_sdk_devel"))
+    assert rule.owner_rank("/sp/_rocm_sdk_core_r7130") == 0
+    assert rule.owner_rank("/sp/_rocm_sdk_devel_r7130") == 3
+    assert rule.owner_rank("/sp/_rocm_sdk_libraries_r7130") == 1
+    devel, extra = "/sp/_rocm_sdk_devel/lib/libx.so.1", "/sp/_unknown/lib/libx.so.1"
+    assert rule.choose([devel, extra], lambda p: p.rsplit("/lib/", 1)[0], None, lambda p: p == extra) == extra
+
+
 def _replace_same_bytes(path):
     data = path.read_bytes()
     path.unlink()

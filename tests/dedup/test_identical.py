@@ -246,3 +246,20 @@ def test_without_ctypes_buffers_are_unaligned_and_classes_stay_exact(tmp_path, s
     assert CompareStats().buffers(1)[0].start == 0
     classes = partition_identical([Candidate(p, 40, None) for p in contents], CompareStats(), [])
     assert {frozenset(c.path for c in cls) for cls in classes} == _reference(contents)
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_a_member_with_a_head_digest_and_one_without_are_still_compared(tmp_path, small_blocks, full):
+    """dedup's inventory reads the heads of hardlinked files only: TheRock's devel aliases (one
+    inode, several links) carry a digest, the split runtime copy does not. They hold the same bytes
+    and must land in one class (issue 15: a first run never compared them)."""
+    data = bytes(range(40))
+    multi, single = tmp_path / "devel.so.3", tmp_path / "core.so.3"
+    multi.write_bytes(data)
+    single.write_bytes(data)
+    candidates = [
+        Candidate(str(multi), len(data), identical.head_digest(data[: identical.HEAD_BYTES])),
+        Candidate(str(single), len(data), None),
+    ]
+    classes = partition_identical(candidates, CompareStats(), [], full=full)
+    assert [sorted(c.path for c in cls) for cls in classes] == [sorted([str(multi), str(single)])]

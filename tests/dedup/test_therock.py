@@ -174,3 +174,26 @@ def test_revert_says_which_paths_rocm_sdk_re_linked(install):
     code, reverted = audit("dedup", "--revert", applied["dedup"]["manifest"])
     assert code == 0
     assert reverted["revert"]["failed"] == 0
+
+
+def test_pip_uninstall_of_everything_takes_the_manifest_away(install):
+    install.split("per-tree")
+    code, applied = audit("dedup", "-p", str(install.site_packages))
+    assert code == 0 and applied["dedup"]["replaced"] > 0
+    manifest = Path(applied["dedup"]["manifest"])
+    assert manifest.parent == install.site_packages / ".rocm-audit"
+    record = next(install.site_packages.glob("rocm_sdk_devel-*.dist-info")) / "RECORD"
+    assert ".rocm-audit/dedup-manifest.jsonl,," in record.read_text().splitlines()
+    # A second run appends to the same manifest and lists it once.
+    install.split("per-tree")
+    assert audit("dedup", "-p", str(install.site_packages))[0] == 0
+    assert record.read_text().splitlines().count(".rocm-audit/dedup-manifest.jsonl,,") == 1
+    names = [
+        "rocm",
+        "rocm-sdk-core",
+        "rocm-sdk-libraries",
+        "rocm-sdk-devel",
+        *(f"rocm-sdk-device-{arch}" for arch in install.arches),
+    ]
+    install.pip("uninstall", "-y", *names)
+    assert not (install.site_packages / ".rocm-audit").exists()

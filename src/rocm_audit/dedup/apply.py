@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from rocm_audit.dedup.link import (
     look_before,
     replace_with_link,
 )
-from rocm_audit.dedup.manifest import default_manifest_path, journal_changes
+from rocm_audit.dedup.manifest import default_manifest_path, journal_changes, list_in_record
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan, PlannedLink, regroup_differing
 from rocm_audit.dedup.verify import NeededBefore, needed_before, verify_applied
 from rocm_audit.findings import Finding, make_finding
@@ -81,6 +82,10 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
                 journal_changes(manifest, plan.groups, run_id, header=True)
             except OSError as exc:
                 raise _NoManifest(exc.strerror) from None
+            if manifest_path is None:  # the default place: pip uninstall takes it away with the links
+                # Best effort: an unwritable RECORD only means the manifest outlives an uninstall.
+                with contextlib.suppress(OSError):
+                    list_in_record(manifest, plan)
             _remove_leftovers(plan.inventory, findings)
 
         first = BeforeChanges(journal, [d.record.path for g in plan.groups for d in g.duplicates])

@@ -22,6 +22,45 @@ def default_manifest_path(plan: DedupPlan) -> str:
     return os.path.join(base, MANIFEST_DIR, MANIFEST_NAME)
 
 
+def list_in_record(manifest_path: str, plan: DedupPlan) -> str | None:
+    """Add the default manifest to the RECORD of the distribution whose files the plan replaces
+    (rocm-sdk-devel's expansions, in TheRock), as ``rocm-sdk init`` adds the files it creates: a
+    row without hash, under the same ``fcntl.lockf`` of RECORD. `pip uninstall` then removes the
+    manifest with the links it describes, and ``.rocm-audit/`` with it. Returns the RECORD written,
+    None when no distribution owns the replaced paths (or the manifest lies outside its directory)."""
+    import collections
+    import fcntl
+
+    owners = collections.Counter(
+        row.distribution
+        for g in plan.groups
+        for d in g.duplicates
+        if (row := plan.ownership.row(d.record.path)) is not None
+    )
+    if not owners:
+        return None
+    distribution = min(owners, key=lambda name: (-owners[name], name))
+    record = plan.ownership.records.get(distribution)
+    if record is None:
+        return None
+    site_dir = os.path.dirname(os.path.dirname(record))
+    relpath = os.path.relpath(manifest_path, site_dir)
+    if relpath.startswith(".." + os.sep) or "," in relpath or "\n" in relpath:
+        return None
+    with open(record, "a+", encoding="utf-8") as handle:
+        fcntl.lockf(handle, fcntl.LOCK_EX)
+        try:
+            handle.seek(0)
+            listed = {line.split(",", 1)[0] for line in handle.read().splitlines()}
+            if relpath not in listed:
+                handle.write(f"{relpath},,\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        finally:
+            fcntl.lockf(handle, fcntl.LOCK_UN)
+    return record
+
+
 def journal_changes(manifest_path: str, groups: list[DedupGroup], run_id: str, *, header: bool) -> None:
     """Append every planned change to the manifest and fsync it before any of them is made."""
     import json
