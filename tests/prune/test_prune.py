@@ -192,3 +192,29 @@ def test_family_folders_are_kept_for_their_members(run_cli, units, target):
     planned = _rel(units, [r["path"] for r in report["prune"]["removals"]])
     assert "mylib/lib/aotriton.images/amd-gfx11xx" not in planned
     assert "mylib/lib/aotriton.images/amd-gfx942" in planned
+
+
+HOSTILE = ["\nok      forged-line ", "\x1b[2K\rok ", "\u2028ok "]
+
+
+@pytest.mark.parametrize("fmt", ["text", "github", "markdown"])
+def test_hostile_unit_names_are_escaped_and_round_trip(run_cli, units, fmt, tmp_path):
+    library = units / "mylib/lib/rocblas/library"
+    names = [f"TensileLibrary_{tail}_gfx90a.dat" for tail in HOSTILE]
+    for name in names:
+        (library / name).write_bytes(b"\x81\xa4arch\xa6gfx90a")
+    odd = os.fsencode(library) + b"/TensileLibrary_\xff\xfe_gfx90a.dat"
+    with open(odd, "wb") as handle:
+        handle.write(b"odd")
+    result = run_cli("prune", "gfx942", "-p", str(units), "--dry-run", "--format", fmt)
+    raw = result.stdout_bytes.decode("utf-8", "replace")
+    pieces = [p for line in raw.replace("\r", "\n").replace("\u2028", "\n").split("\n") for p in line.split("\x1b[2K")]
+    assert not [p for p in pieces if p.lstrip().startswith(("forged-line", "ok "))], raw
+    assert "\x1b" not in raw
+    if fmt == "text":
+        assert "\\nok      forged-line" in raw and "\\xff\\xfe" in raw
+        before = tree_state(units)
+        applied = _prune(run_cli, units, "gfx942", "--backup", str(tmp_path / "bk"))
+        assert not any(os.path.lexists(library / n) for n in names) and not os.path.lexists(odd)
+        run_cli("prune", "--revert", applied["prune"]["manifest"], expect=0)
+        assert tree_state(units) == before and os.path.exists(odd)
