@@ -310,6 +310,11 @@ class _Facts:
         if found is None:
             real = real_path or path
             record = self._records.get(real)
+            if self.of(path, identity, real).role in (Role.NONE, Role.UNKNOWN):
+                # No llvm::cl symbol and no registry in it (roles.py): libc, libstdc++, libtriton's
+                # hidden LLVM. Measured: none of those took part in a failing load.
+                self._linkage[identity] = EMPTY_LINKAGE
+                return EMPTY_LINKAGE
             try:
                 dynamic = self.dynamic(real) or elfread.EMPTY_DYNAMIC
                 if record is not None:

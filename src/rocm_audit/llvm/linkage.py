@@ -27,7 +27,8 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
@@ -112,6 +113,7 @@ class Linkage:
     defines_registry: bool = field(default=False)  # defines addArgument: CommandLine.cpp is in it
     strong_data: frozenset[str] = field(default=frozenset())  # exported data, GLOBAL or UNIQUE (not WEAK)
     registration_imports: tuple[str, ...] = ()  # addArgument, or opt<T>::done() imported: where options go
+    own_copies: frozenset[str] = field(default=frozenset())  # bound symbols it also defines
 
     def entry_points(self) -> dict[str, str]:
         """How each registry entry point is reached: a relocation kind, "defined" or absent."""
@@ -131,7 +133,7 @@ class Linkage:
     @property
     def shared_copies(self) -> frozenset[str]:
         """Watched symbols it defines and still looks up: what an earlier library can take over."""
-        return frozenset(name for name, bind in self.binds.items() if bind.defined_here)
+        return self.own_copies
 
 
 EMPTY = Linkage("", 0, False, {}, {}, False, False, "not read")
@@ -232,11 +234,12 @@ class _Symbol:
     weak: bool = False
 
 
-def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | None]:
-    """Watched dynamic symbols by index (plus the other functions' starts for the walk)."""
+def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | None, list[int]]:
+    """Watched dynamic symbols by index, and the other defined functions' starts (for the walk)."""
+    function_starts: list[int] = []
     dynsym = reader.by_type(SHT_DYNSYM)
     if dynsym is None or dynsym.size == 0:
-        return {}, None
+        return {}, None, function_starts
     if not 0 < dynsym.link < len(reader.sections):
         raise FormatError("ELF", reader.offset_of(dynsym), "sh_link of .dynsym is not a section")
     if not reader.header.is_64 or dynsym.entsize != 24:
@@ -258,7 +261,7 @@ def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | Non
             raise FormatError("ELF", dynsym.offset + index * 24, "symbol name outside .dynstr")
         if not dynstr.startswith(WATCHED_PREFIXES, st_name):
             if is_function and st_shndx != 0:  # a function start the walk may meet
-                symbols[index] = _Symbol("", st_value, True, False, True, None)
+                function_starts.append(st_value)
             continue
         name = _string(dynstr, st_name)
         defined = st_shndx != 0
@@ -270,13 +273,21 @@ def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | Non
             version = version_names.get(raw & ~VERSYM_HIDDEN) if (raw & ~VERSYM_HIDDEN) > 1 else None
         is_data = st_info & 0xF in (STT_OBJECT, STT_TLS)
         symbols[index] = _Symbol(name, st_value, defined, exported, is_function, version, is_data, bind == STB_WEAK)
-    return symbols, dynsym
+    return symbols, dynsym, function_starts
 
 
-def _relocations(reader: _Reader, dynsym: Section | None) -> Iterable[tuple[int, int, int, int]]:
-    """(r_offset, type, symbol index, addend) of every dynamic RELA entry."""
+def _relocations(
+    reader: _Reader, dynsym: Section | None, keep_relative: Sequence[tuple[int, int]]
+) -> tuple[list[tuple[int, int, int]], dict[int, int]]:
+    """The dynamic RELA entries that name a symbol, as (r_offset, type, symbol index), and the
+    addends of the R_X86_64_RELATIVE entries whose r_offset lies in one of keep_relative's
+    [start, end) ranges (the .init_array slots). libLLVM has 500 000 entries, nearly all
+    RELATIVE: the columns are split at C speed and only the rest is looked at one by one."""
+    named: list[tuple[int, int, int]] = []
+    relative: dict[int, int] = {}
     if not reader.header.is_64:
-        return
+        return named, relative
+    native = reader.header.endian == ("<" if sys.byteorder == "little" else ">")
     layout = struct.Struct(reader.header.endian + "QQq")
     for section in reader.sections:
         if section.sh_type != SHT_RELA or section.size == 0:
@@ -287,8 +298,24 @@ def _relocations(reader: _Reader, dynsym: Section | None) -> Iterable[tuple[int,
             raise FormatError("ELF", reader.offset_of(section), f"{section.name} entry size {section.entsize}")
         data = reader.read(section)
         usable = len(data) - len(data) % 24
+        if native:
+            words = memoryview(data)[:usable].cast("Q")
+            offsets, infos = words[0::3].tolist(), words[1::3].tolist()
+            for index in [i for i, info in enumerate(infos) if info >> 32]:
+                info = infos[index]
+                named.append((offsets[index], info & 0xFFFFFFFF, info >> 32))
+            addends = memoryview(data)[:usable].cast("q")[2::3]
+            for start, end in keep_relative:
+                for index in [i for i, offset in enumerate(offsets) if start <= offset < end]:
+                    if infos[index] == R_X86_64_RELATIVE:
+                        relative[offsets[index]] = addends[index]
+            continue
         for r_offset, r_info, addend in layout.iter_unpack(data[:usable]):
-            yield r_offset, r_info & 0xFFFFFFFF, r_info >> 32, addend
+            if r_info >> 32:
+                named.append((r_offset, r_info & 0xFFFFFFFF, r_info >> 32))
+            elif r_info == R_X86_64_RELATIVE and any(start <= r_offset < end for start, end in keep_relative):
+                relative[r_offset] = addend
+    return named, relative
 
 
 def _function_starts(reader: _Reader) -> list[int] | None:
@@ -417,17 +444,15 @@ def read_linkage(path: str, dynamic: elfread.DynamicInfo, fd: int | None = None)
 
 def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkage:
     machine = reader.header.e_machine
-    symbols, dynsym = _watched_symbols(reader)
+    symbols, dynsym, function_starts = _watched_symbols(reader)
     kinds = RELOC_KINDS.get(machine, {})
     binds: dict[str, Bind] = {}
-    relative: dict[int, int] = {}
     jump_slots: dict[int, int] = {}
     glob_dat_slots: dict[int, int] = {}
-    for r_offset, r_type, index, addend in _relocations(reader, dynsym):
+    init_ranges = [(s.addr, s.addr + s.size) for s in reader.sections if s.sh_type == SHT_INIT_ARRAY]
+    named, relative = _relocations(reader, dynsym, init_ranges if machine == EM_X86_64 else [])
+    for r_offset, r_type, index in named:
         if machine == EM_X86_64:
-            if r_type == R_X86_64_RELATIVE:
-                relative[r_offset] = addend
-                continue
             if r_type == R_X86_64_JUMP_SLOT:
                 jump_slots[r_offset] = index
             elif r_type == R_X86_64_GLOB_DAT:
@@ -449,7 +474,7 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         sorted({symbols[i].name for i in through if symbols[i].name in binds}, key=lambda n: (n != ADD_ARGUMENT, n))
     )
     registers, how = _registers_at_load(
-        reader, symbols, add_argument, through, relative, jump_slots, glob_dat_slots, has_initialisers
+        reader, symbols, add_argument, through, relative, jump_slots, glob_dat_slots, has_initialisers, function_starts
     )
     return Linkage(
         path=path,
@@ -463,6 +488,7 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         defines_registry=defines_registry,
         strong_data=strong_data,
         registration_imports=registration_imports,
+        own_copies=frozenset(name for name, bind in binds.items() if bind.defined_here),
     )
 
 
@@ -475,6 +501,7 @@ def _registers_at_load(
     jump_slots: Mapping[int, int],
     glob_dat_slots: Mapping[int, int],
     has_initialisers: bool,
+    function_starts: Sequence[int] = (),
 ) -> tuple[bool | None, str]:
     if add_argument is None and not through:
         return False, "does not reference addArgument"
@@ -492,5 +519,5 @@ def _registers_at_load(
     starts = _init_functions(reader, relative)
     if not starts:
         return False, "no .init_array function"
-    known = frozenset(s.value for s in symbols.values() if s.is_function and s.defined)
+    known = frozenset(function_starts) | frozenset(s.value for s in symbols.values() if s.is_function and s.defined)
     return _reaches(reader, starts, frozenset(targets), got, known, stubs)

@@ -92,6 +92,13 @@ class PairJudge:
         self.by_soname = by_soname
         self.preload = tuple(preload)
         self._hosts: dict[str, tuple[str, ...]] = {}
+        self._linkage: dict[tuple[int, int], Linkage] = {}
+
+    def _linkage_of(self, path: str, identity: tuple[int, int]) -> Linkage:
+        found = self._linkage.get(identity)
+        if found is None:
+            found = self._linkage[identity] = self.linkage_of(path, identity)
+        return found
 
     def hosts(self, path: str) -> tuple[str, ...]:
         """Libraries of the audited tree a process must load before path: the providers, by
@@ -111,7 +118,7 @@ class PairJudge:
             Mapped(
                 identity=o.identity,
                 path=o.path,
-                linkage=self.linkage_of(o.path, o.identity),
+                linkage=self._linkage_of(o.path, o.identity),
                 family=o.soname or os.path.basename(o.path),
                 reused=o.reused,
                 needed_by=o.needed_by,
