@@ -355,7 +355,14 @@ def _apply_one(
         # Linking a file into the backup, and removing another name of it, change the inode's ctime
         # and nothing else; the ctime is compared only where neither happened.
         ctime = not backup and distribution is None and "hardlink_of" not in entry
-        _unchanged(entry, ctime=ctime)
+        try:
+            _unchanged(entry, ctime=ctime)
+        except _Changed as exc:
+            if distribution is None:
+                raise
+            # pip has uninstalled the distribution already: a devel link someone changed stays
+            removal.reason = f"uninstalled; left {entry['path']}: {exc}"
+            continue
         os.unlink(entry["path"])
     for entry in lines:
         if entry.get("type") == "dir":

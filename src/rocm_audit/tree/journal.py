@@ -48,14 +48,17 @@ def append_records(path: str, records: Iterable[dict[str, Any]]) -> None:
     if not lines:
         return
     directory = os.path.dirname(os.path.abspath(path))
+    new_directory = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
     new = not os.path.exists(path)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
-    if new:
+    if new:  # the journal's own name (and its folder's) must survive a crash too
         fsync_directory(directory)
+    if new_directory:
+        fsync_directory(os.path.dirname(directory))
 
 
 def fsync_directory(directory: str) -> None:
