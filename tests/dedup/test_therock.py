@@ -142,6 +142,15 @@ def test_llvm_agrees_with_the_real_abort_of_a_split_install(install):
     assert rules(found) & {"LLVM001", "LLVM012", "LLVM013"}, sorted(rules(found))
 
 
+def test_llvm_on_the_devel_tree_alone_names_the_keeper_dedup_keeps(install):
+    install.split("cp-r")
+    found = audit("llvm", "-p", str(install.devel))[1]
+    fixes = [c["fix"] for c in found["clashes"] if c["soname"] == "libamd_comgr.so.3"]
+    assert fixes and all(f"keeps {install.core / 'lib/libamd_comgr.so.3'}," in fix for fix in fixes), fixes
+    planned = audit("dedup", "--dry-run", "-p", str(install.devel))[1]["dedup"]["groups"]
+    assert str(install.core / "lib/libamd_comgr.so.3") in {g["keeper"] for g in planned}
+
+
 def test_copies_two_runtime_packages_own_are_reported_and_never_linked(tmp_path):
     install = build_therock_install(tmp_path, legacy_families=("gfx94X-dcgpu", "gfx90X-dcgpu"), extras=("devel",))
     first = install.site_packages / "_rocm_sdk_libraries_gfx94X_dcgpu/lib/libhipblas.so.3"

@@ -50,7 +50,7 @@ from rocm_audit.tree.identical import Candidate, CompareStats, ReadFailure, part
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory, read_dynamic_info
 from rocm_audit.tree.keeper import KeeperRule
 from rocm_audit.tree.loader import LoaderModel
-from rocm_audit.tree.ownership import Ownership
+from rocm_audit.tree.ownership import Ownership, runtime_twin
 
 log = logging.getLogger(__name__)
 
@@ -485,6 +485,9 @@ def _duplicate_clashes(
         registrant = first_facts.role is Role.REGISTRANT
         sdk_tree_of = lambda p: records[p].sdk_tree if p in records else None  # noqa: E731
         keeper = fixes.choose_keeper(paths, sdk_tree_of, first_facts.soname, keeper_rule, ownership.is_owned)
+        keeper_tree = sdk_tree_of(keeper)
+        if same_bytes and keeper_tree is not None:  # `-p _rocm_sdk_devel`: dedup keeps the runtime copy
+            keeper = runtime_twin(keeper, keeper_tree, ownership) or keeper
         fix = fixes.duplicate_fix(
             paths,
             identical=same_bytes,

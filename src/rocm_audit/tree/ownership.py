@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from email.parser import HeaderParser
 
 from rocm_audit.tree.discovery import is_sdk_tree_name
+from rocm_audit.tree.identical import CompareStats, ReadFailure, same_bytes
 
 DEVICE_DISTRIBUTION_PREFIX = "rocm_sdk_device"  # rocm-sdk-device-<arch>, normalised as in dist-info names
 
@@ -105,6 +106,31 @@ def sibling_trees(sdk_tree: str, sdk_trees: Iterable[str]) -> list[str]:
     return sorted(
         t for t in sdk_trees if t != sdk_tree and os.path.dirname(t) == parent and is_sdk_tree_name(os.path.basename(t))
     )
+
+
+def runtime_twin(path: str, sdk_tree: str, ownership: Ownership) -> str | None:
+    """The runtime file an expansion mirrors, when only the expansion's tree was audited: the same
+    path inside a sibling ``_rocm_sdk_*`` tree, installed by a wheel, with the same bytes. That is
+    the copy dedup keeps (it widens a tree path to its siblings), so a fix text names it too."""
+    if not ownership.is_expansion(path):
+        return None
+    relpath = tree_relpath(path, sdk_tree)
+    parent = os.path.dirname(sdk_tree)
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return None
+    for name in names:
+        twin = os.path.join(parent, name, relpath)
+        if name == os.path.basename(sdk_tree) or not is_sdk_tree_name(name) or not ownership.owner(twin):
+            continue
+        try:
+            here, there = os.stat(path), os.lstat(twin)
+            if there.st_size == here.st_size and same_bytes(twin, path, here.st_size, CompareStats()):
+                return twin
+        except (OSError, ReadFailure):
+            continue
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
