@@ -90,6 +90,8 @@ def test_without_a_backup_revert_prints_the_exact_pip_line(install, run_cli):
 def test_targets_from_dist_info_keep_every_installed_arch(install, run_cli):
     report = run_cli("prune", "-p", str(install.site_packages), "--dry-run", "--format", "json", expect=0).report
     assert report["prune"]["targets"] == ["gfx90a", "gfx942"] and report["prune"]["removals"] == []
+    assert report["prune"]["totals"]["unused_bytes"] == 0
+    assert not [f for f in report["findings"] if f["rule"] == "PRUNE001"]  # nothing to say
 
 
 @pytest.mark.parametrize("dedup_first", [False, True])

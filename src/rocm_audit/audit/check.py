@@ -196,7 +196,8 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         finding, section = prune_for_check(
             inventory, kept, prune_choice.source, where, selection, by_file=options.prune_by_file
         )
-        findings.append(finding)
+        if finding is not None:
+            findings.append(finding)
         sections["prune"] = section
         ran.append("prune")
 

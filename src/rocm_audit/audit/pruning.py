@@ -60,8 +60,11 @@ def _human(count: int) -> str:
     return f"{count} B"
 
 
-def weight_finding(plan: PrunePlan, weight: Weight, looked: str) -> Finding:
+def weight_finding(plan: PrunePlan, weight: Weight, looked: str) -> Finding | None:
+    """PRUNE001 with the totals; None when every byte of device code serves a kept target."""
     totals = weight.totals()
+    if not totals["unused_bytes"]:
+        return None
     kept = ", ".join(k.spelled for k in plan.kept)
     return make_finding(
         "PRUNE001",
@@ -138,7 +141,7 @@ def prune_for_check(
     selection: TargetSelection | None = None,
     *,
     by_file: bool = False,
-) -> tuple[Finding, dict[str, Any]]:
+) -> tuple[Finding | None, dict[str, Any]]:
     """check's part: the weight and the plan (nothing changes), as one info finding and the section.
     ``by_file`` adds ``files`` (path, bytes, unused_bytes, removable_bytes), which ``image`` turns
     into a per-layer weight and removes again."""
@@ -176,7 +179,9 @@ def run_prune(
     weight = weigh(plan, reader)
     where = looked[0] if len(looked) == 1 else ", ".join(looked)
     findings: list[Finding] = list(inventory.findings) + plan.findings
-    findings.append(weight_finding(plan, weight, where))
+    weight_note = weight_finding(plan, weight, where)
+    if weight_note is not None:
+        findings.append(weight_note)
     result = None
     if mode == "apply":
         result = prune_apply.apply_plan(plan, manifest_path, backup_dir, python, findings)
