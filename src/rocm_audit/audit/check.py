@@ -177,6 +177,8 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
             for one in analysis.libraries
         ]
         sections["clashes"] = [llvm_clashes.clash_to_dict(c) for c in analysis.clashes]
+        sections["pairs"] = [llvm_clashes.pair_to_dict(p, analysis.pair_probes.get(p.paths)) for p in analysis.pairs]
+        sections["judged_pairs"] = analysis.judged_pairs
         ran.append("llvm")
         summaries.append(f"{len(analysis.clashes)} LLVM clash(es)")
 

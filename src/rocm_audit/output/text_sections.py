@@ -133,7 +133,17 @@ def file_kind_lines(sections: Sections) -> list[str]:
 
 def _probe_text(probe: Mapping[str, Any]) -> str:
     contradicts = " (contradicts)" if probe.get("agrees") is False else ""
-    return f"{display(probe['mode'])} {display(probe['outcome'])}{contradicts}"
+    seen = probe.get("verdict") or probe["outcome"]
+    return f"{display(probe['mode'])} {display(seen)}{contradicts}"
+
+
+def _order_lines(orders: Sequence[Mapping[str, Any]], shorten: Shorten) -> list[str]:
+    """One line per ordered pair: the verdict of each mode (issue 16: both orders are judged)."""
+    lines = []
+    for order in orders:
+        verdicts = ", ".join(f"{display(mode)} {display(p['verdict'])}" for mode, p in order["modes"].items())
+        lines.append(f"    {display(shorten(order['first']))} then {display(shorten(order['second']))}: {verdicts}")
+    return lines
 
 
 def llvm_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
@@ -177,9 +187,26 @@ def llvm_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
             lines.append(f"    via: {', '.join(display(v) for v in shown)}" + (f" (+{hidden} more)" if hidden else ""))
         prediction = ", ".join(f"{display(mode)} {display(expect)}" for mode, expect in clash["predictions"].items())
         lines.append(f"    predicted: {prediction}")
+        if "orders" in clash:
+            lines.append(f"    verdict: {display(clash['verdict'])} (decided by {display(clash['decided_by'])})")
+            lines.extend(_order_lines(clash["orders"], shorten))
         if clash["probes"]:
             lines.append("    probed:    " + ", ".join(_probe_text(p) for p in clash["probes"]))
         lines.append(f"    fix: {display(clash['fix'])}")
+    pairs = sections.get("pairs", [])
+    if "judged_pairs" in sections:
+        lines.append(
+            f"Pairs judged in both orders and three modes: {sections['judged_pairs']}; "
+            f"{len(pairs)} more pair(s) that no clash names fail together"
+        )
+    for pair in pairs:
+        through = pair["arrives_through"]
+        lines.append(
+            f"  {display(pair['verdict']).upper()} (decided by {display(pair['decided_by'])})"
+            + (f", arrives through {', '.join(display(shorten(t)) for t in through)}" if through else "")
+        )
+        lines.extend(f"      {display(shorten(path))}" for path in pair["paths"])
+        lines.extend(_order_lines(pair["orders"], shorten))
     for closure in sections.get("closures", []):
         lines.append(f"Closure of {display(closure['root'])}: {len(closure['objects'])} object(s)")
         for loaded in closure["objects"]:
