@@ -95,3 +95,38 @@ def test_probes_load_the_host_first_and_name_what_they_saw(plugin_tree):
     assert all(p.option == "plugin-opt" for p in clash.probes)
     assert clash.finding.data["decided_by"] == "probe"
     assert not [f for f in analysis.findings if f.rule in ("LLVM007", "LLVM008")]
+
+
+# An MLIR-style pass plugin: it imports addArgument, but only a pass constructor calls it; its
+# static initialiser registers a pass factory and never reaches addArgument (formats.md 6).
+PASS_PLUGIN = r"""
+void _ZN4llvm2cl6Option11addArgumentEv(const char *name);
+typedef void (*factory)(void);
+static factory registered;
+void create_pass(void) { _ZN4llvm2cl6Option11addArgumentEv("pass-opt"); }
+__attribute__((constructor)) static void register_pass(void) { registered = create_pass; }
+"""
+
+
+def test_copies_of_a_plugin_that_registers_nothing_at_load_are_clean_and_info(tmp_path):
+    host = cc_shared(tmp_path / "lib" / "libfakehost.so", HOST, "-Wl,-soname,libfakehost.so")
+    plugin = cc_shared(
+        tmp_path / "plugins" / "libpass.so",
+        PASS_PLUGIN,
+        "-Wl,-soname,libpass.so",
+        f"-L{tmp_path / 'lib'}",
+        "-lfakehost",
+    )
+    copy = tmp_path / "plugins-copy" / "libpass.so"
+    copy.parent.mkdir()
+    shutil.copyfile(plugin, copy)
+    roots, _ = resolve_roots([str(tmp_path)])
+    analysis = analyse(build_inventory(roots), LlvmOptions())
+    linkage = analysis.facts.linkage(str(plugin), (plugin.stat().st_dev, plugin.stat().st_ino))
+    assert linkage.registers_at_load is False and "no .init_array function reaches" in linkage.registration_path
+    (clash,) = [c for c in analysis.clashes if set(c.paths) == {str(plugin), str(copy)}]
+    assert not clash.judged.bad and clash.finding.rule == "LLVM014" and clash.finding.severity.name == "INFO"
+    for first, second in ((plugin, copy), (copy, plugin)):
+        for rtld in ((True, True), (True, False), (False, False)):
+            steps = [(str(host), True), (str(first), rtld[0]), (str(second), rtld[1])]
+            assert load(steps).verdict == "clean"
