@@ -12,7 +12,7 @@ with what a real process loads first (the plugin's host). Asserted:
 - probe verdicts agree with real loads in at least 97% of the loads, inconclusive counted against.
 
 The default run covers one pair per mechanism (about 80 loads); the whole sweep (every pair of
-the 19 libraries, 816 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
+the 17 libraries, 816 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
 ``ROCM_AUDIT_TEST_CACHE/llvm-carriers/differential.json`` (README "LLVM option clashes").
 """
 
@@ -133,6 +133,11 @@ def _figures(analysis, rows, pairs, tree) -> dict:
         "false_errors": sorted(sorted(p) for p in reported - bad_pairs),
         "missed": sorted(sorted(p) for p in bad_pairs - reported),
         "outcomes": Counter(f"{r['static']}/{r['real']}" for r in rows),
+        "kind_mismatches": [
+            {k: r[k] for k in ("first", "second", "mode", "static", "real", "real_detail")}
+            for r in rows
+            if r["static"] != r["real"]
+        ],
     }
 
 
