@@ -269,6 +269,13 @@ def _shared_decompressor() -> Any:
     return _DECOMPRESSOR
 
 
+def release_shared_decompressor() -> None:
+    """Free the shared context and its window now. Called before forking helpers: a child's RSS
+    starts with every page its parent has resident, a window of up to 113 MB included."""
+    global _DECOMPRESSOR
+    _DECOMPRESSOR = None
+
+
 class _CompressedInput:
     """File-like view of the compressed payload for zstandard's stream reader."""
 

@@ -525,6 +525,8 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection
     from rocm_audit.tree.forkmap import fork_imap, worker_count
 
     workers = worker_count(weight, PARALLEL_INFLATE_BYTES) if sum(c.kind == "ccob" for c in items) > 1 else 1
+    if workers > 1:
+        ccob.release_shared_decompressor()  # each process then holds only its own window
 
     def read(container: _Container) -> tuple[FileCodeObjects, int, tuple[str, int, str] | None]:
         partial = FileCodeObjects(result.path, result.sdk_tree, result.file_kind)
@@ -1020,6 +1022,9 @@ def scan_file(record: FileRecord, fd: int | None = None, selection: TargetSelect
     finally:
         if owned:
             os.close(fd)
+        # The window is reused across the bundles of this file; freed before the next file's
+        # facts (llvm reads large string tables) so that the peaks do not add up.
+        ccob.release_shared_decompressor()
     return result
 
 
