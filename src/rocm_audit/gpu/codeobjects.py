@@ -630,9 +630,10 @@ def _raw_elf_object(
     container: str,
     place: str,
     tu: int | None,
+    read_at: ReadAt | None = None,
 ) -> CodeObject | None:
     try:
-        facts = inspect_code_object(fh.reader(start, size), size, start)
+        facts = inspect_code_object(read_at or fh.reader(start, size), size, start)
     except FormatError as exc:
         _malformed(result, exc, place)
         return None
@@ -653,6 +654,34 @@ def _raw_elf_object(
     return obj
 
 
+class _Chunk:
+    """The file window the embedded-ELF search holds; reads inside it are served from memory."""
+
+    def __init__(self, fh: _File) -> None:
+        self.fh = fh
+        self.start = 0
+        self.data = b""
+
+    def load(self, start: int, length: int) -> None:
+        self.start, self.data = start, self.fh.read(start, length)
+
+    def holds(self, offset: int, length: int) -> bool:
+        return self.start <= offset and offset + length <= self.start + len(self.data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        if self.holds(offset, length):
+            return self.data[offset - self.start : offset - self.start + length]
+        return self.fh.read(offset, length)
+
+    def reader(self, base: int, limit: int) -> ReadAt:
+        def read_at(offset: int, length: int) -> bytes:
+            if offset >= limit:
+                return b""
+            return self.read(base + offset, min(length, limit - offset))
+
+        return read_at
+
+
 def _embedded_elfs(result: FileCodeObjects, fh: _File, sections: list[Section], tu: int) -> int:
     """Raw AMDGPU ELFs inside read-only data sections (HSA runtime blit kernels, Mojo kernels)."""
     found = 0
@@ -663,16 +692,22 @@ def _embedded_elfs(result: FileCodeObjects, fh: _File, sections: list[Section], 
             continue
         start, end = section.offset, section.offset + section.size
         pos = start
+        # One chunk serves the search and the objects inside it: Mojo libraries hold a thousand
+        # code objects in 24 MB, and reading a fresh 1 MiB chunk after each of them copied 1.3 GB.
+        window = _Chunk(fh)
         while pos < end and found < MAX_EMBEDDED:
-            chunk = fh.read(pos, min(SCAN_CHUNK, end - pos))
-            hit = chunk.find(RAW_ELF_SIGNATURE)
-            if hit < 0:
-                if len(chunk) < SCAN_CHUNK:
+            if not window.holds(pos, len(RAW_ELF_SIGNATURE)):
+                window.load(pos, min(SCAN_CHUNK, end - pos))
+                if not window.data:
                     break
-                pos += len(chunk) - len(RAW_ELF_SIGNATURE) + 1
+            hit = window.data.find(RAW_ELF_SIGNATURE, pos - window.start)
+            if hit < 0:
+                if window.start + len(window.data) >= end or len(window.data) < SCAN_CHUNK:
+                    break
+                pos = window.start + len(window.data) - len(RAW_ELF_SIGNATURE) + 1
                 continue
-            at = pos + hit
-            head = fh.read(at, amdgpu_elf.ELF64_HEADER_SIZE)
+            at = window.start + hit
+            head = window.read(at, amdgpu_elf.ELF64_HEADER_SIZE)
             step = 1
             if amdgpu_elf.is_amdgpu_elf(head):
                 try:
@@ -682,7 +717,9 @@ def _embedded_elfs(result: FileCodeObjects, fh: _File, sections: list[Section], 
                     extent = 0
                 if 0 < extent <= end - at:
                     place = f"{section.name}+{at - start:#x}"
-                    if _raw_elf_object(result, fh, at, extent, "embedded-elf", place, tu) is not None:
+
+                    read_at = window.reader(at, extent)
+                    if _raw_elf_object(result, fh, at, extent, "embedded-elf", place, tu, read_at) is not None:
                         found += 1
                         step = extent
             pos = at + step
