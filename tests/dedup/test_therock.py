@@ -181,20 +181,28 @@ def test_the_nonce_ranks_like_the_tree_it_renames(tmp_path):
     assert_converged(install)
 
 
-def test_revert_says_which_paths_rocm_sdk_re_linked(install):
+def test_revert_undoes_what_rocm_audit_did_and_names_what_rocm_sdk_re_linked(install):
     install.split("per-tree")
     code, applied = audit("dedup", "-p", str(install.site_packages))
     assert code == 0
-    # rocm-sdk's device reconcile replaces a symlink in devel by a hardlink; make one symlink for it to find.
-    relpath = "lib/libMIOpenCKGroupedConv_gfx942.so"
-    devel_file = install.devel / relpath
-    devel_file.unlink()
-    devel_file.symlink_to(os.path.relpath(install.libraries / relpath, devel_file.parent))
-    assert install.run_rocm_sdk("path", "--root").returncode == 0
-    assert not devel_file.is_symlink() and devel_file.samefile(install.libraries / relpath)
+    made = {d["path"]: d["made"] for g in applied["dedup"]["groups"] for d in g["duplicates"]}
+    device_path = str(install.devel / "lib/libMIOpenCKGroupedConv_gfx942.so")
+    assert made[device_path] == "hardlink"  # what TheRock's reconcile would make of a symlink
+    assert made[str(install.devel / "lib/libhipblas.so.3")] == "symlink"
+    # rocm-sdk (an older rocm-audit's symlink at a reconciled path, say) hardlinks a path rocm-audit
+    # symlinked: revert leaves rocm-sdk's link and names it.
+    relinked = install.devel / "lib/libhipblas.so.3"
+    relinked.unlink()
+    os.link(install.libraries / "lib/libhipblas.so.3", relinked)
+    for args in (("path", "--root"), ("test",)):
+        assert install.run_rocm_sdk(*args).returncode == 0
     code, reverted = audit("dedup", "--revert", applied["dedup"]["manifest"])
-    assert code == 0
-    assert reverted["revert"]["failed"] == 0
+    assert code == 0 and reverted["revert"]["failed"] == 0
+    assert reverted["revert"]["relinked_by_rocm_sdk"] == [str(relinked)]
+    assert relinked.samefile(install.libraries / "lib/libhipblas.so.3")
+    device = Path(device_path)
+    assert not device.is_symlink() and not device.samefile(install.libraries / "lib/libMIOpenCKGroupedConv_gfx942.so")
+    assert str(install.devel / "lib/libhipblas.so.3.0.0") in reverted["revert"]["restored"]
 
 
 def test_pip_uninstall_of_everything_takes_the_manifest_away(install):

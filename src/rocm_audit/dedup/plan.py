@@ -16,7 +16,9 @@ from rocm_audit.rulebook.policy import policy
 from rocm_audit.tree.forkmap import fork_imap, worker_count
 from rocm_audit.tree.identical import (
     CHUNK_BYTES,
+    HEAD_BYTES,
     MAX_LOCKSTEP_MEMBERS,
+    TAIL_BYTES,
     Candidate,
     CompareStats,
     HeadFilter,
@@ -134,7 +136,7 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
         )
         classed = {p for g in groups for p in (g.keeper.path, *(d.record.path for d in g.duplicates))}
         classed.update(p for _, paths in intact for p in paths)
-        groups += _mirrored_groups(inventory, ownership, classed, stats, findings, intact)
+        groups += _mirrored_groups(inventory, ownership, classed, stats, findings, intact, exact=exact)
     for records in paths_by_inode.values():
         if records[0].nlink > len(records):
             findings.append(
@@ -445,11 +447,14 @@ def _mirrored_groups(
     stats: CompareStats,
     findings: list[Finding],
     intact: list[tuple[str, list[str]]],
+    *,
+    exact: bool,
 ) -> list[DedupGroup]:
     """Files TheRock links from an expansion (devel) to the runtime file of the same path inside a
     sibling tree (kernel DBs, ``.kpack``/``.kpm``, Tensile files, executables, headers): when a copy
     split them and the bytes are still equal, the plan restores TheRock's hardlink. Shared libraries
-    that the content groups already judged are left to them."""
+    that the content groups already judged are left to them. Inexact (an applying run): head and
+    tail only, since the apply compares every pair in full before it links."""
     by_path = {r.path: r for r in inventory.files}
     realdir = functools.lru_cache(maxsize=None)(os.path.realpath)
     groups: dict[str, DedupGroup] = {}
@@ -467,7 +472,10 @@ def _mirrored_groups(
                 intact.append((twin.path, [record.path]))
             elif twin.size == record.size and twin.dev == record.dev:
                 try:
-                    equal = same_bytes(twin.path, record.path, twin.size, stats)
+                    equal = all(
+                        same_bytes(twin.path, record.path, twin.size, stats, byte_range)
+                        for byte_range in _ends(twin.size, exact)
+                    )
                 except ReadFailure as failure:
                     findings.append(make_finding("SCAN001", failure.path, f"cannot read: {failure.error.strerror}"))
                     break
@@ -490,3 +498,11 @@ def _mirrored_groups(
                 )
             break
     return list(groups.values())
+
+
+def _ends(size: int, exact: bool) -> list[tuple[int, int]]:
+    """What a mirrored pair's plan compares: all of it, or (inexact) head and tail, the last range
+    ending at ``size`` so that growth still shows."""
+    if exact or size <= HEAD_BYTES + TAIL_BYTES:
+        return [(0, size)]
+    return [(0, HEAD_BYTES), (size - TAIL_BYTES, size)]
