@@ -218,3 +218,18 @@ def test_hostile_unit_names_are_escaped_and_round_trip(run_cli, units, fmt, tmp_
         assert not any(os.path.lexists(library / n) for n in names) and not os.path.lexists(odd)
         run_cli("prune", "--revert", applied["prune"]["manifest"], expect=0)
         assert tree_state(units) == before and os.path.exists(odd)
+
+
+def test_manifest_option_chooses_the_journal(run_cli, units, tmp_path):
+    manifest = tmp_path / "journal" / "prune.jsonl"
+    applied = _prune(run_cli, units, "gfx942", "--manifest", str(manifest), "--backup", str(tmp_path / "bk"))
+    assert applied["prune"]["manifest"] == str(manifest) and manifest.is_file()
+    assert not (units / ".rocm-audit").exists()
+    header = json.loads(manifest.read_text().splitlines()[0])
+    assert header["rocm_audit_prune_manifest"] == 1 and header["kept"] == ["gfx942"]
+    entries = [json.loads(line) for line in manifest.read_text().splitlines()[1:]]
+    files = [e for e in entries if e.get("type") == "file"]
+    assert files and all({"path", "sha256", "size", "mode", "backup"} <= set(e) for e in files)
+    assert {e.get("owner") for e in files} == {"mylib", None}  # RECORD-owned, and unowned SDK files
+    reverted = run_cli("prune", "--revert", str(manifest), "--format", "json", expect=0).report
+    assert reverted["prune_revert"]["restored"]
