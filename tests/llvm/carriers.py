@@ -1,11 +1,12 @@
 """Real LLVM carriers from PyPI wheels and Debian packages, pinned by sha256, and a tree of them.
 
-Ten packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
+Eleven packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
 14/15/16/19 (versioned exporters, -Bsymbolic-functions) and libclang-cpp 15/19 (registrants through
 JUMP_SLOT, DT_NEEDED on the system libLLVM), rocm-llvm-python's DT_SYMBOLIC librocmllvm.so, two
 llvmlite versions (hidden copies), triton's libtriton (hidden) and its LLVM pass plugin
 libPrintLoadStoreMemSpaces.so (an unversioned exporter that is not -Bsymbolic-functions: its
-addArgument goes through its own PLT). Downloads go to ROCM_AUDIT_TEST_CACHE (default
+addArgument goes through its own PLT), and triton 3.6.0's builds of the same three libraries (a
+second version of one library under one SONAME). Downloads go to ROCM_AUDIT_TEST_CACHE (default
 ~/.cache/rocm-audit-tests) with the ordinary clients (pip download, apt-get download) and are
 checked against the pins before anything is unpacked; a missing or mismatching file fails the test
 (a broken set-up), it never skips.
@@ -116,6 +117,18 @@ CARRIERS = (
         "triton==3.5.1",
         "triton-3.5.1-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
         "61413522a48add32302353fdbaaf92daaaab06f6b5e3229940d21b5207f47579",
+        (
+            "triton/_C/libtriton.so",
+            "triton/instrumentation/libPrintLoadStoreMemSpaces.so",
+            "triton/instrumentation/libGPUInstrumentationTestLib.so",
+        ),
+    ),
+    Carrier(
+        "triton36",
+        "wheel",
+        "triton==3.6.0",
+        "triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "e8e323d608e3a9bfcc2d9efcc90ceefb764a82b99dea12a86d643c72539ad5d3",
         (
             "triton/_C/libtriton.so",
             "triton/instrumentation/libPrintLoadStoreMemSpaces.so",

@@ -1,8 +1,8 @@
 """rocm-audit's LLVM verdicts against real loads of real LLVM carriers (issue 16).
 
-The carriers (tests/llvm/carriers.py) are ten pinned PyPI wheels and Debian packages; the tree holds
-deliberate duplicates (second inodes with the same bytes) and two versions of llvmlite, libLLVM
-and libclang-cpp. For each ordered pair and each mode (global-global, global-local, local-local)
+The carriers (tests/llvm/carriers.py) are eleven pinned PyPI wheels and Debian packages; the tree holds
+deliberate duplicates (second inodes with the same bytes) and two versions of llvmlite, libLLVM,
+libclang-cpp and triton. For each ordered pair and each mode (global-global, global-local, local-local)
 the truth is a real load in a child process (tests/llvm/realload.py, two at a time, bounded time),
 with what a real process loads first (the plugin's host). Asserted:
 
@@ -12,7 +12,7 @@ with what a real process loads first (the plugin's host). Asserted:
 - probe verdicts agree with real loads in at least 97% of the loads, inconclusive counted against.
 
 The default run covers one pair per mechanism (about 80 loads); the whole sweep (every pair of
-the 17 libraries, 816 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
+the 20 libraries, 1140 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
 ``ROCM_AUDIT_TEST_CACHE/llvm-carriers/differential.json`` (README "LLVM option clashes").
 """
 

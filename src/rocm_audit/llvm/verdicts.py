@@ -281,7 +281,7 @@ def _interposition(
         # Only a whole other LLVM (one with CodeGen's registries) takes over enough of the
         # library's imports to break its initialisers; a pass plugin's partial LLVM did not.
         whole = actual is not None and MACHINE_SCHED_REGISTRY in actual.linkage.exports
-        if expected is not None and whole and actual.identity != expected.identity:
+        if expected is not None and actual is not None and whole and actual.identity != expected.identity:
             foreign.append(name)
             foreign_from = foreign_from or actual
     if foreign and foreign_from is not None:
