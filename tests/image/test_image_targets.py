@@ -32,6 +32,9 @@ def test_run_step_args_reads_both_builders_forms():
     assert run_step_args("COPY /a /b # buildkit") == {}
     # A value with a space runs to the next argument; the command's words are never a value.
     assert run_step_args("|2 GPU_ARCH=gfx942 gfx950 X=1 /bin/sh -c A=2 true") == {"GPU_ARCH": "gfx942 gfx950", "X": "1"}
+    # The last value: its target words are kept, the command is not.
+    assert run_step_args("|1 GPU_ARCH=gfx942 gfx950:xnack- /bin/sh -c true") == {"GPU_ARCH": "gfx942 gfx950:xnack-"}
+    assert run_step_args("|1 NAME=a b /bin/sh -c true") == {"NAME": "a"}
 
 
 def test_recorded_targets_env_first_then_named_args_with_their_last_value():

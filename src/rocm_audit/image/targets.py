@@ -29,14 +29,17 @@ BUILD_ARG_NAMES = ("GPU_ARCH", "PYTORCH_ROCM_ARCH", "GPU_ARCHS", "AMDGPU_TARGETS
 
 _ARG_COUNT = re.compile(r"^(?:RUN\s+)?\|(\d+)\s+")
 _ARG_WORD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
+# A GPU target as target-list variables spell them (gfx942, gfx942:xnack-, gfx9-4-generic, gfx11xx).
+_TARGET_WORD = re.compile(r"^gfx[0-9a-z]+(?:-[0-9a-z]+)*(?::[a-z]+[+-])*[;,]?$")
 
 
 def run_step_args(created_by: str) -> dict[str, str]:
     """The build arguments a RUN history entry records (``|N K=V ... cmd``); {} for other steps.
 
-    Values hold no spaces in the written form's grammar only when they hold none themselves: a value
-    with spaces runs to the next ``NAME=`` word, and the last one to the first space (the command
-    follows it), so ``GPU_ARCH="gfx942 gfx950"`` as the last argument reads as ``gfx942``."""
+    Values are written unquoted, so a value holding a space is ambiguous. One runs on to the next
+    ``NAME=`` word while fewer than N names are read; the last one ends at its first space (the
+    command follows) unless the words after it are GPU target names, so the last argument
+    ``GPU_ARCH="gfx942 gfx950"`` keeps both targets instead of silently verifying one."""
     match = _ARG_COUNT.match(created_by.strip())
     if match is None:
         return {}
@@ -49,8 +52,8 @@ def run_step_args(created_by: str) -> dict[str, str]:
         if starts is not None and len(found) < count:
             name = starts.group(1)
             found[name] = word[starts.end() :]
-        elif name is not None and len(found) < count:
-            found[name] += " " + word  # a value with a space, before the next argument
+        elif name is not None and (len(found) < count or (name in BUILD_ARG_NAMES and _TARGET_WORD.match(word))):
+            found[name] += " " + word  # a value with a space, before the next argument or the command
         else:
             break
     return found
