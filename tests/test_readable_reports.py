@@ -82,6 +82,8 @@ def test_markdown_on_every_command_with_the_same_exit_code(run_cli, sdk, tmp_pat
     assert "Largest duplicate groups" in dedup and "| size (bytes) | copies | keep | link |" in dedup
     rules = run_cli("rules", "--format", "markdown").stdout
     assert "| POST002 | warning |" in rules
+    scan = run_cli("scan", "-p", site, "--format", "markdown").stdout
+    assert "| file kind | files |" in scan
 
 
 def test_markdown_for_an_image_lists_the_largest_identical_copies(run_cli, tmp_path):
@@ -93,6 +95,7 @@ def test_markdown_for_an_image_lists_the_largest_identical_copies(run_cli, tmp_p
     text = run_cli("image", "--archive", str(archive), "--target", "gfx942", "--format", "markdown").stdout
     assert "| bytes wasted | copies | scope | paths (layer) |" in text
     assert "cross\\-layer" in text and "\\_rocm\\_sdk\\_devel/lib/libx\\.so (1)" in text
+    assert "(docker\\-save), 2 layer(s); audited /usr/lib/python3/dist\\-packages" in text
 
 
 def test_one_finding_per_file_and_rule():

@@ -168,6 +168,23 @@ def _rules_lines(sections: Mapping[str, Any]) -> list[str]:
     return _table(["rule", "severity", "title", "severity from"], rows)
 
 
+def context_lines(sections: Mapping[str, Any]) -> list[str]:
+    """What was audited, when the command says more than its inputs: an image, a scan's file kinds."""
+    image = sections.get("image")
+    if image is not None:
+        source = image.get("source", {})
+        audited = ", ".join(markdown(p) for p in image.get("audited_paths", []))
+        return [
+            f"Image {markdown(source.get('ref') or source.get('path'))} "
+            f"({markdown(source.get('format', source.get('kind')))}), {len(image.get('layers', []))} layer(s); "
+            f"audited {audited}"
+        ]
+    kinds = sections.get("file_kinds")
+    if kinds is not None:
+        return _table(["file kind", "files"], [[markdown(kind), count] for kind, count in kinds.items()])
+    return []
+
+
 def render_markdown(outcome: CommandOutcome) -> str:
     shorten = relative_to_roots(outcome.roots)
     parts: list[list[str]] = [[f"### rocm-audit {markdown(outcome.command)}"]]
@@ -176,6 +193,9 @@ def render_markdown(outcome: CommandOutcome) -> str:
     shown_roots = [r for r in outcome.roots if r != "/"]
     if shown_roots:
         parts[0] += ["", "Paths relative to " + ", ".join(markdown(r) for r in shown_roots)]
+    context = context_lines(outcome.sections)
+    if context:
+        parts.append(context)
     if outcome.command == "rules":
         parts.append(_rules_lines(outcome.sections))
     else:
