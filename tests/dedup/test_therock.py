@@ -226,3 +226,22 @@ def test_pip_uninstall_of_everything_takes_the_manifest_away(install):
     ]
     install.pip("uninstall", "-y", *names)
     assert not (install.site_packages / ".rocm-audit").exists()
+
+
+@pytest.mark.parametrize("reinstall", ["reinstall-core", "reinstall-libraries"])
+def test_the_fix_survives_a_reinstall_and_a_second_run_restores_what_pip_split(install, reinstall):
+    """Symlinks point at paths: pip writing new runtime files under them keeps the loader on one
+    inode. The hardlinks TheRock (and dedup) keep for mirrored files are split by the reinstall, as
+    on a fresh install; `--check` says so and one more run restores them."""
+    install.split("per-tree")
+    assert audit("dedup", "-p", str(install.site_packages))[0] == 0
+    install.split(reinstall)
+    load = install.preload_after_devel_hip()
+    assert load.returncode == 0 and "loaded" in load.stdout, load.stderr
+    code, checked = audit("dedup", "--check", "-p", str(install.site_packages))
+    assert "DUP001" not in rules(checked)
+    if code == 1:
+        assert rules(checked) & {"DUP011"}
+    assert audit("dedup", "-p", str(install.site_packages))[0] == 0
+    assert same_bytes_distinct_inodes(install) == []
+    assert_converged(install)
