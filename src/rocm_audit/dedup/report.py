@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from rocm_audit.dedup.apply import ApplyResult
@@ -76,17 +77,13 @@ def check_mode_findings(plan: DedupPlan) -> list[Finding]:
     `check` report). Expansions on their runtime file's inode (plan.intact) are TheRock's own links
     and no finding: a fresh install passes."""
     findings = []
+    # Mirrored files come by the thousand (Tensile, kernel DBs): one finding per pair of trees.
+    mirrored: dict[tuple[str, str], list[tuple[str, int]]] = {}
     for group in plan.groups:
         if group.reason == "mirrored":
-            findings.append(
-                make_finding(
-                    "DUP011",
-                    group.keeper.path,
-                    f"{len(group.duplicates)} path(s) TheRock links to this file hold a separate copy of it",
-                    related=[d.record.path for d in group.duplicates],
-                    data={"size": group.size},
-                )
-            )
+            for d in group.duplicates:
+                key = (group.keeper.sdk_tree or group.keeper.root, d.record.sdk_tree or d.record.root)
+                mirrored.setdefault(key, []).append((d.record.path, group.size))
             continue
         rule = "DUP002" if group.reason == "hardlink" else "DUP001"
         findings.append(
@@ -97,6 +94,17 @@ def check_mode_findings(plan: DedupPlan) -> list[Finding]:
                 + (" through hardlinks" if group.reason == "hardlink" else " under another inode"),
                 related=[d.record.path for d in group.duplicates],
                 data={"size": group.size},
+            )
+        )
+    for (runtime_tree, expansion_tree), copies in sorted(mirrored.items()):
+        findings.append(
+            make_finding(
+                "DUP011",
+                runtime_tree,
+                f"{len(copies)} file(s) of {os.path.basename(expansion_tree)} that TheRock links to this tree's "
+                f"files hold separate copies ({sum(size for _, size in copies):,} bytes)",
+                related=sorted(path for path, _ in copies),
+                data={"files": len(copies), "bytes": sum(size for _, size in copies)},
             )
         )
     return findings
