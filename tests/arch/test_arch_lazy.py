@@ -4,8 +4,13 @@ select are inflated, each compressed stream stops after the last of them) agains
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import struct
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -205,3 +210,32 @@ def test_helpers_that_share_the_bundles_give_the_same_scan(sample_dirs, monkeypa
         shared = scans(root)
         assert shared == alone
         assert any(sum(kind == "ccob" for _, _, kind in s.bundles) > 1 for s in shared)
+
+
+PJRT_WHEEL = "jax_rocm7_pjrt-0.12.0-py3-none-manylinux_2_27_x86_64.whl"
+PJRT_SHA256 = "4551d0714523355f2946ca1958c3f584e95661e467a641d36b726f718a1c7934"
+
+
+@pytest.mark.skipif(not os.environ.get("ROCM_AUDIT_SLOW"), reason="133 MB download; ROCM_AUDIT_SLOW=1 runs it")
+def test_one_verdict_on_the_459_mb_pjrt_plugin(cache_dir, tmp_path):
+    """jax-rocm7-pjrt 0.12.0's xla_rocm_plugin.so (45 CCOB v3 bundles, 2.4 GB inflated), both paths."""
+    wheel = Path(cache_dir) / "bench" / PJRT_WHEEL
+    if not wheel.exists():
+        wheel.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(wheel.parent), "jax-rocm7-pjrt==0.12.0"],
+            check=True,
+            capture_output=True,
+            timeout=1200,
+        )
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert digest == PJRT_SHA256, f"{wheel} is not the pinned file"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract("jax_plugins/xla_rocm7/xla_rocm_plugin.so", tmp_path)
+    root = tmp_path / "jax_plugins"
+    for targets in (["gfx950"], ["gfx942", "gfx1100"], ["gfx90a:xnack+"]):
+        full_carriers, full_findings, required = _full_judgement(root, targets)
+        lazy_carriers, lazy_findings = _lazy_judgement(root, targets)
+        assert _verdicts(lazy_carriers) == _verdicts(full_carriers)
+        assert _judged_objects(lazy_carriers, required) == _judged_objects(full_carriers, required)
+        assert _keyed(lazy_findings) == _keyed(full_findings)
