@@ -417,6 +417,17 @@ def test_leftover_temporary_link_is_reported_then_removed(sdk, run_cli):
     assert not any(f["rule"] == "SCAN004" for f in result.report["findings"])
 
 
+def test_a_leftover_temporary_hardlink_is_removed_not_planned(sdk, run_cli):
+    """A run killed between link(2) and rename(2) of a hardlink leaves a temporary name on the
+    keeper's inode: the next run removes it and plans nothing for it."""
+    leftover = sdk.devel / "lib" / f"{TEMP_PREFIX}0123456789ab"
+    os.link(sdk.core / "lib" / "libamdhip64.so.7", leftover)
+    result = run_cli("dedup", "-p", str(sdk.site), "--format", "json", expect=0)
+    planned = {d["path"] for g in result.report["dedup"]["groups"] for d in g["duplicates"]}
+    assert str(leftover) not in planned and not os.path.lexists(leftover)
+    assert not any(f["rule"] in ("DUP003", "SCAN004") for f in result.report["findings"])
+
+
 def test_verification_reports_a_changed_dt_needed_resolution(sdk):
     """verify_applied compares DT_NEEDED resolution before and after: break it and it must say so."""
 

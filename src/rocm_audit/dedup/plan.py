@@ -30,7 +30,7 @@ from rocm_audit.tree.identical import (
     refine,
     same_bytes,
 )
-from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, ListedFile, classify
+from rocm_audit.tree.inventory import TEMP_PREFIX, FileKind, FileRecord, Inventory, ListedFile, classify
 from rocm_audit.tree.keeper import KeeperRule
 from rocm_audit.tree.ownership import Ownership, sibling_trees, tree_relpath
 
@@ -126,7 +126,14 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
     findings: list[Finding] = []
     stats = CompareStats()
     # kind None: not opened yet (dedup's own inventory); the comparison classifies those.
-    candidates = [r for r in inventory.files if r.sdk_tree is not None and (r.kind is None or r.kind in kinds)]
+    # A leftover temporary name of a killed run (a hardlink of a keeper, say) is removed, never planned.
+    candidates = [
+        r
+        for r in inventory.files
+        if r.sdk_tree is not None
+        and (r.kind is None or r.kind in kinds)
+        and not os.path.basename(r.path).startswith(TEMP_PREFIX)
+    ]
     paths_by_inode = _paths_by_inode(candidates)
     ownership = Ownership.of_trees(inventory.sdk_trees)
     intact: list[tuple[str, list[str]]] = []
