@@ -105,6 +105,8 @@ def test_runpath_closures_are_found_and_probed(llvm_cli, runpath_closures):
     interposition = by_reason["closure-interposition"]
     assert interposition["paths"] == [str(paths["v15"]), str(paths["bis"])]
     assert interposition["via"] == [str(paths["copies"])] and interposition["severity"] == "high"
+    # Issue 16: the model judges the root's own dlopen, and the probe decided.
+    assert (interposition["verdict"], interposition["decided_by"]) == ("abort", "probe")
     assert (interposition["mode"], interposition["confirmed"], interposition["option"]) == (
         "any",
         True,

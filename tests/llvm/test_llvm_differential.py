@@ -105,8 +105,17 @@ def _sweep(tree, pairs, analysis=None):
         for first, second in ((pa, pb), (pb, pa)):
             order = judge.order(first, second)
             for mode in PAIR_MODES:
-                rows.append({"first": first, "second": second, "mode": mode, "static": order.modes[mode].verdict.value})
-                sequences.append(judge.load_sequence(first, second, mode))
+                sequence = judge.load_sequence(first, second, mode)
+                rows.append(
+                    {
+                        "first": first,
+                        "second": second,
+                        "mode": mode,
+                        "static": order.modes[mode].verdict.value,
+                        "sequence": sequence,
+                    }
+                )
+                sequences.append(sequence)
     for row, real in zip(rows, load_all(sequences), strict=True):
         row["real"] = real.verdict
         row["real_detail"] = real.detail
@@ -258,7 +267,19 @@ def test_full_differential_sweep(tmp_path_factory):
     analysis, rows = _sweep(tree, pairs)
     figures = _figures(analysis, rows, pairs, tree)
     figures["outcomes"] = dict(figures["outcomes"])
+    # Every probe `rocm-audit llvm --probe` runs, against the real load of the same sequence.
+    probe_analysis(analysis, LlvmOptions(probe=True, probe_timeout_s=30.0))
+    truth = {tuple(f"{'global' if g else 'local'}:{p}" for p, g in r["sequence"]): r["real"] for r in rows}
+    probes = [p for c in analysis.clashes if c.judged is not None for p in c.probes]
+    probes += [p for results, _ in analysis.pair_probes.values() for p in results]
+    compared = [(p, truth[p.steps]) for p in probes if p.steps in truth]
+    figures["probe_loads"] = len(compared)
+    figures["probe_agreement"] = sum(
+        1 for p, real in compared if p.verdict.conclusive and (p.verdict.value in BAD) == (real in BAD)
+    )
+    figures["probe_inconclusive"] = sum(1 for p, _ in compared if not p.verdict.conclusive)
     (cache_dir() / "differential.json").write_text(json.dumps(figures, indent=1, sort_keys=True))
     assert figures["load_errors"] == 0
     assert figures["false_errors"] == [] and figures["missed"] == [], figures
     assert figures["static_agreement"] == figures["loads"], figures
+    assert figures["probe_loads"] and figures["probe_agreement"] >= 0.97 * figures["probe_loads"], figures

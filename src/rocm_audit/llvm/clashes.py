@@ -43,7 +43,7 @@ from rocm_audit.llvm.probes import (
     run_probe,
 )
 from rocm_audit.llvm.roles import ClFacts, Role, classify
-from rocm_audit.llvm.verdicts import Verdict
+from rocm_audit.llvm.verdicts import Prediction, Verdict
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.discovery import is_tree_of, resolve_roots
 from rocm_audit.tree.identical import Candidate, CompareStats, ReadFailure, partition_identical
@@ -106,6 +106,7 @@ class Clash:
     probes: list[ProbeResult] = field(default_factory=list)
     judged: PairVerdicts | None = None  # both orders, three modes, whole closures (pairs.py)
     probe_expect: list[Verdict] = field(default_factory=list)  # judged: the static verdict of each probe
+    closure_judged: dict[str, Prediction] = field(default_factory=dict)  # closure clashes: mode -> model
     finding: Finding | None = None  # the clash's own finding (a probe verdict rewrites it)
 
     @property
@@ -731,6 +732,13 @@ def _judge_pairs(
         for b, _ in candidates[index + 1 :]:
             results[frozenset((a, b))] = judge.judge(a, b)
     for clash in clashes:
+        if clash.reason is Reason.CLOSURE_INTERPOSITION:
+            # The model judges the root's own dlopen too (LLVM004's separate LLVMs stay a warning).
+            root = clash.probe_root or clash.via[0]
+            clash.closure_judged = {mode: judge.predict([(root, rtld)]) for mode, rtld in CLOSURE_MODES.items()}
+            clash.predictions = {mode: _expect_of(p.verdict) for mode, p in clash.closure_judged.items()}
+            if not any(p.verdict.bad for p in clash.closure_judged.values()):
+                clash.risk = Risk.LOW
         if clash.kind != "pair":
             continue
         group = [results.get(frozenset((x, y))) for i, x in enumerate(clash.paths) for y in clash.paths[i + 1 :]]
@@ -798,6 +806,32 @@ def _at_path(facts: ClFacts, path: str) -> ClFacts:
     return facts if facts.path == path else dataclasses.replace(facts, path=path)
 
 
+def _closure_finding(clash: Clash, what: str, data: dict[str, Any]) -> Finding:
+    """A closure clash judged by the model (and perhaps a probe): clean is never an error."""
+    static = max((p.verdict for p in clash.closure_judged.values()), key=lambda v: v.rank)
+    decided = probe_decided(clash.probes)
+    verdict = decided or static
+    data.update(verdict=verdict.value, decided_by="probe" if decided is not None else "static")
+    if not verdict.bad:
+        return make_finding(
+            "LLVM014",
+            clash.paths[0],
+            f"{' '.join(what.split())}, yet clean when its root is loaded GLOBAL or LOCAL"
+            + (" (probed)" if decided is not None else ""),
+            related=clash.paths[1:],
+            data=data,
+        )
+    reason = next(p.reason for p in clash.closure_judged.values() if p.verdict is static)
+    return make_finding(
+        _RULE_OF_REASON[clash.reason],
+        clash.paths[0],
+        f"{' '.join(what.split())}; {verdict.value}; fires: {clash.mode}; {reason}; fix: {clash.fix}",
+        related=clash.paths[1:],
+        data=data,
+        severity=Severity.ERROR,
+    )
+
+
 def _clash_finding(clash: Clash) -> Finding:
     copies = f"{len(clash.paths)} distinct inodes of"
     example = f" (e.g. {clash.via[0]})" if clash.via else ""
@@ -810,6 +844,8 @@ def _clash_finding(clash: Clash) -> Finding:
     }[clash.reason]
     data: dict[str, Any] = {"reason": clash.reason.value, "mode": clash.mode}
     judged = clash.judged
+    if judged is None and clash.closure_judged:
+        return _closure_finding(clash, what, data)
     if judged is None:
         return make_finding(
             _RULE_OF_REASON[clash.reason],
@@ -1032,7 +1068,8 @@ def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions) -> None:
         analysis.findings.extend(_judged_probe_findings(pair.paths, probes, expected))
     rewritten: dict[int, Finding] = {}
     for clash in analysis.clashes:
-        if clash.finding is not None and clash.judged is not None and probe_decided(clash.probes) is not None:
+        judged = clash.judged is not None or bool(clash.closure_judged)
+        if clash.finding is not None and judged and probe_decided(clash.probes) is not None:
             rewritten[id(clash.finding)] = _clash_finding(clash)
             clash.finding = rewritten[id(clash.finding)]
     for pair in analysis.pairs:
@@ -1180,6 +1217,10 @@ def _agreement(clash: Clash, index: int, probe: ProbeResult) -> bool | None:
 
 def _judged_fields(clash: Clash) -> dict[str, Any]:
     """Fields added to schema v1 by issue 16: the verdict, who decided it, both orders."""
+    if clash.judged is None and clash.closure_judged:
+        decided = probe_decided(clash.probes)
+        static = max((p.verdict for p in clash.closure_judged.values()), key=lambda v: v.rank)
+        return {"verdict": (decided or static).value, "decided_by": "probe" if decided is not None else "static"}
     if clash.judged is None:
         return {}
     decided = probe_decided(clash.probes)
