@@ -27,10 +27,13 @@ with atheris.instrument_imports(include=["rocm_audit"]):
     from rocm_audit.llvm.roles import classify
     from rocm_audit.tree.discovery import AuditRoot
     from rocm_audit.tree.inventory import FileKind, build_inventory, read_dynamic_info
+    from rocm_audit.tree.targets import TargetSelection, resolve_required
 
 WORKDIR = tempfile.mkdtemp(prefix="rocm-audit-fuzz-")
 TARGET = os.path.join(WORKDIR, "libfuzz.so.1")
 ROOT = AuditRoot(WORKDIR, WORKDIR)
+# The lazy judgement's path too (verify-arch, check): only chosen entries inflated, streams cut short.
+SELECTION = TargetSelection(tuple(resolve_required(t).agent for t in ("gfx942", "gfx90a:xnack+", "gfx1100")))
 
 
 def _parsers(data: bytes) -> None:
@@ -59,6 +62,7 @@ def test_one_input(data: bytes) -> None:
     inventory = build_inventory([ROOT])
     for record in inventory.files:
         scan_file(record)
+        scan_file(record, selection=SELECTION)
         if record.kind in (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE):
             try:
                 dynamic = read_dynamic_info(record.path)

@@ -239,3 +239,41 @@ def test_one_verdict_on_the_459_mb_pjrt_plugin(cache_dir, tmp_path):
         assert _verdicts(lazy_carriers) == _verdicts(full_carriers)
         assert _judged_objects(lazy_carriers, required) == _judged_objects(full_carriers, required)
         assert _keyed(lazy_findings) == _keyed(full_findings)
+
+
+def test_bombs_and_truncations_through_the_lazy_path(tmp_path):
+    """The judgement's reader meets the same guards: a declared 1 TiB and a real zstd bomb are
+    refused from the header, every truncation of a library is a finding, nothing is raised."""
+    import zstandard
+    from arch_writers import host_elf
+
+    from rocm_audit.gpu.codeobjects import scan_file
+    from support.memory import peak_rss_kib, reset_peak_rss
+
+    selection = verify.selection_for([verify.resolve_required("gfx942")])
+
+    def lazy_scan(data: bytes, name: str):
+        path = tmp_path / name
+        path.write_bytes(data)
+        roots, _ = resolve_roots([str(path)])
+        (record,) = build_inventory(roots).files
+        return scan_file(record, None, selection)
+
+    entries = [("host-x86_64-unknown-linux--", b""), ("hipv4-amdgcn-amd-amdhsa--gfx942", GFX942_ANY)]
+    before = reset_peak_rss()
+    claim = ccob(bundle(entries), version=3, declared_size=1 << 40)
+    assert any("not a plausible bundle" in f.message for f in lazy_scan(claim, "claim.co").findings)
+    table = bundle(entries)
+    compressor = zstandard.ZstdCompressor(level=3).compressobj(size=len(table) + (128 << 20))
+    body = compressor.compress(table) + b"".join(compressor.compress(b"\0" * (1 << 24)) for _ in range(8))
+    body += compressor.flush()
+    bomb = b"CCOB" + struct.pack("<HHQQ", 3, 1, 32 + len(body), len(table) + (128 << 20)) + b"\0" * 8 + body
+    assert any("not a plausible bundle" in f.message for f in lazy_scan(bomb, "bomb.co").findings)
+    assert peak_rss_kib() - before < 64 * 1024
+    plain = bundle(entries)
+    section = plain + b"\0" * (-len(plain) % 4096) + ccob(bundle(entries), version=2)
+    wrappers = struct.pack("<IIQQ", 0x48495046, 1, 0, 0) * 2
+    host_elf([(".hip_fatbin", 1, 2, section), (".hipFatBinSegment", 1, 2, wrappers)], str(tmp_path / "libfull.so"))
+    original = (tmp_path / "libfull.so").read_bytes()
+    for cut in range(0, len(original), 331):
+        lazy_scan(original[:cut], f"cut{cut}.so")  # must not raise
