@@ -44,6 +44,9 @@ class PlannedLink:
     # links itself (its device reconcile re-hardlinks a symlink; mirrored data files and executables,
     # which find their siblings through /proc/self/exe, must stay regular files).
     make: str = "symlink"
+    # An expansion already on its owned keeper's inode, as rocm-sdk init made it: one library for the
+    # loader now; the symlink is hardening (it survives a per-tree copy), so --check does not fail on it.
+    intact: bool = False
 
 
 @dataclass(slots=True)
@@ -371,11 +374,13 @@ def _group_from(
                     data={"owner": keeper_owner, "others": sorted({owner[r.path] or "" for r in split})},
                 )
             )
-    settled = [
-        r
+    on_keeper = {
+        r.path
         for r in ordered[1:]
         if keeper_owner is not None and r.identity == keeper.identity and ownership.is_expansion(r.path)
-    ]
+    }
+    # TheRock's device reconcile re-hardlinks these on every init/path/test: left as it made them.
+    settled = [r for r in ordered[1:] if r.path in on_keeper and ownership.is_device_link(r.path)]
     if settled:
         intact.append((keeper.path, [r.path for r in settled]))
     changeable = [r for r in ordered[1:] if r not in foreign and r not in settled]
@@ -397,7 +402,15 @@ def _group_from(
     for record in changeable:
         link_text = relative_link_text(keeper_real, record.path, realdir, reldir)
         make = "hardlink" if ownership.is_device_link(record.path) else "symlink"
-        duplicates.append(PlannedLink(record, link_text, hardlink=record.identity == keeper.identity, make=make))
+        duplicates.append(
+            PlannedLink(
+                record,
+                link_text,
+                hardlink=record.identity == keeper.identity,
+                make=make,
+                intact=record.path in on_keeper,
+            )
+        )
         if stat.S_IMODE(record.mode) != stat.S_IMODE(keeper.mode) or (record.uid, record.gid) != (
             keeper.uid,
             keeper.gid,

@@ -19,6 +19,7 @@ def _group_json(group: DedupGroup) -> dict[str, Any]:
                 "link_text": d.link_text,
                 "hardlink": d.hardlink,
                 "made": d.make,
+                "intact": d.intact,
                 "status": group.status[d.record.path],
             }
             for d in group.duplicates
@@ -85,17 +86,31 @@ def check_mode_findings(plan: DedupPlan) -> list[Finding]:
                 key = (group.keeper.sdk_tree or group.keeper.root, d.record.sdk_tree or d.record.root)
                 mirrored.setdefault(key, []).append((d.record.path, group.size))
             continue
-        rule = "DUP002" if group.reason == "hardlink" else "DUP001"
-        findings.append(
-            make_finding(
-                rule,
-                group.keeper.path,
-                f"{len(group.duplicates)} other path(s) hold the same {group.size:,}-byte library"
-                + (" through hardlinks" if group.reason == "hardlink" else " under another inode"),
-                related=[d.record.path for d in group.duplicates],
-                data={"size": group.size},
+        intact = [d for d in group.duplicates if d.intact]
+        judged = [d for d in group.duplicates if not d.intact]
+        if judged:
+            hardlinks_only = all(d.hardlink for d in judged)
+            findings.append(
+                make_finding(
+                    "DUP002" if hardlinks_only else "DUP001",
+                    group.keeper.path,
+                    f"{len(judged)} other path(s) hold the same {group.size:,}-byte library"
+                    + (" through hardlinks" if hardlinks_only else " under another inode"),
+                    related=[d.record.path for d in judged],
+                    data={"size": group.size},
+                )
             )
-        )
+        if intact:
+            findings.append(
+                make_finding(
+                    "DUP013",
+                    group.keeper.path,
+                    f"{len(intact)} devel path(s) share this library's inode, as rocm-sdk init made them: one "
+                    "library for the loader; dedup makes them relative symlinks, which survive a per-tree copy",
+                    related=[d.record.path for d in intact],
+                    data={"size": group.size},
+                )
+            )
     for (runtime_tree, expansion_tree), copies in sorted(mirrored.items()):
         findings.append(
             make_finding(

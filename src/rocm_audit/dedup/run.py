@@ -61,7 +61,8 @@ def run_dedup(
         findings=findings,
         inputs=[r.path for r in roots],
         sections=sections,
-        force_failure=(mode == "check" and bool(plan.groups)),
+        # A fresh TheRock install passes: its intact hardlinks are one library for the loader (DUP013, info).
+        force_failure=(mode == "check" and any(not d.intact for g in plan.groups for d in g.duplicates)),
         findings_decide_exit=mode != "dry-run",
         summary=summary,
     )
