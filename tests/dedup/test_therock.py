@@ -144,11 +144,6 @@ def test_one_run_fixes_every_split_and_rocm_sdk_keeps_it_fixed(install, kind):
     assert same_bytes_distinct_inodes(install)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="llvm's load model (LLVM014) calls the split comgr copies clean in every order and mode "
-    "while the fixture's real load aborts with 'spirv-expand-step registered more than once'",
-)
 def test_llvm_agrees_with_the_real_abort_of_a_split_install(install):
     install.split("cp-r")
     load = install.preload_after_devel_hip()

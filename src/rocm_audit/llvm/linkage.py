@@ -234,9 +234,10 @@ class _Symbol:
     weak: bool = False
 
 
-def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | None, list[int]]:
-    """Watched dynamic symbols by index, and the other defined functions' starts (for the walk)."""
-    function_starts: list[int] = []
+def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | None, dict[int, int]]:
+    """Watched dynamic symbols by index, and the address of every function the library defines, by
+    symbol index (for the walk: a PLT call to one of them runs that code)."""
+    function_starts: dict[int, int] = {}
     dynsym = reader.by_type(SHT_DYNSYM)
     if dynsym is None or dynsym.size == 0:
         return {}, None, function_starts
@@ -259,9 +260,9 @@ def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | Non
         is_function = st_info & 0xF == STT_FUNC
         if st_name >= len(dynstr):
             raise FormatError("ELF", dynsym.offset + index * 24, "symbol name outside .dynstr")
+        if is_function and st_shndx != 0:  # a function start the walk may meet
+            function_starts[index] = st_value
         if not dynstr.startswith(WATCHED_PREFIXES, st_name):
-            if is_function and st_shndx != 0:  # a function start the walk may meet
-                function_starts.append(st_value)
             continue
         name = _string(dynstr, st_name)
         defined = st_shndx != 0
@@ -376,8 +377,15 @@ def _reaches(
     got_slots: frozenset[int],
     known_functions: frozenset[int],
     stubs: Mapping[int, int],
+    own_stubs: Mapping[int, int] | None = None,
 ) -> tuple[bool | None, str]:
-    """Whether a call walk from starts hits targets (code addresses) or got_slots (indirect)."""
+    """Whether a call walk from starts hits targets (code addresses) or got_slots (indirect).
+
+    own_stubs maps a PLT stub of a function the library defines itself to that definition: a
+    default-visibility template (``cl::opt<T>``'s constructor, instantiated in every library that
+    declares an option) is called through the PLT, and in the library that is loaded first the
+    lookup finds its own copy; a later copy is the same code."""
+    own_stubs = own_stubs or {}
     import bisect
 
     extents = _function_starts(reader)
@@ -412,6 +420,7 @@ def _reaches(
                 if target in targets:
                     how = "PLT" if target in stubs else "direct call"
                     return True, f"an .init_array function reaches addArgument ({how}, depth {depth + 1})"
+                target = own_stubs.get(target, target)
                 if depth + 1 < MAX_WALK_DEPTH and target in callable_starts and target not in seen:
                     stack.append((target, depth + 1))
             else:
@@ -501,7 +510,7 @@ def _registers_at_load(
     jump_slots: Mapping[int, int],
     glob_dat_slots: Mapping[int, int],
     has_initialisers: bool,
-    function_starts: Sequence[int] = (),
+    function_starts: Mapping[int, int] | None = None,
 ) -> tuple[bool | None, str]:
     if add_argument is None and not through:
         return False, "does not reference addArgument"
@@ -519,5 +528,7 @@ def _registers_at_load(
     starts = _init_functions(reader, relative)
     if not starts:
         return False, "no .init_array function"
-    known = frozenset(function_starts) | frozenset(s.value for s in symbols.values() if s.is_function and s.defined)
-    return _reaches(reader, starts, frozenset(targets), got, known, stubs)
+    function_starts = function_starts or {}
+    known = frozenset(function_starts.values())
+    own_stubs = {stub: function_starts[index] for stub, index in stubs.items() if index in function_starts}
+    return _reaches(reader, starts, frozenset(targets), got, known, stubs, own_stubs)
