@@ -123,3 +123,45 @@ def test_lazy_judgement_reads_only_the_kernel_of_the_judged_arch(tmp_path):
     assert sorted(o.bundle_target for o in full.code_objects if o.target_source == "e_flags") == ["gfx90a", "gfx942"]
     assert [o.bundle_target for o in lazy.code_objects if o.target_source == "e_flags"] == ["gfx942"]
     assert sorted(o.bundle_target for o in lazy.code_objects) == ["gfx90a", "gfx942"]
+
+
+# e_flags: gfx942 (0x4c) with xnack on (0x300) / off (0x200), sramecc any (formats.md 2.8).
+GFX942_XNACK_ON = amdgpu_header(0x34C)
+GFX942_XNACK_OFF = amdgpu_header(0x24C)
+
+
+def _split_with_features(site: Path) -> Path:
+    """What kpack-old's real splitter writes for a library built with --offload-arch=gfx942:xnack+
+    and gfx942:xnack- (observed running its split_artifacts on a clang-19 build): one archive per
+    full target id, named for it, colon and all (``blas_lib_gfx942:xnack+.kpack``), each with
+    ``gfx_arches`` = [that id]; the .kpm lists them by the same id."""
+    tree = site / "_rocm_sdk_libraries"
+    library = _kpackd_library(tree / "lib/libxn.so", ["../.kpack/blas_lib.kpm"], "blas_lib")
+    (tree / ".kpack").mkdir(exist_ok=True)
+    files = {}
+    for arch, code in (("gfx942:xnack+", GFX942_XNACK_ON), ("gfx942:xnack-", GFX942_XNACK_OFF)):
+        name = f"blas_lib_{arch}.kpack"
+        archive = kpack_archive([(f"{BUILD_PREFIX}/lib/libxn.so", arch, code)], family=arch)
+        (tree / ".kpack" / name).write_bytes(archive)
+        files[arch] = {"file": name, "size": len(archive), "kernel_count": 1}
+    (tree / ".kpack/blas_lib.kpm").write_bytes(
+        msgpack.packb({"format_version": 1, "component_name": "blas_lib", "prefix": BUILD_PREFIX, "kpack_files": files})
+    )
+    return library
+
+
+def test_archives_named_for_a_target_id_with_features_are_per_arch_units(tmp_path, run_cli):
+    site = tmp_path / "site"
+    library = _split_with_features(site)
+    kpack_dir = site / "_rocm_sdk_libraries/.kpack"
+    for target in ("gfx942", "gfx942:xnack+", "gfx942:xnack-"):
+        carrier = _carrier(verify.verify_arch([str(site)], [target], environ={}), library)
+        assert carrier["missing"] == [], target
+    # keeping xnack+ lets the xnack- archive go (an xnack+ device never opens it), and the reverse;
+    # a bare gfx942 keeps both settings
+    for kept, gone in (("gfx942:xnack+", "gfx942:xnack-"), ("gfx942:xnack-", "gfx942:xnack+"), ("gfx942", None)):
+        report = run_cli("prune", kept, "-p", str(site), "--dry-run", "--format", "json", expect=0).report
+        removals = [r["path"] for r in report["prune"]["removals"]]
+        assert removals == ([str(kpack_dir / f"blas_lib_{gone}.kpack")] if gone else []), kept
+        weighed = {r["target"] for r in report["prune"]["weight"]}
+        assert {"gfx942:xnack+", "gfx942:xnack-"} <= weighed, weighed

@@ -25,6 +25,7 @@ def _rel(site: Path, paths: list[str]) -> set[str]:
 def test_units_are_recognised_by_name():
     cases = {
         "/s/_rocm_sdk_libraries/.kpack/blas_lib_gfx942.kpack": ("kpack-archive", ("gfx942",)),
+        "/s/_rocm_sdk_libraries/.kpack/blas_lib_gfx942:xnack+.kpack": ("kpack-archive", ("gfx942:xnack+",)),
         "/s/x/rocblas/library/TensileLibrary_lazy_gfx90a.dat": ("tensile", ("gfx90a",)),
         "/s/x/rocblas/library/Kernels.so-000-gfx90a-xnack+.hsaco": ("tensile", ("gfx90a:xnack+",)),
         "/s/x/hipblaslt/library/gfx950/TensileLibrary.dat": ("tensile-dir", ("gfx950",)),

@@ -2,8 +2,8 @@
 
 Recognised by path alone (formats.md 1.3, 1.7, 2.10; kpack's database_handlers.py classification):
 
-- kpack archives ``.kpack/<name>_gfxNNN.kpack`` (the kpack runtime opens the archive of the
-  device's arch);
+- kpack archives ``.kpack/<name>_gfxNNN.kpack`` and ``<name>_gfx942:xnack+.kpack`` (the kpack
+  runtime opens the archive of the device's arch);
 - Tensile / hipBLASLt / hipSPARSELt ``library/`` files named for one arch (``.co``, ``.hsaco``,
   ``.dat``: ``TensileLibrary_lazy_gfx942.dat``, ``Kernels.so-000-gfx942.hsaco``) and per-arch
   folders ``library/gfx942/``; arch-less files (``TensileLibrary_lazy_fallback.dat``) are shared;
@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 from rocm_audit.tree.targets import arch_tokens, is_family_name
 
-_KPACK = re.compile(r"^(?P<name>.+)_(?P<arch>gfx[0-9a-z]+(?:-[0-9a-z]+)*)\.kpack$")
+# rocm-kpack's splitter names an archive for the full target id it unbundled, features and all
+# (blas_lib_gfx942:xnack+.kpack) [kpack-old: artifact_utils.py extract_architecture_from_target].
+_KPACK = re.compile(r"^(?P<name>.+)_(?P<arch>gfx[0-9a-z]+(?:-[0-9a-z]+)*(?::(?:sramecc|xnack)[+-])*)\.kpack$")
 _TENSILE_ROOTS = (("rocblas", "library"), ("hipblaslt", "library"), ("hipsparselt", "library"))
 _TENSILE_SUFFIXES = (".co", ".hsaco", ".dat")
 _MIOPEN_DB = ("miopen", "db")
