@@ -29,7 +29,7 @@ def command(
             "--probe-timeout",
             metavar="SECONDS",
             min=0.1,
-            help="Kill a probe after this long (inconclusive).",
+            help="Kill a probe after this long: a hang, as conclusive as an abort.",
         ),
     ] = 60.0,
     preload: Annotated[
