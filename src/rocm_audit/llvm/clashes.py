@@ -1108,7 +1108,17 @@ def _probe_findings(clash: Clash) -> list[Finding]:
         )
     for result in clash.probes:
         verdict = agrees(clash.predictions[result.mode], result.outcome)
-        if verdict is None:
+        if verdict is None and result.verdict in (ProbeVerdict.CRASH, ProbeVerdict.HANG):
+            findings.append(
+                make_finding(
+                    "LLVM015",
+                    subject,
+                    f"probe {result.mode}: {result.detail}",
+                    related=related,
+                    data={"mode": result.mode, "verdict": result.verdict.value, "signal": result.signal},
+                )
+            )
+        elif verdict is None:
             findings.append(
                 make_finding(
                     "LLVM008",
