@@ -189,6 +189,9 @@ def test_the_nonce_ranks_like_the_tree_it_renames(tmp_path):
     assert str(install.core / "lib/libamd_comgr.so.3") in keepers
     assert not any("_rocm_sdk_devel" in k for k in keepers)
     assert_converged(install)
+    # rocm_sdk's preloads are found in the renamed core tree (exit 2 "no _rocm_sdk_core/lib" before).
+    code, modelled = audit("llvm", "--preload-rocm-sdk", "-p", str(install.site_packages))
+    assert code == 0 and "LLVM001" not in rules(modelled)
 
 
 def test_revert_undoes_what_rocm_audit_did_and_names_what_rocm_sdk_re_linked(install):
