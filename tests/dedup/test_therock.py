@@ -116,8 +116,9 @@ def test_one_run_fixes_every_split_and_rocm_sdk_keeps_it_fixed(install, kind):
     assert {(f["rule"], f["path"]) for f in whole["findings"] if f["rule"] in ("DUP001", "DUP011")} == {
         (f["rule"], f["path"]) for f in checked["findings"] if f["rule"] in ("DUP001", "DUP011")
     }
-    if install.preload_after_devel_hip().returncode == -6:  # the real abort: the gate must say so
+    if install.preload_after_devel_hip().returncode == -6:  # the real abort: the gate and llvm say so
         assert "DUP001" in rules(checked)
+        assert rules(audit("llvm", "-p", sp)[1]) & {"LLVM001", "LLVM012", "LLVM013"}
     # One run.
     code, applied = audit("dedup", "-p", sp)
     assert code == 0 and applied["dedup"]["verified"] is True, applied["findings"]
