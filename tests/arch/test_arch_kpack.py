@@ -165,3 +165,14 @@ def test_archives_named_for_a_target_id_with_features_are_per_arch_units(tmp_pat
         assert removals == ([str(kpack_dir / f"blas_lib_{gone}.kpack")] if gone else []), kept
         weighed = {r["target"] for r in report["prune"]["weight"]}
         assert {"gfx942:xnack+", "gfx942:xnack-"} <= weighed, weighed
+
+
+def test_a_corrupt_manifest_is_a_finding_naming_the_manifest_and_offset(tmp_path):
+    library = _older_flow(tmp_path / "site")
+    manifest = tmp_path / "site/_rocm_sdk_libraries/.kpack/blas_lib.kpm"
+    manifest.write_bytes(b"\xc1" * 12)  # 0xc1 is never valid MessagePack
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx942"], environ={})
+    (broken,) = [f for f in outcome.findings if f.rule == "ARCH004"]
+    assert broken.path == str(manifest) and "at file offset 0x0" in broken.message, broken
+    assert "MessagePack" in broken.message
+    assert ("ARCH001", str(library)) in {(f.rule, f.path) for f in outcome.findings}

@@ -28,7 +28,7 @@ def _unpack(data: bytes, fmt: str, base: int) -> Any:
         # unpackb bounds every length by len(data): a hostile length cannot drive allocation.
         return msgpack.unpackb(data, raw=False, strict_map_key=False)
     except (ValueError, TypeError, msgpack.exceptions.UnpackException) as exc:
-        raise FormatError(fmt, base, f"not valid MessagePack: {exc}") from None
+        raise FormatError(fmt, base, f"not valid MessagePack: {str(exc) or type(exc).__name__}") from None
 
 
 @dataclass(frozen=True, slots=True)

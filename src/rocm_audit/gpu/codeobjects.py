@@ -828,7 +828,7 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
                         make_finding(
                             "ARCH004",
                             candidate,
-                            f"{exc.fmt}: {exc.reason}",
+                            f"{exc.fmt}: {exc.reason} (at file offset {exc.offset:#x})",
                             data={"offset": exc.offset, "format": exc.fmt},
                         )
                     )
