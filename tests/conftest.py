@@ -12,6 +12,16 @@ from support import cli
 from support.sdk_tree import SdkTree, build_sdk_tree
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow (whole sweeps, big downloads) are deselected unless ROCM_AUDIT_SLOW=1."""
+    if os.environ.get("ROCM_AUDIT_SLOW") == "1":
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 @pytest.fixture(scope="session")
 def report_validator() -> jsonschema.Draft202012Validator:
     return cli.report_validator()

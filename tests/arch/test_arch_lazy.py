@@ -5,7 +5,6 @@ select are inflated, each compressed stream stops after the last of them) agains
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import struct
 import subprocess
@@ -216,7 +215,7 @@ PJRT_WHEEL = "jax_rocm7_pjrt-0.12.0-py3-none-manylinux_2_27_x86_64.whl"
 PJRT_SHA256 = "4551d0714523355f2946ca1958c3f584e95661e467a641d36b726f718a1c7934"
 
 
-@pytest.mark.skipif(not os.environ.get("ROCM_AUDIT_SLOW"), reason="133 MB download; ROCM_AUDIT_SLOW=1 runs it")
+@pytest.mark.slow  # a 133 MB download
 def test_one_verdict_on_the_459_mb_pjrt_plugin(cache_dir, tmp_path):
     """jax-rocm7-pjrt 0.12.0's xla_rocm_plugin.so (45 CCOB v3 bundles, 2.4 GB inflated), both paths."""
     wheel = Path(cache_dir) / "bench" / PJRT_WHEEL

@@ -258,8 +258,7 @@ def test_probe_verdicts_agree_with_real_loads(probe_tree):
     assert "LLVM014" in decided
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("ROCM_AUDIT_SLOW") != "1", reason="the whole sweep: ROCM_AUDIT_SLOW=1")
+@pytest.mark.slow  # the whole sweep
 def test_full_differential_sweep(tmp_path_factory):
     tree = build_tree(tmp_path_factory.mktemp("all-carriers"))
     names = sorted(tree.libraries)
