@@ -11,6 +11,7 @@ newer flow). The libraries are built by gcc with the post-split sections (HIPK w
 
 from __future__ import annotations
 
+import struct
 import subprocess
 from pathlib import Path
 
@@ -176,3 +177,20 @@ def test_a_corrupt_manifest_is_a_finding_naming_the_manifest_and_offset(tmp_path
     assert broken.path == str(manifest) and "at file offset 0x0" in broken.message, broken
     assert "MessagePack" in broken.message
     assert ("ARCH001", str(library)) in {(f.rule, f.path) for f in outcome.findings}
+
+
+def test_a_kernel_under_an_arch_gfx_arches_lacks_is_never_selected(tmp_path):
+    """The kpack runtime indexes an archive by its gfx_arches and looks a kernel up only under an
+    arch found there: a gfx942 entry of an archive whose list says gfx90a is never loaded."""
+    library = _older_flow(tmp_path / "site")
+    archive_path = tmp_path / "site/_rocm_sdk_libraries/.kpack/blas_lib_gfx942.kpack"
+    data = bytearray(archive_path.read_bytes())
+    (toc_offset,) = struct.unpack_from("<Q", data, 8)
+    toc = msgpack.unpackb(bytes(data[toc_offset:]))
+    toc["gfx_arches"] = ["gfx90a"]
+    archive_path.write_bytes(bytes(data[:toc_offset]) + msgpack.packb(toc))
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx942"], environ={})
+    assert _carrier(outcome, library)["missing"] == ["gfx942"]
+    hidden = [f for f in outcome.findings if f.rule == "ARCH004" and f.path == str(archive_path)]
+    assert hidden and f"at file offset {toc_offset:#x}" in hidden[0].message, outcome.findings
+    assert f"{BUILD_PREFIX}/{BUILD_RELPATH}@gfx942" in hidden[0].message

@@ -735,9 +735,10 @@ _CO_INDEX = re.compile(r"#(\d+)$")
 class _LoadedArchive:
     """A parsed .kpack TOC, indexed by key stem, with the zstd frame table read on first use."""
 
-    def __init__(self, path: str, toc: kpack.KpackToc) -> None:
+    def __init__(self, path: str, toc: kpack.KpackToc, toc_offset: int = 0) -> None:
         self.path = path
         self.toc = toc
+        self.toc_offset = toc_offset
         self._frames: list[tuple[int, int]] | None = None
         # "<relpath>#<co_index>" and "<prefix>/<relpath>" keys, by stem: (co_index or None, kernel).
         self.by_stem: dict[str, list[tuple[int | None, kpack.KpackKernel]]] = {}
@@ -746,6 +747,26 @@ class _LoadedArchive:
             stem = (kernel.key[: match.start()] if match else kernel.key).lstrip("/")
             index = int(match.group(1)) if match else None
             self.by_stem.setdefault(stem, []).append((index, kernel))
+
+    def selectable(self, kernel: kpack.KpackKernel) -> bool:
+        """Whether the kpack runtime can select this kernel: it indexes an archive by its
+        ``gfx_arches`` and looks a kernel up only under an arch found there, so a per-key arch
+        the list lacks is never loaded [kpack-old: runtime/src/loader.cpp, toc_parser.cpp;
+        rocm-systems: shared/kpack/runtime/src/loader.cpp]."""
+        return kernel.arch in self.toc.arches
+
+    def unselectable_finding(self) -> Finding | None:
+        hidden = sorted({f"{k.key}@{k.arch}" for k in self.toc.kernels if not self.selectable(k)})
+        if not hidden:
+            return None
+        return make_finding(
+            "ARCH004",
+            self.path,
+            f"kpack TOC: {len(hidden)} kernel(s) under an arch its gfx_arches {list(self.toc.arches)} lacks, "
+            f"which the kpack runtime never selects: {', '.join(hidden[:4])}{' ...' if len(hidden) > 4 else ''} "
+            f"(at file offset {self.toc_offset:#x})",
+            data={"offset": self.toc_offset, "format": "kpack TOC", "unselectable": hidden},
+        )
 
     def frames(self, fh: _File) -> list[tuple[int, int]]:
         if self._frames is None:
@@ -779,7 +800,8 @@ def _load_archive(path: str, result: FileCodeObjects) -> _LoadedArchive | None:
         try:
             header = kpack.parse_kpack_header(os.pread(fd, 16, 0), st.st_size)
             toc_bytes = os.pread(fd, st.st_size - header.toc_offset, header.toc_offset)
-            loaded = _LoadedArchive(path, kpack.parse_kpack_toc(toc_bytes, header.toc_offset, st.st_size))
+            toc = kpack.parse_kpack_toc(toc_bytes, header.toc_offset, st.st_size)
+            loaded = _LoadedArchive(path, toc, header.toc_offset)
         except FormatError as exc:
             result.findings.append(
                 make_finding(
@@ -919,10 +941,12 @@ def _kpack_objects(
         if archive is None:
             continue
         searched.append(source.path)
-        listed.extend(
-            (archive, tu, kernel)
-            for tu, kernel in _kernels_for(archive, library, ref.kernel_name, tu_count, source.build_dir)
-        )
+        found = _kernels_for(archive, library, ref.kernel_name, tu_count, source.build_dir)
+        if any(not archive.selectable(kernel) for _, kernel in found):
+            hidden = archive.unselectable_finding()
+            if hidden is not None:
+                result.findings.append(hidden)
+        listed.extend((archive, tu, kernel) for tu, kernel in found if archive.selectable(kernel))
     if searched and not listed:
         result.findings.append(
             make_finding(
@@ -1004,6 +1028,9 @@ def _kpack_archive_listing(result: FileCodeObjects, fh: _File) -> None:
     archive = _load_archive(result.path, result)
     if archive is None:
         return
+    hidden = archive.unselectable_finding()
+    if hidden is not None:
+        result.findings.append(hidden)
     for kernel in archive.toc.kernels:
         facts = _kpack_kernel_facts(archive, kernel, result)
         result.code_objects.append(
