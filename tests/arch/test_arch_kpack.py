@@ -194,3 +194,30 @@ def test_a_kernel_under_an_arch_gfx_arches_lacks_is_never_selected(tmp_path):
     hidden = [f for f in outcome.findings if f.rule == "ARCH004" and f.path == str(archive_path)]
     assert hidden and f"at file offset {toc_offset:#x}" in hidden[0].message, outcome.findings
     assert f"{BUILD_PREFIX}/{BUILD_RELPATH}@gfx942" in hidden[0].message
+
+
+def test_a_library_of_another_prefix_of_the_artifact_is_found_under_its_own_prefix(tmp_path):
+    """rocm-kpack's splitter on an artifact with two prefixes (rocBLAS and hipBLAS stage dirs): one
+    archive per arch keyed by each library's own prefix, but one .kpm per prefix; the wheel's flat
+    tree keeps one .kpm, whose prefix is the other library's."""
+    site = tmp_path / "site"
+    tree = site / "_rocm_sdk_libraries"
+    rocblas = _kpackd_library(tree / "lib/librocblas.so.5", ["../.kpack/blas_lib.kpm"], "blas_lib")
+    hipblas = _kpackd_library(tree / "lib/libhipblas.so.2", ["../.kpack/blas_lib.kpm"], "blas_lib")
+    (tree / ".kpack").mkdir()
+    files = {}
+    for arch, code in (("gfx942", GFX942_ANY), ("gfx90a", GFX90A_ANY)):
+        kernels = [
+            (f"{BUILD_PREFIX}/{BUILD_RELPATH}", arch, code),
+            ("math-libs/BLAS/hipBLAS/stage/lib/libhipblas.so.2.0", arch, code),
+        ]
+        (tree / f".kpack/blas_lib_{arch}.kpack").write_bytes(kpack_archive(kernels, family=arch))
+        files[arch] = {"file": f"blas_lib_{arch}.kpack", "size": 0, "kernel_count": 2}
+    (tree / ".kpack/blas_lib.kpm").write_bytes(
+        msgpack.packb({"format_version": 1, "component_name": "blas_lib", "prefix": BUILD_PREFIX, "kpack_files": files})
+    )
+    outcome = verify.verify_arch([str(site)], ["gfx942", "gfx90a"], environ={})
+    for library in (rocblas, hipblas):
+        carrier = _carrier(outcome, library)
+        assert carrier["missing"] == [] and carrier["targets"] == ["gfx90a", "gfx942"], library
+    assert not [f for f in outcome.findings if f.rule.startswith("ARCH")], outcome.findings

@@ -821,10 +821,12 @@ def _load_archive(path: str, result: FileCodeObjects) -> _LoadedArchive | None:
 class _KpackSource:
     """One archive a kpack reference leads to. ``build_dir``: for an archive listed by an older-flow
     ``.kpm``, the TOC key directory that holds this library's build path
-    (``<kpm prefix>/<library dir relative to the prefix root>``), else None."""
+    (``<kpm prefix>/<library dir relative to the prefix root>``), else None; ``rel_dir``: that
+    library dir relative to the prefix root alone."""
 
     path: str
     build_dir: str | None = None
+    rel_dir: str | None = None
 
 
 def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObjects) -> list[_KpackSource]:
@@ -871,7 +873,8 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
                     # left without code is judged missing like any other.
                     listed = os.path.join(os.path.dirname(candidate), manifest.files_by_arch[arch])
                     if os.path.exists(listed):
-                        sources.append(_KpackSource(listed, build_dir if not rel_dir.startswith("..") else None))
+                        inside = not rel_dir.startswith("..")
+                        sources.append(_KpackSource(listed, build_dir if inside else None, rel_dir if inside else None))
             else:
                 sources.append(_KpackSource(candidate))
     if not sources:
@@ -898,8 +901,27 @@ def _is_build_name(key_name: str, installed_name: str) -> bool:
     return key_name.startswith(installed_name + ".") and bool(_VERSION_SUFFIX.match(key_name[len(installed_name) :]))
 
 
+def _other_prefix_stems(archive: _LoadedArchive, rel_dir: str, installed: str) -> list[str]:
+    """Keys of this library's build file under one other build prefix: rocm-kpack's splitter keys
+    every prefix of an artifact by its own prefix but writes one ``.kpack/<component>.kpm`` per
+    prefix, and the wheel's flat tree keeps only one of them (observed: blas_lib with the rocBLAS
+    and hipBLAS stage dirs). Several prefixes holding the name are not guessed between."""
+    suffix = "" if rel_dir in ("", ".") else "/" + rel_dir
+    by_dir: dict[str, list[str]] = {}
+    for stem in archive.by_stem:
+        directory, _, name = stem.rpartition("/")
+        if directory.endswith(suffix) and _is_build_name(name, installed):
+            by_dir.setdefault(directory, []).append(stem)
+    return next(iter(by_dir.values())) if len(by_dir) == 1 else []
+
+
 def _kernels_for(
-    archive: _LoadedArchive, library: str, kernel_name: str, tu_count: int, build_dir: str | None = None
+    archive: _LoadedArchive,
+    library: str,
+    kernel_name: str,
+    tu_count: int,
+    build_dir: str | None = None,
+    rel_dir: str | None = None,
 ) -> list[tuple[int, kpack.KpackKernel]]:
     """(TU, kernel) pairs of one library, found by the key its reference holds: ``<kernel_name>#<i>``
     or ``<kernel_name>`` (newer flow; whatever name the library is installed under). Older flow
@@ -909,11 +931,14 @@ def _kernels_for(
     stems = [kernel_name.lstrip("/")] + ["/".join(parts[i:]) for i in range(len(parts))]
     if build_dir is not None:
         installed = parts[-1]
-        stems += [
+        in_prefix = [
             stem
             for stem in archive.by_stem
             if stem.rpartition("/")[0] == build_dir and _is_build_name(stem.rpartition("/")[2], installed)
         ]
+        if not in_prefix and rel_dir is not None and not any(stem in archive.by_stem for stem in stems):
+            in_prefix = _other_prefix_stems(archive, rel_dir, installed)
+        stems += in_prefix
     found: list[tuple[int, kpack.KpackKernel]] = []
     for stem in dict.fromkeys(stems):
         for index, kernel in archive.by_stem.get(stem, []):
@@ -941,7 +966,7 @@ def _kpack_objects(
         if archive is None:
             continue
         searched.append(source.path)
-        found = _kernels_for(archive, library, ref.kernel_name, tu_count, source.build_dir)
+        found = _kernels_for(archive, library, ref.kernel_name, tu_count, source.build_dir, source.rel_dir)
         if any(not archive.selectable(kernel) for _, kernel in found):
             hidden = archive.unselectable_finding()
             if hidden is not None:
