@@ -138,6 +138,13 @@ class RequiredTarget:
 def resolve_required(spelled: str) -> RequiredTarget:
     """Turn a user's target into a concrete agent. Raises UsageError for unknown names."""
     parsed = parse_target_id(spelled.strip())
+    if parsed is not None and parsed.processor in GENERIC_PROCESSORS:
+        served = sorted((p for p, g in GENERIC_OF.items() if g == parsed.processor), key=_processor_sort_key)
+        raise UsageError(
+            f"{spelled.strip()!r} is a generic code-object target, not a GPU: name the GPUs instead "
+            f"({', '.join(served) or 'none is mapped to it'}); "
+            f"code for {parsed.processor} counts for each GPU it serves"
+        )
     if parsed is None or parsed.processor not in KNOWN_PROCESSORS:
         known = ", ".join(sorted(KNOWN_PROCESSORS, key=_processor_sort_key))
         raise UsageError(
