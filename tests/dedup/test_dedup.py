@@ -560,6 +560,10 @@ def test_a_version_nonce_ranks_like_the_tree_it_renames_and_a_wheel_copy_comes_f
     assert rule.owner_rank("/sp/_rocm_sdk_core_r7130") == 0
     assert rule.owner_rank("/sp/_rocm_sdk_devel_r7130") == 3
     assert rule.owner_rank("/sp/_rocm_sdk_libraries_r7130") == 1
+    # TheRock's CI nonce is its bare run id, appended with no separator (--version-suffix ${ARTIFACT_RUN_ID}).
+    assert rule.owner_rank("/sp/_rocm_sdk_core17154321") == 0
+    assert rule.owner_rank("/sp/_rocm_sdk_devel17154321") == 3
+    assert rule.owner_rank("/sp/_rocm_sdk_libraries17154321") == 1
     devel, extra = "/sp/_rocm_sdk_devel/lib/libx.so.1", "/sp/_unknown/lib/libx.so.1"
     assert rule.choose([devel, extra], lambda p: p.rsplit("/lib/", 1)[0], None, lambda p: p == extra) == extra
 

@@ -182,9 +182,18 @@ def test_copies_two_runtime_packages_own_are_reported_and_never_linked(tmp_path)
 
 
 def test_the_nonce_ranks_like_the_tree_it_renames(tmp_path):
-    install = build_therock_install(tmp_path, nonce="_r7130", init=True)
+    """TheRock's CI appends its run id verbatim (``--version-suffix ${ARTIFACT_RUN_ID}``):
+    ``_rocm_sdk_core17154321``, no separator. check still finds dist_info.json in it and llvm's
+    --preload-rocm-sdk still finds core's libraries (both looked for ``_rocm_sdk_core_*`` only)."""
+    install = build_therock_install(tmp_path, nonce="17154321", init=True)
+    assert install.core.name == "_rocm_sdk_core17154321"
+    sp = str(install.site_packages)
+    code, report = audit("check", "-p", sp)
+    assert "CHK001" not in rules(report), report["findings"]
     install.split("per-tree")
-    code, report = audit("dedup", "-p", str(install.site_packages))
+    code, report = audit("llvm", "--preload-rocm-sdk", "-p", sp)
+    assert code == 1 and "LLVM001" in rules(report)
+    code, report = audit("dedup", "-p", sp)
     assert code == 0
     keepers = {g["keeper"] for g in report["dedup"]["groups"]}
     assert str(install.core / "lib/libamd_comgr.so.3") in keepers

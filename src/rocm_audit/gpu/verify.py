@@ -20,7 +20,7 @@ from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.codeobjects import DEVICE_KINDS, CodeObject, FileCodeObjects, scan_file
 from rocm_audit.outcome import CommandOutcome
-from rocm_audit.tree.discovery import enclosing_sdk_tree, resolve_roots
+from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import (
     MatchKind,
@@ -136,7 +136,8 @@ def choose_targets(
 
 def dist_info_candidates(roots: Iterable[str]) -> list[str]:
     """dist_info.json of every ``_rocm_sdk_core`` tree beside or above the roots; TheRock's version
-    nonce renames the tree (``_rocm_sdk_core_r7130``, formats.md 1.2), so both spellings count."""
+    nonce renames the tree (``_rocm_sdk_core17154321``, ``_rocm_sdk_core_r7130``; formats.md 1.2), so
+    every spelling counts (tree/discovery.py is_tree_of)."""
     found = []
     for root in roots:
         tree = enclosing_sdk_tree(root)
@@ -146,7 +147,7 @@ def dist_info_candidates(roots: Iterable[str]) -> list[str]:
         except OSError:
             continue
         for name in names:
-            if name == CORE_TREE or name.startswith(CORE_TREE + "_"):
+            if is_tree_of(name, "core"):
                 candidate = os.path.join(base, name, DIST_INFO_IN_TREE)
                 if os.path.isfile(candidate) and candidate not in found:
                     found.append(candidate)

@@ -20,10 +20,13 @@ def is_sdk_tree_name(name: str) -> bool:
 
 
 def is_tree_of(name: str, logical: str) -> bool:
-    """``_rocm_sdk_<logical>`` (core, devel ...), also renamed by TheRock's version nonce
-    (``PY_PACKAGE_SUFFIX_NONCE``: ``_rocm_sdk_core_r7130``; rocm_sdk/_dist_info.py get_py_package_name)."""
-    base = SDK_TREE_PREFIX + logical
-    return name == base or name.startswith(base + "_")
+    """``_rocm_sdk_<logical>`` (core, devel ...), also renamed by TheRock's version nonce.
+
+    The nonce is appended verbatim, with no separator of its own (rocm_sdk/_dist_info.py
+    get_py_package_name: ``"_" + dist_name + PY_PACKAGE_SUFFIX_NONCE``), and TheRock's CI passes the
+    bare run id (``--version-suffix ${ARTIFACT_RUN_ID}``): ``_rocm_sdk_core17154321`` as well as
+    ``_rocm_sdk_core_r7130``. No logical name is a prefix of another (core, libraries, devel, profiler)."""
+    return name.startswith(SDK_TREE_PREFIX + logical)
 
 
 @dataclass(frozen=True, slots=True)

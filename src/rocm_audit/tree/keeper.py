@@ -10,10 +10,10 @@ Order, lower first (rules/dedup.toml, ``[policy.dedup]``):
    (``rocm-sdk init``'s devel files, rows without hash) links to it, whatever the tree names.
 1. owner rank: the position of the ``_rocm_sdk_*`` tree holding the file in ``owner_order``; an
    exact entry beats a pattern that also matches; trees not listed, and files outside any tree,
-   come after the list. A tree renamed by TheRock's version nonce (``_rocm_sdk_core_r7130``,
-   ``PY_PACKAGE_SUFFIX_NONCE``) ranks as the exact entry it extends, before any pattern. Runtime
-   packages own their files (TheRock's devel tarball points its
-   links at them: py_packaging.py ``_populate_devel_file``; PR 8137).
+   come after the list. A tree renamed by TheRock's version nonce (``_rocm_sdk_core17154321``,
+   ``_rocm_sdk_core_r7130``: ``PY_PACKAGE_SUFFIX_NONCE`` appended verbatim) ranks as the exact
+   entry it extends, before any pattern. Runtime packages own their files (TheRock's devel tarball
+   points its links at them: py_packaging.py ``_populate_devel_file``; PR 8137).
 2. the ``tie_break`` steps in the order given: ``soname-name`` (a file named after its SONAME),
    ``shortest-path``, ``path-order`` (byte-wise). Byte-wise path order always closes the key, so
    the choice is total and never depends on walk order.
@@ -92,8 +92,9 @@ def _tree_rank(tree_name: str, owner_order: tuple[str, ...]) -> int:
         return len(owner_order)
     if tree_name in owner_order:
         return owner_order.index(tree_name)
-    # A version nonce extends the name: the longest exact entry it extends ranks it.
-    extended = [e for e in owner_order if not _is_pattern(e) and tree_name.startswith(e + "_")]
+    # A version nonce extends the name, verbatim (``_rocm_sdk_core17154321`` from TheRock CI's run id, or
+    # ``_rocm_sdk_core_r7130``): the longest exact entry it extends ranks it.
+    extended = [e for e in owner_order if not _is_pattern(e) and tree_name.startswith(e)]
     if extended:
         return owner_order.index(max(extended, key=len))
     for rank, pattern in enumerate(owner_order):

@@ -18,6 +18,15 @@ __all__ = ["BEHAVIOURS", "SPLIT_KINDS", "TheRockInstall", "build_therock_install
 # build_tools/packaging/python/templates/rocm/src/rocm_sdk/). Reproduced by own code, none copied.
 BEHAVIOURS: dict[str, str] = {
     "versioned libs + SONAME symlinks in build artifacts (name_component_family, stage prefix)": "build_tools/_therock_utils/artifacts.py (ArtifactName), CMake install layout",
+    "artifact dirs hold artifact_manifest.txt (one stage prefix a line); comgr is part of amd-llvm"
+    " (compiler/amd-comgr/stage), the kpack runtime is core-kpack": "build_tools/_therock_utils/artifacts.py"
+    " ArtifactCatalog; compiler/artifact-amd-llvm.toml; core/artifact-core-kpack.toml",
+    "base_lib_generic (base/aux-overlay/stage) holds dist_info.json and therock_manifest.json (flags."
+    "KPACK_SPLIT_ARTIFACTS); a Linux build needs a profiler artifact": "base/aux-overlay/CMakeLists.txt;"
+    " build_tools/build_python_packages.py load_therock_manifest / run",
+    "core also takes core-hip's dev component, minus **/cmake/**; devel = runtime artifact names (profiler"
+    " excluded) minus the test component": "build_tools/build_python_packages.py core_artifact_filter / run;"
+    " py_packaging.py populate_devel_files",
     "runtime wheels hold no symlinks; only the SONAME file is materialised, other names -> soname_aliases": "py_packaging.py PopulatedDistPackage.populate_runtime_files / _populate_runtime_symlink",
     "dangling and directory symlinks dropped from runtime wheels": "py_packaging.py _populate_runtime_symlink",
     "executable symlinks become compiled exec stubs (dladdr-relative execv)": "py_packaging.py _populate_runtime_symlink; build_tools/_therock_utils/exe_stub_gen.py",
@@ -26,7 +35,10 @@ BEHAVIOURS: dict[str, str] = {
     "core rpaths lib/llvm/lib, lib/rocm_sysdeps/lib; libraries lib, sysdeps, host-math, llvm; device lib, sysdeps": "build_tools/build_python_packages.py run / _run_kpack_split",
     ".hsaco/.co classified by suffix, not as shared objects": "py_packaging.py get_file_type",
     "share/therock/dist_info.json with dist_amdgpu_targets; `rocm-sdk targets` prints it": "rocm_sdk/__main__.py _do_targets",
-    "platform dir = '_' + dist name ('-' -> '_') + PY_PACKAGE_SUFFIX_NONCE (every tree renamed by a nonce)": "rocm_sdk/_dist_info.py PackageEntry.get_py_package_name; py_packaging.py Parameters (version_suffix)",
+    "platform dir = '_' + dist name ('-' -> '_') + PY_PACKAGE_SUFFIX_NONCE verbatim (every tree renamed; CI's"
+    " nonce is the bare run id: _rocm_sdk_core17154321)": "rocm_sdk/_dist_info.py PackageEntry.get_py_package_name;"
+    " py_packaging.py Parameters (version_suffix); .github/workflows/multi_arch_build_native_linux_packages.yml"
+    " (--version-suffix ARTIFACT_RUN_ID)",
     "_dist_info.py generated: __version__, nonce, families, kpack-split 'rocm-sdk-libraries' override": "py_packaging.py Parameters.__init__ / PopulatedDistPackage.__init__",
     "devel members: SONAME alias -> symlink to SONAME; materialised elsewhere -> '../'*N + platform dir + relpath;"
     " source symlink transcribed; else copy2": "py_packaging.py _populate_devel_file / _find_populated",

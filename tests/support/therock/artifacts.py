@@ -60,6 +60,16 @@ class ArtifactTree:
         self.artifacts.append(artifact)
         return artifact
 
+    def write_manifests(self) -> None:
+        """``artifact_manifest.txt`` per artifact dir, one stage prefix a line (what ArtifactCatalog reads)."""
+        prefixes: dict[str, list[str]] = {}
+        for artifact in self.artifacts:
+            prefixes.setdefault(artifact.full_name, [])
+            if artifact.prefix not in prefixes[artifact.full_name]:
+                prefixes[artifact.full_name].append(artifact.prefix)
+        for full_name, names in prefixes.items():
+            (self.directory / full_name / "artifact_manifest.txt").write_text("".join(f"{n}\n" for n in names))
+
 
 def _versioned_library(
     lib_dir: Path,
@@ -231,7 +241,8 @@ def build_artifacts(
     tree = ArtifactTree(directory, arches)
 
     # --- core: runtime, comgr, kpack runtime, sysdeps, host math, LLVM ---
-    comgr = tree.add("amd-comgr", "lib", "generic", "compiler/amd-comgr/stage")
+    # comgr belongs to the amd-llvm artifact under its own stage prefix (compiler/artifact-amd-llvm.toml).
+    comgr = tree.add("amd-llvm", "lib", "generic", "compiler/amd-comgr/stage")
     _versioned_library(
         comgr.root / "lib",
         "amd_comgr",
@@ -257,7 +268,7 @@ def build_artifacts(
     _versioned_library(
         clr.root / "lib", "hiprtc", "7.1.0", "7", PLAIN_LIBRARY_SOURCE.format(symbol="hiprtcVersion", value=70100)
     )
-    kpack_rt = tree.add("rocm-kpack", "lib", "generic", "base/rocm-kpack/stage")
+    kpack_rt = tree.add("core-kpack", "lib", "generic", "core/rocm-kpack/stage")  # core/artifact-core-kpack.toml
     _versioned_library(
         kpack_rt.root / "lib", "rocm_kpack", "0.1.0", "0", PLAIN_LIBRARY_SOURCE.format(symbol="kpack_open", value=1)
     )
@@ -285,11 +296,24 @@ def build_artifacts(
     for wrapper in ("amdclang", "amdclang++", "amdclang-cl", "amdclang-cpp", "amdflang", "amdlld", "amdllvm"):
         (llvm.root / "bin" / wrapper).symlink_to("../lib/llvm/bin/clang")
     (llvm.root / "llvm").symlink_to("lib/llvm")  # root compatibility dir symlink (devel_test)
-    base = tree.add("base", "run", "generic", "base/stage")
+    # base/aux-overlay installs dist_info.json and therock_manifest.json (whose KPACK_SPLIT_ARTIFACTS flag
+    # build_python_packages.py reads from base_lib_generic).
+    base = tree.add("base", "lib", "generic", "base/aux-overlay/stage")
     (base.root / "share/therock").mkdir(parents=True)
     (base.root / "share/therock/dist_info.json").write_text(
         json.dumps({"dist_amdgpu_targets": ";".join(arches), "dist_amdgpu_families": ";".join(arches)}) + "\n"
     )
+    (base.root / "share/therock/therock_manifest.json").write_text(
+        json.dumps({"flags": {"KPACK_SPLIT_ARTIFACTS": kpack}}) + "\n"
+    )
+    # build_python_packages.py refuses a Linux build without profiler artifacts (the rocm-profiler wheel).
+    profiler = tree.add("rocprofiler-compute", "lib", "generic", "profiler/rocprofiler-compute/stage")
+    launcher = profiler.root / "libexec/rocprofiler-compute/rocprof-compute"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text("#!/bin/sh\necho rocprof-compute\n")
+    launcher.chmod(0o755)
+    (profiler.root / "bin").mkdir()
+    (profiler.root / "bin/rocprof-compute").symlink_to("../libexec/rocprofiler-compute/rocprof-compute")
     hip_dev = tree.add("core-hip", "dev", "generic", "core/clr/stage")
     (hip_dev.root / "include/hip").mkdir(parents=True)
     (hip_dev.root / "include/hip/hip_runtime.h").write_text("#pragma once\n#define HIP_VERSION 70100\n")
@@ -384,4 +408,5 @@ def build_artifacts(
             )
         )
     shutil.rmtree(directory / ".device")
+    tree.write_manifests()
     return tree

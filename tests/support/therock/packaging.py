@@ -24,7 +24,8 @@ from pathlib import Path
 from support.therock.artifacts import Artifact, ArtifactTree
 
 TEMPLATE_DIR = Path(__file__).parent / "template"
-CORE_ARTIFACTS = frozenset({"amd-comgr", "core-hip", "rocm-kpack", "sysdeps", "host-blas", "amd-llvm", "base"})
+# build_python_packages.py core_artifact_filter (comgr is part of amd-llvm, the kpack runtime is core-kpack).
+CORE_ARTIFACTS = frozenset({"core-hip", "core-kpack", "sysdeps", "host-blas", "amd-llvm", "base"})
 LIBRARIES_ARTIFACTS = frozenset({"blas", "miopen"})
 # Legacy per-family releases: family -> the arches whose device files its libraries wheel embeds.
 LEGACY_FAMILY_ARCHES = {"gfx94X-dcgpu": ("gfx942",), "gfx90X-dcgpu": ("gfx90a",), "gfx950-dcgpu": ("gfx950",)}
@@ -157,11 +158,16 @@ def artifact_entries(artifacts: list[Artifact]) -> Iterator[tuple[str, Path]]:
                 yield path.relative_to(artifact.root).as_posix(), path
 
 
-def populate_runtime(package: Package, artifacts: list[Artifact]) -> None:
-    """populate_runtime_files + _populate_runtime_symlink: no symlinks in a runtime tree."""
+def populate_runtime(package: Package, artifacts: list[Artifact], *, exclude_cmake: bool = False) -> None:
+    """populate_runtime_files + _populate_runtime_symlink: no symlinks in a runtime tree.
+
+    ``exclude_cmake``: core's ``excludes=["**/cmake/**"]`` (build_python_packages.py run).
+    """
     _ = package.platform_dir  # created (with its __init__.py) even if nothing lands in it
     for relpath, entry in artifact_entries(artifacts):
         if relpath in package.materialized:
+            continue
+        if exclude_cmake and "cmake" in Path(relpath).parts[:-1]:
             continue
         if entry.is_symlink():
             target = entry.resolve()
@@ -353,8 +359,8 @@ def build_index(
         ),
         "core",
     )
-    # build_python_packages.py excludes "**/cmake/**" from core; our cmake files only live in a dev component.
-    populate_runtime(core, select(CORE_ARTIFACTS))
+    # core_artifact_filter also takes core-hip's dev component (hiprtc finds HIP headers in its own tree).
+    populate_runtime(core, select(CORE_ARTIFACTS) + select(frozenset({"core-hip"}), dev=True), exclude_cmake=True)
     libraries = stage(
         Package(
             "rocm-sdk-libraries",
@@ -417,7 +423,11 @@ def build_index(
         ),
         "devel",
     )
-    devel_artifacts = [a for a in tree.artifacts if a.target_family == "generic" and a.component != "test"]
+    # populate_devel_files: the artifacts runtime packages were made from (profiler's excluded), minus "test".
+    runtime_names = CORE_ARTIFACTS | LIBRARIES_ARTIFACTS
+    devel_artifacts = [
+        a for a in tree.artifacts if a.name in runtime_names and a.target_family == "generic" and a.component != "test"
+    ]
     populate_devel(devel, devel_artifacts, [core, libraries], member_order=member_order, compress=compress_devel)
     wheels["rocm-sdk-devel"] = write_wheel(devel, version, index_dir)
 
