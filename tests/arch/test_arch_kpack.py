@@ -221,3 +221,20 @@ def test_a_library_of_another_prefix_of_the_artifact_is_found_under_its_own_pref
         carrier = _carrier(outcome, library)
         assert carrier["missing"] == [] and carrier["targets"] == ["gfx90a", "gfx942"], library
     assert not [f for f in outcome.findings if f.rule.startswith("ARCH")], outcome.findings
+
+
+def test_the_reference_is_read_as_the_runtime_reads_it(tmp_path):
+    """The runtime unpacks the first MessagePack object at the section start and ignores what
+    follows; search-path entries that are not strings are skipped. An empty list is malformed."""
+    from rocm_audit.errors import FormatError
+    from rocm_audit.formats import kpack
+
+    marker = msgpack.packb({"kpack_search_paths": [7, "../.kpack/blas_lib.kpm"], "kernel_name": "blas_lib"})
+    ref = kpack.parse_kpack_ref(marker + b"\x01\xc1 trailing bytes", 0x7000)
+    assert ref.search_paths == ("../.kpack/blas_lib.kpm",) and ref.kernel_name == "blas_lib"
+    big = kpack.parse_kpack_ref(marker + bytes(100_000), 0x7000)  # a section padded past 64 KiB
+    assert big.kernel_name == "blas_lib"
+    for broken in (msgpack.packb({"kpack_search_paths": [], "kernel_name": "x"}), marker[:-3], b"\xc1"):
+        with pytest.raises(FormatError) as caught:
+            kpack.parse_kpack_ref(broken, 0x7000)
+        assert caught.value.offset == 0x7000

@@ -143,17 +143,32 @@ class KpackRef:
 
 
 def parse_kpack_ref(data: bytes, base: int) -> KpackRef:
-    """Decode ``.rocm_kpack_ref``: ``{"kpack_search_paths": [...], "kernel_name": ...}``."""
-    if len(data) > MAX_REF_BYTES:
-        raise FormatError(".rocm_kpack_ref", base, "section is larger than the runtime's 64 KiB limit")
-    ref = _unpack(data.rstrip(b"\0") or data, ".rocm_kpack_ref", base)
+    """Decode ``.rocm_kpack_ref``: ``{"kpack_search_paths": [...], "kernel_name": ...}``, read the way
+    the kpack runtime reads it: the first MessagePack object within 64 KiB of the section start
+    (bytes after it are ignored), search-path entries that are not strings skipped, at least one
+    left [kpack-old and rocm-systems: runtime/src/loader.cpp parse_hipk_metadata]."""
+    import msgpack  # noqa: PLC0415 - heavy module, loaded on first use (style.md 3)
+
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=MAX_REF_BYTES)
+    try:
+        unpacker.feed(data[:MAX_REF_BYTES])
+        ref = unpacker.unpack()
+    except msgpack.OutOfData:
+        raise FormatError(
+            ".rocm_kpack_ref", base, "MessagePack ends before its first object does (the runtime reads 64 KiB)"
+        ) from None
+    except (ValueError, TypeError, msgpack.exceptions.UnpackException) as exc:
+        raise FormatError(".rocm_kpack_ref", base, f"not valid MessagePack: {str(exc) or type(exc).__name__}") from None
     if not isinstance(ref, dict):
         raise FormatError(".rocm_kpack_ref", base, "not a map")
     paths = ref.get("kpack_search_paths")
     name = ref.get("kernel_name")
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths) or not isinstance(name, str):
+    if not isinstance(name, str) or not isinstance(paths, list):
         raise FormatError(".rocm_kpack_ref", base, "kpack_search_paths/kernel_name missing or mistyped")
-    return KpackRef(tuple(paths), name)
+    strings = tuple(p for p in paths if isinstance(p, str))
+    if not strings:
+        raise FormatError(".rocm_kpack_ref", base, "kpack_search_paths holds no string")
+    return KpackRef(strings, name)
 
 
 @dataclass(frozen=True, slots=True)

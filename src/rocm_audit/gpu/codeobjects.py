@@ -1196,7 +1196,7 @@ def _scan_host_elf(
         else:
             try:
                 ref = kpack.parse_kpack_ref(
-                    fh.read(ref_section.offset, min(ref_section.size, kpack.MAX_REF_BYTES + 1)),
+                    fh.read(ref_section.offset, min(ref_section.size, kpack.MAX_REF_BYTES)),
                     ref_section.offset,
                 )
             except FormatError as exc:
