@@ -238,3 +238,29 @@ def test_the_reference_is_read_as_the_runtime_reads_it(tmp_path):
         with pytest.raises(FormatError) as caught:
             kpack.parse_kpack_ref(broken, 0x7000)
         assert caught.value.offset == 0x7000
+
+
+GFX950_ANY = amdgpu_header(0x54F)
+
+
+def test_an_archive_is_opened_only_for_the_arch_its_name_gives_gfxarch(tmp_path):
+    """Newer flow: the runtime puts the device's arch, its generic family and their feature subsets
+    for @GFXARCH@, and selects kernels under those names: a gfx950 kernel in the gfx942 archive
+    and anything in a family-named archive (gfx94X) are never loaded; a gfx942 kernel in the
+    gfx9-4-generic archive is, on a gfx942."""
+    tree = tmp_path / "site/_rocm_sdk_libraries"
+    library = _kpackd_library(tree / "lib/librocblas.so.5", ["../.kpack/blas_lib_@GFXARCH@.kpack"], BUILD_RELPATH)
+    (tree / ".kpack").mkdir()
+    key = f"{BUILD_RELPATH}#0"
+    layout = {
+        "gfx942": [(key, "gfx950", GFX950_ANY)],
+        "gfx94X": [(key, "gfx90a", GFX90A_ANY)],
+        "gfx9-4-generic": [(key, "gfx942", GFX942_ANY)],
+    }
+    for named, kernels in layout.items():
+        (tree / f".kpack/blas_lib_{named}.kpack").write_bytes(kpack_archive(kernels))
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx942", "gfx950", "gfx90a"], environ={})
+    carrier = _carrier(outcome, library)
+    assert sorted(carrier["missing"]) == ["gfx90a", "gfx950"] and carrier["targets"] == ["gfx942"], carrier
+    stray = {f.path for f in outcome.findings if f.rule == "ARCH004"}
+    assert stray == {str(tree / ".kpack/blas_lib_gfx942.kpack"), str(tree / ".kpack/blas_lib_gfx94X.kpack")}

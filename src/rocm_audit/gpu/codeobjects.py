@@ -22,7 +22,14 @@ from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle
 from rocm_audit.tree.inventory import FileKind, FileRecord
-from rocm_audit.tree.targets import FEATURES, TargetId, TargetSelection, parse_target_id
+from rocm_audit.tree.targets import (
+    FEATURES,
+    GENERIC_OF,
+    KNOWN_PROCESSORS,
+    TargetId,
+    TargetSelection,
+    parse_target_id,
+)
 
 ReadAt = Callable[[int, int], bytes]
 
@@ -827,11 +834,13 @@ class _KpackSource:
     path: str
     build_dir: str | None = None
     rel_dir: str | None = None
+    file_arch: str | None = None  # what @GFXARCH@ stands for in this archive's name
 
 
 def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObjects) -> list[_KpackSource]:
     """The archives the kpack runtime would open: search paths relative to the library's
-    directory (the path it was loaded through); ``@GFXARCH@`` matches every arch present; a
+    directory (the path it was loaded through); ``@GFXARCH@`` matches every arch present (which of
+    their kernels a device selects: ``_opened_for_its_arch``); a
     ``.kpm`` (older flow) lists one archive per arch and names the build prefix of the TOC keys."""
     base_dir = os.path.dirname(library)
     sources: list[_KpackSource] = []
@@ -842,6 +851,10 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
             if "@GFXARCH@" in full
             else ([full] if os.path.exists(full) else [])
         )
+        named = None
+        if "@GFXARCH@" in full:
+            head, _, tail = full.partition("@GFXARCH@")
+            named = re.compile(re.escape(head) + "(.+)" + re.escape(tail).replace(re.escape("@GFXARCH@"), ".+"))
         for candidate in candidates:
             if candidate.endswith(".kpm"):
                 try:
@@ -876,7 +889,8 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
                         inside = not rel_dir.startswith("..")
                         sources.append(_KpackSource(listed, build_dir if inside else None, rel_dir if inside else None))
             else:
-                sources.append(_KpackSource(candidate))
+                match = named.fullmatch(candidate) if named is not None else None
+                sources.append(_KpackSource(candidate, file_arch=match.group(1) if match else None))
     if not sources:
         result.findings.append(
             make_finding(
@@ -950,6 +964,25 @@ def _kernels_for(
     return found
 
 
+def _opened_for_its_arch(file_arch: str, kernel_arch: str) -> bool:
+    """Whether some device opens an archive whose name put ``file_arch`` for ``@GFXARCH@`` and
+    then selects a kernel listed under ``kernel_arch`` in it. The runtime puts each arch of the
+    device's list (its ISA, then its generic family) and every feature subset of it in the
+    pattern, and selects kernels under those same names [rocm-systems:
+    shared/kpack/runtime/src/loader.cpp; CLR hip_code_object.cpp]: both must name one device, with
+    no feature set both ways."""
+    named, listed = parse_target_id(file_arch), parse_target_id(kernel_arch)
+    if named is None or listed is None:
+        return False  # a family name (gfx94X) or other text is never what @GFXARCH@ becomes
+    if any(
+        named.feature(f) is not None and listed.feature(f) is not None and named.feature(f) != listed.feature(f)
+        for f in FEATURES
+    ):
+        return False
+    wanted = {named.processor, listed.processor}
+    return any(wanted <= {p, GENERIC_OF.get(p)} for p in KNOWN_PROCESSORS)
+
+
 def _kpack_objects(
     result: FileCodeObjects,
     fh: _File,
@@ -967,6 +1000,20 @@ def _kpack_objects(
             continue
         searched.append(source.path)
         found = _kernels_for(archive, library, ref.kernel_name, tu_count, source.build_dir, source.rel_dir)
+        if source.file_arch is not None:
+            stray = [k for _, k in found if not _opened_for_its_arch(source.file_arch, k.arch)]
+            if stray:
+                result.findings.append(
+                    make_finding(
+                        "ARCH004",
+                        archive.path,
+                        f"kpack TOC: kernel(s) {', '.join(sorted({f'{k.key}@{k.arch}' for k in stray})[:4])} sit in an "
+                        f"archive the runtime opens only for {source.file_arch} (the name it gives @GFXARCH@), "
+                        f"so no device selects them (at file offset {archive.toc_offset:#x})",
+                        data={"offset": archive.toc_offset, "format": "kpack TOC", "file_arch": source.file_arch},
+                    )
+                )
+                found = [(tu, k) for tu, k in found if _opened_for_its_arch(source.file_arch, k.arch)]
         if any(not archive.selectable(kernel) for _, kernel in found):
             hidden = archive.unselectable_finding()
             if hidden is not None:
