@@ -264,3 +264,17 @@ def test_an_archive_is_opened_only_for_the_arch_its_name_gives_gfxarch(tmp_path)
     assert sorted(carrier["missing"]) == ["gfx90a", "gfx950"] and carrier["targets"] == ["gfx942"], carrier
     stray = {f.path for f in outcome.findings if f.rule == "ARCH004"}
     assert stray == {str(tree / ".kpack/blas_lib_gfx942.kpack"), str(tree / ".kpack/blas_lib_gfx94X.kpack")}
+
+
+def test_which_archive_names_a_device_opens_for_which_kernel_arch():
+    from rocm_audit.gpu.codeobjects import _opened_for_its_arch
+
+    opened = [("gfx942", "gfx942:xnack+"), ("gfx9-4-generic", "gfx950"), ("gfx9-4-generic:sramecc+", "gfx942:xnack-")]
+    never = [
+        ("gfx942:xnack-", "gfx942:xnack+"),
+        ("gfx1100:xnack+", "gfx1100"),
+        ("gfx94X", "gfx942"),
+        ("gfx942", "gfx950"),
+    ]
+    assert all(_opened_for_its_arch(*pair) for pair in opened)
+    assert not any(_opened_for_its_arch(*pair) for pair in never)

@@ -29,6 +29,7 @@ from rocm_audit.tree.targets import (
     TargetId,
     TargetSelection,
     parse_target_id,
+    supported_features,
 )
 
 ReadAt = Callable[[int, int], bytes]
@@ -980,7 +981,9 @@ def _opened_for_its_arch(file_arch: str, kernel_arch: str) -> bool:
     ):
         return False
     wanted = {named.processor, listed.processor}
-    return any(wanted <= {p, GENERIC_OF.get(p)} for p in KNOWN_PROCESSORS)
+    spelled = {f for f in FEATURES if named.feature(f) is not None or listed.feature(f) is not None}
+    # the device's ISA name spells only the features its processor has
+    return any(wanted <= {p, GENERIC_OF.get(p)} and spelled <= set(supported_features(p)) for p in KNOWN_PROCESSORS)
 
 
 def _kpack_objects(
