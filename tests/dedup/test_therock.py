@@ -204,6 +204,24 @@ def test_the_nonce_ranks_like_the_tree_it_renames(tmp_path):
     assert code == 0 and "LLVM001" not in rules(modelled)
 
 
+def test_upstream_unsorted_member_order_converges_too(tmp_path):
+    """TheRock tars devel in the file system's os.walk order: which aliases `rocm-sdk init` leaves
+    symlinks (``libX.so.1.0.0 -> libX.so.1``) and which it hardlinks (``libX.so``) is the file
+    system's choice (seen with the real build_python_packages.py), so no fixed order is assumed."""
+    install = build_therock_install(tmp_path, member_order="walk", init=True)
+    sp = str(install.site_packages)
+    code, report = audit("dedup", "--check", "-p", sp)
+    assert code == 0, [(f["rule"], f["path"]) for f in report["findings"]]
+    install.split("per-tree")
+    code, _ = audit("dedup", "-p", sp)
+    assert code == 0
+    assert not same_bytes_distinct_inodes(install)
+    assert_converged(install)
+    for command in (["init"], ["path", "--root"], ["test"]):
+        assert install.run_rocm_sdk(*command).returncode == 0
+    assert_converged(install)
+
+
 def test_revert_undoes_what_rocm_audit_did_and_names_what_rocm_sdk_re_linked(install):
     install.split("per-tree")
     code, applied = audit("dedup", "-p", str(install.site_packages))

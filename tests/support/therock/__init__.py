@@ -42,7 +42,9 @@ BEHAVIOURS: dict[str, str] = {
     "_dist_info.py generated: __version__, nonce, families, kpack-split 'rocm-sdk-libraries' override": "py_packaging.py Parameters.__init__ / PopulatedDistPackage.__init__",
     "devel members: SONAME alias -> symlink to SONAME; materialised elsewhere -> '../'*N + platform dir + relpath;"
     " source symlink transcribed; else copy2": "py_packaging.py _populate_devel_file / _find_populated",
-    "devel = generic artifacts only (no per-arch), platform tree stored as rocm_sdk_devel/_devel.tar[.xz]": "py_packaging.py populate_devel_files",
+    "devel = generic artifacts only (no per-arch), platform tree stored as rocm_sdk_devel/_devel.tar[.xz];"
+    " members in unsorted os.walk order (member_order='walk'; 'sorted'/'reverse' pin one)": "py_packaging.py"
+    " populate_devel_files",
     "device wheels rocm-sdk-device-<arch> overlay _rocm_sdk_libraries (only package), Requires-Dist libraries==V;"
     " RECORD lists _rocm_sdk_libraries/__init__.py": "templates/rocm-sdk-device/setup.py; build_python_packages.py _run_kpack_split",
     "device files copied with rpath patching; .devel_links/<arch>.json {version, links:[{relpath, target}]}": "py_packaging.py populate_device_files / _emit_devel_links_manifest",

@@ -238,10 +238,13 @@ def populate_devel(
     tar_path = devel.pure_dir / ("_devel.tar.xz" if compress else "_devel.tar")
     devel.pure_dir.mkdir(parents=True, exist_ok=True)
     with tarfile.open(tar_path, "w:xz" if compress else "w") as archive:
-        # Upstream adds members in os.walk order (files, then subdir entries, per dir); this fixes the order.
+        # Upstream adds members in os.walk order, unsorted (files, then subdir entries, per dir:
+        # populate_devel_files); "walk" keeps that order (the file system's), "sorted"/"reverse" fix one.
         for directory, dirnames, filenames in os.walk(root):
-            dirnames.sort(reverse=member_order == "reverse")
-            for name in sorted(filenames, reverse=member_order == "reverse") + dirnames:
+            if member_order != "walk":
+                dirnames.sort(reverse=member_order == "reverse")
+                filenames = sorted(filenames, reverse=member_order == "reverse")
+            for name in filenames + dirnames:
                 path = Path(directory) / name
                 archive.add(path, arcname=path.relative_to(root.parent).as_posix(), recursive=False)
     shutil.rmtree(root)
