@@ -278,3 +278,18 @@ def test_which_archive_names_a_device_opens_for_which_kernel_arch():
     ]
     assert all(_opened_for_its_arch(*pair) for pair in opened)
     assert not any(_opened_for_its_arch(*pair) for pair in never)
+
+
+def test_through_gfxarch_only_indexed_keys_are_looked_up(tmp_path):
+    """The runtime that expands @GFXARCH@ looks up "<kernel_name>#<co_index>" only: a bare key is
+    never found there (the library is ARCH005 + ARCH001), while a direct path keeps both spellings."""
+    tree = tmp_path / "site/_rocm_sdk_libraries"
+    library = _kpackd_library(tree / "lib/librocblas.so.5", ["../.kpack/blas_lib_@GFXARCH@.kpack"], BUILD_RELPATH)
+    (tree / ".kpack").mkdir()
+    (tree / ".kpack/blas_lib_gfx942.kpack").write_bytes(kpack_archive([(BUILD_RELPATH, "gfx942", GFX942_ANY)]))
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx942"], environ={})
+    assert _carrier(outcome, library)["missing"] == ["gfx942"]
+    assert {"ARCH001", "ARCH005"} <= {f.rule for f in outcome.findings if f.path == str(library)}
+    direct = _kpackd_library(tree / "lib/libdirect.so", ["../.kpack/blas_lib_gfx942.kpack"], BUILD_RELPATH)
+    outcome = verify.verify_arch([str(direct)], ["gfx942"], environ={})
+    assert _carrier(outcome, direct)["missing"] == []

@@ -937,6 +937,7 @@ def _kernels_for(
     tu_count: int,
     build_dir: str | None = None,
     rel_dir: str | None = None,
+    indexed_only: bool = False,
 ) -> list[tuple[int, kpack.KpackKernel]]:
     """(TU, kernel) pairs of one library, found by the key its reference holds: ``<kernel_name>#<i>``
     or ``<kernel_name>`` (newer flow; whatever name the library is installed under). Older flow
@@ -958,7 +959,10 @@ def _kernels_for(
     for stem in dict.fromkeys(stems):
         for index, kernel in archive.by_stem.get(stem, []):
             if index is None:
-                if tu_count == 1:  # a key without "#i" can only name a single-TU library
+                # a key without "#i" can only name a single-TU library, and only for the older
+                # runtime: the one that expands @GFXARCH@ always looks up "<kernel_name>#<co_index>"
+                # [rocm-systems: shared/kpack/runtime/src/loader.cpp]
+                if tu_count == 1 and not indexed_only:
                     found.append((0, kernel))
             elif index < tu_count:
                 found.append((index, kernel))
@@ -1002,7 +1006,15 @@ def _kpack_objects(
         if archive is None:
             continue
         searched.append(source.path)
-        found = _kernels_for(archive, library, ref.kernel_name, tu_count, source.build_dir, source.rel_dir)
+        found = _kernels_for(
+            archive,
+            library,
+            ref.kernel_name,
+            tu_count,
+            source.build_dir,
+            source.rel_dir,
+            indexed_only=source.file_arch is not None,
+        )
         if source.file_arch is not None:
             stray = [k for _, k in found if not _opened_for_its_arch(source.file_arch, k.arch)]
             if stray:
