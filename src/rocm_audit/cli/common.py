@@ -13,7 +13,7 @@ import traceback
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -65,6 +65,59 @@ PythonOption = Annotated[
         "rocm-audit's own, so rocm-audit can live in its own venv.",
     ),
 ]
+
+
+SkipOption = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option("--skip", metavar="CHECK", help="Leave out dedup, verify-arch, llvm or post-build; repeatable."),
+]
+
+# Options several commands take with a help of their own (what is kept, what --check gates): each
+# is declared once here, and a command passes its help, as in
+# ``dry_run: Annotated[bool, dry_run_option("Print the plan; change nothing.")] = False``.
+
+
+def targets_argument(help: str, metavar: str = "TARGET") -> Any:
+    """The GPU targets given as arguments (annotate ``list[str] | None``, default None)."""
+    return typer.Argument(metavar=metavar, help=help)
+
+
+def sysroot_option(help: str) -> Any:
+    """--sysroot DIR, the root of the system the files run on (annotate ``str``, default "/")."""
+    return typer.Option("--sysroot", metavar="DIR", help=help)
+
+
+# The modes of a command that changes the trees (dedup, prune): apply, --dry-run, --check, --revert.
+
+
+def dry_run_option(help: str) -> Any:
+    """--dry-run (annotate ``bool``, default False)."""
+    return typer.Option("--dry-run", help=help)
+
+
+def check_option(help: str) -> Any:
+    """--check, the CI gate (annotate ``bool``, default False)."""
+    return typer.Option("--check", help=help)
+
+
+def manifest_option(help: str) -> Any:
+    """--manifest FILE, the revert manifest to append to (annotate ``str | None``, default None)."""
+    return typer.Option("--manifest", metavar="FILE", help=help)
+
+
+def revert_option(help: str) -> Any:
+    """--revert MANIFEST, repeatable (annotate ``list[str] | None``, default None)."""
+    return typer.Option("--revert", metavar="MANIFEST", help=help)
+
+
+def change_mode(dry_run: bool, check: bool, revert: list[str] | None) -> str:
+    """'revert', 'check', 'dry-run' or 'apply', from the mode options. Raises UsageError when
+    more than one is given."""
+    from rocm_audit.errors import UsageError
+
+    if sum(bool(x) for x in (dry_run, check, revert)) > 1:
+        raise UsageError("--dry-run, --check and --revert exclude each other")
+    return "revert" if revert else "check" if check else "dry-run" if dry_run else "apply"
 
 
 def audited_paths(paths: list[str] | None, python: str | None) -> list[str] | None:

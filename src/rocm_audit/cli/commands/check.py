@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
+from rocm_audit.cli.common import (
+    PathsOption,
+    PythonOption,
+    Report,
+    SkipOption,
+    audited_paths,
+    reporting_command,
+    sysroot_option,
+    targets_argument,
+)
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -15,24 +24,17 @@ def command(
     report: Report,
     targets: Annotated[
         list[str] | None,
-        typer.Argument(  # noqa: UP045
-            metavar="[TARGET]...",
-            help='GPU targets (gfx950, gfx942:sramecc+:xnack-, or "gfx942;gfx950"). '
+        targets_argument(
+            'GPU targets (gfx950, gfx942:sramecc+:xnack-, or "gfx942;gfx950"). '
             "Default: $GPU_ARCH, else dist_info.json of _rocm_sdk_core.",
+            metavar="[TARGET]...",
         ),
     ] = None,
     paths: PathsOption = None,
     python: PythonOption = None,
     probe: Annotated[bool, typer.Option("--probe", help="Confirm LLVM clashes with sandboxed load probes.")] = False,
-    sysroot: Annotated[
-        str, typer.Option("--sysroot", metavar="DIR", help="Root of the system the files run on (an unpacked image).")
-    ] = "/",
-    skip: Annotated[
-        list[str] | None,
-        typer.Option(  # noqa: UP045
-            "--skip", metavar="CHECK", help="Leave out dedup, verify-arch, llvm or post-build; repeatable."
-        ),
-    ] = None,
+    sysroot: Annotated[str, sysroot_option("Root of the system the files run on (an unpacked image).")] = "/",
+    skip: SkipOption = None,
 ) -> CommandOutcome:
     """Run every check over one inventory: dedup (check mode), verify-arch, llvm and post-build checks."""
 

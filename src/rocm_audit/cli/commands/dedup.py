@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import typer
-
-from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
+from rocm_audit.cli.common import (
+    PathsOption,
+    PythonOption,
+    Report,
+    audited_paths,
+    change_mode,
+    check_option,
+    dry_run_option,
+    manifest_option,
+    reporting_command,
+    revert_option,
+)
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -16,27 +25,18 @@ def command(
     paths: PathsOption = None,
     python: PythonOption = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan (and an equivalent shell script); change nothing.")
+        bool, dry_run_option("Print the plan (and an equivalent shell script); change nothing.")
     ] = False,
-    check: Annotated[
-        bool, typer.Option("--check", help="Change nothing; exit 1 if anything would change (CI gate).")
-    ] = False,
+    check: Annotated[bool, check_option("Change nothing; exit 1 if anything would change (CI gate).")] = False,
     manifest: Annotated[
         str | None,
-        typer.Option(  # noqa: UP045
-            "--manifest",
-            metavar="FILE",
-            help="Revert manifest to append to. Default: .rocm-audit/dedup-manifest.jsonl in the directory "
-            "holding the SDK trees.",
+        manifest_option(
+            "Revert manifest to append to. Default: .rocm-audit/dedup-manifest.jsonl in the directory "
+            "holding the SDK trees."
         ),
     ] = None,
     revert: Annotated[
-        list[str] | None,
-        typer.Option(  # noqa: UP045
-            "--revert",
-            metavar="MANIFEST",
-            help="Turn the links recorded in MANIFEST back into regular files; repeatable.",
-        ),
+        list[str] | None, revert_option("Turn the links recorded in MANIFEST back into regular files; repeatable.")
     ] = None,
 ) -> CommandOutcome:
     """Replace byte-identical SDK shared libraries by relative symlinks to the runtime copy.
@@ -46,11 +46,7 @@ def command(
     """
 
     paths = audited_paths(paths, python)
-
-    from rocm_audit.errors import UsageError
-
-    if sum(bool(x) for x in (dry_run, check, revert)) > 1:
-        raise UsageError("--dry-run, --check and --revert exclude each other")
+    mode = change_mode(dry_run, check, revert)
     if revert:
         from rocm_audit.dedup.revert import revert_manifests
 
@@ -59,7 +55,6 @@ def command(
         from rocm_audit.cli.progress import progress_line
         from rocm_audit.dedup.run import run_dedup
 
-        mode = "check" if check else "dry-run" if dry_run else "apply"
         with progress_line("dedup: scanning", report.quiet) as progress:
             outcome = run_dedup(paths, mode=mode, manifest_path=manifest, progress=progress)
     return outcome

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import Report, reporting_command
+from rocm_audit.cli.common import Report, SkipOption, reporting_command
 from rocm_audit.outcome import CommandOutcome
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -87,14 +87,7 @@ def command(
             help="Refuse images whose layers hold more than N entries.",
         ),
     ] = 4_000_000,
-    skip: Annotated[
-        list[str] | None,
-        typer.Option(  # noqa: UP045
-            "--skip",
-            metavar="CHECK",
-            help="Leave out dedup, verify-arch, llvm or post-build; repeatable.",
-        ),
-    ] = None,
+    skip: SkipOption = None,
 ) -> CommandOutcome:
     """Audit an image without running it: merge its layers (whiteouts applied) in a private dir,
     run every check of `rocm-audit check` on its site-packages, and show which layer holds each copy

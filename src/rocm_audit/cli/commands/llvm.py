@@ -6,7 +6,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
+from rocm_audit.cli.common import (
+    PathsOption,
+    PythonOption,
+    Report,
+    audited_paths,
+    reporting_command,
+    sysroot_option,
+)
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -59,12 +66,7 @@ def command(
         ),
     ] = None,
     sysroot: Annotated[
-        str,
-        typer.Option(
-            "--sysroot",
-            metavar="DIR",
-            help="Resolve default library directories and ld.so.conf under DIR (an unpacked image).",
-        ),
+        str, sysroot_option("Resolve default library directories and ld.so.conf under DIR (an unpacked image).")
     ] = "/",
     ld_library_path: Annotated[
         Optional[str],  # noqa: UP045

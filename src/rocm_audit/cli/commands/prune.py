@@ -6,7 +6,19 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
+from rocm_audit.cli.common import (
+    PathsOption,
+    PythonOption,
+    Report,
+    audited_paths,
+    change_mode,
+    check_option,
+    dry_run_option,
+    manifest_option,
+    reporting_command,
+    revert_option,
+    targets_argument,
+)
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -15,26 +27,19 @@ def command(
     report: Report,
     targets: Annotated[
         list[str] | None,
-        typer.Argument(  # noqa: UP045
-            metavar="TARGET",
-            help='GPU targets to keep: gfx950, gfx942:xnack+, or one list "gfx942;gfx950". Default: $GPU_ARCH, '
-            "else dist_amdgpu_targets of _rocm_sdk_core/share/therock/dist_info.json.",
+        targets_argument(
+            'GPU targets to keep: gfx950, gfx942:xnack+, or one list "gfx942;gfx950". Default: $GPU_ARCH, '
+            "else dist_amdgpu_targets of _rocm_sdk_core/share/therock/dist_info.json."
         ),
     ] = None,
     paths: PathsOption = None,
     python: PythonOption = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the weight table and the plan; change nothing.")
-    ] = False,
-    check: Annotated[
-        bool, typer.Option("--check", help="Change nothing; exit 1 if anything could be pruned (CI gate).")
-    ] = False,
+    dry_run: Annotated[bool, dry_run_option("Print the weight table and the plan; change nothing.")] = False,
+    check: Annotated[bool, check_option("Change nothing; exit 1 if anything could be pruned (CI gate).")] = False,
     manifest: Annotated[
         str | None,
-        typer.Option(  # noqa: UP045
-            "--manifest",
-            metavar="FILE",
-            help="Revert manifest to append to. Default: .rocm-audit/prune-manifest.jsonl beside the SDK trees.",
+        manifest_option(
+            "Revert manifest to append to. Default: .rocm-audit/prune-manifest.jsonl beside the SDK trees."
         ),
     ] = None,
     backup: Annotated[
@@ -47,10 +52,8 @@ def command(
     ] = None,
     revert: Annotated[
         list[str] | None,
-        typer.Option(  # noqa: UP045
-            "--revert",
-            metavar="MANIFEST",
-            help="Restore what MANIFEST recorded (from the backup, else print the pip reinstall lines); repeatable.",
+        revert_option(
+            "Restore what MANIFEST recorded (from the backup, else print the pip reinstall lines); repeatable."
         ),
     ] = None,
 ) -> CommandOutcome:
@@ -62,10 +65,7 @@ def command(
     not touched. A bare target (gfx942) keeps code for both xnack settings. Device distributions
     are uninstalled by the pip of --python, else of the interpreter that owns the site-packages.
     """
-    from rocm_audit.errors import UsageError
-
-    if sum(bool(x) for x in (dry_run, check, revert)) > 1:
-        raise UsageError("--dry-run, --check and --revert exclude each other")
+    mode = change_mode(dry_run, check, revert)
     if revert:
         from rocm_audit.audit.pruning import revert_prune
 
@@ -73,7 +73,6 @@ def command(
     from rocm_audit.audit.pruning import run_prune
     from rocm_audit.cli.progress import progress_line
 
-    mode = "check" if check else "dry-run" if dry_run else "apply"
     paths = audited_paths(paths, python)  # --python: its site-packages, and its pip uninstalls
     with progress_line("prune: scanning", report.quiet) as progress:
         return run_prune(

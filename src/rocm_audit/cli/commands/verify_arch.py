@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import typer
-
-from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
+from rocm_audit.cli.common import (
+    PathsOption,
+    PythonOption,
+    Report,
+    audited_paths,
+    reporting_command,
+    targets_argument,
+)
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -15,11 +20,10 @@ def command(
     report: Report,
     targets: Annotated[
         list[str] | None,
-        typer.Argument(  # noqa: UP045
-            metavar="TARGET",
-            help='GPU targets: gfx950, gfx942:sramecc+:xnack-, or one list "gfx942;gfx950". '
+        targets_argument(
+            'GPU targets: gfx950, gfx942:sramecc+:xnack-, or one list "gfx942;gfx950". '
             "Default: $GPU_ARCH, else dist_amdgpu_targets of "
-            "_rocm_sdk_core/share/therock/dist_info.json.",
+            "_rocm_sdk_core/share/therock/dist_info.json."
         ),
     ] = None,
     paths: PathsOption = None,
