@@ -23,3 +23,26 @@ def test_rocblas_is_judged_through_its_build_key_and_named_when_a_target_is_miss
     named = [f for f in outcome.findings if f.path == str(rocblas)]
     assert [f.rule for f in named] == ["ARCH001"], named
     assert "gfx950" in named[0].message
+
+
+def test_default_targets_are_the_build_s_narrowed_to_the_installed_device_wheels(tmp_path: Path) -> None:
+    """``rocm[libraries,devel,device-gfx942]`` (pick your GPU's device wheel, as TheRock advises) of a
+    gfx90a;gfx942 build: dist_info.json lists both, only gfx942's kernels are installed. Observed with
+    TheRock's real build_python_packages.py: check failed such an install (ARCH001/ARCH008 for gfx90a).
+    An explicit target still judges gfx90a, and prune's default keeps the build's whole list."""
+    install = build_therock_install(tmp_path, kpack=True, extras=("libraries", "devel", "device-gfx942"), init=True)
+    site = str(install.site_packages)
+    outcome = verify.verify_arch([site], [], environ={})
+    assert not outcome.findings, [(f.rule, f.path, f.message) for f in outcome.findings]
+    assert outcome.sections["targets_origin"]["device_wheels"] == ["gfx942"]
+    assert outcome.sections["targets_origin"]["value"] == "gfx942"
+    assert "narrowed to the installed device wheels (rocm-sdk-device-gfx942)" in outcome.sections["targets_source"]
+    explicit = verify.verify_arch([site], [], environ={"GPU_ARCH": "gfx90a;gfx942"})
+    assert {f.rule for f in explicit.findings} >= {"ARCH001", "ARCH008"}
+    required, _ = verify.requested_targets([], [site], {})
+    assert [t.spelled for t in required] == ["gfx90a", "gfx942"]
+    # No device wheel at all: nothing narrows, and the kernel-less libraries fail for every target.
+    bare = build_therock_install(tmp_path / "bare", kpack=True, extras=("libraries", "devel"), init=True)
+    outcome = verify.verify_arch([str(bare.site_packages)], [], environ={})
+    assert "device_wheels" not in outcome.sections["targets_origin"]
+    assert {f.rule for f in outcome.findings} >= {"ARCH001"}

@@ -83,8 +83,9 @@ class TargetChoice:
 def requested_targets(
     args: list[str], roots: Iterable[str], environ: dict[str, str]
 ) -> tuple[list[RequiredTarget], str]:
-    """(targets, source) of :func:`choose_targets`. Raises UsageError."""
-    choice = choose_targets(args, roots, environ)
+    """(targets, source) of :func:`choose_targets` for prune (never narrowed to the installed
+    device wheels). Raises UsageError."""
+    choice = choose_targets(args, roots, environ, narrow_to_device_wheels=False)
     return choice.targets, choice.source
 
 
@@ -94,10 +95,19 @@ def choose_targets(
     environ: Mapping[str, str],
     recorded: Sequence[TargetCandidate] = (),
     environ_label: str = "$GPU_ARCH",
+    *,
+    narrow_to_device_wheels: bool = True,
 ) -> TargetChoice:
     """The first of: arguments; $GPU_ARCH; the policy's ``targets``; ``recorded`` (what an image
     says, in order); ``dist_amdgpu_targets`` of dist_info.json; plus the policy's
-    ``extra_targets`` (``--rules``). Raises UsageError when none gives a target."""
+    ``extra_targets`` (``--rules``). Raises UsageError when none gives a target.
+
+    dist_info.json lists every target of the build, while a kpack-split install holds the device
+    wheels its user chose (``rocm[libraries,device-gfx942]``, as TheRock's docs advise): with
+    ``narrow_to_device_wheels`` and at least one ``rocm-sdk-device-<gfx>`` installed beside the core
+    tree, only the listed targets with an installed device wheel are judged. With none installed
+    every listed target is (the libraries then have no kernels at all). prune passes False: what
+    it keeps is never narrower than the build."""
     from rocm_audit.rulebook.policy import policy
 
     settings = policy("verify-arch")
@@ -119,6 +129,8 @@ def choose_targets(
             names = _targets_from_dist_info(path)
             if names:
                 source, origin = path, {"kind": "dist-info", "path": path}
+                if narrow_to_device_wheels:
+                    names, source = _narrowed_to_device_wheels(names, path, source, origin)
                 break
     extra = [n for n in split_target_args(list(settings.get("extra_targets", []))) if n not in names]
     if extra:
@@ -152,6 +164,34 @@ def dist_info_candidates(roots: Iterable[str]) -> list[str]:
                 if os.path.isfile(candidate) and candidate not in found:
                     found.append(candidate)
     return found
+
+
+# The dist-info dir pip writes for TheRock's rocm-sdk-device-<gfx> wheel (build_python_packages.py
+# _run_kpack_split; xnack variants share one wheel per base target).
+_DEVICE_WHEEL_DIST_INFO = re.compile(r"^rocm_sdk_device_(gfx[0-9a-z]+)-[^/]*\.dist-info$")
+
+
+def installed_device_wheel_targets(site_dir: str) -> list[str]:
+    """Base targets of the ``rocm-sdk-device-<gfx>`` distributions installed in ``site_dir``."""
+    try:
+        names = os.listdir(site_dir)
+    except OSError:
+        return []
+    return sorted({m.group(1) for name in names if (m := _DEVICE_WHEEL_DIST_INFO.match(name))})
+
+
+def _narrowed_to_device_wheels(
+    names: list[str], dist_info_path: str, source: str, origin: dict[str, Any]
+) -> tuple[list[str], str]:
+    # <site>/_rocm_sdk_core*/share/therock/dist_info.json
+    site_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(dist_info_path))))
+    installed = installed_device_wheel_targets(site_dir)
+    kept = [n for n in names if n.split(":")[0] in installed]
+    if not kept or kept == names:
+        return names, source
+    origin["device_wheels"] = installed
+    wheels = ", ".join(f"rocm-sdk-device-{t}" for t in installed)
+    return kept, f"{source}, narrowed to the installed device wheels ({wheels})"
 
 
 def _targets_from_dist_info(path: str) -> list[str]:
