@@ -1,6 +1,6 @@
 """Crash safety of `prune --backup` and `prune --revert`: a real SIGKILL at mutating system calls.
 
-strace's fault injection kills the process on entry to the n-th call (no test hook in the code).
+strace's fault injection (tests/support/killpoints.py) kills the process on entry to the n-th call.
 After each kill every original path either holds its original bytes, or is journalled in the
 manifest with a backup holding exactly those bytes (sha256); `--revert` from that state gives back
 the original tree, and a rerun finishes the job. ROCM_AUDIT_SLOW=1 runs every kill point.
@@ -11,73 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+from support.killpoints import PRUNE_SYSCALLS, KillPoint, count_calls, pick, rocm_audit
 from support.prune_units import REMOVED, tree_state
-from support.tools import require_tool
-
-MUTATING = (
-    "write",
-    "fsync",
-    "mkdir",
-    "mkdirat",
-    "flock",
-    "link",
-    "linkat",
-    "rename",
-    "renameat",
-    "renameat2",
-    "unlink",
-    "unlinkat",
-    "rmdir",
-    "fchmod",
-    "fchown",
-    "utimensat",
-)
-FULL = os.environ.get("ROCM_AUDIT_SLOW") == "1"
-SAMPLE = 8
 
 
-def _rocm_audit(*args: str, inject: tuple[str, int] | None = None) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "rocm_audit", *args, "-q"]
-    if inject is not None:
-        name, nth = inject
-        argv = [
-            require_tool("strace"),
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/null",
-            "-e",
-            f"trace={name}",
-            "-e",
-            f"inject={name}:signal=KILL:when={nth}",
-            *argv,
-        ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
-
-
-def _kill_points(args: list[str]) -> list[tuple[str, int]]:
-    log = subprocess.run(
-        [require_tool("strace"), "-f", "-qq", "-o", "/dev/stderr", "-e", "trace=" + ",".join(MUTATING)]
-        + [sys.executable, "-m", "rocm_audit", *args, "-q"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert log.returncode == 0, log.stdout + log.stderr[-2000:]
-    counts: dict[str, int] = {}
-    for match in re.finditer(r"^(?:\d+\s+)?(\w+)\(", log.stderr, re.MULTILINE):
-        if match.group(1) in MUTATING:
-            counts[match.group(1)] = counts.get(match.group(1), 0) + 1
-    points = [(name, n) for name in sorted(counts) for n in range(1, counts[name] + 1)]
-    if FULL or len(points) <= SAMPLE:
-        return points
-    return [points[int(i * len(points) / SAMPLE)] for i in range(SAMPLE)]
+def _kill_points(args: list[str]) -> list[KillPoint]:
+    return pick(count_calls(args, PRUNE_SYSCALLS))
 
 
 def _journalled_backups(site: Path) -> dict[str, bytes]:
@@ -123,15 +65,15 @@ def test_sigkill_during_prune_loses_nothing_and_revert_recovers(pristine_units, 
         work = tmp_path / f"run{index}"
         site = work / "site-packages"
         shutil.copytree(pristine_units, site, symlinks=True)
-        killed = _rocm_audit("prune", "gfx942", "-p", str(site), "--backup", str(work / "backup"), inject=point)
+        killed = rocm_audit("prune", "gfx942", "-p", str(site), "--backup", str(work / "backup"), inject=point)
         assert killed.returncode != 0, point
         _assert_nothing_lost(site, original, point)
         manifest = site / ".rocm-audit" / "prune-manifest.jsonl"
         if manifest.exists():
-            reverted = _rocm_audit("prune", "--revert", str(manifest))
+            reverted = rocm_audit("prune", "--revert", str(manifest))
             assert reverted.returncode == 0, (point, reverted.stdout, reverted.stderr)
         assert tree_state(site) == original, point
-        rerun = _rocm_audit("prune", "gfx942", "-p", str(site), "--backup", str(work / "backup2"))
+        rerun = rocm_audit("prune", "gfx942", "-p", str(site), "--backup", str(work / "backup2"))
         assert rerun.returncode == 0, (point, rerun.stdout, rerun.stderr)
         assert not any(os.path.lexists(site / rel) for rel in REMOVED), point
 
@@ -142,7 +84,7 @@ def test_sigkill_during_revert_loses_nothing_and_a_rerun_finishes(pristine_units
     def pruned(work: Path) -> Path:
         site = work / "site-packages"
         shutil.copytree(pristine_units, site, symlinks=True)
-        done = _rocm_audit("prune", "gfx942", "-p", str(site), "--backup", str(work / "backup"))
+        done = rocm_audit("prune", "gfx942", "-p", str(site), "--backup", str(work / "backup"))
         assert done.returncode == 0, done.stdout + done.stderr
         return site / ".rocm-audit" / "prune-manifest.jsonl"
 
@@ -150,9 +92,9 @@ def test_sigkill_during_revert_loses_nothing_and_a_rerun_finishes(pristine_units
     for index, point in enumerate(points):
         manifest = pruned(tmp_path / f"run{index}")
         site = manifest.parent.parent
-        killed = _rocm_audit("prune", "--revert", str(manifest), inject=point)
+        killed = rocm_audit("prune", "--revert", str(manifest), inject=point)
         assert killed.returncode != 0, point
         _assert_nothing_lost(site, original, point)
-        again = _rocm_audit("prune", "--revert", str(manifest))
+        again = rocm_audit("prune", "--revert", str(manifest))
         assert again.returncode == 0, (point, again.stdout, again.stderr)
         assert tree_state(site) == original, point

@@ -1,7 +1,7 @@
 """Crash safety of `dedup` and `dedup --revert`: SIGKILL at every mutating system call.
 
-strace's fault injection delivers a real SIGKILL when the process enters the n-th call of a
-chosen system call (`-e inject=SYSCALL:signal=KILL:when=N`), so no test hook lives in the code.
+strace's fault injection (tests/support/killpoints.py) delivers a real SIGKILL when the process
+enters the n-th call of a chosen system call, so no test hook lives in the code.
 After each kill: every original path exists, resolves, and holds its original bytes; `--revert`
 from that state restores the original tree; a rerun finishes the job and leaves no temporary file.
 
@@ -12,41 +12,15 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rocm_audit.tree.inventory import TEMP_PREFIX  # noqa: E402
+from support.killpoints import DEDUP_SYSCALLS, FULL, count_calls, pick, rocm_audit
 from support.sdk_tree import build_sdk_tree  # noqa: E402
-from support.tools import require_tool  # noqa: E402
 
-# Every system call through which dedup or revert changes the tree or its manifest.
-MUTATING_SYSCALLS = (
-    "write",
-    "fsync",
-    "mkdir",
-    "mkdirat",
-    "flock",
-    "symlink",
-    "symlinkat",
-    "link",
-    "linkat",
-    "rename",
-    "renameat",
-    "renameat2",
-    "unlink",
-    "unlinkat",
-    "fchmod",
-    "fchown",
-    "utimensat",
-    "sendfile",
-)
-FULL = os.environ.get("ROCM_AUDIT_SLOW") == "1"
-SAMPLE_PER_SWEEP = 8
 EXTRA_DUPLICATES = 40 if FULL else 6
 
 
@@ -88,61 +62,6 @@ def state(site: Path) -> dict[str, tuple]:
     return out
 
 
-def rocm_audit(*args: str, inject: tuple[str, int] | None = None) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "rocm_audit", *args, "-q"]
-    if inject is not None:
-        syscall, nth = inject
-        argv = [
-            require_tool("strace"),
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/null",
-            "-e",
-            f"trace={syscall}",
-            "-e",
-            f"inject={syscall}:signal=KILL:when={nth}",
-            *argv,
-        ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
-
-
-def count_calls(args: list[str]) -> list[tuple[str, int]]:
-    """Run once under strace and list every (syscall, n) kill point of that run."""
-    log = subprocess.run(
-        [
-            require_tool("strace"),
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/stderr",
-            "-e",
-            "trace=" + ",".join(MUTATING_SYSCALLS),
-            sys.executable,
-            "-m",
-            "rocm_audit",
-            *args,
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert log.returncode == 0, log.stdout
-    counts: dict[str, int] = {}
-    for match in re.finditer(r"^(?:\d+\s+)?(\w+)\(", log.stderr, re.MULTILINE):
-        if match.group(1) in MUTATING_SYSCALLS:
-            counts[match.group(1)] = counts.get(match.group(1), 0) + 1
-    return [(name, n) for name in sorted(counts) for n in range(1, counts[name] + 1)]
-
-
-def pick(points: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    if FULL or len(points) <= SAMPLE_PER_SWEEP:
-        return points
-    step = len(points) / SAMPLE_PER_SWEEP
-    return [points[int(i * step)] for i in range(SAMPLE_PER_SWEEP)]
-
-
 def assert_original_bytes(site: Path, original: dict[str, tuple], point: tuple[str, int]) -> None:
     """Every original path resolves to its original bytes; the only extra names are our temporaries."""
     now = state(site)
@@ -159,7 +78,7 @@ def no_temporaries(site: Path) -> bool:
 def test_sigkill_during_dedup_never_loses_a_byte_and_revert_or_rerun_recovers(pristine, tmp_path):
     original = state(pristine)
     probe_site = fresh_copy(pristine, tmp_path / "probe")
-    points = count_calls(["dedup", "-p", str(probe_site)])
+    points = count_calls(["dedup", "-p", str(probe_site)], DEDUP_SYSCALLS)
     assert sum(1 for name, _ in points if name in ("rename", "renameat", "renameat2")) >= 6
     expected_final = state(probe_site)
     if FULL:
@@ -188,7 +107,7 @@ def test_sigkill_during_revert_never_loses_a_byte_and_a_rerun_finishes(pristine,
     assert rocm_audit("dedup", "-p", str(probe_site)).returncode == 0
     deduplicated = state(probe_site)
     manifest_rel = Path(".rocm-audit") / "dedup-manifest.jsonl"
-    points = count_calls(["dedup", "--revert", str(probe_site / manifest_rel)])
+    points = count_calls(["dedup", "--revert", str(probe_site / manifest_rel)], DEDUP_SYSCALLS)
     if FULL:
         assert len(points) >= 100, len(points)
     for index, point in enumerate(pick(points)):

@@ -1,0 +1,106 @@
+"""Kill points: a real SIGKILL on entry to the n-th call of a system call, through strace.
+
+strace's fault injection (`-e inject=SYSCALL:signal=KILL:when=N`) kills the process itself, so no
+test hook lives in the code. A crash-safety test lists the kill points of one run (every call of
+the syscalls through which that command changes the tree), then reruns the command killed at each
+(or at a sample of them: ROCM_AUDIT_SLOW=1 runs every one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from support.tools import require_tool
+
+FULL = os.environ.get("ROCM_AUDIT_SLOW") == "1"
+SAMPLE = 8
+
+KillPoint = tuple[str, int]  # (syscall, n): killed on entry to the n-th call of syscall
+
+# Every system call through which dedup or its revert changes the tree or its manifest.
+DEDUP_SYSCALLS = (
+    "write",
+    "fsync",
+    "mkdir",
+    "mkdirat",
+    "flock",
+    "symlink",
+    "symlinkat",
+    "link",
+    "linkat",
+    "rename",
+    "renameat",
+    "renameat2",
+    "unlink",
+    "unlinkat",
+    "fchmod",
+    "fchown",
+    "utimensat",
+    "sendfile",
+)
+# Every system call through which prune --backup or its revert changes the tree, the backup or the manifest.
+PRUNE_SYSCALLS = (
+    "write",
+    "fsync",
+    "mkdir",
+    "mkdirat",
+    "flock",
+    "link",
+    "linkat",
+    "rename",
+    "renameat",
+    "renameat2",
+    "unlink",
+    "unlinkat",
+    "rmdir",
+    "fchmod",
+    "fchown",
+    "utimensat",
+)
+
+
+def rocm_audit(*args: str, inject: KillPoint | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `rocm-audit ARGS -q`; with inject, under strace, killed at that point."""
+    argv = [sys.executable, "-m", "rocm_audit", *args, "-q"]
+    if inject is not None:
+        syscall, nth = inject
+        argv = [
+            require_tool("strace"),
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            f"trace={syscall}",
+            "-e",
+            f"inject={syscall}:signal=KILL:when={nth}",
+            *argv,
+        ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+
+def count_calls(args: list[str], syscalls: tuple[str, ...]) -> list[KillPoint]:
+    """Run `rocm-audit ARGS` once under strace and list every (syscall, n) kill point of that run."""
+    log = subprocess.run(
+        [require_tool("strace"), "-f", "-qq", "-o", "/dev/stderr", "-e", "trace=" + ",".join(syscalls)]
+        + [sys.executable, "-m", "rocm_audit", *args, "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert log.returncode == 0, log.stdout + log.stderr[-2000:]
+    counts: dict[str, int] = {}
+    for match in re.finditer(r"^(?:\d+\s+)?(\w+)\(", log.stderr, re.MULTILINE):
+        if match.group(1) in syscalls:
+            counts[match.group(1)] = counts.get(match.group(1), 0) + 1
+    return [(name, n) for name in sorted(counts) for n in range(1, counts[name] + 1)]
+
+
+def pick(points: list[KillPoint]) -> list[KillPoint]:
+    """Every kill point under ROCM_AUDIT_SLOW=1, else SAMPLE of them, evenly spread."""
+    if FULL or len(points) <= SAMPLE:
+        return points
+    return [points[int(i * len(points) / SAMPLE)] for i in range(SAMPLE)]
