@@ -15,8 +15,7 @@ import pytest
 from rocm_audit.tree.discovery import AuditRoot, resolve_roots
 from rocm_audit.tree.inventory import FileKind, build_inventory, read_dynamic_info
 from support.memory import PEAK_RSS_KIB_EXPR
-from support.toolchain import gcc_compile
-from support.tools import require_tool
+from support.toolchain import gcc_compile, gfx942_object
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -45,26 +44,7 @@ def zoo(tmp_path_factory) -> Path:
     compile_c(root / "pie-tool.so", "-fPIE", "-pie", source=main)  # an executable named like a library
     compile_c(root / "static-tool", "-no-pie", source=main)
     compile_c(root / "object.so", "-c", "-fPIC")  # a relocatable object named like a library
-    clang = require_tool("clang-19")
-    kernel = root / "kernel.c"
-    kernel.write_text("void k(int *p) { *p = 1; }\n")
-    subprocess.run(
-        [
-            clang,
-            "-target",
-            "amdgcn-amd-amdhsa",
-            "-mcpu=gfx942",
-            "-nogpulib",
-            "-c",
-            "-o",
-            str(root / "libkernel.so"),
-            str(kernel),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    kernel.unlink()
+    gfx942_object(root / "libkernel.so")  # a relocatable device object named like a library
     (root / "notes.so").write_text("not an ELF file, whatever the suffix says\n")
     (root / "libc-copy.so.6").write_bytes(Path(LIBC).read_bytes())
     return root

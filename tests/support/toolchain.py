@@ -19,28 +19,24 @@ def gcc_compile(output: Path, source: str, *flags: str) -> Path:
     return output
 
 
-def gfx942_code_object(directory: Path, name: str = "kernels.hsaco") -> Path:
-    """A real, linked AMDGPU code object (ET_DYN) for gfx942 only."""
-    directory.mkdir(parents=True, exist_ok=True)
-    source = directory / f".{name}.c"
+def gfx942_object(output: Path) -> Path:
+    """A relocatable AMDGPU object (ET_REL) for gfx942 only, one kernel; the source file is removed."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    source = output.with_name(f".{output.name}.c")
     source.write_text("void k(int *p) { *p = 1; }\n")
-    relocatable = directory / f".{name}.o"
     run_checked(
-        [
-            require_tool("clang-19"),
-            "-target",
-            "amdgcn-amd-amdhsa",
-            "-mcpu=gfx942",
-            "-nogpulib",
-            "-c",
-            "-o",
-            str(relocatable),
-            str(source),
-        ],
+        [require_tool("clang-19"), "-target", "amdgcn-amd-amdhsa", "-mcpu=gfx942", "-nogpulib", "-c"]
+        + ["-o", str(output), str(source)],
         timeout=120,
     )
+    source.unlink()
+    return output
+
+
+def gfx942_code_object(directory: Path, name: str = "kernels.hsaco") -> Path:
+    """A real, linked AMDGPU code object (ET_DYN) for gfx942 only."""
+    relocatable = gfx942_object(directory / f".{name}.o")
     output = directory / name
     run_checked([require_tool("ld.lld-19"), "-shared", "-o", output, relocatable], timeout=120)
-    source.unlink()
     relocatable.unlink()
     return output
