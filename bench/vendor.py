@@ -112,6 +112,8 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# The tests fetch their pinned wheel through tests/support/vendor.py; the bench keeps its own fetch
+# (more wheels, its own cache, optional ones) because bench/ must not import tests/.
 def fetch(cache: Path, log) -> tuple[list[Path], list[str]]:
     """The pinned wheels in ``cache`` (downloaded when missing, checked by sha256)."""
     cache.mkdir(parents=True, exist_ok=True)

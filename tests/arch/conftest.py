@@ -8,8 +8,6 @@ downloaded once and pinned by sha256.
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -18,6 +16,7 @@ import pytest
 
 from support.run import run_checked
 from support.tools import require_tool
+from support.vendor import jax_plugin_wheel
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -38,8 +37,6 @@ define amdgpu_kernel void @k(ptr addrspace(1) %p) {
 }
 """
 
-JAX_WHEEL = "jax_rocm7_plugin-0.12.0-cp312-cp312-manylinux_2_27_x86_64.whl"
-JAX_WHEEL_SHA256 = "56ea9cb8b20b2155307da1c7f81941d6811954d8ce3431ffe8d56aa251b725de"
 
 HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
 
@@ -245,32 +242,7 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def jax_plugin(cache_dir) -> Path:
     """The real vendor wheel jax-rocm7-plugin 0.12.0 (CCOB v3, zstd, 27 targets), unpacked once."""
-    wheel = Path(cache_dir) / JAX_WHEEL
-    if not wheel.exists():
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--python-version",
-                "3.12",
-                "--platform",
-                "manylinux_2_27_x86_64",
-                "jax-rocm7-plugin==0.12.0",
-                "-d",
-                cache_dir,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        assert done.returncode == 0, f"pip download failed:\n{done.stderr}"
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    assert digest == JAX_WHEEL_SHA256, f"{wheel} has sha256 {digest}, expected the pinned {JAX_WHEEL_SHA256}"
+    wheel = jax_plugin_wheel(cache_dir)
     target = Path(cache_dir) / "jax_rocm7_plugin-0.12.0"
     if not (target / "jax_rocm7_plugin" / "_prng.so").exists():
         with zipfile.ZipFile(wheel) as archive:
