@@ -26,7 +26,8 @@ def command(
         list[str] | None,
         targets_argument(
             'GPU targets (gfx950, gfx942:sramecc+:xnack-, or "gfx942;gfx950"). '
-            "Default: $GPU_ARCH, else dist_info.json of _rocm_sdk_core.",
+            "Default: $GPU_ARCH, else dist_info.json of _rocm_sdk_core (narrowed to the "
+            "installed rocm-sdk-device-<gfx> wheels when there are any).",
             metavar="[TARGET]...",
         ),
     ] = None,

@@ -23,7 +23,8 @@ def command(
         targets_argument(
             'GPU targets: gfx950, gfx942:sramecc+:xnack-, or one list "gfx942;gfx950". '
             "Default: $GPU_ARCH, else dist_amdgpu_targets of "
-            "_rocm_sdk_core/share/therock/dist_info.json."
+            "_rocm_sdk_core/share/therock/dist_info.json, narrowed to the installed "
+            "rocm-sdk-device-<gfx> wheels when there are any."
         ),
     ] = None,
     paths: PathsOption = None,
