@@ -161,3 +161,10 @@ def test_legacy_families_co_install_with_identical_host_libraries(tmp_path: Path
     for family in ("gfx94X_dcgpu", "gfx90X_dcgpu"):
         record = next(install.site_packages.glob(f"rocm_sdk_libraries_{family}-*.dist-info")) / "RECORD"
         assert f"_rocm_sdk_libraries_{family}/lib/libhipblas.so.3,sha256=" in record.read_text()
+
+
+def test_the_device_extra_is_the_default_family_on_a_gpu_less_host(tmp_path: Path) -> None:
+    """``rocm[libraries,device]`` as TheRock's real sdist resolves it without a GPU: the first sorted target."""
+    install = build_therock_install(tmp_path, extras=("libraries", "device"))
+    device = sorted(p.name for p in install.site_packages.glob("rocm_sdk_device_*.dist-info"))
+    assert device == ["rocm_sdk_device_gfx90a-7.13.0.dist-info"]

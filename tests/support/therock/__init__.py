@@ -48,7 +48,9 @@ BEHAVIOURS: dict[str, str] = {
     "device wheels rocm-sdk-device-<arch> overlay _rocm_sdk_libraries (only package), Requires-Dist libraries==V;"
     " RECORD lists _rocm_sdk_libraries/__init__.py": "templates/rocm-sdk-device/setup.py; build_python_packages.py _run_kpack_split",
     "device files copied with rpath patching; .devel_links/<arch>.json {version, links:[{relpath, target}]}": "py_packaging.py populate_device_files / _emit_devel_links_manifest",
-    "rocm meta with extras libraries, devel, device-<arch>, device-all; console script rocm-sdk": "templates/rocm/setup.py; rocm_sdk/_dist_info.py build_per_target_extras (static wheel here, sdist upstream)",
+    "rocm meta with extras libraries, devel, device (the detected family; GPU-less: DEFAULT_TARGET_FAMILY),"
+    " device-<arch>, device-all; console script rocm-sdk (no profiler extra: no rocm-profiler wheel here)": "templates/rocm/setup.py; rocm_sdk/_dist_info.py build_per_target_extras, determine_target_family (static"
+    " wheel here, sdist upstream)",
     "legacy per-family rocm-sdk-libraries-<family> wheels (own platform dir, embedded device files, co-installable)": "build_tools/build_python_packages.py _run_legacy; templates/rocm-sdk-libraries/setup.py",
     "kpack split: HIPK wrapper in .hipFatBinSegment -> .rocm_kpack_ref {kpack_search_paths, kernel_name};"
     " .hip_fatbin NOBITS; .kpack/<artifact>_<arch>.kpack; generic .kpack/<artifact>.kpm": "stellaraccident/rocm-kpack ae4f1c2 python/rocm_kpack/artifact_splitter.py, binutils.py, kpack.py",

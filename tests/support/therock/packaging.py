@@ -446,6 +446,9 @@ def build_index(
     (meta.pure_dir / "_dist_info.py").write_text(dist_info("meta"))
     # The rocm setup.py's extras (EXTRAS_REQUIRE + build_per_target_extras), resolved statically into a wheel.
     meta.extras = {"libraries": [f"rocm-sdk-libraries=={version}"], "devel": [f"rocm-sdk-devel=={version}"]}
+    # "device": the family rocm's setup.py detects when the sdist is built (offload-arch, or
+    # ROCM_SDK_TARGET_FAMILY); on a GPU-less host that is DEFAULT_TARGET_FAMILY, the first sorted target.
+    meta.extras["device"] = [f"rocm-sdk-device-{sorted(arches)[0]}=={version}"]
     meta.extras.update({f"device-{arch}": [f"rocm-sdk-device-{arch}=={version}"] for arch in arches})
     meta.extras["device-all"] = [f"rocm-sdk-device-{arch}=={version}" for arch in arches]
     wheels["rocm"] = write_wheel(meta, version, index_dir)
