@@ -17,6 +17,7 @@ from rocm_audit.dedup.link import (
     Skip,
     compare_piece,
     look_before,
+    remove_leftover,
     replace_with_link,
 )
 from rocm_audit.dedup.manifest import default_manifest_path, journal_changes, list_in_record
@@ -256,13 +257,7 @@ def _remove_leftovers(inventory: Inventory, findings: list[Finding]) -> None:
         link.path for link in inventory.links if link.sdk_tree and os.path.basename(link.path).startswith(TEMP_PREFIX)
     ]
     for path in leftovers:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            findings.append(make_finding("SCAN004", path, f"cannot remove leftover: {exc.strerror}"))
-            continue
+        remove_leftover(path, findings)
     # The inventory reported them (SCAN004); once removed they are no longer a problem.
     removed = set(leftovers)
     inventory.findings[:] = [

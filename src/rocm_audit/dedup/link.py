@@ -9,6 +9,7 @@ import stat
 from dataclasses import dataclass
 
 from rocm_audit.dedup.plan import DedupGroup, PlannedLink
+from rocm_audit.findings import Finding, make_finding
 from rocm_audit.tree.identical import CompareStats, ReadFailure, same_bytes
 from rocm_audit.tree.inventory import TEMP_PREFIX, FileRecord
 
@@ -146,3 +147,13 @@ def replace_with_link(group: DedupGroup, planned: PlannedLink, before: PairBefor
 def unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def remove_leftover(path: str, findings: list[Finding]) -> None:
+    """Remove a temporary an interrupted run left; one that cannot be removed is SCAN004."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        findings.append(make_finding("SCAN004", path, f"cannot remove leftover: {exc.strerror}"))

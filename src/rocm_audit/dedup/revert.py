@@ -7,7 +7,7 @@ import re
 import stat
 from typing import Any
 
-from rocm_audit.dedup.link import Skip, unlink_quietly
+from rocm_audit.dedup.link import Skip, remove_leftover, unlink_quietly
 from rocm_audit.dedup.manifest import read_manifest
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
@@ -95,13 +95,7 @@ def _remove_temporaries_in(directories: set[str], findings: list[Finding]) -> No
             continue
         for name in names:
             if _TEMP_NAME.fullmatch(name):
-                path = os.path.join(directory, name)
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    findings.append(make_finding("SCAN004", path, f"cannot remove leftover: {exc.strerror}"))
+                remove_leftover(os.path.join(directory, name), findings)
 
 
 def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
