@@ -47,13 +47,7 @@ class Ownership:
         rows: dict[str, RecordRow] = {}
         records: dict[str, str] = {}
         for site_dir in sorted({os.path.dirname(tree) for tree in sdk_trees}):
-            try:
-                names = sorted(os.listdir(site_dir))
-            except OSError:
-                continue
-            for name in names:
-                if not name.endswith(".dist-info"):
-                    continue
+            for name in _dist_info_names(site_dir):
                 record = os.path.join(site_dir, name, "RECORD")
                 distribution = name[: -len(".dist-info")].split("-", 1)[0].lower()
                 try:
@@ -93,6 +87,14 @@ class Ownership:
         """A devel path that TheRock's device reconcile hardlinks on every init/path/test."""
         row = self.rows.get(path)
         return row is not None and not row.hashed and row.distribution.startswith(DEVICE_DISTRIBUTION_PREFIX)
+
+
+def _dist_info_names(site_dir: str) -> list[str]:
+    """The ``.dist-info`` directory names in site_dir, sorted; none when it cannot be listed."""
+    try:
+        return sorted(name for name in os.listdir(site_dir) if name.endswith(".dist-info"))
+    except OSError:
+        return []
 
 
 def tree_relpath(path: str, sdk_tree: str) -> str:
@@ -171,13 +173,7 @@ def read_distributions(roots: list[str], sdk_trees: list[str]) -> list[Distribut
     """Every distribution whose ``.dist-info`` sits in an audited site directory, by name."""
     distributions: list[Distribution] = []
     for site_dir in _site_dirs(roots, sdk_trees):
-        try:
-            names = sorted(os.listdir(site_dir))
-        except OSError:
-            continue
-        for name in names:
-            if not name.endswith(".dist-info"):
-                continue
+        for name in _dist_info_names(site_dir):
             distribution = _read_one(site_dir, os.path.join(site_dir, name))
             if distribution is not None:
                 distributions.append(distribution)
