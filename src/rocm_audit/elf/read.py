@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass
 
 from rocm_audit.errors import FormatError
+from rocm_audit.formats.elf_header import ELF32_HEADER_SIZE, ELF64_HEADER_SIZE, unpack_header_fields
 
 ELF_MAGIC = b"\x7fELF"
 ELFCLASS32, ELFCLASS64 = 1, 2
@@ -97,43 +98,25 @@ def parse_header(head: bytes) -> ElfHeader:
         raise FormatError("ELF", 4, f"invalid EI_CLASS {elf_class}")
     if data not in (ELFDATA2LSB, ELFDATA2MSB):
         raise FormatError("ELF", 5, f"invalid EI_DATA {data}")
-    end = "<" if data == ELFDATA2LSB else ">"
-    if elf_class == ELFCLASS64:
-        layout, need = end + "HHIQQQIHHHHHH", 64
-    else:
-        layout, need = end + "HHIIIIIHHHHHH", 52
+    need = ELF64_HEADER_SIZE if elf_class == ELFCLASS64 else ELF32_HEADER_SIZE
     if len(head) < need:
         raise FormatError("ELF", len(head), f"file ends inside the {need}-byte ELF header")
-    (
-        e_type,
-        e_machine,
-        _version,
-        _entry,
-        e_phoff,
-        e_shoff,
-        e_flags,
-        _ehsize,
-        e_phentsize,
-        e_phnum,
-        e_shentsize,
-        e_shnum,
-        e_shstrndx,
-    ) = struct.unpack_from(layout, head, 16)
+    fields = unpack_header_fields(head, is_64=elf_class == ELFCLASS64, little_endian=data == ELFDATA2LSB)
     return ElfHeader(
         elf_class,
         data == ELFDATA2LSB,
         head[7],
         head[8],
-        e_type,
-        e_machine,
-        e_flags,
-        e_phoff,
-        e_phentsize,
-        e_phnum,
-        e_shoff,
-        e_shentsize,
-        e_shnum,
-        e_shstrndx,
+        fields.e_type,
+        fields.e_machine,
+        fields.e_flags,
+        fields.e_phoff,
+        fields.e_phentsize,
+        fields.e_phnum,
+        fields.e_shoff,
+        fields.e_shentsize,
+        fields.e_shnum,
+        fields.e_shstrndx,
     )
 
 

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 from rocm_audit.errors import FormatError
 
+# ELF64_HEADER_SIZE is re-exported ("as"): gpu/codeobjects reads it from here.
+from rocm_audit.formats.elf_header import ELF64_HEADER_SIZE as ELF64_HEADER_SIZE
+from rocm_audit.formats.elf_header import unpack_header_fields
+
 FMT = "AMDGPU ELF"
 
 EM_AMDGPU = 224
@@ -19,7 +23,6 @@ ELFOSABI_AMDGPU_HSA, ELFOSABI_AMDGPU_PAL, ELFOSABI_AMDGPU_MESA3D = 64, 65, 66
 ET_REL, ET_EXEC, ET_DYN = 1, 2, 3
 PT_NOTE = 4
 SHT_NOTE = 7
-ELF64_HEADER_SIZE = 64
 ELF64_PHDR_SIZE = 56
 ELF64_SHDR_SIZE = 64
 
@@ -228,29 +231,16 @@ def parse_header(buf: bytes | memoryview, base: int = 0) -> ElfLayout:
         raise FormatError(FMT, base, "no ELF magic")
     if head[4] != 2 or head[5] != 1:
         raise FormatError(FMT, base + 4, "AMDGPU code objects are 64-bit little-endian")
-    (
-        e_type,
-        e_machine,
-        _version,
-        _entry,
-        e_phoff,
-        e_shoff,
-        e_flags,
-        _ehsize,
-        e_phentsize,
-        e_phnum,
-        e_shentsize,
-        e_shnum,
-        e_shstrndx,
-    ) = struct.unpack_from("<HHIQQQIHHHHHH", head, 16)
+    fields = unpack_header_fields(head, is_64=True, little_endian=True)
+    e_machine, e_phnum, e_shnum = fields.e_machine, fields.e_phnum, fields.e_shnum
     if e_machine != EM_AMDGPU:
         raise FormatError(FMT, base + 18, f"e_machine {e_machine} is not EM_AMDGPU (224)")
-    if e_phnum and e_phentsize != ELF64_PHDR_SIZE:
-        raise FormatError(FMT, base + 0x36, f"e_phentsize {e_phentsize} is not 56")
-    if e_shnum and e_shentsize != ELF64_SHDR_SIZE:
-        raise FormatError(FMT, base + 0x3A, f"e_shentsize {e_shentsize} is not 64")
-    identity = identity_from_header(e_flags, head[7], head[8], e_type)
-    return ElfLayout(identity, e_phoff, e_phnum, e_shoff, e_shnum, e_shstrndx)
+    if e_phnum and fields.e_phentsize != ELF64_PHDR_SIZE:
+        raise FormatError(FMT, base + 0x36, f"e_phentsize {fields.e_phentsize} is not 56")
+    if e_shnum and fields.e_shentsize != ELF64_SHDR_SIZE:
+        raise FormatError(FMT, base + 0x3A, f"e_shentsize {fields.e_shentsize} is not 64")
+    identity = identity_from_header(fields.e_flags, head[7], head[8], fields.e_type)
+    return ElfLayout(identity, fields.e_phoff, e_phnum, fields.e_shoff, e_shnum, fields.e_shstrndx)
 
 
 def note_ranges_from_phdrs(table: bytes | memoryview, base: int, count: int) -> list[tuple[int, int]]:
