@@ -62,31 +62,28 @@ PRUNE_SYSCALLS = (
 )
 
 
+def _command(args: tuple[str, ...] | list[str], *strace_options: str) -> list[str]:
+    """`rocm-audit ARGS -q`, under strace (following children) when strace options are given."""
+    argv = [sys.executable, "-m", "rocm_audit", *args, "-q"]
+    return [require_tool("strace"), "-f", "-qq", *strace_options, *argv] if strace_options else argv
+
+
 def rocm_audit(*args: str, inject: KillPoint | None = None) -> subprocess.CompletedProcess[str]:
     """Run `rocm-audit ARGS -q`; with inject, under strace, killed at that point."""
-    argv = [sys.executable, "-m", "rocm_audit", *args, "-q"]
-    if inject is not None:
+    if inject is None:
+        argv = _command(args)
+    else:
         syscall, nth = inject
-        argv = [
-            require_tool("strace"),
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/null",
-            "-e",
-            f"trace={syscall}",
-            "-e",
-            f"inject={syscall}:signal=KILL:when={nth}",
-            *argv,
-        ]
+        argv = _command(
+            args, "-o", "/dev/null", "-e", f"trace={syscall}", "-e", f"inject={syscall}:signal=KILL:when={nth}"
+        )
     return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 
 def count_calls(args: list[str], syscalls: tuple[str, ...]) -> list[KillPoint]:
     """Run `rocm-audit ARGS` once under strace and list every (syscall, n) kill point of that run."""
     log = subprocess.run(
-        [require_tool("strace"), "-f", "-qq", "-o", "/dev/stderr", "-e", "trace=" + ",".join(syscalls)]
-        + [sys.executable, "-m", "rocm_audit", *args, "-q"],
+        _command(args, "-o", "/dev/stderr", "-e", "trace=" + ",".join(syscalls)),
         capture_output=True,
         text=True,
         timeout=300,
