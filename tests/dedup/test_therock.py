@@ -267,6 +267,22 @@ def test_pip_uninstall_of_everything_takes_the_manifest_away(install):
     ]
     install.pip("uninstall", "-y", *names)
     assert not (install.site_packages / ".rocm-audit").exists()
+    # pip skips a RECORD path whose os.path.exists() is false: devel's links into a runtime tree
+    # uninstalled before it dangle and stay (TheRock's own bin/amd* links do the same).
+    left = [p for p in install.devel.rglob("*") if not p.is_dir() or p.is_symlink()]
+    assert all(p.is_symlink() and not p.exists() for p in left if p.name != ".devel_reconcile.lock"), left
+
+
+def test_pip_uninstall_with_devel_first_leaves_only_therock_s_lock(install):
+    """Seen with TheRock's real packaging: uninstalling rocm-sdk-devel before the runtime packages
+    removes every link dedup made (their targets still exist when pip checks them)."""
+    install.split("per-tree")
+    assert audit("dedup", "-p", str(install.site_packages))[0] == 0
+    names = ["rocm-sdk-devel", "rocm", "rocm-sdk-core", "rocm-sdk-libraries"]
+    install.pip("uninstall", "-y", *names, *(f"rocm-sdk-device-{arch}" for arch in install.arches))
+    left = sorted(p.name for p in install.devel.rglob("*") if not p.is_dir() or p.is_symlink())
+    assert left == [".devel_reconcile.lock"]
+    assert not (install.site_packages / ".rocm-audit").exists()
 
 
 @pytest.mark.parametrize("reinstall", ["reinstall-core", "reinstall-libraries"])
