@@ -20,29 +20,8 @@ SAMPLE = 8
 
 KillPoint = tuple[str, int]  # (syscall, n): killed on entry to the n-th call of syscall
 
-# Every system call through which dedup or its revert changes the tree or its manifest.
-DEDUP_SYSCALLS = (
-    "write",
-    "fsync",
-    "mkdir",
-    "mkdirat",
-    "flock",
-    "symlink",
-    "symlinkat",
-    "link",
-    "linkat",
-    "rename",
-    "renameat",
-    "renameat2",
-    "unlink",
-    "unlinkat",
-    "fchmod",
-    "fchown",
-    "utimensat",
-    "sendfile",
-)
-# Every system call through which prune --backup or its revert changes the tree, the backup or the manifest.
-PRUNE_SYSCALLS = (
+# The system calls through which both dedup and prune (and their reverts) change a tree or a manifest.
+_CHANGE_A_TREE = (
     "write",
     "fsync",
     "mkdir",
@@ -55,11 +34,13 @@ PRUNE_SYSCALLS = (
     "renameat2",
     "unlink",
     "unlinkat",
-    "rmdir",
     "fchmod",
     "fchown",
     "utimensat",
 )
+# dedup also makes symlinks and copies files back (revert); prune --backup also removes directories.
+DEDUP_SYSCALLS = (*_CHANGE_A_TREE, "symlink", "symlinkat", "sendfile")
+PRUNE_SYSCALLS = (*_CHANGE_A_TREE, "rmdir")
 
 
 def _command(args: tuple[str, ...] | list[str], *strace_options: str) -> list[str]:

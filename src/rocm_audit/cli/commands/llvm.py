@@ -6,14 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rocm_audit.cli.common import (
-    PathsOption,
-    PythonOption,
-    Report,
-    audited_paths,
-    reporting_command,
-    sysroot_option,
-)
+from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command, sysroot_option
 from rocm_audit.outcome import CommandOutcome
 
 

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from rocm_audit.cli.common import (
-    PathsOption,
-    PythonOption,
-    Report,
-    audited_paths,
-    reporting_command,
-    targets_argument,
-)
+from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command, targets_argument
 from rocm_audit.outcome import CommandOutcome
 
 
