@@ -14,8 +14,7 @@ import re
 import subprocess
 import sys
 
-from test_kill_points import MUTATING_SYSCALLS, state
-
+from support.killpoints import DEDUP_SYSCALLS, state
 from support.sdk_tree import build_sdk_tree
 from support.tools import require_tool
 
@@ -47,7 +46,7 @@ def test_helpers_only_write_answers_and_the_manifest_is_synced_before_the_first_
             "-o",
             str(log),
             "-e",
-            "trace=" + ",".join(MUTATING_SYSCALLS),
+            "trace=" + ",".join(DEDUP_SYSCALLS),
             sys.executable,
             "-c",
             FORCE_HELPERS,
@@ -64,7 +63,7 @@ def test_helpers_only_write_answers_and_the_manifest_is_synced_before_the_first_
     calls = [
         (int(pid), name, args)
         for pid, name, args in re.findall(r"^(\d+)\s+(\w+)\((.*)$", log.read_text(), re.MULTILINE)
-        if name in MUTATING_SYSCALLS
+        if name in DEDUP_SYSCALLS
     ]
     main_pid = calls[0][0]  # the traced interpreter makes the first call
     helpers = {pid for pid, _, _ in calls if pid != main_pid}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rocm_audit.tree.inventory import TEMP_PREFIX  # noqa: E402
-from support.killpoints import DEDUP_SYSCALLS, FULL, count_calls, pick, rocm_audit
+from support.killpoints import DEDUP_SYSCALLS, FULL, count_calls, pick, rocm_audit, state
 from support.sdk_tree import build_sdk_tree  # noqa: E402
 
 EXTRA_DUPLICATES = 40 if FULL else 6
@@ -47,19 +47,6 @@ def fresh_copy(pristine: Path, destination: Path) -> Path:
     hard.unlink()
     os.link(site / "_rocm_sdk_core" / "lib" / "libhard.so.1", hard)
     return site
-
-
-def state(site: Path) -> dict[str, tuple]:
-    """Relative path -> (kind, bytes it resolves to, mode); the manifest directory excluded."""
-    out = {}
-    for dirpath, dirs, files in os.walk(site):
-        dirs[:] = [d for d in dirs if d != ".rocm-audit"]
-        for name in files:
-            path = os.path.join(dirpath, name)
-            kind = "link" if os.path.islink(path) else "file"
-            with open(path, "rb") as handle:  # follows links: what a loader would read
-                out[os.path.relpath(path, site)] = (kind, handle.read(), os.stat(path).st_mode)
-    return out
 
 
 def assert_original_bytes(site: Path, original: dict[str, tuple], point: tuple[str, int]) -> None:

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from support.tools import require_tool
 
@@ -82,3 +83,16 @@ def pick(points: list[KillPoint]) -> list[KillPoint]:
     if FULL or len(points) <= SAMPLE:
         return points
     return [points[int(i * len(points) / SAMPLE)] for i in range(SAMPLE)]
+
+
+def state(site: Path) -> dict[str, tuple]:
+    """Relative path -> (kind, bytes it resolves to, mode); the manifest directory excluded."""
+    out = {}
+    for dirpath, dirs, files in os.walk(site):
+        dirs[:] = [d for d in dirs if d != ".rocm-audit"]
+        for name in files:
+            path = os.path.join(dirpath, name)
+            kind = "link" if os.path.islink(path) else "file"
+            with open(path, "rb") as handle:  # follows links: what a loader would read
+                out[os.path.relpath(path, site)] = (kind, handle.read(), os.stat(path).st_mode)
+    return out
