@@ -46,3 +46,19 @@ def test_default_targets_are_the_build_s_narrowed_to_the_installed_device_wheels
     outcome = verify.verify_arch([str(bare.site_packages)], [], environ={})
     assert "device_wheels" not in outcome.sections["targets_origin"]
     assert {f.rule for f in outcome.findings} >= {"ARCH001"}
+
+
+def test_default_targets_of_a_legacy_family_install_are_its_family_s_processors(tmp_path: Path) -> None:
+    """The legacy flow (no kpack split): a gfx90a;gfx942 build, one family wheel installed
+    (rocm-sdk-libraries-gfx94X-dcgpu). dist_info.json lists both targets; the install holds code for
+    gfx942 only, which is right for a gfx94X machine: check judged gfx90a too and failed it (ARCH001,
+    ARCH008) with a device wheel the legacy flow has none of. An explicit target list still judges
+    gfx90a."""
+    install = build_therock_install(tmp_path, legacy_families=("gfx94X-dcgpu",), extras=("devel",), init=True)
+    site = str(install.site_packages)
+    outcome = verify.verify_arch([site], [], environ={})
+    assert not outcome.findings, [(f.rule, f.path, f.message) for f in outcome.findings]
+    assert outcome.sections["targets_origin"]["library_families"] == ["gfx94X-dcgpu"]
+    assert outcome.sections["targets_origin"]["value"] == "gfx942"
+    explicit = verify.verify_arch([site], [], environ={"GPU_ARCH": "gfx90a;gfx942"})
+    assert {f.rule for f in explicit.findings} >= {"ARCH001"}

@@ -180,18 +180,52 @@ def installed_device_wheel_targets(site_dir: str) -> list[str]:
     return sorted({m.group(1) for name in names if (m := _DEVICE_WHEEL_DIST_INFO.match(name))})
 
 
+# The dist-info dir pip writes for a legacy per-family libraries wheel (build_python_packages.py
+# _run_legacy: rocm-sdk-libraries-gfx94X-dcgpu, rocm-sdk-libraries-gfx1151, ...). A family name
+# ending in X stands for every processor of that prefix (cmake/therock_amdgpu_targets.cmake:
+# gfx94X-dcgpu = gfx942, gfx90X-dcgpu = gfx908 + gfx90a, gfx110X-all = gfx1100..gfx1103).
+_FAMILY_WHEEL_DIST_INFO = re.compile(r"^rocm_sdk_libraries_(gfx[0-9a-z]+(?:_[a-z]+)*)-[^/]*\.dist-info$", re.IGNORECASE)
+
+
+def installed_library_families(site_dir: str) -> list[str]:
+    """Families (``gfx94X-dcgpu``, ``gfx1151``) of the legacy per-family libraries wheels in ``site_dir``."""
+    try:
+        names = os.listdir(site_dir)
+    except OSError:
+        return []
+    return sorted({m.group(1).replace("_", "-") for name in names if (m := _FAMILY_WHEEL_DIST_INFO.match(name))})
+
+
+def _in_family(target: str, family: str) -> bool:
+    family = family.split("-")[0].lower()
+    if family.endswith("x"):
+        return len(target) == len(family) and target.startswith(family[:-1])
+    return target == family
+
+
 def _narrowed_to_device_wheels(
     names: list[str], dist_info_path: str, source: str, origin: dict[str, Any]
 ) -> tuple[list[str], str]:
+    """dist_info.json lists the build's targets; an install holds the device code its user chose:
+    the rocm-sdk-device-<gfx> wheels of a kpack split, or the per-family libraries wheels of the
+    legacy flow. Only the listed targets that some installed wheel is for are judged."""
     # <site>/_rocm_sdk_core*/share/therock/dist_info.json
     site_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(dist_info_path))))
     installed = installed_device_wheel_targets(site_dir)
-    kept = [n for n in names if n.split(":")[0] in installed]
+    if installed:
+        kept = [n for n in names if n.split(":")[0] in installed]
+        if not kept or kept == names:
+            return names, source
+        origin["device_wheels"] = installed
+        wheels = ", ".join(f"rocm-sdk-device-{t}" for t in installed)
+        return kept, f"{source}, narrowed to the installed device wheels ({wheels})"
+    families = installed_library_families(site_dir)
+    kept = [n for n in names if any(_in_family(n.split(":")[0], f) for f in families)]
     if not kept or kept == names:
         return names, source
-    origin["device_wheels"] = installed
-    wheels = ", ".join(f"rocm-sdk-device-{t}" for t in installed)
-    return kept, f"{source}, narrowed to the installed device wheels ({wheels})"
+    origin["library_families"] = families
+    wheels = ", ".join(f"rocm-sdk-libraries-{f}" for f in families)
+    return kept, f"{source}, narrowed to the installed per-family libraries ({wheels})"
 
 
 def _targets_from_dist_info(path: str) -> list[str]:
