@@ -53,7 +53,8 @@ def test_default_targets_of_a_legacy_family_install_are_its_family_s_processors(
     (rocm-sdk-libraries-gfx94X-dcgpu). dist_info.json lists both targets; the install holds code for
     gfx942 only, which is right for a gfx94X machine: check judged gfx90a too and failed it (ARCH001,
     ARCH008) with a device wheel the legacy flow has none of. An explicit target list still judges
-    gfx90a."""
+    gfx90a. With both families co-installed, rocm_sdk loads the tree of the GPU's family: each
+    family's carriers are judged for their family's targets, and a target no family covers for all."""
     install = build_therock_install(tmp_path, legacy_families=("gfx94X-dcgpu",), extras=("devel",), init=True)
     site = str(install.site_packages)
     outcome = verify.verify_arch([site], [], environ={})
@@ -62,3 +63,16 @@ def test_default_targets_of_a_legacy_family_install_are_its_family_s_processors(
     assert outcome.sections["targets_origin"]["value"] == "gfx942"
     explicit = verify.verify_arch([site], [], environ={"GPU_ARCH": "gfx90a;gfx942"})
     assert {f.rule for f in explicit.findings} >= {"ARCH001"}
+    both = build_therock_install(
+        tmp_path / "both", legacy_families=("gfx94X-dcgpu", "gfx90X-dcgpu"), extras=("devel",), init=True
+    )
+    site = str(both.site_packages)
+    outcome = verify.verify_arch([site], [], environ={})
+    assert not outcome.findings, [(f.rule, f.path, f.message) for f in outcome.findings]
+    assert [t["target"] for t in outcome.sections["targets"]] == ["gfx90a", "gfx942"]
+    asked = {c["path"]: [m["target"] for m in c["matches"]] for c in outcome.sections["carriers"]}
+    assert {tuple(v) for k, v in asked.items() if "gfx94X" in k} == {("gfx942",)}
+    assert {tuple(v) for k, v in asked.items() if "gfx90X" in k} == {("gfx90a",)}
+    beyond = verify.verify_arch([site], ["gfx942", "gfx950"], environ={})
+    missing = {f.path for f in beyond.findings if f.rule in ("ARCH001", "ARCH008") and "gfx950" in f.message}
+    assert any("gfx90X" in p for p in missing) and any("gfx94X" in p for p in missing)

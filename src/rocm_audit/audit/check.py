@@ -136,8 +136,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         carriers = archcheck.build_carriers(scans)
         findings.extend(archcheck.scan_findings(scans))
         if required:
-            for carrier in carriers:
-                findings.extend(archcheck.judge(carrier, required))
+            findings.extend(archcheck.judge_all(carriers, required))
             sections["targets"] = [{"target": t.spelled, "agent": str(t.agent)} for t in required]
             sections["targets_source"] = choice.source if choice else ""
             sections["targets_origin"] = choice.origin if choice else {}

@@ -473,6 +473,32 @@ def tu_match(objects: list[CodeObject], agent: TargetId) -> MatchKind | None:
     return best_match(kinds)
 
 
+# A legacy per-family libraries tree (_rocm_sdk_libraries_gfx94X_dcgpu, _rocm_sdk_libraries_gfx1151):
+# rocm_sdk loads the family tree of the GPU it runs on, so a family's carriers serve its family only.
+_FAMILY_TREE = re.compile(r"^_rocm_sdk_libraries_(gfx[0-9]+[xX]?)(?:_|$)")
+
+
+def _tree_family(package: str | None) -> str | None:
+    match = _FAMILY_TREE.match(package or "")
+    return match.group(1) if match else None
+
+
+def judge_all(carriers: list[Carrier], required: list[RequiredTarget]) -> list[Finding]:
+    """Judge every carrier. Co-installed per-family trees: a target that some installed family
+    covers is asked only of that family's carriers; a target no family covers is asked of all of
+    them (nothing would serve it: each carrier says so)."""
+    families = {f for c in carriers if (f := _tree_family(c.package))}
+    covered = {t.spelled for t in required if any(_in_family(t.agent.processor, f) for f in families)}
+    findings: list[Finding] = []
+    for carrier in carriers:
+        family = _tree_family(carrier.package)
+        asked = required
+        if family is not None:
+            asked = [t for t in required if t.spelled not in covered or _in_family(t.agent.processor, family)]
+        findings.extend(judge(carrier, asked))
+    return findings
+
+
 def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
     """Fill ``matches``/``missing``; return ARCH001/ARCH002/ARCH008 findings."""
     findings: list[Finding] = []
@@ -589,8 +615,7 @@ def verify_arch(
     scans = scan_inventory(inventory, selection_for(required))
     carriers = build_carriers(scans)
     findings = list(inventory.findings) + scan_findings(scans)
-    for carrier in carriers:
-        findings.extend(judge(carrier, required))
+    findings.extend(judge_all(carriers, required))
     failing = sum(1 for c in carriers if c.missing)
     outcome = CommandOutcome(
         command="verify-arch",
