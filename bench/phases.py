@@ -15,19 +15,24 @@ import sys
 import time
 
 started = time.perf_counter()
-from rocm_audit import (
-    cli,  # noqa: E402
-    dedup,  # noqa: E402
-)
+from rocm_audit.cli import common as cli  # noqa: E402
+from rocm_audit.dedup import run as dedup  # noqa: E402
 
 imported = time.perf_counter() - started
 spent: dict[str, float] = {}
 
 
-def wrap(module, name: str, label: str | None = None) -> None:
-    original = getattr(module, name, None)
-    if original is None:
+def wrap(name: str, label: str | None = None) -> None:
+    """Time every call of the rocm_audit function called ``name``, in each module that holds it
+    (modules import functions by name, so each namespace gets the wrapper)."""
+    holders = [
+        m
+        for m_name, m in list(sys.modules.items())
+        if m_name.startswith("rocm_audit") and callable(getattr(m, name, None))
+    ]
+    if not holders:
         return
+    original = getattr(holders[0], name)
 
     def timed(*args, **kwargs):
         t = time.perf_counter()
@@ -37,28 +42,48 @@ def wrap(module, name: str, label: str | None = None) -> None:
             key = label or name
             spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
 
-    setattr(module, name, timed)
+    for module in holders:
+        if getattr(module, name) is original:
+            setattr(module, name, timed)
+
+
+def wrap_os(name: str, label: str) -> None:
+    original = getattr(os, name)
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+
+    setattr(os, name, timed)
 
 
 def main() -> None:
     mode, site = sys.argv[1], sys.argv[2]
+    import rocm_audit.dedup.apply  # noqa: F401  - load every module whose functions are timed
+    import rocm_audit.dedup.link  # noqa: F401
+    import rocm_audit.dedup.manifest  # noqa: F401
+    import rocm_audit.dedup.verify  # noqa: F401
+
     for name in (
         "build_inventory",
         "make_plan",
         "partition_identical",
         "_group_from",
-        "_needed_before",
+        "needed_before",
         "_apply_groups",
-        "_look_before",
-        "_link",
-        "_journal",
+        "look_before",
+        "replace_with_link",
+        "journal_changes",
         "same_bytes",
-        "_verify",
+        "verify_applied",
         "check_mode_findings",
     ):
-        wrap(dedup, name)
-    wrap(dedup.os, "replace", "os.replace (rename over the duplicate)")
-    wrap(dedup.os, "symlink", "os.symlink")
+        wrap(name)
+    wrap_os("replace", "os.replace (rename over the duplicate)")
+    wrap_os("symlink", "os.symlink")
     try:
         from rocm_audit.rulebook.policy import load_policy, using_policy
 
