@@ -190,7 +190,9 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
 
     if prune_choice is not None and "prune" not in options.skip:
         # the weight of device code no kept target loads (one info finding), over the facts read above
-        from rocm_audit.audit.pruning import Kept, kept_target, prune_for_check
+        from rocm_audit.audit.pruning import prune_for_check
+        from rocm_audit.prune.plan import Kept
+        from rocm_audit.tree.targets import kept_target
 
         kept = [Kept(t.spelled, kept_target(t.spelled)) for t in prune_choice.targets]
         where = looked[0] if looked else ""

@@ -141,7 +141,7 @@ class PayloadStream:
             self._zstd_error = zstandard.ZstdError
             # stream_reader.read(n) returns at most n bytes: a bomb never inflates past a request.
             self._zstd_reader = _shared_decompressor().stream_reader(
-                _CompressedInput(self),  # type: ignore[arg-type]  # any object with read() works
+                _CompressedInput(self),  # any object with read() works
                 read_size=self.CHUNK,
                 read_across_frames=False,
             )
@@ -205,7 +205,7 @@ class PayloadStream:
         """
         if self._md5 is None or self.position != header.uncompressed_size or self.read(1):
             return None
-        return self._md5.digest()[:8] == header.hash64
+        return bool(self._md5.digest()[:8] == header.hash64)
 
     def close(self) -> None:
         """Release the decompressor: a zstd window (up to 128 MiB with long-distance matching) per

@@ -13,7 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
@@ -690,7 +690,7 @@ class _Chunk:
         return read_at
 
 
-def _embedded_elfs(result: FileCodeObjects, fh: _File, sections: list[Section], tu: int) -> int:
+def _embedded_elfs(result: FileCodeObjects, fh: _File, sections: Sequence[Section], tu: int) -> int:
     """Raw AMDGPU ELFs inside read-only data sections (HSA runtime blit kernels, Mojo kernels)."""
     found = 0
     for section in sections:

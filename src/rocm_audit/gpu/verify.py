@@ -112,7 +112,8 @@ def choose_targets(
 
     settings = policy("verify-arch")
     names = split_target_args(args)
-    source, origin = "command line", {"kind": "command-line"}
+    source = "command line"
+    origin: dict[str, Any] = {"kind": "command-line"}
     if not names and environ.get("GPU_ARCH", "").strip():
         names = split_target_args([environ["GPU_ARCH"]])
         source, origin = environ_label, {"kind": "environment", "variable": "GPU_ARCH"}

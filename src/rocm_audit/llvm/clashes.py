@@ -484,7 +484,10 @@ def _duplicate_clashes(
             preloaded=(ordered[0] in preloaded, ordered[1] in preloaded),
         )
         registrant = first_facts.role is Role.REGISTRANT
-        sdk_tree_of = lambda p: records[p].sdk_tree if p in records else None  # noqa: E731
+
+        def sdk_tree_of(p: str) -> str | None:
+            return records[p].sdk_tree if p in records else None
+
         keeper = fixes.choose_keeper(paths, sdk_tree_of, first_facts.soname, keeper_rule, ownership.is_owned)
         keeper_tree = sdk_tree_of(keeper)
         if same_bytes and keeper_tree is not None:  # `-p _rocm_sdk_devel`: dedup keeps the runtime copy

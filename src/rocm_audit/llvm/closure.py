@@ -85,7 +85,7 @@ class ProcessModel:
         host: HostView | None = None,
     ) -> None:
         self.loader = loader
-        self.host = host or loader.host
+        self.host = host or loader.view
         self._dynamic_of = dynamic_of or _read_dynamic
         self._dynamic_cache: dict[str, elfread.DynamicInfo] = {}
         self._loaded: list[_Mapped] = []
