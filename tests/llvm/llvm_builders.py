@@ -6,7 +6,9 @@ import importlib.util
 import os
 from pathlib import Path
 
+from support.run import run_checked
 from support.toolchain import gcc_compile
+from support.tools import require_tool
 
 
 def place(source: Path, target: Path) -> Path:
@@ -71,3 +73,15 @@ static void add(const char *name) {
 }
 __attribute__((constructor)) static void register_options(void) { _ZN4llvm2cl6Option11addArgumentEv(); }
 """
+
+
+def cxx_shared(output: Path, source: str, *flags: str) -> Path:
+    """Compile C++ source into a shared library with g++ (gcc's C++ driver, tests/apt-packages.txt)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    source_path = output.with_name(output.name + ".cpp")
+    source_path.write_text(source)
+    run_checked(
+        [require_tool("g++"), "-shared", "-fPIC", "-O1", "-std=c++17", "-o", output, source_path, *flags], timeout=180
+    )
+    source_path.unlink()
+    return output

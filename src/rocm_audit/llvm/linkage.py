@@ -68,7 +68,7 @@ WATCHED_PREFIXES = (
 
 SHT_RELA, SHT_DYNSYM, SHT_INIT_ARRAY = 4, 11, 14
 SHT_GNU_VERDEF, SHT_GNU_VERNEED, SHT_GNU_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
-STB_LOCAL, STB_WEAK = 0, 2
+STB_LOCAL, STB_WEAK, STB_GNU_UNIQUE = 0, 2, 10
 STT_OBJECT, STT_FUNC, STT_TLS = 1, 2, 6
 STV_DEFAULT, STV_PROTECTED = 0, 3
 VERSYM_HIDDEN = 0x8000
@@ -111,7 +111,11 @@ class Linkage:
     registers_at_load: bool | None  # None: undecided (not x86-64, or the walk ran out of budget)
     registration_path: str  # how the decision was reached, for the report
     defines_registry: bool = field(default=False)  # defines addArgument: CommandLine.cpp is in it
-    strong_data: frozenset[str] = field(default=frozenset())  # exported data, GLOBAL or UNIQUE (not WEAK)
+    # Exported data another copy's relocations can take over harmfully: GLOBAL only. WEAK and
+    # STB_GNU_UNIQUE objects are vague linkage (inline variables, template static members, local
+    # statics of inline functions, with their guard variables): the loader keeps one per name on
+    # purpose (dl-lookup.c's do_lookup_unique) and the guard runs one initialiser.
+    strong_data: frozenset[str] = field(default=frozenset())
     registration_imports: tuple[str, ...] = ()  # addArgument, or opt<T>::done() imported: where options go
     own_copies: frozenset[str] = field(default=frozenset())  # bound symbols it also defines
 
@@ -231,7 +235,7 @@ class _Symbol:
     is_function: bool
     version: str | None
     is_data: bool = False
-    weak: bool = False
+    vague: bool = False  # WEAK or STB_GNU_UNIQUE: one copy per process is what the compiler meant
 
 
 def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | None, dict[int, int]]:
@@ -273,7 +277,9 @@ def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | Non
             (raw,) = struct.unpack_from(endian + "H", versym, index * 2)
             version = version_names.get(raw & ~VERSYM_HIDDEN) if (raw & ~VERSYM_HIDDEN) > 1 else None
         is_data = st_info & 0xF in (STT_OBJECT, STT_TLS)
-        symbols[index] = _Symbol(name, st_value, defined, exported, is_function, version, is_data, bind == STB_WEAK)
+        symbols[index] = _Symbol(
+            name, st_value, defined, exported, is_function, version, is_data, bind in (STB_WEAK, STB_GNU_UNIQUE)
+        )
     return symbols, dynsym, function_starts
 
 
@@ -474,7 +480,7 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         if known is None or KIND_RANK[kind] > KIND_RANK[known.kind]:
             binds[symbol.name] = Bind(kind, symbol.version, symbol.defined)
     exports = {s.name: s.version for s in symbols.values() if s.name and s.exported}
-    strong_data = frozenset(s.name for s in symbols.values() if s.name and s.exported and s.is_data and not s.weak)
+    strong_data = frozenset(s.name for s in symbols.values() if s.name and s.exported and s.is_data and not s.vague)
     has_initialisers = any(s.sh_type == SHT_INIT_ARRAY and s.size > 0 for s in reader.sections)
     add_argument = next((i for i, s in symbols.items() if s.name == ADD_ARGUMENT), None)
     defines_registry = add_argument is not None and symbols[add_argument].defined

@@ -18,11 +18,12 @@ Three things go wrong, and the first one that happens decides the verdict:
   CommandLine.cpp (every LLVM registers its core options).
 - **crash**: a newly mapped object's relocation against shared state it defines itself (LLVM's
   registries ``MachineSchedRegistry`` and ``Registry<T>::Head``, clang's or MLIR's data) binds to
-  the strong (GLOBAL or UNIQUE) definition of a library loaded earlier, outside its own closure: a
-  double free at exit or a crash in a static initialiser; or a registry entry point it imports
-  binds to another whole LLVM instead of the one its own closure provides. Weak definitions
-  (vague-linkage template data, vtables) and llvm::'s plain data (pass IDs, flags) are shared
-  harmlessly: measured, never a crash.
+  the GLOBAL definition of a library loaded earlier, outside its own closure: a double free at
+  exit or a crash in a static initialiser; or a registry entry point it imports binds to another
+  whole LLVM instead of the one its own closure provides. WEAK and STB_GNU_UNIQUE definitions
+  (vague linkage: template data, inline variables, local statics of inline functions, each with
+  its guard; vtables) and llvm::'s plain data (pass IDs, flags) are shared harmlessly: measured,
+  never a crash (tests/llvm/test_llvm_unique.py).
 - **clean**: none of that.
 
 Hangs (an endless loop in an interposed data structure, formats.md 6) are seen only by a probe.
