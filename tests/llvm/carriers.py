@@ -1,15 +1,27 @@
 """Real LLVM carriers from PyPI wheels and Debian packages, pinned by sha256, and a tree of them.
 
-Eleven packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
+Fifteen packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
 14/15/16/19 (versioned exporters, -Bsymbolic-functions) and libclang-cpp 15/19 (registrants through
 JUMP_SLOT, DT_NEEDED on the system libLLVM), rocm-llvm-python's DT_SYMBOLIC librocmllvm.so, two
 llvmlite versions (hidden copies), triton's libtriton (hidden) and its LLVM pass plugin
 libPrintLoadStoreMemSpaces.so (an unversioned exporter that is not -Bsymbolic-functions: its
 addArgument goes through its own PLT), and triton 3.6.0's builds of the same three libraries (a
-second version of one library under one SONAME). Downloads go to ROCM_AUDIT_TEST_CACHE (default
+second version of one library under one SONAME); rocm-bindings-compiler's libLLVM.so (DT_SYMBOLIC,
+unversioned, SONAME libLLVM.so, DT_NEEDED on TheRock's librocm_sysdeps_z/zstd, whose symbols it
+requires under AMDROCM_SYSDEPS_1.0), flydsl's embedded MLIR (libFlyPythonCAPI under its own
+FLYDSL_0.1 node and two dialect modules that share STB_GNU_UNIQUE mlir:: objects), the PyPI
+libclang wheel's libclang.so and iree-base-compiler's libIREECompiler.so (hidden copies with a
+C API under a version node). Downloads go to ROCM_AUDIT_TEST_CACHE (default
 ~/.cache/rocm-audit-tests) with the ordinary clients (pip download, apt-get download) and are
 checked against the pins before anything is unpacked; a missing or mismatching file fails the test
 (a broken set-up), it never skips.
+
+TheRock's sysdeps libraries come from _rocm_sdk_core, which is not on PyPI: stand-ins are built
+here (``sysdeps``) the way TheRock's third-party/sysdeps does it, Debian's libz.a and libzstd.a
+linked whole into a shared library with TheRock's SONAME and a version script that puts every
+exported symbol under AMDROCM_SYSDEPS_1.0, and laid out where TheRock installs them
+(_rocm_sdk_core/lib/rocm_sysdeps/lib), so rocm-audit finds them as the host a real process loads
+first.
 
 ``build_tree`` lays the libraries out as an audited tree, with deliberate duplicates: second
 inodes holding the same bytes (a copy instead of a symlink), as `cp -r` or a wheel's copied alias
@@ -36,6 +48,8 @@ class Carrier:
     filename: str
     sha256: str
     members: tuple[str, ...]  # files to take, inside the unpacked package
+    support: tuple[str, ...] = ()  # files the members need to load, placed but not paired
+    standins: tuple[str, ...] = ()  # stand-in libraries (SYSDEPS) a real install provides
 
 
 CARRIERS = (
@@ -135,10 +149,52 @@ CARRIERS = (
             "triton/instrumentation/libGPUInstrumentationTestLib.so",
         ),
     ),
+    Carrier(
+        "rbllvm",
+        "wheel",
+        "rocm-bindings-compiler==10.0.0.0.1.2",
+        "rocm_bindings_compiler-10.0.0.0.1.2-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "f5cdc392fd65602a94ed2ae896280f39068769a47b122a5de00e5900a096a7a8",
+        ("rocm/bindings/llvm/libLLVM.so",),
+        standins=("librocm_sysdeps_z.so.1", "librocm_sysdeps_zstd.so.1"),
+    ),
+    Carrier(
+        "flydsl",
+        "wheel",
+        "flydsl==0.4.2",
+        "flydsl-0.4.2-cp311-cp311-manylinux_2_27_x86_64.whl",
+        "a035a9518cb44652b118b31874e809644d87bf1e677dec87b844e79960464c99",
+        (
+            "flydsl/_mlir/_mlir_libs/libFlyPythonCAPI.so.24.0git",
+            "flydsl/_mlir/_mlir_libs/_mlirDialectsFly.cpython-311-x86_64-linux-gnu.so",
+            "flydsl/_mlir/_mlir_libs/_mlirDialectsFlyROCDL.cpython-311-x86_64-linux-gnu.so",
+        ),
+        support=(
+            "flydsl/_mlir/_mlir_libs/libMLIRPythonSupport-mlir.so",
+            "flydsl/_mlir/_mlir_libs/libnanobind-mlir.so",
+            "flydsl.libs/libzstd-76b78bac.so.1.4.4",
+        ),
+    ),
+    Carrier(
+        "libclang18",
+        "wheel",
+        "libclang==18.1.1",
+        "libclang-18.1.1-py2.py3-none-manylinux2010_x86_64.whl",
+        "c533091d8a3bbf7460a00cb6c1a71da93bffe148f172c7d03b1c31fbf8aa2a0b",
+        ("libclang-18.1.1.data/platlib/clang/native/libclang.so",),
+    ),
+    Carrier(
+        "iree",
+        "wheel",
+        "iree-base-compiler==3.13.0",
+        "iree_base_compiler-3.13.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "6e1f83dc404f5dcdd76354a869cbbb389bd3f93b4623096de3195799ceb323a7",
+        ("iree/compiler/_mlir_libs/libIREECompiler.so",),
+    ),
 )
 
 # Deliberate duplicates: a second inode with the same bytes, next to the first in another folder.
-DUPLICATES = ("llvm15", "llvm19", "clang15", "rocmllvm", "triton/libPrintLoadStoreMemSpaces.so")
+DUPLICATES = ("llvm15", "llvm19", "clang15", "rocmllvm", "triton/libPrintLoadStoreMemSpaces.so", "rbllvm")
 
 
 def cache_dir() -> Path:
@@ -160,7 +216,12 @@ def _download(carrier: Carrier, into: Path) -> None:
     if carrier.kind == "wheel":
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q"]
         command += ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
-        for platform in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64"):
+        for platform in (
+            "manylinux_2_28_x86_64",
+            "manylinux_2_27_x86_64",
+            "manylinux_2_17_x86_64",
+            "manylinux2010_x86_64",
+        ):
             command += ["--platform", platform]
         subprocess.run([*command, "-d", str(into), carrier.spec], check=True, timeout=1800)
         return
@@ -192,16 +253,63 @@ def unpacked(carrier: Carrier) -> Path:
     scratch.mkdir(parents=True)
     if carrier.kind == "wheel":
         with zipfile.ZipFile(package) as archive:
-            for member in carrier.members:
+            for member in (*carrier.members, *carrier.support):
                 archive.extract(member, scratch)
     else:
         subprocess.run(["dpkg-deb", "-x", str(package), str(scratch)], check=True, timeout=600)
-    for member in carrier.members:
+    for member in (*carrier.members, *carrier.support):
         assert (scratch / member).is_file(), f"{carrier.name}: {member} is not in {carrier.filename}"
     shutil.rmtree(root, ignore_errors=True)
     scratch.rename(root)
     done.touch()
     return root
+
+
+# TheRock's sysdeps (third-party/sysdeps/common/{zlib,zstd}): the upstream library built shared,
+# its SONAME made private by patchelf and every exported symbol put under one version node by a
+# version script. Here: the same symbols from Debian's static archives (zlib1g-dev, libzstd-dev).
+SYSDEPS_DIR = Path("_rocm_sdk_core/lib/rocm_sysdeps/lib")  # where TheRock's wheels install them
+SYSDEPS_NODE = "AMDROCM_SYSDEPS_1.0"
+SYSDEPS = {
+    "librocm_sysdeps_z.so.1": Path("/usr/lib/x86_64-linux-gnu/libz.a"),
+    "librocm_sysdeps_zstd.so.1": Path("/usr/lib/x86_64-linux-gnu/libzstd.a"),
+}
+
+
+def sysdeps(soname: str) -> Path:
+    """A stand-in for one of TheRock's sysdeps libraries, built once into the cache with gcc."""
+    archive = SYSDEPS[soname]
+    assert archive.is_file(), f"{archive} missing: install zlib1g-dev and libzstd-dev (tests/apt-packages.txt)"
+    key = hashlib.sha256(archive.read_bytes() + SYSDEPS_NODE.encode()).hexdigest()[:16]
+    output = cache_dir() / "sysdeps" / key / soname
+    if output.exists():
+        return output
+    scratch = output.parent / (soname + ".objects")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    subprocess.run(["ar", "x", str(archive)], cwd=scratch, check=True, timeout=300)
+    objects = sorted(p for p in scratch.iterdir() if p.suffix == ".o")
+    # Debian builds these archives -fPIE: -Bsymbolic lets ld bind their PC-relative references
+    # to the library's own symbols. An object that reads libc's data directly (zstd's dictionary
+    # trainer prints to stderr, a copy relocation in an executable) cannot go into a shared
+    # object at all; it is left out (ZDICT_*, which no LLVM imports).
+    keep = []
+    for obj in objects:
+        undefined = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout
+        if not any(line.split()[-1].split("@")[0] in ("stderr", "stdout") for line in undefined.splitlines()):
+            keep.append(str(obj))
+    script = scratch / "version.lds"
+    script.write_text(f"{SYSDEPS_NODE} {{ global: *; }};\n")
+    partial = output.with_suffix(".partial")
+    subprocess.run(
+        ["gcc", "-shared", "-o", str(partial), f"-Wl,-soname,{soname}", "-Wl,-Bsymbolic"]
+        + [f"-Wl,--version-script={script}", *keep],
+        check=True,
+        timeout=300,
+    )
+    partial.rename(output)
+    shutil.rmtree(scratch)
+    return output
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -225,13 +333,22 @@ def build_tree(root: Path, names: tuple[str, ...] | None = None) -> CarrierTree:
         if names is not None and not any(n == carrier.name or n.startswith(carrier.name + "/") for n in names):
             continue
         source_root = unpacked(carrier)
-        for member in carrier.members:
-            key = carrier.name if len(carrier.members) == 1 else f"{carrier.name}/{Path(member).name}"
-            if names is not None and key not in names and carrier.name not in names:
-                continue
+        for member in carrier.support:
             target = root / carrier.name / member
             target.parent.mkdir(parents=True, exist_ok=True)
             _link_or_copy(source_root / member, target)
+        for soname in carrier.standins:
+            target = root / SYSDEPS_DIR / soname
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _link_or_copy(sysdeps(soname), target)
+        for member in carrier.members:
+            key = carrier.name if len(carrier.members) == 1 else f"{carrier.name}/{Path(member).name}"
+            target = root / carrier.name / member
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(source_root / member, target)  # an unnamed member may be a named one's dependency
+            if names is not None and key not in names and carrier.name not in names:
+                continue
             libraries[key] = target
             if key in DUPLICATES:
                 copy = root / f"{carrier.name}-copy" / member

@@ -1,18 +1,19 @@
 """rocm-audit's LLVM verdicts against real loads of real LLVM carriers (issue 16).
 
-The carriers (tests/llvm/carriers.py) are eleven pinned PyPI wheels and Debian packages; the tree holds
-deliberate duplicates (second inodes with the same bytes) and two versions of llvmlite, libLLVM,
-libclang-cpp and triton. For each ordered pair and each mode (global-global, global-local, local-local)
+The carriers (tests/llvm/carriers.py) are fifteen pinned PyPI wheels and Debian packages (with
+gcc-built stand-ins for TheRock's sysdeps libraries that rocm-bindings-compiler's libLLVM needs);
+the tree holds deliberate duplicates (second inodes with the same bytes) and two versions of
+llvmlite, libLLVM, libclang-cpp and triton. For each ordered pair and each mode (global-global, global-local, local-local)
 the truth is a real load in a child process (tests/llvm/realload.py, two at a time, bounded time),
-with what a real process loads first (the plugin's host). Asserted:
+with what a real process loads first (the plugin's host, the sysdeps libraries). Asserted:
 
 - no false error: every pair rocm-audit reports as an error fails in some real order and mode;
 - nothing missed: every pair that fails in some real order is reported as an error;
 - each static verdict per ordered pair and mode agrees with the real load (bad or clean);
 - probe verdicts agree with real loads in at least 97% of the loads, inconclusive counted against.
 
-The default run covers one pair per mechanism (about 80 loads); the whole sweep (every pair of
-the 20 libraries, 1140 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
+The default run covers one pair per mechanism (about 90 loads); the whole sweep (every pair of
+the 27 libraries, 2106 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
 ``ROCM_AUDIT_TEST_CACHE/llvm-carriers/differential.json`` (README "LLVM option clashes").
 """
 
@@ -36,6 +37,9 @@ from rocm_audit.tree.inventory import build_inventory
 
 BAD = {"abort", "crash", "hang"}
 
+FLY = "flydsl/_mlirDialectsFly.cpython-311-x86_64-linux-gnu.so"
+FLY_ROCDL = "flydsl/_mlirDialectsFlyROCDL.cpython-311-x86_64-linux-gnu.so"
+
 # One pair per mechanism (carriers.py names; "-copy": a second inode with the same bytes).
 MECHANISMS = {
     ("llvm15", "llvm15-copy"): "two copies of a libLLVM: TopLevelSubCommand through GLOB_DAT, abort first-global",
@@ -50,6 +54,9 @@ MECHANISMS = {
     ("triton/libPrintLoadStoreMemSpaces.so", "triton/libPrintLoadStoreMemSpaces.so-copy"): "plugin copies: abort",
     ("llvm14", "llvm16"): "distinct version nodes: clean",
     ("llvmlite044", "llvmlite050"): "two versions of a hidden copy: clean",
+    ("rbllvm", "rbllvm-copy"): "DT_SYMBOLIC unversioned copies, each after its sysdeps host (a version node): clean",
+    (FLY, FLY_ROCDL): "two modules of one build share STB_GNU_UNIQUE mlir:: objects: clean everywhere",
+    ("rbllvm", "clang19"): "libclang-cpp 19's registration bound to an unversioned DT_SYMBOLIC libLLVM: crash",
 }
 
 
@@ -81,6 +88,15 @@ def _root(path: Path):
 
     roots, _ = resolve_roots([str(path)])
     return roots[0]
+
+
+def _with_hosts(judge, sequence):
+    """The sequence with each library's hosts loaded RTLD_GLOBAL before it (once)."""
+    found: list[tuple[str, bool]] = []
+    for path, rtld_global in sequence:
+        found += [(host, True) for host in judge.hosts(path) if all(host != p for p, _ in found)]
+        found.append((path, rtld_global))
+    return found
 
 
 def _error_pairs(analysis) -> set[frozenset[str]]:
@@ -205,10 +221,12 @@ def test_every_suggested_fix_works_when_applied(subset_tree, subset_analysis, tm
                 for old, new in mapping.items():
                     command = command.replace(old, new)
                 subprocess.run(command, shell=True, check=True)
-        a, b = (mapping[p] for p in clash.paths[:2])
+        a, b = clash.paths[:2]
         for first, second in ((a, b), (b, a)):
             for mode, (g1, g2) in PAIR_MODES.items():
-                result = load([(first, g1), (second, g2)])
+                # Each library after its hosts (found by SONAME in the tree), as a real process loads it.
+                sequence = _with_hosts(analysis.judge, [(first, g1), (second, g2)])
+                result = load([(mapping.get(p, p), g) for p, g in sequence])
                 assert result.verdict == "clean", (clash.fix, mode, result)
         fixed += 1
         shutil.rmtree(scenario)
@@ -219,6 +237,7 @@ def test_every_suggested_fix_works_when_applied(subset_tree, subset_analysis, tm
             local = clash.fix.split("Never load ", 1)[1].split(" RTLD_GLOBAL", 1)[0]
             other = next(p for p in clash.paths if p != local)
             for sequence in ([(local, False), (other, True)], [(other, True), (local, False)]):
+                sequence = _with_hosts(analysis.judge, sequence)
                 assert load(sequence).verdict == "clean", (clash.fix, sequence)
             cautions += 1
     assert fixed >= 2
