@@ -1,11 +1,12 @@
 """rocm-audit's LLVM verdicts against real loads of real LLVM carriers (issue 16).
 
 The carriers (tests/llvm/carriers.py) are fifteen pinned PyPI wheels and Debian packages (with
-gcc-built stand-ins for TheRock's sysdeps libraries that rocm-bindings-compiler's libLLVM needs);
-the tree holds deliberate duplicates (second inodes with the same bytes) and two versions of
-llvmlite, libLLVM, libclang-cpp and triton. For each ordered pair and each mode (global-global,
-global-local, local-local) the truth is a real load in a child process (tests/llvm/realload.py, two at a time, bounded time),
-with what a real process loads first (the plugin's host, the sysdeps libraries). Asserted:
+gcc-built stand-ins for TheRock's sysdeps libraries that rocm-bindings-compiler's libLLVM needs); the
+tree holds deliberate duplicates (second inodes with the same bytes) and two versions of llvmlite,
+libLLVM, libclang-cpp and triton. For each ordered pair and each mode (global-global, global-local,
+local-local) the truth is a real load in a child process (tests/llvm/realload.py, two at a time,
+bounded time), with what a real process loads first (the plugin's host, the sysdeps libraries).
+Asserted:
 
 - no false error: every pair rocm-audit reports as an error fails in some real order and mode;
 - nothing missed: every pair that fails in some real order is reported as an error;
