@@ -16,7 +16,7 @@ import pytest
 
 from support.run import run_checked
 from support.tools import require_tool
-from support.vendor import jax_plugin_wheel
+from support.vendor import bitsandbytes_wheel, jax_plugin_wheel
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -249,6 +249,22 @@ def jax_plugin(cache_dir) -> Path:
             members = [m for m in archive.namelist() if m.startswith("jax_rocm7_plugin/") and m.endswith(".so")]
             archive.extractall(target, members)
     return target / "jax_rocm7_plugin"
+
+
+# The ROCm 6.4 and 7.0 builds (CCOB v2), one 7.1+ build (v3) and one SYCL library.
+BNB_LIBRARIES = ("rocm64", "rocm70", "rocm714", "xpu2026")
+
+
+@pytest.fixture(scope="session")
+def bitsandbytes_libs(cache_dir) -> Path:
+    """Four libraries of the real bitsandbytes 0.50.2 wheel, unpacked once."""
+    wheel = bitsandbytes_wheel(cache_dir)
+    target = Path(cache_dir) / "bitsandbytes-0.50.2"
+    members = [f"bitsandbytes/libbitsandbytes_{name}.so" for name in BNB_LIBRARIES]
+    if not all((target / m).exists() for m in members):
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(target, members)
+    return target / "bitsandbytes"
 
 
 @pytest.fixture()

@@ -219,3 +219,44 @@ def test_identity_disagreements_are_arch003(built, tools, tmp_path):
     assert [(f.rule, f.data["metadata_target"], f.data["e_flags_target"]) for f in result.findings] == [
         ("ARCH003", "gfx950", "gfx942")
     ]
+
+
+BNB_V2_TARGETS = ["gfx1030", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"]
+BNB_V2_TARGETS += ["gfx1200", "gfx1201", "gfx908", "gfx90a", "gfx942"]
+
+
+@pytest.mark.parametrize(
+    ("name", "container", "extra"),
+    [
+        ("rocm64", "ccob-v2-zstd", []),
+        ("rocm70", "ccob-v2-zstd", ["gfx950"]),
+        (
+            "rocm714",
+            "ccob-v3-zstd",
+            ["gfx950", "gfx1250"] + [f"gfx101{n}" for n in "012"] + [f"gfx103{n}" for n in "123456"],
+        ),
+    ],
+)
+def test_vendor_wheel_bitsandbytes(bitsandbytes_libs, tools, tmp_path, name, container, extra):
+    """Two compressed bundles per library, CCOB v2 or v3; each TU's ids equal the bundler's list of a
+    test-side inflation, and every target comes from e_flags (code object v6)."""
+    path = bitsandbytes_libs / f"libbitsandbytes_{name}.so"
+    result = scan_path(path)
+    assert not result.findings
+    assert result.containers == ["hip-fatbin", container]
+    assert result.tu_count == result.wrappers == 2 and [kind for *_, kind in result.bundles] == ["ccob", "ccob"]
+    data = path.read_bytes()
+    for tu, (offset, size, _kind) in enumerate(result.bundles):
+        inflated = inflate_ccob_test_side(data[offset : offset + size])
+        assert our_ids(result, tu) == bundler_list(tools, inflated, tmp_path, f"{name}.{tu}")
+        device = [o for o in result.code_objects if o.tu == tu and o.kind != "host"]
+        assert sorted(o.target for o in device) == sorted(BNB_V2_TARGETS + extra)
+        assert {o.code_object_version for o in device} == {6} and {o.target_source for o in device} == {"e_flags"}
+
+
+def test_a_sycl_library_holds_no_amd_code_object(bitsandbytes_libs):
+    """Intel's SYCL offload wrapper names a section __CLANG_OFFLOAD_BUNDLE__: not a HIP carrier."""
+    path = bitsandbytes_libs / "libbitsandbytes_xpu2026.so"
+    assert b"__CLANG_OFFLOAD_BUNDLE__" in path.read_bytes()
+    result = scan_path(path)
+    assert result.code_objects == [] and result.findings == [] and result.tu_count == 0

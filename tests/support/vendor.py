@@ -12,14 +12,20 @@ JAX_PLUGIN = "jax-rocm7-plugin==0.12.0"
 JAX_WHEEL = "jax_rocm7_plugin-0.12.0-cp312-cp312-manylinux_2_27_x86_64.whl"
 JAX_WHEEL_SHA256 = "56ea9cb8b20b2155307da1c7f81941d6811954d8ce3431ffe8d56aa251b725de"
 
+# bitsandbytes ships one library per ROCm release in one py3-none wheel: CCOB v2 + zstd (ROCm 6.4 and
+# 7.0 builds) beside CCOB v3 + zstd (7.1 and later), two compressed bundles (TUs) each, and Intel
+# SYCL libraries whose section is named __CLANG_OFFLOAD_BUNDLE__ (no AMD code in them).
+BNB = "bitsandbytes==0.50.2"
+BNB_WHEEL = "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"
+BNB_WHEEL_SHA256 = "55348a9a4a21bfd99cf8c7b32fe67b4030ae5c2a05738e03c1747f65fa6ec283"
 
-def jax_plugin_wheel(cache_dir: str) -> Path:
-    """jax-rocm7-plugin 0.12.0 (CCOB v3 zstd fat binaries, 27 GPU targets), checked against its pin."""
-    wheel = Path(cache_dir) / JAX_WHEEL
+
+def _pinned_wheel(cache_dir: str, spec: str, name: str, sha256: str, options: list[str]) -> Path:
+    wheel = Path(cache_dir) / name
     if not wheel.exists():
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]
-            + ["--platform", "manylinux_2_27_x86_64", JAX_PLUGIN, "-d", cache_dir],
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *options, spec]
+            + ["-d", cache_dir],
             capture_output=True,
             text=True,
             timeout=600,
@@ -27,8 +33,19 @@ def jax_plugin_wheel(cache_dir: str) -> Path:
         )
         assert done.returncode == 0, f"pip download failed:\n{done.stderr}"
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    assert digest == JAX_WHEEL_SHA256, f"{wheel} has sha256 {digest}, expected the pinned {JAX_WHEEL_SHA256}"
+    assert digest == sha256, f"{wheel} has sha256 {digest}, expected the pinned {sha256}"
     return wheel
+
+
+def jax_plugin_wheel(cache_dir: str) -> Path:
+    """jax-rocm7-plugin 0.12.0 (CCOB v3 zstd fat binaries, 27 GPU targets), checked against its pin."""
+    options = ["--python-version", "3.12", "--platform", "manylinux_2_27_x86_64"]
+    return _pinned_wheel(cache_dir, JAX_PLUGIN, JAX_WHEEL, JAX_WHEEL_SHA256, options)
+
+
+def bitsandbytes_wheel(cache_dir: str) -> Path:
+    """bitsandbytes 0.50.2 (CCOB v2 and v3 zstd libraries, SYCL bundles), checked against its pin."""
+    return _pinned_wheel(cache_dir, BNB, BNB_WHEEL, BNB_WHEEL_SHA256, ["--platform", "manylinux_2_24_x86_64"])
 
 
 def install_members(wheel: Path, site: Path, suffix: str = ".so") -> list[Path]:
