@@ -302,3 +302,34 @@ def test_help_documents_targets_and_exit_codes(run_cli):
 def test_missing_paths_are_usage_errors(run_cli, tmp_path):
     result = run_cli("verify-arch", "gfx950", "-p", str(tmp_path / "nope"), expect=2)
     assert "path does not exist" in result.output
+
+
+def test_code_objects_below_a_folder_named_for_their_arch_are_one_per_arch_set(run_cli, tmp_path, built):
+    """aiter's layout (hsa/<arch>/<group>/<kernel>.co, opened for the device's arch): each kernel's
+    files are one unit, judged as a set; a kernel built for one arch only is what lacks a target."""
+    hsa = tmp_path / "aiter_meta" / "hsa"
+    for arch, source in (("gfx942", "k_gfx942.hsaco"), ("gfx950", "ll_gfx950.hsaco")):
+        (hsa / arch / "fmoe").mkdir(parents=True)
+        copy(built[source], hsa / arch / "fmoe" / "fmoe_b16.co")
+    copy(built["ll_gfx950.hsaco"], hsa / "gfx950" / "f4gemm.co")  # an FP4 kernel: gfx950 only
+    copy(built["k_gfx942.hsaco"], hsa / "gfx950" / "mislaid.co")  # holds gfx942 code: judged as is
+    (tmp_path / "lib" / "gfx942").mkdir(parents=True)
+    copy(built["libcov5.so"], tmp_path / "lib" / "gfx942" / "libk.so")  # a library is loaded as is
+    result = run_cli("verify-arch", "gfx942", "gfx950", "-p", str(tmp_path), "--format", "json", expect=1)
+    carriers = {os.path.relpath(c["path"], tmp_path): c for c in result.report["carriers"]}
+    assert {path: (c["kind"], c["missing"]) for path, c in carriers.items()} == {
+        "aiter_meta/hsa/gfx*/fmoe/fmoe_b16.co": ("per-arch-files", []),
+        "aiter_meta/hsa/gfx*/f4gemm.co": ("per-arch-files", ["gfx942"]),
+        "aiter_meta/hsa/gfx950/mislaid.co": ("code-object-file", ["gfx950"]),
+        "lib/gfx942/libk.so": ("library", ["gfx950"]),
+    }
+    assert sorted(os.path.relpath(m, hsa) for m in carriers["aiter_meta/hsa/gfx*/fmoe/fmoe_b16.co"]["members"]) == [
+        "gfx942/fmoe/fmoe_b16.co",
+        "gfx950/fmoe/fmoe_b16.co",
+    ]
+    rules = sorted((f["rule"], os.path.relpath(f["path"], tmp_path)) for f in result.report["findings"])
+    assert rules == [
+        ("ARCH001", "aiter_meta/hsa/gfx950/mislaid.co"),
+        ("ARCH001", "lib/gfx942/libk.so"),
+        ("ARCH008", "aiter_meta/hsa/gfx*/f4gemm.co"),
+    ]

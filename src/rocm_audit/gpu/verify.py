@@ -402,10 +402,9 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
         for obj in _device_objects(scanned):
             if obj.tu is not None and obj.tu < len(tus):
                 tus[obj.tu].append(obj)
-        name = os.path.basename(scanned.path)
-        if _is_per_arch_file(name, [obj for tu in tus for obj in tu]):
-            # libMIOpenCK<x>_gfx942.so, Kernels_gfx950.hsaco: one file per arch; judge the set.
-            pattern = os.path.join(os.path.dirname(scanned.path), re.sub(r"gfx[0-9a-z]+(?:-[0-9a-z]+)*", "gfx*", name))
+        in_host = any(c in scanned.containers for c in ("hip-fatbin", "kpack", "embedded-elf"))
+        pattern = _per_arch_pattern(scanned.path, [obj for tu in tus for obj in tu], in_host)
+        if pattern is not None:
             carrier = groups.get(pattern)
             if carrier is None:
                 carrier = Carrier(pattern, _package(scanned.sdk_tree), "per-arch-files", [], [[]])
@@ -417,10 +416,39 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
                 if container not in carrier.containers:
                     carrier.containers.append(container)
             continue
-        in_host = any(c in scanned.containers for c in ("hip-fatbin", "kpack", "embedded-elf"))
         kind = "library" if in_host else "code-object-file"
         carriers.append(Carrier(scanned.path, _package(scanned.sdk_tree), kind, list(scanned.containers), tus))
     return sorted(carriers, key=lambda c: c.path)
+
+
+def _per_arch_pattern(path: str, objects: list[CodeObject], in_host: bool) -> str | None:
+    """The path of the per-arch set a file belongs to, ``gfx*`` where its arch is; None for none.
+
+    libMIOpenCK<x>_gfx942.so, Kernels_gfx950.hsaco: one file per arch, named for it. A standalone
+    code-object file may instead sit below a directory named for its arch
+    (``aiter_meta/hsa/gfx942/fmoe/x.co`` beside ``hsa/gfx950/fmoe/x.co``): a loader that builds the
+    path from the device's arch opens only its own, so the set is the unit. Host libraries are left
+    out of the directory rule: a library under a folder named for an arch is still loaded as is.
+    """
+    directory, name = os.path.split(path)
+    if _is_per_arch_file(name, objects):
+        return os.path.join(directory, re.sub(r"gfx[0-9a-z]+(?:-[0-9a-z]+)*", "gfx*", name))
+    if in_host or arch_tokens(name):
+        return None
+    parts = directory.split(os.sep)
+    # a component that is an arch name and nothing else (gfx942, gfx90a-xnack+), not amd-gfx942
+    arch_dirs = [i for i, part in enumerate(parts) if arch_tokens(part) == [_canonical_arch_dir(part)]]
+    if len(arch_dirs) != 1:
+        return None
+    processor = _canonical_arch_dir(parts[arch_dirs[0]]).split(":")[0]
+    if not objects or any(obj.target is None or obj.target.split(":")[0] != processor for obj in objects):
+        return None
+    parts[arch_dirs[0]] = "gfx*"
+    return os.path.join(os.sep.join(parts), name)
+
+
+def _canonical_arch_dir(part: str) -> str:
+    return re.sub(r"[-_](xnack|sramecc)", r":\1", part)
 
 
 def _is_per_arch_file(name: str, objects: list[CodeObject]) -> bool:
