@@ -1,6 +1,6 @@
 """Real LLVM carriers from PyPI wheels and Debian packages, pinned by sha256, and a tree of them.
 
-Fifteen packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
+Eighteen packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
 14/15/16/19 (versioned exporters, -Bsymbolic-functions) and libclang-cpp 15/19 (registrants through
 JUMP_SLOT, DT_NEEDED on the system libLLVM), rocm-llvm-python's DT_SYMBOLIC librocmllvm.so, two
 llvmlite versions (hidden copies), triton's libtriton (hidden) and its LLVM pass plugin
@@ -8,8 +8,12 @@ libPrintLoadStoreMemSpaces.so (an unversioned exporter that is not -Bsymbolic-fu
 addArgument goes through its own PLT), and triton 3.6.0's builds of the same three libraries (a
 second version of one library under one SONAME); rocm-bindings-compiler's libLLVM.so (DT_SYMBOLIC,
 unversioned, SONAME libLLVM.so, DT_NEEDED on TheRock's librocm_sysdeps_z/zstd, whose symbols it
-requires under AMDROCM_SYSDEPS_1.0), flydsl's embedded MLIR (libFlyPythonCAPI under its own
-FLYDSL_0.1 node and two dialect modules that share STB_GNU_UNIQUE mlir:: objects), the PyPI
+requires under AMDROCM_SYSDEPS_1.0), flydsl 0.4.2's embedded MLIR (libFlyPythonCAPI under its own
+FLYDSL_0.1 node and two dialect modules that share STB_GNU_UNIQUE mlir:: objects) and 0.5.0's
+(the same SONAME and node: constant-initialised TypeIDs shared; its ROCDL module is left out: after
+0.4.2's CAPI its DT_NEEDED reuses that CAPI by SONAME and dlopen fails on an undefined symbol, a
+load error, not an LLVM clash), rocm-llvm-python 6.2's librocmllvm.so (neither DT_SYMBOLIC nor
+versioned, no SONAME: every llvm::cl symbol interposable), the PyPI
 libclang wheel's libclang.so and iree-base-compiler's libIREECompiler.so (hidden copies with a
 C API under a version node). Downloads go to ROCM_AUDIT_TEST_CACHE (default
 ~/.cache/rocm-audit-tests) with the ordinary clients (pip download, apt-get download) and are
@@ -174,6 +178,30 @@ CARRIERS = (
             "flydsl/_mlir/_mlir_libs/libnanobind-mlir.so",
             "flydsl.libs/libzstd-76b78bac.so.1.4.4",
         ),
+    ),
+    Carrier(
+        "flydsl050",
+        "wheel",
+        "flydsl==0.5.0",
+        "flydsl-0.5.0-cp311-cp311-manylinux_2_27_x86_64.whl",
+        "e8152bff6d02269236a2d7522592d97d856f7712e8a3c6b91136df4bc4221e22",
+        (
+            "flydsl/_mlir/_mlir_libs/libFlyPythonCAPI.so.24.0git",
+            "flydsl/_mlir/_mlir_libs/_mlirDialectsFly.cpython-311-x86_64-linux-gnu.so",
+        ),
+        support=(
+            "flydsl/_mlir/_mlir_libs/libMLIRPythonSupport-mlir.so",
+            "flydsl/_mlir/_mlir_libs/libnanobind-mlir.so",
+            "flydsl.libs/libzstd-76b78bac.so.1.4.4",
+        ),
+    ),
+    Carrier(
+        "rocmllvm62",
+        "wheel",
+        "rocm-llvm-python==6.2.0.500.22",
+        "rocm_llvm_python-6.2.0.500.22-cp311-cp311-manylinux_2_17_x86_64.whl",
+        "b30f29bf2446d114bf276fb4046eb0877cf7b16f27d97ef8427da8d0e388280d",
+        ("rocm/llvm/librocmllvm.so",),
     ),
     Carrier(
         "libclang18",

@@ -1,6 +1,6 @@
 """rocm-audit's LLVM verdicts against real loads of real LLVM carriers (issue 16).
 
-The carriers (tests/llvm/carriers.py) are fifteen pinned PyPI wheels and Debian packages (with
+The carriers (tests/llvm/carriers.py) are eighteen pinned PyPI wheels and Debian packages (with
 gcc-built stand-ins for TheRock's sysdeps libraries that rocm-bindings-compiler's libLLVM needs); the
 tree holds deliberate duplicates (second inodes with the same bytes) and two versions of llvmlite,
 libLLVM, libclang-cpp and triton. For each ordered pair and each mode (global-global, global-local,
@@ -38,6 +38,7 @@ from rocm_audit.tree.inventory import build_inventory
 
 BAD = {"abort", "crash", "hang"}
 
+CAPI = "libFlyPythonCAPI.so.24.0git"
 FLY = "flydsl/_mlirDialectsFly.cpython-311-x86_64-linux-gnu.so"
 FLY_ROCDL = "flydsl/_mlirDialectsFlyROCDL.cpython-311-x86_64-linux-gnu.so"
 
@@ -58,6 +59,7 @@ MECHANISMS = {
     ("rbllvm", "rbllvm-copy"): "DT_SYMBOLIC unversioned copies, each after its sysdeps host (a version node): clean",
     (FLY, FLY_ROCDL): "two modules of one build share STB_GNU_UNIQUE mlir:: objects: clean everywhere",
     ("rbllvm", "clang19"): "libclang-cpp 19's registration bound to an unversioned DT_SYMBOLIC libLLVM: crash",
+    ("flydsl/" + CAPI, "flydsl050/" + CAPI): "two versions under one SONAME and node share constant TypeIDs: clean",
 }
 
 

@@ -118,6 +118,10 @@ class Linkage:
     strong_data: frozenset[str] = field(default=frozenset())
     registration_imports: tuple[str, ...] = ()  # addArgument, or opt<T>::done() imported: where options go
     own_copies: frozenset[str] = field(default=frozenset())  # bound symbols it also defines
+    # Data of its own copies that its .init_array code addresses through the GOT: objects it
+    # constructs (and registers a destructor for) when loaded. None: not decided (the walk ran
+    # out of budget, or not x86-64): every copy counts.
+    initialised_copies: frozenset[str] | None = None
 
     def entry_points(self) -> dict[str, str]:
         """How each registry entry point is reached: a relocation kind, "defined" or absent."""
@@ -438,6 +442,66 @@ def _reaches(
     return False, f"no .init_array function reaches addArgument ({len(seen)} functions walked)"
 
 
+# mov sym@GOTPCREL(%rip), %reg: REX.W (48, or 4C for r8-r15) 8B, ModRM mod=00 rm=101.
+_GOT_LOAD = re.compile(rb"[\x48\x4c]\x8b[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", re.DOTALL)
+MAX_INIT_DEPTH = 2  # the TU's _GLOBAL__sub_I_ function and what it calls directly
+
+
+def _initialised_slots(
+    reader: _Reader,
+    starts: Sequence[int],
+    slots: frozenset[int],
+    known_functions: frozenset[int],
+    own_stubs: Mapping[int, int],
+) -> frozenset[int] | None:
+    """The GOT slots (of slots) that .init_array code loads: the objects a library's static
+    initialisers construct, and pass to __cxa_atexit with their destructor, are addressed that
+    way in position-independent code (a default-visibility object can be interposed, so even
+    the library's own code reaches it through the GOT). Constant-initialised objects (TypeIDs,
+    pass IDs, tables) are never touched at load. None when the walk ran out of budget."""
+    import bisect
+
+    extents = _function_starts(reader)
+    callable_starts = (frozenset(extents) if extents else frozenset()) | known_functions
+    stack = [(start, 0) for start in starts]
+    seen: set[int] = set()
+    found: set[int] = set()
+    spent_bytes = 0
+    while stack:
+        address, depth = stack.pop()
+        if address in seen:
+            continue
+        seen.add(address)
+        if len(seen) > MAX_WALK_FUNCTIONS or spent_bytes > MAX_WALK_BYTES:
+            return None
+        if extents:
+            index = bisect.bisect_right(extents, address)
+            end = extents[index] if index < len(extents) else address + FALLBACK_FUNCTION_BYTES
+            length = min(max(end - address, 1), 1 << 20)
+        else:
+            length = FALLBACK_FUNCTION_BYTES
+        code = reader.read_vaddr(address, length)
+        spent_bytes += len(code)
+        for load in _GOT_LOAD.finditer(code):
+            position = load.start()
+            if position + 7 <= len(code):
+                (displacement,) = struct.unpack_from("<i", code, position + 3)
+                slot = address + position + 7 + displacement
+                if slot in slots:
+                    found.add(slot)
+        if depth + 1 >= MAX_INIT_DEPTH:
+            continue
+        for call in re.finditer(rb"\xe8", code):
+            position = call.start()
+            if position + 5 > len(code):
+                continue
+            (displacement,) = struct.unpack_from("<i", code, position + 1)
+            target = own_stubs.get(address + position + 5 + displacement, address + position + 5 + displacement)
+            if target in callable_starts and target not in seen:
+                stack.append((target, depth + 1))
+    return frozenset(found)
+
+
 def read_linkage(path: str, dynamic: elfread.DynamicInfo, fd: int | None = None) -> Linkage:
     """The linkage facts of the shared library at path (read from fd when given). Raises
     FormatError or OSError."""
@@ -491,6 +555,10 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
     registers, how = _registers_at_load(
         reader, symbols, add_argument, through, relative, jump_slots, glob_dat_slots, has_initialisers, function_starts
     )
+    own_copies = frozenset(name for name, bind in binds.items() if bind.defined_here)
+    initialised = _initialised_copies(
+        reader, symbols, own_copies, relative, jump_slots, glob_dat_slots, function_starts
+    )
     return Linkage(
         path=path,
         machine=machine,
@@ -503,8 +571,34 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         defines_registry=defines_registry,
         strong_data=strong_data,
         registration_imports=registration_imports,
-        own_copies=frozenset(name for name, bind in binds.items() if bind.defined_here),
+        own_copies=own_copies,
+        initialised_copies=initialised,
     )
+
+
+def _initialised_copies(
+    reader: _Reader,
+    symbols: Mapping[int, _Symbol],
+    own_copies: frozenset[str],
+    relative: Mapping[int, int],
+    jump_slots: Mapping[int, int],
+    glob_dat_slots: Mapping[int, int],
+    function_starts: Mapping[int, int],
+) -> frozenset[str] | None:
+    """Which of its own data copies a library's static initialisers touch (None: undecided)."""
+    if reader.header.e_machine != EM_X86_64:
+        return None
+    data = {i for i, s in symbols.items() if s.name in own_copies and s.is_data}
+    slots = {slot: index for slot, index in glob_dat_slots.items() if index in data}
+    if not slots:
+        return frozenset()
+    starts = _init_functions(reader, relative)
+    stubs = _plt_stubs(reader, jump_slots)
+    own_stubs = {stub: function_starts[index] for stub, index in stubs.items() if index in function_starts}
+    found = _initialised_slots(reader, starts, frozenset(slots), frozenset(function_starts.values()), own_stubs)
+    if found is None:
+        return None
+    return frozenset(symbols[slots[slot]].name for slot in found)
 
 
 def _registers_at_load(

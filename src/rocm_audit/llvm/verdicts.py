@@ -18,12 +18,14 @@ Three things go wrong, and the first one that happens decides the verdict:
   CommandLine.cpp (every LLVM registers its core options).
 - **crash**: a newly mapped object's relocation against shared state it defines itself (LLVM's
   registries ``MachineSchedRegistry`` and ``Registry<T>::Head``, clang's or MLIR's data) binds to
-  the GLOBAL definition of a library loaded earlier, outside its own closure: a double free at
-  exit or a crash in a static initialiser; or a registry entry point it imports binds to another
-  whole LLVM instead of the one its own closure provides. WEAK and STB_GNU_UNIQUE definitions
-  (vague linkage: template data, inline variables, local statics of inline functions, each with
-  its guard; vtables) and llvm::'s plain data (pass IDs, flags) are shared harmlessly: measured,
-  never a crash (tests/llvm/test_llvm_unique.py).
+  the GLOBAL definition of a library loaded earlier, outside its own closure: a double free at exit
+  or a crash in a static initialiser; or a registry entry point it imports binds to another whole
+  LLVM instead of the one its own closure provides. Of clang's and MLIR's data only objects the
+  library's own static initialisers touch count (constructed twice into one place, destroyed twice
+  at exit); constant-initialised ones (MLIR's TypeIDs) are never written. WEAK and STB_GNU_UNIQUE
+  definitions (vague linkage: template data, inline variables, local statics of inline functions,
+  each with its guard; vtables) and llvm::'s plain data (pass IDs, flags) are shared harmlessly:
+  measured, never a crash (tests/llvm/test_llvm_unique.py).
 - **clean**: none of that.
 
 Hangs (an endless loop in an interposed data structure, formats.md 6) are seen only by a probe.
@@ -127,10 +129,17 @@ def _shared_state(name: str) -> bool:
     GC, plugin lists: one copy's static initialisers insert into the other's, the exit handlers
     of both free the nodes) and clang's global data. Pass and analysis IDs, option flags and
     other plain data of llvm:: are shared harmlessly (measured: never a crash), and
-    TopLevelSubCommand is the option map, which _register judges."""
-    if name == MACHINE_SCHED_REGISTRY or REGISTRY_HEAD.match(name):
+    TopLevelSubCommand is the option map, which _register judges. Of clang's and MLIR's data,
+    only what the library's own initialisers construct breaks (_interposition asks
+    Linkage.initialised_copies): a cl::opt or a container built twice in one place and destroyed
+    twice at exit; constant-initialised objects (MLIR's TypeIDs, pass IDs) are shared harmlessly."""
+    if _registry(name):
         return True
     return name.startswith(("_ZN5clang", "_ZN4mlir"))
+
+
+def _registry(name: str) -> bool:
+    return name == MACHINE_SCHED_REGISTRY or bool(REGISTRY_HEAD.match(name))
 
 
 def _short(name: str) -> str:
@@ -245,9 +254,12 @@ def _interposition(
             if candidate.identity in in_closure:
                 continue  # linked together on purpose (vague-linkage copies of one build)
             common = own & candidate.linkage.strong_data
+            initialised = one.linkage.initialised_copies
             for name in common:
                 if not _shared_state(name):
                     continue
+                if not _registry(name) and initialised is not None and name not in initialised:
+                    continue  # constant-initialised (an MLIR TypeID): its initialisers never touch it
                 if _compatible(one.linkage.binds[name].version, candidate.linkage.exports.get(name)):
                     taken.append(name)
                     taker = taker or candidate
