@@ -389,3 +389,28 @@ def test_many_long_window_ccobs_are_read_with_bounded_memory(tmp_path):
     assert code == 0, report["findings"]
     assert len(report["code_objects"]) == 4 * len(SAMPLE)
     assert peak_kib < 120 * 1024, f"peak RSS {peak_kib // 1024} MB for four 64 MiB-window streams"
+
+
+@pytest.mark.parametrize("method", [0, 1])
+def test_a_corrupt_compressed_bundle_leaves_the_next_translation_unit_read(tmp_path, run_cli, method):
+    """The runtime registers each TU's bundle on its own: a corrupt stream in the first is a finding
+    there and fails that TU, the second is still listed and judged (it was dropped before)."""
+    gfx942 = amdgpu_header(0x54C)
+    entries = [("host-x86_64-unknown-linux--", b""), ("hipv4-amdgcn-amd-amdhsa--gfx942", gfx942 * 64)]
+    first = bytearray(ccob(bundle(entries), version=2, method=method))
+    header = 24
+    middle = header + (len(first) - header) // 2
+    first[middle:] = b"\xff" * (len(first) - middle)  # the compressed stream's second half
+    second = ccob(bundle(entries), version=3, method=method)
+    section = bytes(first) + b"\0" * (-len(first) % 4096) + second
+    wrappers = struct.pack("<IIQQ", 0x48495046, 1, 0, 0) * 2
+    host_elf([(".hip_fatbin", 1, 2, section), (".hipFatBinSegment", 1, 2, wrappers)], str(tmp_path / "libk.so"))
+    result = scan_path(tmp_path / "libk.so")
+    assert result.tu_count == 2
+    assert [(o.tu, o.target) for o in result.code_objects if o.kind != "host" and o.tu == 1] == [(1, "gfx942")]
+    (finding,) = result.findings
+    assert finding.rule == "ARCH004" and finding.message.startswith(".hip_fatbin+0x0: CCOB: ")
+    assert 4096 <= finding.data["offset"] <= 4096 + len(first)  # in the first CCOB (the section is at 4096)
+    report = run_cli("verify-arch", "gfx942", "-p", str(tmp_path / "libk.so"), "--format", "json", expect=1).report
+    (carrier,) = report["carriers"]
+    assert carrier["tu_count"] == 2 and carrier["matches"][0]["tus_without"] == [0]

@@ -526,7 +526,10 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection
     First the containers are located from their headers alone (a CCOB's header gives its size);
     then each is read, CCOBs in forked helpers as well as here when there is much to inflate (each
     stream is one zstd frame, so one stream cannot be split, but bundles can). Results are merged
-    in file order, and the first container that fails ends the list, as a sequential walk would."""
+    in file order. A container that fails to read (a corrupt stream, an entry past its end) is a
+    finding and its TU keeps what was listed before the failure; the containers after it are still
+    read, since each was located from its own header and the runtime registers every TU's bundle
+    on its own (a TU past a corrupt one loads as it would without it)."""
     located = _locate_containers(fh, section)
     items = [c for c in located if c.kind != "error"]
     weight = sum(c.inflated for c in items)
@@ -563,11 +566,11 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection
             result.add_container(name)
         result.code_objects.extend(partial.code_objects)
         result.findings.extend(partial.findings)
+        tu += 1
         if error is not None:
             _malformed(result, FormatError(*error), container.place)
-            return tu + 1
+            continue
         result.bundles.append((container.pos, size, container.kind))
-        tu += 1
     if located and located[-1].error is not None:
         _malformed(result, located[-1].error, located[-1].place)
     return tu
