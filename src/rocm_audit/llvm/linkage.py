@@ -444,7 +444,7 @@ def _reaches(
 
 # mov sym@GOTPCREL(%rip), %reg: REX.W (48, or 4C for r8-r15) 8B, ModRM mod=00 rm=101.
 _GOT_LOAD = re.compile(rb"[\x48\x4c]\x8b[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", re.DOTALL)
-MAX_INIT_DEPTH = 2  # the TU's _GLOBAL__sub_I_ function and what it calls directly
+MAX_INIT_DEPTH = 4  # the TU's _GLOBAL__sub_I_ function, GCC's __static_initialization_and_destruction_0, helpers
 
 
 def _initialised_slots(
