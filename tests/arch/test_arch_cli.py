@@ -311,6 +311,7 @@ def test_code_objects_below_a_folder_named_for_their_arch_are_one_per_arch_set(r
     for arch, source in (("gfx942", "k_gfx942.hsaco"), ("gfx950", "ll_gfx950.hsaco")):
         (hsa / arch / "fmoe").mkdir(parents=True)
         copy(built[source], hsa / arch / "fmoe" / "fmoe_b16.co")
+        copy(built[source], hsa / arch / "flatmm_uk_gfx9_f16.co")  # a family in the name, not the arch
     copy(built["ll_gfx950.hsaco"], hsa / "gfx950" / "f4gemm.co")  # an FP4 kernel: gfx950 only
     copy(built["k_gfx942.hsaco"], hsa / "gfx950" / "mislaid.co")  # holds gfx942 code: judged as is
     (tmp_path / "lib" / "gfx942").mkdir(parents=True)
@@ -319,6 +320,7 @@ def test_code_objects_below_a_folder_named_for_their_arch_are_one_per_arch_set(r
     carriers = {os.path.relpath(c["path"], tmp_path): c for c in result.report["carriers"]}
     assert {path: (c["kind"], c["missing"]) for path, c in carriers.items()} == {
         "aiter_meta/hsa/gfx*/fmoe/fmoe_b16.co": ("per-arch-files", []),
+        "aiter_meta/hsa/gfx*/flatmm_uk_gfx9_f16.co": ("per-arch-files", []),
         "aiter_meta/hsa/gfx*/f4gemm.co": ("per-arch-files", ["gfx942"]),
         "aiter_meta/hsa/gfx950/mislaid.co": ("code-object-file", ["gfx950"]),
         "lib/gfx942/libk.so": ("library", ["gfx950"]),

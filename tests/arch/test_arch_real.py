@@ -1,9 +1,11 @@
-"""Real toolchain output and a real vendor wheel, checked against clang-offload-bundler-19."""
+"""Real toolchain output and real vendor wheels, checked against clang-offload-bundler-19."""
 
 from __future__ import annotations
 
+import os
 import struct
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import zstandard
 from arch_writers import scan_path, section_bytes
 
 from rocm_audit.gpu.codeobjects import FileCodeObjects
+from support.vendor import aiter_wheel
 
 JAX_TARGETS = [
     "gfx900",
@@ -260,3 +263,29 @@ def test_a_sycl_library_holds_no_amd_code_object(bitsandbytes_libs):
     assert b"__CLANG_OFFLOAD_BUNDLE__" in path.read_bytes()
     result = scan_path(path)
     assert result.code_objects == [] and result.findings == [] and result.tu_count == 0
+
+
+# EF_AMDGPU_MACH (formats.md 2.7), read here without rocm_audit
+AITER_MACH = {0x4C: "gfx942", 0x4F: "gfx950"}
+
+
+@pytest.mark.slow  # a 40 MB download, 2,501 code objects
+def test_vendor_wheel_amd_aiter_per_arch_folders(cache_dir, run_cli, tmp_path):
+    """Every kernel under hsa/<arch>/ is one per-arch set: it lacks exactly the arches with no file
+    of its name, and every member's e_flags name the arch of its folder."""
+    with zipfile.ZipFile(aiter_wheel(cache_dir)) as archive:
+        members = [m for m in archive.namelist() if m.startswith("aiter_meta/hsa/") and m.endswith(".co")]
+        archive.extractall(tmp_path, members)
+    assert len(members) == 2501
+    kernels: dict[str, set[str]] = {}
+    for member in members:
+        _, _, arch, rest = member.split("/", 3)
+        assert AITER_MACH[(tmp_path / member).read_bytes()[0x30]] == arch
+        kernels.setdefault(rest, set()).add(arch)
+    report = run_cli("verify-arch", "gfx942", "gfx950", "-p", str(tmp_path), "--format", "json", expect=1).report
+    carriers = report["carriers"]
+    assert {c["kind"] for c in carriers} == {"per-arch-files"}
+    prefix = str(tmp_path / "aiter_meta" / "hsa" / "gfx*") + os.sep
+    got = {c["path"].removeprefix(prefix): sorted(c["missing"]) for c in carriers}
+    assert got == {rest: sorted({"gfx942", "gfx950"} - arches) for rest, arches in kernels.items()}
+    assert {f["rule"] for f in report["findings"]} == {"ARCH008"}

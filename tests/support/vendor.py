@@ -20,6 +20,13 @@ BNB_WHEEL = "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"
 BNB_WHEEL_SHA256 = "55348a9a4a21bfd99cf8c7b32fe67b4030ae5c2a05738e03c1747f65fa6ec283"
 
 
+# amd-aiter keeps hand-written assembly kernels as raw code objects in per-arch folders
+# (aiter_meta/hsa/gfx942/..., hsa/gfx950/...), opened by the device's arch at run time.
+AITER = "amd-aiter==0.1.7.post2.dev18"
+AITER_WHEEL = "amd_aiter-0.1.7.post2.dev18-py3-none-any.whl"
+AITER_WHEEL_SHA256 = "fe139d74438217c35e87e3b961166bac8db2d381eadccb371da2e63615f05a31"
+
+
 def _pinned_wheel(cache_dir: str, spec: str, name: str, sha256: str, options: list[str]) -> Path:
     wheel = Path(cache_dir) / name
     if not wheel.exists():
@@ -54,3 +61,8 @@ def install_members(wheel: Path, site: Path, suffix: str = ".so") -> list[Path]:
         members = [m for m in archive.namelist() if m.endswith(suffix)]
         archive.extractall(site, members)
     return [site / m for m in members]
+
+
+def aiter_wheel(cache_dir: str) -> Path:
+    """amd-aiter 0.1.7.post2.dev18 (2,501 raw code objects under hsa/<arch>/), checked against its pin."""
+    return _pinned_wheel(cache_dir, AITER, AITER_WHEEL, AITER_WHEEL_SHA256, [])

@@ -433,7 +433,7 @@ def _per_arch_pattern(path: str, objects: list[CodeObject], in_host: bool) -> st
     directory, name = os.path.split(path)
     if _is_per_arch_file(name, objects):
         return os.path.join(directory, re.sub(r"gfx[0-9a-z]+(?:-[0-9a-z]+)*", "gfx*", name))
-    if in_host or arch_tokens(name):
+    if in_host:
         return None
     parts = directory.split(os.sep)
     # a component that is an arch name and nothing else (gfx942, gfx90a-xnack+), not amd-gfx942
