@@ -1,6 +1,6 @@
 """Real LLVM carriers from PyPI wheels and Debian packages, pinned by sha256, and a tree of them.
 
-Eighteen packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
+Nineteen packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
 14/15/16/19 (versioned exporters, -Bsymbolic-functions) and libclang-cpp 15/19 (registrants through
 JUMP_SLOT, DT_NEEDED on the system libLLVM), rocm-llvm-python's DT_SYMBOLIC librocmllvm.so, two
 llvmlite versions (hidden copies), triton's libtriton (hidden) and its LLVM pass plugin
@@ -13,7 +13,8 @@ FLYDSL_0.1 node and two dialect modules that share STB_GNU_UNIQUE mlir:: objects
 (the same SONAME and node: constant-initialised TypeIDs shared; its ROCDL module is left out: after
 0.4.2's CAPI its DT_NEEDED reuses that CAPI by SONAME and dlopen fails on an undefined symbol, a
 load error, not an LLVM clash), rocm-llvm-python 6.2's librocmllvm.so (neither DT_SYMBOLIC nor
-versioned, no SONAME: every llvm::cl symbol interposable), the PyPI
+versioned, no SONAME: every llvm::cl symbol interposable), torch-mlir's
+libTorchMLIRAggregateCAPI.so (LLVM and MLIR exported unversioned, not -Bsymbolic), the PyPI
 libclang wheel's libclang.so and iree-base-compiler's libIREECompiler.so (hidden copies with a
 C API under a version node). Downloads go to ROCM_AUDIT_TEST_CACHE (default
 ~/.cache/rocm-audit-tests) with the ordinary clients (pip download, apt-get download) and are
@@ -202,6 +203,14 @@ CARRIERS = (
         "rocm_llvm_python-6.2.0.500.22-cp311-cp311-manylinux_2_17_x86_64.whl",
         "b30f29bf2446d114bf276fb4046eb0877cf7b16f27d97ef8427da8d0e388280d",
         ("rocm/llvm/librocmllvm.so",),
+    ),
+    Carrier(
+        "torchmlir",
+        "wheel",
+        "torch-mlir==20261001",
+        "torch_mlir-20261001-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "3fb6cc11d248f1ece7149cf21cc40f528b9c6f45424464678485db2c83c199af",
+        ("torch_mlir/_mlir_libs/libTorchMLIRAggregateCAPI.so",),
     ),
     Carrier(
         "libclang18",

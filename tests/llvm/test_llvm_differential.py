@@ -1,6 +1,6 @@
 """rocm-audit's LLVM verdicts against real loads of real LLVM carriers (issue 16).
 
-The carriers (tests/llvm/carriers.py) are eighteen pinned PyPI wheels and Debian packages (with
+The carriers (tests/llvm/carriers.py) are nineteen pinned PyPI wheels and Debian packages (with
 gcc-built stand-ins for TheRock's sysdeps libraries that rocm-bindings-compiler's libLLVM needs); the
 tree holds deliberate duplicates (second inodes with the same bytes) and two versions of llvmlite,
 libLLVM, libclang-cpp and triton. For each ordered pair and each mode (global-global, global-local,
@@ -13,8 +13,8 @@ Asserted:
 - each static verdict per ordered pair and mode agrees with the real load (bad or clean);
 - probe verdicts agree with real loads in at least 97% of the loads, inconclusive counted against.
 
-The default run covers one pair per mechanism (about 90 loads); the whole sweep (every pair of
-the 27 libraries, 2106 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
+The default run covers one pair per mechanism (about 100 loads); the whole sweep (every pair of
+the 31 libraries, 2790 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
 ``ROCM_AUDIT_TEST_CACHE/llvm-carriers/differential.json`` (README "LLVM option clashes").
 """
 
@@ -59,6 +59,7 @@ MECHANISMS = {
     ("rbllvm", "rbllvm-copy"): "DT_SYMBOLIC unversioned copies, each after its sysdeps host (a version node): clean",
     (FLY, FLY_ROCDL): "two modules of one build share STB_GNU_UNIQUE mlir:: objects: clean everywhere",
     ("rbllvm", "clang19"): "libclang-cpp 19's registration bound to an unversioned DT_SYMBOLIC libLLVM: crash",
+    ("llvm15", "torchmlir"): "a whole unversioned LLVM after a GLOBAL libLLVM registers into it: abort",
     ("flydsl/" + CAPI, "flydsl050/" + CAPI): "two versions under one SONAME and node share constant TypeIDs: clean",
 }
 
