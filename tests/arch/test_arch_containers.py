@@ -414,3 +414,26 @@ def test_a_corrupt_compressed_bundle_leaves_the_next_translation_unit_read(tmp_p
     report = run_cli("verify-arch", "gfx942", "-p", str(tmp_path / "libk.so"), "--format", "json", expect=1).report
     (carrier,) = report["carriers"]
     assert carrier["tu_count"] == 2 and carrier["matches"][0]["tus_without"] == [0]
+
+
+def test_the_magic_inside_a_v1_stream_does_not_end_the_bundle(tmp_path):
+    """A CCOB v1 runs to the next magic; its compressed bytes can hold "CCOB" by chance (random-looking
+    data, about once in 4 GiB; here forced: zstd stores incompressible bytes as they are). Only a
+    magic with a known version and method after it starts the next bundle: both TUs are read whole."""
+    import random
+
+    rng = random.Random(7)
+    code = amdgpu_header(0x54C) + rng.randbytes(20000) + b"CCOB\x37\x13\x99\x42" + rng.randbytes(20000)
+    entries = [("host-x86_64-unknown-linux--", b""), ("hipv4-amdgcn-amd-amdhsa--gfx942", code)]
+    first = ccob(bundle(entries), version=1, method=1)
+    assert first.find(b"CCOB", 4) > 0  # the stream itself holds the magic
+    section = first + b"\0" * (-len(first) % 4096) + ccob(bundle(entries), version=1, method=1)
+    wrappers = struct.pack("<IIQQ", 0x48495046, 1, 0, 0) * 2
+    host_elf([(".hip_fatbin", 1, 2, section), (".hipFatBinSegment", 1, 2, wrappers)], str(tmp_path / "libk.so"))
+    result = scan_path(tmp_path / "libk.so")
+    assert result.findings == []
+    assert result.tu_count == 2
+    assert [(o.tu, o.target, o.size) for o in result.code_objects if o.kind != "host"] == [
+        (0, "gfx942", len(code)),
+        (1, "gfx942", len(code)),
+    ]

@@ -456,7 +456,25 @@ def _ccob_extent(fh: _File, start: int, available: int) -> tuple[ccob.CcobHeader
     header = ccob.parse_header(fh.read(start, ccob.MAX_HEADER_SIZE), start, available)
     if header.total_size is not None:
         return header, header.total_size
-    return header, _next_magic(fh, start + 4, start + available, ccob.CCOB_MAGIC) - start
+    return header, _next_ccob(fh, start + 4, start + available) - start
+
+
+def _next_ccob(fh: _File, start: int, end: int) -> int:
+    """File offset of the next CCOB in [start, end), else ``end``: a v1 header has no size, so a
+    bundle runs to the next magic (LLVM's rule). Its compressed stream is random-looking bytes that
+    hold ``CCOB`` about once in 4 GiB; a hit counts only when a known version and method follow
+    (as the header reader checks them), so such bytes no longer cut a bundle short."""
+    pos = start
+    while pos < end:
+        hit = _next_magic(fh, pos, end, ccob.CCOB_MAGIC)
+        if hit >= end:
+            return end
+        fields = fh.read(hit + 4, 4)
+        version, method = int.from_bytes(fields[:2], "little"), int.from_bytes(fields[2:4], "little")
+        if version in ccob.HEADER_SIZES and method in (ccob.METHOD_ZLIB, ccob.METHOD_ZSTD):
+            return hit
+        pos = hit + 1
+    return end
 
 
 def _stream_slice(stream: ccob.PayloadStream, buffered: bytes, offset: int, length: int) -> bytes:
