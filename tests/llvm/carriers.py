@@ -1,6 +1,6 @@
 """Real LLVM carriers from PyPI wheels and Debian packages, pinned by sha256, and a tree of them.
 
-Nineteen packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
+Twenty packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
 14/15/16/19 (versioned exporters, -Bsymbolic-functions) and libclang-cpp 15/19 (registrants through
 JUMP_SLOT, DT_NEEDED on the system libLLVM), rocm-llvm-python's DT_SYMBOLIC librocmllvm.so, two
 llvmlite versions (hidden copies), triton's libtriton (hidden) and its LLVM pass plugin
@@ -9,17 +9,17 @@ addArgument goes through its own PLT), and triton 3.6.0's builds of the same thr
 second version of one library under one SONAME); rocm-bindings-compiler's libLLVM.so (DT_SYMBOLIC,
 unversioned, SONAME libLLVM.so, DT_NEEDED on TheRock's librocm_sysdeps_z/zstd, whose symbols it
 requires under AMDROCM_SYSDEPS_1.0), flydsl 0.4.2's embedded MLIR (libFlyPythonCAPI under its own
-FLYDSL_0.1 node and two dialect modules that share STB_GNU_UNIQUE mlir:: objects) and 0.5.0's
-(the same SONAME and node: constant-initialised TypeIDs shared; its ROCDL module is left out: after
+FLYDSL_0.1 node and two dialect modules that share STB_GNU_UNIQUE mlir:: objects) and 0.5.0's (the
+same SONAME and node: constant-initialised TypeIDs shared; its ROCDL module is left out: after
 0.4.2's CAPI its DT_NEEDED reuses that CAPI by SONAME and dlopen fails on an undefined symbol, a
 load error, not an LLVM clash), rocm-llvm-python 6.2's librocmllvm.so (neither DT_SYMBOLIC nor
-versioned, no SONAME: every llvm::cl symbol interposable), torch-mlir's
-libTorchMLIRAggregateCAPI.so (LLVM and MLIR exported unversioned, not -Bsymbolic), the PyPI
-libclang wheel's libclang.so and iree-base-compiler's libIREECompiler.so (hidden copies with a
-C API under a version node). Downloads go to ROCM_AUDIT_TEST_CACHE (default
-~/.cache/rocm-audit-tests) with the ordinary clients (pip download, apt-get download) and are
-checked against the pins before anything is unpacked; a missing or mismatching file fails the test
-(a broken set-up), it never skips.
+versioned, no SONAME: every llvm::cl symbol interposable), torch-mlir's libTorchMLIRAggregateCAPI.so
+(LLVM and MLIR exported unversioned, not -Bsymbolic), iree-compiler 20241104's libIREECompiler.so
+(LLVM exported under its own IREE_API_0.0 node, its own calls through the PLT), the PyPI libclang
+wheel's libclang.so and iree-base-compiler's libIREECompiler.so (hidden copies with a C API under a
+version node). Downloads go to ROCM_AUDIT_TEST_CACHE (default ~/.cache/rocm-audit-tests) with the
+ordinary clients (pip download, apt-get download) and are checked against the pins before anything
+is unpacked; a missing or mismatching file fails the test (a broken set-up), it never skips.
 
 TheRock's sysdeps libraries come from _rocm_sdk_core, which is not on PyPI: stand-ins are built
 here (``sysdeps``) the way TheRock's third-party/sysdeps does it, Debian's libz.a and libzstd.a
@@ -211,6 +211,14 @@ CARRIERS = (
         "torch_mlir-20261001-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
         "3fb6cc11d248f1ece7149cf21cc40f528b9c6f45424464678485db2c83c199af",
         ("torch_mlir/_mlir_libs/libTorchMLIRAggregateCAPI.so",),
+    ),
+    Carrier(
+        "iree2024",
+        "wheel",
+        "iree-compiler==20241104.1068",
+        "iree_compiler-20241104.1068-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "aeac74cc2e3eb34a453427df2c5ddbe85e9d8ee942dc97eae42ead6fc8f24fa8",
+        ("iree/compiler/_mlir_libs/libIREECompiler.so",),
     ),
     Carrier(
         "libclang18",
