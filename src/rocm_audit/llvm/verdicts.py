@@ -251,8 +251,13 @@ def _interposition(
         for candidate in scope:
             if candidate.identity == one.identity:
                 break  # from here on one's own definitions win
-            if candidate.identity in in_closure:
+            whole = one.linkage.defines_registry and candidate.linkage.defines_registry
+            if candidate.identity in in_closure and not whole:
                 continue  # linked together on purpose (vague-linkage copies of one build)
+            # Two whole LLVMs (each with CommandLine.cpp) in one closure are no such build: the
+            # one later in the search list binds its registries to the earlier one's like any
+            # interposition (rocm-bindings-compiler's unversioned libLLVM.so before Debian's
+            # libLLVM-15 in one DT_NEEDED list: MachineSchedRegistry shared, a crash at exit).
             common = own & candidate.linkage.strong_data
             initialised = one.linkage.initialised_copies
             for name in common:
