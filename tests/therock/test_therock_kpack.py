@@ -76,3 +76,33 @@ def test_default_targets_of_a_legacy_family_install_are_its_family_s_processors(
     beyond = verify.verify_arch([site], ["gfx942", "gfx950"], environ={})
     missing = {f.path for f in beyond.findings if f.rule in ("ARCH001", "ARCH008") and "gfx950" in f.message}
     assert any("gfx90X" in p for p in missing) and any("gfx94X" in p for p in missing)
+
+
+def test_rocblas_split_by_the_gfxarch_splitter_is_judged_through_the_pattern_its_reference_holds(
+    tmp_path: Path,
+) -> None:
+    """The splitter TheRock builds from rocm-systems shared/kpack: rocBLAS's reference names
+    ``../.kpack/blas_lib_@GFXARCH@.kpack`` and ``kernel_name`` ``<prefix>/lib/librocblas.so.5.0.0`` (its build
+    name, not the SONAME the wheel installs it under), the TOC keys that name plus ``#0``, and no ``.kpm`` is
+    shipped. Checked against TheRock 89553ce's real build_python_packages.py on the same artifacts: the device
+    wheels carry ``.kpack/blas_lib_<arch>.kpack`` into ``_rocm_sdk_libraries``. The runtime opens the archive
+    the device's arch names, so a device wheel uninstalled by pip takes its target with it."""
+    install = build_therock_install(tmp_path, kpack=True, kpack_flow="gfxarch", init=True)
+    site = install.libraries.parent
+    rocblas = install.libraries / "lib" / "librocblas.so.5"
+    assert not list(install.libraries.glob(".kpack/*.kpm"))
+    assert sorted(p.name for p in install.libraries.glob(".kpack/*")) == [
+        "blas_lib_gfx90a.kpack",
+        "blas_lib_gfx942.kpack",
+    ]
+    outcome = verify.verify_arch([str(site)], ["gfx942", "gfx950"], environ={})
+    (carrier,) = [c for c in outcome.sections["carriers"] if c["path"] == str(rocblas)]
+    assert carrier["containers"] == ["kpack"]
+    assert carrier["targets"] == ["gfx90a", "gfx942"] and carrier["missing"] == ["gfx950"]
+    named = [f for f in outcome.findings if f.path == str(rocblas)]
+    assert [f.rule for f in named] == ["ARCH001"], named
+    install.pip("uninstall", "-y", "rocm-sdk-device-gfx942")
+    outcome = verify.verify_arch([str(site)], ["gfx90a", "gfx942"], environ={})
+    (carrier,) = [c for c in outcome.sections["carriers"] if c["path"] == str(rocblas)]
+    assert carrier["targets"] == ["gfx90a"] and carrier["missing"] == ["gfx942"]
+    assert not any(f.rule == "ARCH005" for f in outcome.findings if f.path == str(rocblas))

@@ -62,6 +62,13 @@ BEHAVIOURS: dict[str, str] = {
     " aliases whose target is not yet extracted stay symlinks (member order)": "rocm_sdk/_devel.py _lock_and_expand",
     "_reconcile_device_links on every call; version match ignoring .postN; _devel_link_ok rejects symlinks and"
     " other inodes; RECORD rows deduplicated; .devel_reconcile.lock": "rocm_sdk/_devel.py _reconcile_device_links",
+    "link targets (tarball symlinks, .devel_links targets) joined onto the parent's realpath with '..' collapsed"
+    " before use": "rocm_sdk/_devel.py _resolve_link_target (29d0b362c, merged onto 89553ce as 915aa2549; 'fixes"
+    " #7537')",
+    "kpack_flow='gfxarch': reference '../.kpack/<artifact>_@GFXARCH@.kpack' + kernel_name '<prefix>/<build relpath>',"
+    " TOC keys '<kernel_name>#<i>', no .kpm": "ROCm/rocm-systems shared/kpack python/rocm_kpack/artifact_splitter.py"
+    " (compute_kpack_search_pattern, process_fat_binaries, inject_kpack_references), built by TheRock"
+    " core/CMakeLists.txt (rocm-kpack from THEROCK_ROCM_SYSTEMS_SOURCE_DIR/shared/kpack)",
     "find_libraries (glob, first sorted match) and preload_libraries (ctypes.CDLL absolute path, RTLD_GLOBAL)": "rocm_sdk/__init__.py",
     "`rocm-sdk test`: base, libraries (each .so in a subprocess after preload amd_comgr, amdhip64, hiprtc,"
     " rocm_kpack), devel (layout, path, llvm symlink, .so loads, testLibrariesMirroredIntoDevel)": "rocm_sdk/__main__.py _do_test; rocm_sdk/tests/libraries_test.py, devel_test.py",

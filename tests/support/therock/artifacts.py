@@ -16,7 +16,7 @@ import shutil
 import sqlite3
 import struct
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import msgpack
 
@@ -233,9 +233,19 @@ def _kdb(path: Path, arch: str) -> None:
 
 
 def build_artifacts(
-    directory: Path, arches: tuple[str, ...] = ("gfx90a", "gfx942"), *, kpack: bool = True
+    directory: Path, arches: tuple[str, ...] = ("gfx90a", "gfx942"), *, kpack: bool = True, kpack_flow: str = "kpm"
 ) -> ArtifactTree:
-    """Compile and lay out the artifacts of a small kpack-split TheRock build under ``directory``."""
+    """Compile and lay out the artifacts of a small kpack-split TheRock build under ``directory``.
+
+    ``kpack_flow`` picks the splitter whose output the kpack'd rocBLAS has: ``"kpm"`` (stellaraccident/rocm-kpack
+    ae4f1c2: the reference names ``../.kpack/blas_lib.kpm``, TOC keys without an index) or ``"gfxarch"`` (the
+    splitter TheRock builds from rocm-systems shared/kpack, artifact_splitter.py compute_kpack_search_pattern /
+    process_fat_binaries / inject_kpack_references: the reference names ``<'../' per directory of the binary in its
+    prefix>.kpack/<artifact>_@GFXARCH@.kpack`` and ``kernel_name = <prefix>/<build relpath>``, TOC keys append
+    ``#<code object index>``, and no ``.kpm`` is written).
+    """
+    if kpack_flow not in ("kpm", "gfxarch"):
+        raise ValueError(f"unknown kpack flow {kpack_flow!r}")
     if directory.exists():
         shutil.rmtree(directory)
     tree = ArtifactTree(directory, arches)
@@ -329,7 +339,12 @@ def build_artifacts(
         for i, arch in enumerate(arches)
     }
     rocblas_source = PLAIN_LIBRARY_SOURCE.format(symbol="rocblas_get_version", value=5)
-    if kpack:
+    if kpack and kpack_flow == "gfxarch":
+        up = "../" * (len(PurePosixPath(rocblas_relpath).parts) - 1)
+        rocblas_source += kpack_ref_asm(
+            [f"{up}.kpack/blas_lib_@GFXARCH@.kpack"], f"{blas_prefix}/{rocblas_relpath}", 16384
+        )
+    elif kpack:
         # kpack-old: the reference names the generic .kpm (relative to the binary) and the component, not a path.
         rocblas_source += kpack_ref_asm(["../.kpack/blas_lib.kpm"], "blas_lib", 16384)
     _versioned_library(
@@ -373,9 +388,9 @@ def build_artifacts(
         shutil.copyfile(code_objects[arch], library_dir / f"Kernels.so-000-{arch}.hsaco")
         (library_dir / f"TensileLibrary_lazy_{arch}.dat").write_bytes(msgpack.packb({"arch": arch}))
         if kpack:
-            archive = kpack_archive(
-                "blas_lib", arch, [(f"{blas_prefix}/{rocblas_relpath}", code_objects[arch].read_bytes())], blas_prefix
-            )
+            # rocBLAS is one TU: code object index 0 (the index the HIPK wrapper's reserved1 carries).
+            key = f"{blas_prefix}/{rocblas_relpath}" + ("#0" if kpack_flow == "gfxarch" else "")
+            archive = kpack_archive("blas_lib", arch, [(key, code_objects[arch].read_bytes())], blas_prefix)
             (device_blas.root / ".kpack").mkdir()
             (device_blas.root / f".kpack/blas_lib_{arch}.kpack").write_bytes(archive)
             kpack_files[arch] = {"file": f"blas_lib_{arch}.kpack", "size": len(archive), "kernel_count": 1}
@@ -400,7 +415,7 @@ def build_artifacts(
         (device_miopen.root / f"share/miopen/db/{arch}130.HIP.fdb.txt").write_text(
             f"1-1-1-1x1-1-1-1-fixture-{arch}=ConvDirectNaiveConvFwd:0.1,1\n"
         )
-    if kpack:
+    if kpack and kpack_flow == "kpm":
         (blas.root / ".kpack").mkdir()
         (blas.root / ".kpack/blas_lib.kpm").write_bytes(
             msgpack.packb(

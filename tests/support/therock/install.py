@@ -18,7 +18,7 @@ ARCHES = ("gfx90a", "gfx942")
 SPLIT_KINDS = ("cp-r", "devel-copy", "per-tree", "tar-hard-dereference", "reinstall-core", "reinstall-libraries")
 
 _session_root: Path | None = None
-_artifact_cache: dict[bool, ArtifactTree] = {}
+_artifact_cache: dict[tuple[bool, str], ArtifactTree] = {}
 _index_cache: dict[tuple[object, ...], BuiltIndex] = {}
 
 
@@ -38,15 +38,19 @@ def cached_index(
     kpack: bool = True,
     member_order: str = "sorted",
     compress_devel: bool = False,
+    kpack_flow: str = "kpm",
 ) -> BuiltIndex:
     """Artifacts are compiled once per process; each option set is packaged once."""
-    if kpack not in _artifact_cache:
-        _artifact_cache[kpack] = build_artifacts(_session_dir() / f"artifacts-kpack{int(kpack)}", ARCHES, kpack=kpack)
-    key = (nonce, tuple(legacy_families), kpack, member_order, compress_devel)
+    built = (kpack, kpack_flow)
+    if built not in _artifact_cache:
+        _artifact_cache[built] = build_artifacts(
+            _session_dir() / f"artifacts-kpack{int(kpack)}-{kpack_flow}", ARCHES, kpack=kpack, kpack_flow=kpack_flow
+        )
+    key = (nonce, tuple(legacy_families), kpack, member_order, compress_devel, kpack_flow)
     if key not in _index_cache:
         name = f"index-{len(_index_cache)}"
         _index_cache[key] = build_index(
-            _artifact_cache[kpack],
+            _artifact_cache[built],
             _session_dir() / name,
             nonce=nonce,
             legacy_families=tuple(legacy_families),
@@ -176,12 +180,14 @@ def build_therock_install(
     member_order: str = "sorted",
     compress_devel: bool = False,
     init: bool = False,
+    kpack_flow: str = "kpm",
 ) -> TheRockInstall:
     """Build (cached per process) and pip-install a TheRock-faithful ROCm wheel SDK into ``tmp_path / "venv"``.
 
     ``extras`` defaults to ``libraries, devel, device-<arch>`` for every arch; ``legacy_families`` (e.g.
     ``("gfx94X-dcgpu", "gfx90X-dcgpu")``) also installs those per-family libraries wheels; ``init`` runs
-    ``rocm-sdk init`` (otherwise devel stays a tarball until the first init/path/test).
+    ``rocm-sdk init`` (otherwise devel stays a tarball until the first init/path/test); ``kpack_flow`` picks the
+    kpack splitter the artifacts went through (``artifacts.build_artifacts``).
     """
     index = cached_index(
         nonce=nonce,
@@ -189,6 +195,7 @@ def build_therock_install(
         kpack=kpack,
         member_order=member_order,
         compress_devel=compress_devel,
+        kpack_flow=kpack_flow,
     )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)

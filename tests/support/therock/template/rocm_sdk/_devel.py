@@ -17,6 +17,7 @@ import fcntl
 import importlib
 import importlib.metadata as md
 import json
+import os
 import re
 import shutil
 import sys
@@ -96,7 +97,7 @@ def _expand_devel_contents(pure_path: Path, site_lib_path: Path) -> None:
                         archive.extract(member, path=site_lib_path)
                         continue
                     dest.parent.mkdir(parents=True, exist_ok=True)
-                    target = dest.parent / member.linkname
+                    target = _link_target(dest.parent, member.linkname)
                     in_devel_bin = dest.parent.name == "bin" and dest.parent.parent.name.startswith("_rocm_sdk_devel")
                     if in_devel_bin and dest.name in PRESERVED_SYMLINKS:
                         dest.symlink_to(member.linkname)
@@ -114,12 +115,19 @@ def _without_post_release(version: str) -> str:
     return re.sub(r"\.post\d+", "", version, count=1)
 
 
+def _link_target(parent: Path, target: str) -> Path:
+    """The file a relative link target names: the parent's real path joined with it, its '..' collapsed
+    (TheRock 29d0b362c, "fixes #7537": Windows applies MAX_PATH before collapsing). On Linux this names what the
+    kernel reaches by walking ``parent/target``, since the real parent has no symlink a '..' could skip."""
+    return Path(os.path.normpath(os.path.join(os.path.realpath(parent), target)))
+
+
 def _devel_link_ok(dest: Path, target: str) -> bool:
     """Only a hardlink (same inode, not a symlink) counts: a symlink is replaced by a hardlink."""
     if dest.is_symlink() or not dest.is_file():
         return False
     try:
-        return dest.samefile(dest.parent / target)
+        return dest.samefile(_link_target(dest.parent, target))
     except OSError:
         return False
 
@@ -189,7 +197,7 @@ def _reconcile_device_links(site_lib_path: Path, devel_path: Path, version: str)
                     if _devel_link_ok(dest, link["target"]):
                         continue
                     dest.parent.mkdir(parents=True, exist_ok=True)
-                    target = dest.parent / link["target"]
+                    target = _link_target(dest.parent, link["target"])
                     if not target.is_file():
                         continue
                     if dest.exists() or dest.is_symlink():
