@@ -24,6 +24,9 @@ of addArgument to count; the walk is bounded in functions and bytes. Measured: 0
 
 from __future__ import annotations
 
+import array
+import bisect
+import itertools
 import os
 import re
 import struct
@@ -329,8 +332,9 @@ def _relocations(
     return named, relative
 
 
-def _function_starts(reader: _Reader) -> list[int] | None:
-    """Sorted function start addresses from .eh_frame_hdr's binary search table, or None."""
+def _function_starts(reader: _Reader) -> array.array[int] | None:
+    """Sorted function start addresses from .eh_frame_hdr's binary search table, or None (an array:
+    a third of a list's memory for the 400 000 functions of an MLIR library)."""
     section = reader.by_name(".eh_frame_hdr")
     if section is None or section.size < 12:
         return None
@@ -343,7 +347,55 @@ def _function_starts(reader: _Reader) -> list[int] | None:
     if 12 + count * 8 > len(data):
         return None
     pairs = struct.iter_unpack(reader.header.endian + "ii", data[12 : 12 + count * 8])
-    return sorted(section.addr + start for start, _fde in pairs)
+    return array.array("Q", sorted(section.addr + start for start, _fde in pairs))
+
+
+class _CodeMap:
+    """Where a library's functions start, for the call walks, built once per library.
+
+    ``extents``: .eh_frame_hdr's sorted starts (a function runs to the next one). ``callable``: those
+    and every function .dynsym defines, sorted, for "is this call target a function start". Sorted
+    arrays and bisect instead of sets: an MLIR library defines 150 000 functions and describes
+    400 000, and sets of them cost 40 MB where the arrays cost 5. Read on first use: most libraries
+    are decided before any walk. ``function_starts``: .dynsym index -> address of each function the
+    library defines (a PLT stub of one of them runs that code)."""
+
+    def __init__(self, reader: _Reader, function_starts: Mapping[int, int]) -> None:
+        self._reader = reader
+        self.function_starts = function_starts
+        self._extents: array.array[int] | None = None
+        self._callable: array.array[int] | None = None
+
+    @property
+    def extents(self) -> array.array[int] | None:
+        if self._callable is None:
+            self._build()
+        return self._extents
+
+    def _build(self) -> None:
+        self._extents = _function_starts(self._reader)
+        merged = sorted(itertools.chain(self._extents or (), self.function_starts.values()))
+        self._callable = array.array("Q", merged)
+
+    def own_stubs(self, stubs: Mapping[int, int]) -> dict[int, int]:
+        """PLT stub -> the library's own definition, for stubs of functions it defines."""
+        return {stub: self.function_starts[index] for stub, index in stubs.items() if index in self.function_starts}
+
+    def is_function(self, address: int) -> bool:
+        if self._callable is None:
+            self._build()
+        assert self._callable is not None
+        index = bisect.bisect_left(self._callable, address)
+        return index < len(self._callable) and self._callable[index] == address
+
+    def length_at(self, address: int) -> int:
+        """Bytes to read for the function at address: to the next start, at most 1 MiB."""
+        extents = self.extents
+        if not extents:
+            return FALLBACK_FUNCTION_BYTES
+        index = bisect.bisect_right(extents, address)
+        end = extents[index] if index < len(extents) else address + FALLBACK_FUNCTION_BYTES
+        return min(max(end - address, 1), 1 << 20)
 
 
 def _plt_stubs(reader: _Reader, jump_slots: Mapping[int, int]) -> dict[int, int]:
@@ -385,7 +437,7 @@ def _reaches(
     starts: list[int],
     targets: frozenset[int],
     got_slots: frozenset[int],
-    known_functions: frozenset[int],
+    code_map: _CodeMap,
     stubs: Mapping[int, int],
     own_stubs: Mapping[int, int] | None = None,
 ) -> tuple[bool | None, str]:
@@ -396,11 +448,6 @@ def _reaches(
     declares an option) is called through the PLT, and in the library that is loaded first the
     lookup finds its own copy; a later copy is the same code."""
     own_stubs = own_stubs or {}
-    import bisect
-
-    extents = _function_starts(reader)
-    function_set = frozenset(extents) if extents else frozenset()
-    callable_starts = function_set | known_functions
     stack = [(start, 0) for start in starts]
     seen: set[int] = set()
     spent_bytes = 0
@@ -411,13 +458,7 @@ def _reaches(
         seen.add(address)
         if len(seen) > MAX_WALK_FUNCTIONS or spent_bytes > MAX_WALK_BYTES:
             return None, f"undecided: walk budget spent after {len(seen)} functions"
-        if extents:
-            index = bisect.bisect_right(extents, address)
-            end = extents[index] if index < len(extents) else address + FALLBACK_FUNCTION_BYTES
-            length = min(max(end - address, 1), 1 << 20)
-        else:
-            length = FALLBACK_FUNCTION_BYTES
-        code = reader.read_vaddr(address, length)
+        code = reader.read_vaddr(address, code_map.length_at(address))
         spent_bytes += len(code)
         for found in _CALL_PATTERN.finditer(code):
             position = found.start()
@@ -431,7 +472,7 @@ def _reaches(
                     how = "PLT" if target in stubs else "direct call"
                     return True, f"an .init_array function reaches addArgument ({how}, depth {depth + 1})"
                 target = own_stubs.get(target, target)
-                if depth + 1 < MAX_WALK_DEPTH and target in callable_starts and target not in seen:
+                if depth + 1 < MAX_WALK_DEPTH and target not in seen and code_map.is_function(target):
                     stack.append((target, depth + 1))
             else:
                 if position + 6 > len(code):
@@ -451,7 +492,7 @@ def _initialised_slots(
     reader: _Reader,
     starts: Sequence[int],
     slots: frozenset[int],
-    known_functions: frozenset[int],
+    code_map: _CodeMap,
     own_stubs: Mapping[int, int],
 ) -> frozenset[int] | None:
     """The GOT slots (of slots) that .init_array code loads: the objects a library's static
@@ -459,10 +500,6 @@ def _initialised_slots(
     way in position-independent code (a default-visibility object can be interposed, so even
     the library's own code reaches it through the GOT). Constant-initialised objects (TypeIDs,
     pass IDs, tables) are never touched at load. None when the walk ran out of budget."""
-    import bisect
-
-    extents = _function_starts(reader)
-    callable_starts = (frozenset(extents) if extents else frozenset()) | known_functions
     stack = [(start, 0) for start in starts]
     seen: set[int] = set()
     found: set[int] = set()
@@ -474,13 +511,7 @@ def _initialised_slots(
         seen.add(address)
         if len(seen) > MAX_WALK_FUNCTIONS or spent_bytes > MAX_WALK_BYTES:
             return None
-        if extents:
-            index = bisect.bisect_right(extents, address)
-            end = extents[index] if index < len(extents) else address + FALLBACK_FUNCTION_BYTES
-            length = min(max(end - address, 1), 1 << 20)
-        else:
-            length = FALLBACK_FUNCTION_BYTES
-        code = reader.read_vaddr(address, length)
+        code = reader.read_vaddr(address, code_map.length_at(address))
         spent_bytes += len(code)
         for load in _GOT_LOAD.finditer(code):
             position = load.start()
@@ -497,7 +528,7 @@ def _initialised_slots(
                 continue
             (displacement,) = struct.unpack_from("<i", code, position + 1)
             target = own_stubs.get(address + position + 5 + displacement, address + position + 5 + displacement)
-            if target in callable_starts and target not in seen:
+            if target not in seen and code_map.is_function(target):
                 stack.append((target, depth + 1))
     return frozenset(found)
 
@@ -524,6 +555,7 @@ def read_linkage(path: str, dynamic: elfread.DynamicInfo, fd: int | None = None)
 def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkage:
     machine = reader.header.e_machine
     symbols, dynsym, function_starts = _watched_symbols(reader)
+    code_map = _CodeMap(reader, function_starts)
     kinds = RELOC_KINDS.get(machine, {})
     binds: dict[str, Bind] = {}
     jump_slots: dict[int, int] = {}
@@ -553,12 +585,10 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         sorted({symbols[i].name for i in through if symbols[i].name in binds}, key=lambda n: (n != ADD_ARGUMENT, n))
     )
     registers, how = _registers_at_load(
-        reader, symbols, add_argument, through, relative, jump_slots, glob_dat_slots, has_initialisers, function_starts
+        reader, symbols, add_argument, through, relative, jump_slots, glob_dat_slots, has_initialisers, code_map
     )
     own_copies = frozenset(name for name, bind in binds.items() if bind.defined_here)
-    initialised = _initialised_copies(
-        reader, symbols, own_copies, relative, jump_slots, glob_dat_slots, function_starts
-    )
+    initialised = _initialised_copies(reader, symbols, own_copies, relative, jump_slots, glob_dat_slots, code_map)
     return Linkage(
         path=path,
         machine=machine,
@@ -583,7 +613,7 @@ def _initialised_copies(
     relative: Mapping[int, int],
     jump_slots: Mapping[int, int],
     glob_dat_slots: Mapping[int, int],
-    function_starts: Mapping[int, int],
+    code_map: _CodeMap,
 ) -> frozenset[str] | None:
     """Which of its own data copies a library's static initialisers touch (None: undecided)."""
     if reader.header.e_machine != EM_X86_64:
@@ -594,8 +624,7 @@ def _initialised_copies(
         return frozenset()
     starts = _init_functions(reader, relative)
     stubs = _plt_stubs(reader, jump_slots)
-    own_stubs = {stub: function_starts[index] for stub, index in stubs.items() if index in function_starts}
-    found = _initialised_slots(reader, starts, frozenset(slots), frozenset(function_starts.values()), own_stubs)
+    found = _initialised_slots(reader, starts, frozenset(slots), code_map, code_map.own_stubs(stubs))
     if found is None:
         return None
     return frozenset(symbols[slots[slot]].name for slot in found)
@@ -610,7 +639,7 @@ def _registers_at_load(
     jump_slots: Mapping[int, int],
     glob_dat_slots: Mapping[int, int],
     has_initialisers: bool,
-    function_starts: Mapping[int, int] | None = None,
+    code_map: _CodeMap,
 ) -> tuple[bool | None, str]:
     if add_argument is None and not through:
         return False, "does not reference addArgument"
@@ -628,7 +657,4 @@ def _registers_at_load(
     starts = _init_functions(reader, relative)
     if not starts:
         return False, "no .init_array function"
-    function_starts = function_starts or {}
-    known = frozenset(function_starts.values())
-    own_stubs = {stub: function_starts[index] for stub, index in stubs.items() if index in function_starts}
-    return _reaches(reader, starts, frozenset(targets), got, known, stubs, own_stubs)
+    return _reaches(reader, starts, frozenset(targets), got, code_map, stubs, code_map.own_stubs(stubs))
