@@ -245,17 +245,41 @@ class _Symbol:
     vague: bool = False  # WEAK or STB_GNU_UNIQUE: one copy per process is what the compiler meant
 
 
-def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | None, dict[int, int]]:
-    """Watched dynamic symbols by index, and the address of every function the library defines, by
-    symbol index (for the walk: a PLT call to one of them runs that code)."""
-    function_starts: dict[int, int] = {}
+def _dynsym(reader: _Reader) -> Section | None:
+    """The dynamic symbol table (None when empty), checked before anything indexes it."""
     dynsym = reader.by_type(SHT_DYNSYM)
     if dynsym is None or dynsym.size == 0:
-        return {}, None, function_starts
+        return None
     if not 0 < dynsym.link < len(reader.sections):
         raise FormatError("ELF", reader.offset_of(dynsym), "sh_link of .dynsym is not a section")
     if not reader.header.is_64 or dynsym.entsize != 24:
         raise FormatError("ELF", reader.offset_of(dynsym), "only 64-bit .dynsym tables are read for linkage")
+    return dynsym
+
+
+@dataclass(slots=True)
+class _SymbolFacts:
+    """What linkage needs of .dynsym. ``symbols``: the watched symbols a relocation names, and the
+    registration entry points (addArgument, ``opt<T>::done``) wherever they are; the other watched
+    symbols (most of an exporter's 150 000) only add to ``exports`` and ``strong_data``, so no
+    object is made for them. ``function_starts``: the address of each function the library
+    defines, for the symbols a relocation names (a PLT call to one of them runs that code);
+    ``defined_functions``: every such address, for the walk's "is this a function start"."""
+
+    symbols: dict[int, _Symbol] = field(default_factory=dict)
+    exports: dict[str, str | None] = field(default_factory=dict)
+    strong_data: set[str] = field(default_factory=set)
+    function_starts: dict[int, int] = field(default_factory=dict)
+    defined_functions: array.array[int] = field(default_factory=lambda: array.array("Q"))
+
+
+def _watched_symbols(reader: _Reader, dynsym: Section | None, named: frozenset[int]) -> _SymbolFacts:
+    """The facts of .dynsym that linkage uses; ``named``: the symbol indices relocations name."""
+    facts = _SymbolFacts()
+    if dynsym is None:
+        return facts
+    symbols, exports, strong_data = facts.symbols, facts.exports, facts.strong_data
+    function_starts, defined_functions = facts.function_starts, facts.defined_functions
     dynstr = reader.read(reader.sections[dynsym.link])
     table = reader.read(dynsym)
     versym_section = reader.by_type(SHT_GNU_VERSYM)
@@ -263,7 +287,6 @@ def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | Non
     version_names = _version_names(reader, dynstr) if versym else {}
     endian = reader.header.endian
     layout = struct.Struct(endian + "IBBHQQ")
-    symbols: dict[int, _Symbol] = {}
     usable = len(table) - len(table) % 24
     for index, (st_name, st_info, st_other, st_shndx, st_value, _size) in enumerate(layout.iter_unpack(table[:usable])):
         if index == 0:
@@ -272,7 +295,9 @@ def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | Non
         if st_name >= len(dynstr):
             raise FormatError("ELF", dynsym.offset + index * 24, "symbol name outside .dynstr")
         if is_function and st_shndx != 0:  # a function start the walk may meet
-            function_starts[index] = st_value
+            defined_functions.append(st_value)
+            if index in named:
+                function_starts[index] = st_value
         if not dynstr.startswith(WATCHED_PREFIXES, st_name):
             continue
         name = _string(dynstr, st_name)
@@ -284,10 +309,14 @@ def _watched_symbols(reader: _Reader) -> tuple[dict[int, _Symbol], Section | Non
             (raw,) = struct.unpack_from(endian + "H", versym, index * 2)
             version = version_names.get(raw & ~VERSYM_HIDDEN) if (raw & ~VERSYM_HIDDEN) > 1 else None
         is_data = st_info & 0xF in (STT_OBJECT, STT_TLS)
-        symbols[index] = _Symbol(
-            name, st_value, defined, exported, is_function, version, is_data, bind in (STB_WEAK, STB_GNU_UNIQUE)
-        )
-    return symbols, dynsym, function_starts
+        vague = bind in (STB_WEAK, STB_GNU_UNIQUE)
+        if exported:
+            exports[name] = version  # index order: the last of one name wins, as a dict of all did
+            if is_data and not vague:
+                strong_data.add(name)
+        if index in named or registers_through(name):
+            symbols[index] = _Symbol(name, st_value, defined, exported, is_function, version, is_data, vague)
+    return facts
 
 
 def _relocations(
@@ -360,9 +389,12 @@ class _CodeMap:
     are decided before any walk. ``function_starts``: .dynsym index -> address of each function the
     library defines (a PLT stub of one of them runs that code)."""
 
-    def __init__(self, reader: _Reader, function_starts: Mapping[int, int]) -> None:
+    def __init__(
+        self, reader: _Reader, function_starts: Mapping[int, int], defined_functions: Sequence[int] = ()
+    ) -> None:
         self._reader = reader
         self.function_starts = function_starts
+        self._defined_functions = defined_functions
         self._extents: array.array[int] | None = None
         self._callable: array.array[int] | None = None
 
@@ -374,7 +406,7 @@ class _CodeMap:
 
     def _build(self) -> None:
         self._extents = _function_starts(self._reader)
-        merged = sorted(itertools.chain(self._extents or (), self.function_starts.values()))
+        merged = sorted(itertools.chain(self._extents or (), self._defined_functions))
         self._callable = array.array("Q", merged)
 
     def own_stubs(self, stubs: Mapping[int, int]) -> dict[int, int]:
@@ -554,14 +586,16 @@ def read_linkage(path: str, dynamic: elfread.DynamicInfo, fd: int | None = None)
 
 def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkage:
     machine = reader.header.e_machine
-    symbols, dynsym, function_starts = _watched_symbols(reader)
-    code_map = _CodeMap(reader, function_starts)
+    dynsym = _dynsym(reader)
+    init_ranges = [(s.addr, s.addr + s.size) for s in reader.sections if s.sh_type == SHT_INIT_ARRAY]
+    named, relative = _relocations(reader, dynsym, init_ranges if machine == EM_X86_64 else [])
+    facts = _watched_symbols(reader, dynsym, frozenset(index for _offset, _type, index in named))
+    symbols = facts.symbols
+    code_map = _CodeMap(reader, facts.function_starts, facts.defined_functions)
     kinds = RELOC_KINDS.get(machine, {})
     binds: dict[str, Bind] = {}
     jump_slots: dict[int, int] = {}
     glob_dat_slots: dict[int, int] = {}
-    init_ranges = [(s.addr, s.addr + s.size) for s in reader.sections if s.sh_type == SHT_INIT_ARRAY]
-    named, relative = _relocations(reader, dynsym, init_ranges if machine == EM_X86_64 else [])
     for r_offset, r_type, index in named:
         if machine == EM_X86_64:
             if r_type == R_X86_64_JUMP_SLOT:
@@ -575,8 +609,8 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         known = binds.get(symbol.name)
         if known is None or KIND_RANK[kind] > KIND_RANK[known.kind]:
             binds[symbol.name] = Bind(kind, symbol.version, symbol.defined)
-    exports = {s.name: s.version for s in symbols.values() if s.name and s.exported}
-    strong_data = frozenset(s.name for s in symbols.values() if s.name and s.exported and s.is_data and not s.vague)
+    exports = facts.exports
+    strong_data = frozenset(facts.strong_data)
     has_initialisers = any(s.sh_type == SHT_INIT_ARRAY and s.size > 0 for s in reader.sections)
     add_argument = next((i for i, s in symbols.items() if s.name == ADD_ARGUMENT), None)
     defines_registry = add_argument is not None and symbols[add_argument].defined
