@@ -304,14 +304,16 @@ def test_missing_paths_are_usage_errors(run_cli, tmp_path):
     assert "path does not exist" in result.output
 
 
-def test_code_objects_below_a_folder_named_for_their_arch_are_one_per_arch_set(run_cli, tmp_path, built):
-    """aiter's layout (hsa/<arch>/<group>/<kernel>.co, opened for the device's arch): each kernel's
-    files are one unit, judged as a set; a kernel built for one arch only is what lacks a target."""
+def test_code_objects_below_folders_named_for_their_arch_are_one_unit(run_cli, tmp_path, built):
+    """aiter's layout (hsa/<arch>/<group>/<kernel>.co, opened for the device's arch from the kernel
+    tables of that arch's folder): the arch folders are one unit, which serves an arch when its
+    folder holds code for it; a kernel that exists for one arch only (an FP4 GEMM) is by design."""
     hsa = tmp_path / "aiter_meta" / "hsa"
     for arch, source in (("gfx942", "k_gfx942.hsaco"), ("gfx950", "ll_gfx950.hsaco")):
         (hsa / arch / "fmoe").mkdir(parents=True)
         copy(built[source], hsa / arch / "fmoe" / "fmoe_b16.co")
         copy(built[source], hsa / arch / "flatmm_uk_gfx9_f16.co")  # a family in the name, not the arch
+        (hsa / arch / "fmoe" / "fmoe_b16.csv").write_text("knl_name,co_name\n")
     copy(built["ll_gfx950.hsaco"], hsa / "gfx950" / "f4gemm.co")  # an FP4 kernel: gfx950 only
     copy(built["k_gfx942.hsaco"], hsa / "gfx950" / "mislaid.co")  # holds gfx942 code: judged as is
     (tmp_path / "lib" / "gfx942").mkdir(parents=True)
@@ -319,19 +321,87 @@ def test_code_objects_below_a_folder_named_for_their_arch_are_one_per_arch_set(r
     result = run_cli("verify-arch", "gfx942", "gfx950", "-p", str(tmp_path), "--format", "json", expect=1)
     carriers = {os.path.relpath(c["path"], tmp_path): c for c in result.report["carriers"]}
     assert {path: (c["kind"], c["missing"]) for path, c in carriers.items()} == {
-        "aiter_meta/hsa/gfx*/fmoe/fmoe_b16.co": ("per-arch-files", []),
-        "aiter_meta/hsa/gfx*/flatmm_uk_gfx9_f16.co": ("per-arch-files", []),
-        "aiter_meta/hsa/gfx*/f4gemm.co": ("per-arch-files", ["gfx942"]),
+        "aiter_meta/hsa/gfx*": ("per-arch-folders", []),
         "aiter_meta/hsa/gfx950/mislaid.co": ("code-object-file", ["gfx950"]),
         "lib/gfx942/libk.so": ("library", ["gfx950"]),
     }
-    assert sorted(os.path.relpath(m, hsa) for m in carriers["aiter_meta/hsa/gfx*/fmoe/fmoe_b16.co"]["members"]) == [
+    assert sorted(os.path.relpath(m, hsa) for m in carriers["aiter_meta/hsa/gfx*"]["members"]) == [
+        "gfx942/flatmm_uk_gfx9_f16.co",
         "gfx942/fmoe/fmoe_b16.co",
+        "gfx950/f4gemm.co",
+        "gfx950/flatmm_uk_gfx9_f16.co",
         "gfx950/fmoe/fmoe_b16.co",
     ]
     rules = sorted((f["rule"], os.path.relpath(f["path"], tmp_path)) for f in result.report["findings"])
     assert rules == [
         ("ARCH001", "aiter_meta/hsa/gfx950/mislaid.co"),
         ("ARCH001", "lib/gfx942/libk.so"),
-        ("ARCH008", "aiter_meta/hsa/gfx*/f4gemm.co"),
     ]
+    # An arch no folder is for: the unit lacks it, once.
+    result = run_cli("verify-arch", "gfx90a", "gfx942", "-p", str(hsa), "--format", "json", expect=1)
+    found = sorted(
+        (f["rule"], os.path.relpath(f["path"], hsa), f["data"]["missing"]) for f in result.report["findings"]
+    )
+    assert found == [("ARCH001", "gfx950/mislaid.co", ["gfx90a"]), ("ARCH008", "gfx*", ["gfx90a"])]
+
+
+def _triton_kernel(folder: Path, code_object: Path, metadata: dict | str) -> Path:
+    """A Triton kernel as Triton's cache and aiter's AOT folders hold it: <name>.hsaco + <name>.json."""
+    folder.mkdir(parents=True)
+    copy(code_object, folder / "_gemm_kernel.hsaco")
+    text = metadata if isinstance(metadata, str) else json.dumps(metadata)
+    (folder / "_gemm_kernel.json").write_text(text)
+    return folder / "_gemm_kernel.hsaco"
+
+
+def _triton_metadata(arch: str, backend: str = "hip") -> dict:
+    # the shape Triton 3.x writes (and amd-aiter 0.1.7 ships): the target, then compile options
+    return {"hash": "4971ef", "target": {"backend": backend, "arch": arch, "warp_size": 64}, "num_warps": 2}
+
+
+def test_triton_kernels_serve_the_target_their_metadata_names(run_cli, tmp_path, built):
+    """Triton launches a compiled kernel only on the GPU its metadata names (the cache key holds
+    the target) and compiles it at first use elsewhere: no load failure, an ARCH009 note. Metadata
+    that is not Triton's for HIP, or that disagrees with the code, leaves the file a plain code
+    object."""
+    aot = tmp_path / "aiter" / "ops" / "triton" / "configs" / "gemm" / "aot"
+    for shape in ("M=1-N=1280-K=8192", "M=16-N=1280-K=8192"):
+        _triton_kernel(aot / f"_gemm_kernel_{shape}", built["ll_gfx950.hsaco"], _triton_metadata("gfx950"))
+    _triton_kernel(aot / "_gemm_kernel_M=32-N=1280-K=8192", built["k_gfx942.hsaco"], _triton_metadata("gfx942"))
+    odd = tmp_path / "odd"
+    cases = {
+        "cuda": _triton_metadata("gfx950", backend="cuda"),
+        "disagrees": _triton_metadata("gfx942"),  # the code is for gfx950
+        "nested": "[" * 100_000 + "]" * 100_000,
+        "not-json": "\x00\xff{",
+    }
+    for name, metadata in cases.items():
+        _triton_kernel(odd / name, built["ll_gfx950.hsaco"], metadata)
+    result = run_cli("verify-arch", "gfx942", "gfx950", "-p", str(tmp_path), "--format", "json", expect=1)
+    carriers = {os.path.relpath(c["path"], tmp_path): c for c in result.report["carriers"]}
+    triton = carriers.pop("aiter/ops/triton/configs/gemm/aot")
+    assert (triton["kind"], triton["missing"], len(triton["members"])) == ("triton-kernels", [], 3)
+    assert {m["target"]: (m["how"], len(m["tus_without"])) for m in triton["matches"]} == {
+        "gfx942": ("jit", 2),
+        "gfx950": ("jit", 1),
+    }
+    assert {path: (c["kind"], c["missing"]) for path, c in carriers.items()} == {
+        f"odd/{name}/_gemm_kernel.hsaco": ("code-object-file", ["gfx942"]) for name in cases
+    }
+    notes = [f for f in result.report["findings"] if f["rule"] == "ARCH009"]
+    assert [(os.path.relpath(f["path"], tmp_path), f["severity"], f["data"]["kernels"]) for f in notes] == [
+        ("aiter/ops/triton/configs/gemm/aot", "info", {"gfx942": 2, "gfx950": 1})
+    ]
+    assert sorted(f["rule"] for f in result.report["findings"]) == ["ARCH001"] * 4 + ["ARCH009"]
+    # Served everywhere it is asked: nothing to say.
+    one = aot / "_gemm_kernel_M=1-N=1280-K=8192"
+    result = run_cli("verify-arch", "gfx950", "-p", str(one), "--format", "json")
+    assert [c["kind"] for c in result.report["carriers"]] == ["triton-kernels"]
+    assert result.report["findings"] == []
+    # The unit is named inside what was audited; a file audited alone has no metadata beside it.
+    result = run_cli("verify-arch", "gfx942", "-p", str(one), "--format", "json")
+    assert [(c["path"], c["members"]) for c in result.report["carriers"]] == [
+        (str(one), [str(one / "_gemm_kernel.hsaco")])
+    ]
+    result = run_cli("verify-arch", "gfx942", "-p", str(one / "_gemm_kernel.hsaco"), "--format", "json", expect=1)
+    assert [(c["kind"], c["missing"]) for c in result.report["carriers"]] == [("code-object-file", ["gfx942"])]

@@ -270,22 +270,44 @@ AITER_MACH = {0x4C: "gfx942", 0x4F: "gfx950"}
 
 
 @pytest.mark.slow  # a 40 MB download, 2,501 code objects
-def test_vendor_wheel_amd_aiter_per_arch_folders(cache_dir, run_cli, tmp_path):
-    """Every kernel under hsa/<arch>/ is one per-arch set: it lacks exactly the arches with no file
-    of its name, and every member's e_flags name the arch of its folder."""
+def test_vendor_wheel_amd_aiter_per_arch_folders_and_triton_kernels(cache_dir, run_cli, tmp_path):
+    """aiter's hsa/<arch>/ folders are one unit serving gfx942 and gfx950 (every member's e_flags
+    name the arch of its folder; 219 kernels exist for gfx942 only and 158 for gfx950 only, by
+    design), and its 112 Triton AOT kernels (FP4 GEMMs, gfx950 per their metadata) are compiled at
+    first use elsewhere: no error for the two arches aiter supports, one for an arch it has no
+    folder for."""
     with zipfile.ZipFile(aiter_wheel(cache_dir)) as archive:
-        members = [m for m in archive.namelist() if m.startswith("aiter_meta/hsa/") and m.endswith(".co")]
+        members = [
+            m
+            for m in archive.namelist()
+            if m.startswith("aiter_meta/hsa/")
+            and m.endswith((".co", ".csv"))
+            or "/triton/configs/gemm/aot/" in m
+            and m.endswith((".hsaco", ".json"))
+        ]
         archive.extractall(tmp_path, members)
-    assert len(members) == 2501
-    kernels: dict[str, set[str]] = {}
-    for member in members:
+    code = [m for m in members if m.endswith(".co")]
+    assert len(code) == 2501
+    per_arch: dict[str, set[str]] = {}
+    for member in code:
         _, _, arch, rest = member.split("/", 3)
         assert AITER_MACH[(tmp_path / member).read_bytes()[0x30]] == arch
-        kernels.setdefault(rest, set()).add(arch)
-    report = run_cli("verify-arch", "gfx942", "gfx950", "-p", str(tmp_path), "--format", "json", expect=1).report
-    carriers = report["carriers"]
-    assert {c["kind"] for c in carriers} == {"per-arch-files"}
-    prefix = str(tmp_path / "aiter_meta" / "hsa" / "gfx*") + os.sep
-    got = {c["path"].removeprefix(prefix): sorted(c["missing"]) for c in carriers}
-    assert got == {rest: sorted({"gfx942", "gfx950"} - arches) for rest, arches in kernels.items()}
-    assert {f["rule"] for f in report["findings"]} == {"ARCH008"}
+        per_arch.setdefault(rest, set()).add(arch)
+    assert sorted(len(a) for a in per_arch.values()).count(1) == 377  # kernels of one arch only
+    triton = [m for m in members if m.endswith(".hsaco")]
+    assert len(triton) == 112
+    assert {AITER_MACH[(tmp_path / m).read_bytes()[0x30]] for m in triton} == {"gfx950"}
+
+    report = run_cli("verify-arch", "gfx942", "gfx950", "-p", str(tmp_path), "--format", "json").report
+    carriers = {os.path.relpath(c["path"], tmp_path): c for c in report["carriers"]}
+    assert {path: (c["kind"], c["missing"], len(c["members"])) for path, c in carriers.items()} == {
+        "aiter_meta/hsa/gfx*": ("per-arch-folders", [], 2501),
+        "aiter/ops/triton/configs/gemm/aot": ("triton-kernels", [], 112),
+    }
+    assert [(f["rule"], f["data"]["kernels"]) for f in report["findings"]] == [("ARCH009", {"gfx942": 112})]
+
+    report = run_cli("verify-arch", "gfx90a", "-p", str(tmp_path), "--format", "json", expect=1).report
+    assert sorted((f["rule"], os.path.relpath(f["path"], tmp_path)) for f in report["findings"]) == [
+        ("ARCH008", "aiter_meta/hsa/gfx*"),
+        ("ARCH009", "aiter/ops/triton/configs/gemm/aot"),
+    ]

@@ -234,3 +234,52 @@ def test_manifest_option_chooses_the_journal(run_cli, units, tmp_path):
     assert {e.get("owner") for e in files} == {"mylib", None}  # RECORD-owned, and unowned SDK files
     reverted = run_cli("prune", "--revert", str(manifest), "--format", "json", expect=0).report
     assert reverted["prune_revert"]["restored"]
+
+
+def _aiter_layout(site: Path, tmp_path: Path) -> None:
+    """aiter's shape: aiter_meta/hsa/<arch>/<group>/<kernel>.co with the kernel tables (.csv) that
+    name them; gfx1100 has a kernel gfx942 lacks (clang-19 knows no gfx950)."""
+    from support.therock.artifacts import amdgpu_code_object
+
+    for value, arch in enumerate(("gfx90a", "gfx942", "gfx1100"), start=1):
+        code = amdgpu_code_object(tmp_path / "objects" / arch, arch, "k.hsaco", value)
+        folder = site / "aiter_meta" / "hsa" / arch
+        (folder / "fmoe").mkdir(parents=True)
+        (folder / "fmoe" / "fmoe_b16.co").write_bytes(code.read_bytes())
+        (folder / "fmoe" / "fmoe_b16.csv").write_text(f"knl_name,co_name\nfmoe_b16,{arch}\n")
+        if arch == "gfx1100":
+            (folder / "f4gemm.co").write_bytes(code.read_bytes())
+
+
+def test_arch_folders_of_code_objects_are_pruned_whole(run_cli, tmp_path):
+    site = tmp_path / "site-packages"
+    _aiter_layout(site, tmp_path)
+    # A folder named for an arch that holds something loaded as is, or code for another arch, stays.
+    (site / "other" / "gfx90a").mkdir(parents=True)
+    (site / "other" / "gfx90a" / "module.py").write_text("")
+    (site / "other" / "gfx90a" / "k.co").write_bytes((site / "aiter_meta/hsa/gfx90a/fmoe/fmoe_b16.co").read_bytes())
+    (site / "mislaid" / "gfx90a").mkdir(parents=True)
+    (site / "mislaid" / "gfx90a" / "k.co").write_bytes((site / "aiter_meta/hsa/gfx942/fmoe/fmoe_b16.co").read_bytes())
+    before = tree_state(site)
+    report = _prune(run_cli, site, "gfx942", "gfx1100", "--dry-run")
+    removals = {os.path.relpath(r["path"], site): r for r in report["prune"]["removals"]}
+    assert {rel: (r["kind"], r["arches"]) for rel, r in removals.items()} == {
+        "aiter_meta/hsa/gfx90a": ("code-object-dir", ["gfx90a"]),
+    }
+    assert removals["aiter_meta/hsa/gfx90a"]["bytes"] == sum(
+        len(state[1]) for rel, state in before.items() if rel.startswith("aiter_meta/hsa/gfx90a/")
+    )
+    assert tree_state(site) == before
+    applied = _prune(run_cli, site, "gfx942", "gfx1100", "--backup", str(tmp_path / "backup"))
+    assert not os.path.lexists(site / "aiter_meta/hsa/gfx90a")
+    after = tree_state(site)
+    assert {rel for rel in before if rel not in after} == {
+        "aiter_meta/hsa/gfx90a/fmoe/fmoe_b16.co",
+        "aiter_meta/hsa/gfx90a/fmoe/fmoe_b16.csv",
+    }
+    assert all(before[rel] == after[rel] for rel in after)
+    # what the kept arches load is untouched, and verify-arch still judges the folders one unit
+    verdict = run_cli("verify-arch", "gfx942", "gfx1100", "-p", str(site / "aiter_meta"), "--format", "json").report
+    assert [(c["kind"], c["missing"]) for c in verdict["carriers"]] == [("per-arch-folders", [])]
+    run_cli("prune", "--revert", applied["prune"]["manifest"], "--format", "json", expect=0)
+    assert tree_state(site) == before

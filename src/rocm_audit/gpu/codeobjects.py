@@ -81,6 +81,10 @@ class FileCodeObjects:
     findings: list[Finding] = field(default_factory=list)
     # (file offset, size in the file, "offload-bundle" | "ccob") of each bundle, in file order.
     bundles: list[tuple[int, int, str]] = field(default_factory=list)
+    # The target a Triton kernel's metadata (<name>.json beside <name>.hsaco) names, if it has one
+    # (Triton launches the kernel only there), and the folder of kernel folders it belongs to.
+    triton_target: str | None = None
+    triton_folder: str | None = None
 
     def add_container(self, name: str) -> None:
         if name not in self.containers:

@@ -2,9 +2,11 @@
 
 A carrier is something the runtime loads device code from as one unit: a host library or executable
 with a fat binary (judged per translation unit, formats.md 2.9), a standalone code-object file, a
-set of per-arch files that differ only by the arch in their name (``libMIOpenCK*_gfx942.so``), or a
-per-arch kernel database (Tensile ``library/``, AOTriton ``aotriton.images``). Library code: returns
-a ``CommandOutcome`` and never prints.
+set of per-arch files that differ only by the arch in their name (``libMIOpenCK*_gfx942.so``), the
+folders of code objects named for their arch (aiter's ``hsa/gfx942/``), a per-arch kernel database
+(Tensile ``library/``, AOTriton ``aotriton.images``), or Triton's compiled kernels (a kernel cache or
+an AOT folder: each kernel is launched only on the GPU its metadata names, and compiled at first
+use on another). Library code: returns a ``CommandOutcome`` and never prints.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any
 
 from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.formats import triton_metadata
 from rocm_audit.gpu.codeobjects import DEVICE_KINDS, CodeObject, FileCodeObjects, scan_file
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.tree.archfiles import arch_folder_of
 from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import (
@@ -282,6 +286,7 @@ def scan_inventory(inventory: Inventory, selection: TargetSelection | None = Non
     """Code objects of every file that can hold some, in path order; kernel-database files too.
     With a selection, only what judging its agents needs is read (``scan_file``)."""
     results = []
+    by_path = {record.path: record for record in inventory.files}
     for record in sorted(inventory.files, key=lambda r: r.path):
         database = _database_root(record.path)
         if database is not None:
@@ -317,9 +322,42 @@ def scan_inventory(inventory: Inventory, selection: TargetSelection | None = Non
             continue
         if may_hold_code(record):
             scanned = code_objects_of(inventory, record, selection)
+            if scanned.code_objects and record.path.endswith(".hsaco"):
+                metadata = by_path.get(record.path.removesuffix(".hsaco") + ".json")
+                target = _triton_target(inventory, metadata) if metadata is not None else None
+                if target is not None:  # the cached fact stays as read; the target goes on a copy
+                    scanned = dataclasses.replace(
+                        scanned, triton_target=target, triton_folder=_kernels_folder(record.path, record.root)
+                    )
             if scanned.code_objects or scanned.findings:
                 results.append(scanned)
     return results
+
+
+def _kernels_folder(path: str, root: str) -> str:
+    """The folder holding a Triton kernel's entry folder (``<cache>/<hash>/<name>.hsaco``, aiter's
+    ``aot/<kernel>_M=..-N=..-K=../<name>.hsaco``), or the nearest inside the audited root."""
+    for folder in (os.path.dirname(os.path.dirname(path)), os.path.dirname(path)):
+        if folder == root or folder.startswith(root.rstrip(os.sep) + os.sep):
+            return folder
+    return path  # the root is the file itself
+
+
+def _triton_target(inventory: Inventory, metadata: FileRecord) -> str | None:
+    """The target Triton metadata names (formats/triton_metadata.py); None if it is not that or
+    cannot be read (then the code object is judged as any standalone file)."""
+
+    def read(fd: int) -> str | None:
+        if metadata.size > triton_metadata.MAX_METADATA_BYTES:
+            return None
+        return triton_metadata.hip_target(os.pread(fd, triton_metadata.MAX_METADATA_BYTES + 1, 0))
+
+    if metadata.kind is not FileKind.NOT_ELF:
+        return None
+    try:
+        return inventory.facts.get(metadata, "triton-target", read)
+    except OSError:
+        return None
 
 
 def may_hold_code(record: FileRecord) -> bool:
@@ -346,7 +384,7 @@ def code_objects_of(
 class Carrier:
     path: str
     package: str | None
-    kind: str  # library | code-object-file | per-arch-files | kernel-database
+    kind: str  # library | code-object-file | per-arch-files | per-arch-folders | triton-kernels | kernel-database:*
     containers: list[str]
     tus: list[list[CodeObject]]  # device code objects per translation unit
     members: list[str] = field(default_factory=list)
@@ -403,15 +441,22 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
             if obj.tu is not None and obj.tu < len(tus):
                 tus[obj.tu].append(obj)
         in_host = any(c in scanned.containers for c in ("hip-fatbin", "kpack", "embedded-elf"))
-        pattern = _per_arch_pattern(scanned.path, [obj for tu in tus for obj in tu], in_host)
-        if pattern is not None:
-            carrier = groups.get(pattern)
+        objects = [obj for tu in tus for obj in tu]
+        unit = None if in_host else _triton_unit(scanned, objects)
+        if unit is None:
+            unit = _per_arch_unit(scanned.path, objects, in_host)
+        if unit is not None:
+            path, kind = unit
+            carrier = groups.get(path)
             if carrier is None:
-                carrier = Carrier(pattern, _package(scanned.sdk_tree), "per-arch-files", [], [[]])
-                groups[pattern] = carrier
+                carrier = Carrier(path, _package(scanned.sdk_tree), kind, [], [] if kind == "triton-kernels" else [[]])
+                groups[path] = carrier
                 carriers.append(carrier)
             carrier.members.append(scanned.path)
-            carrier.tus[0].extend(obj for tu in tus for obj in tu)
+            if kind == "triton-kernels":
+                carrier.tus.append(objects)  # each kernel is looked up on its own
+            else:
+                carrier.tus[0].extend(objects)
             for container in scanned.containers:
                 if container not in carrier.containers:
                     carrier.containers.append(container)
@@ -421,34 +466,42 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
     return sorted(carriers, key=lambda c: c.path)
 
 
-def _per_arch_pattern(path: str, objects: list[CodeObject], in_host: bool) -> str | None:
-    """The path of the per-arch set a file belongs to, ``gfx*`` where its arch is; None for none.
+def _triton_unit(scanned: FileCodeObjects, objects: list[CodeObject]) -> tuple[str, str] | None:
+    """Triton kernels (``<cache>/<entry>/<name>.hsaco`` with the metadata Triton wrote) whose code is
+    for the target the metadata names: the folder of their entry folders is the unit."""
+    target = scanned.triton_target
+    if target is None or not objects:
+        return None
+    processor = target.split(":")[0]
+    if any(obj.target is None or obj.target.split(":")[0] != processor for obj in objects):
+        return None  # the metadata says one GPU, the code another: judged as the file it is
+    return scanned.triton_folder or os.path.dirname(scanned.path), "triton-kernels"
 
-    libMIOpenCK<x>_gfx942.so, Kernels_gfx950.hsaco: one file per arch, named for it. A standalone
-    code-object file may instead sit below a directory named for its arch
-    (``aiter_meta/hsa/gfx942/fmoe/x.co`` beside ``hsa/gfx950/fmoe/x.co``): a loader that builds the
-    path from the device's arch opens only its own, so the set is the unit. Host libraries are left
-    out of the directory rule: a library under a folder named for an arch is still loaded as is.
+
+def _per_arch_unit(path: str, objects: list[CodeObject], in_host: bool) -> tuple[str, str] | None:
+    """(unit path, kind) of the per-arch set a file belongs to, ``gfx*`` where its arch is; None
+    for none.
+
+    libMIOpenCK<x>_gfx942.so, Kernels_gfx950.hsaco: one file per arch, named for it
+    (``per-arch-files``). A standalone code-object file may instead sit below a folder named for its
+    arch (``aiter_meta/hsa/gfx942/fmoe/x.co``): the loader builds the path from the device's arch
+    and chooses among the kernels that folder has (aiter reads the kernel tables beside them,
+    ``hsa/gfx942/fmoe/*.csv``), so the folders are the unit (``per-arch-folders``, like Tensile's
+    ``library/gfx942/``), and a kernel that exists for one arch only (an FP4 kernel, gfx950) is
+    by design. Host libraries are left out of the folder rule: a library under a folder named for
+    an arch is still loaded as is.
     """
     directory, name = os.path.split(path)
     if _is_per_arch_file(name, objects):
-        return os.path.join(directory, re.sub(r"gfx[0-9a-z]+(?:-[0-9a-z]+)*", "gfx*", name))
-    if in_host:
+        return os.path.join(directory, re.sub(r"gfx[0-9a-z]+(?:-[0-9a-z]+)*", "gfx*", name)), "per-arch-files"
+    found = None if in_host else arch_folder_of(path)
+    if found is None:
         return None
-    parts = directory.split(os.sep)
-    # a component that is an arch name and nothing else (gfx942, gfx90a-xnack+), not amd-gfx942
-    arch_dirs = [i for i, part in enumerate(parts) if arch_tokens(part) == [_canonical_arch_dir(part)]]
-    if len(arch_dirs) != 1:
-        return None
-    processor = _canonical_arch_dir(parts[arch_dirs[0]]).split(":")[0]
+    folder, arch = found
+    processor = arch.split(":")[0]
     if not objects or any(obj.target is None or obj.target.split(":")[0] != processor for obj in objects):
         return None
-    parts[arch_dirs[0]] = "gfx*"
-    return os.path.join(os.sep.join(parts), name)
-
-
-def _canonical_arch_dir(part: str) -> str:
-    return re.sub(r"[-_](xnack|sramecc)", r":\1", part)
+    return os.path.join(os.path.dirname(folder), "gfx*"), "per-arch-folders"
 
 
 def _is_per_arch_file(name: str, objects: list[CodeObject]) -> bool:
@@ -529,23 +582,27 @@ def judge_all(carriers: list[Carrier], required: list[RequiredTarget]) -> list[F
 
 
 def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
-    """Fill ``matches``/``missing``; return ARCH001/ARCH002/ARCH008 findings."""
+    """Fill ``matches``/``missing``; return ARCH001/ARCH002/ARCH008/ARCH009 findings."""
     findings: list[Finding] = []
     spirv_only: list[str] = []
+    compiled: list[tuple[str, int]] = []  # Triton kernels compiled at first use: (target, how many)
     for target in required:
         per_tu = [tu_match(tu, target.agent) for tu in carrier.tus]
         tus_without = [index for index, how in enumerate(per_tu) if how is None]
         order = [MatchKind.NATIVE, MatchKind.GENERIC, MatchKind.SPIRV]
         how = None if tus_without else max(per_tu, key=lambda k: order.index(k) if k else -1)
+        jit = how is None and carrier.kind == "triton-kernels"
         carrier.matches.append(
             {
                 "target": target.spelled,
                 "agent": str(target.agent),
-                "how": how.value if how else None,
+                "how": "jit" if jit else how.value if how else None,
                 "tus_without": tus_without,
             }
         )
-        if how is None:
+        if jit:
+            compiled.append((target.spelled, len(tus_without)))
+        elif how is None:
             carrier.missing.append(target.spelled)
         elif how is MatchKind.SPIRV:
             spirv_only.append(target.spelled)
@@ -559,9 +616,22 @@ def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
                 data={"target": spirv_only[0], "targets": spirv_only},
             )
         )
+    if compiled:
+        counts = "; ".join(f"{target}: {count} of {len(carrier.tus)}" for target, count in compiled)
+        findings.append(
+            make_finding(
+                "ARCH009",
+                carrier.path,
+                f"Triton kernels built for other GPUs only, compiled at first use there ({counts}); "
+                f"found: {', '.join(carrier.targets()) or 'none'}",
+                data={"targets": [t for t, _ in compiled], "kernels": dict(compiled), "of": len(carrier.tus)},
+            )
+        )
     if carrier.missing:
         rule = (
-            "ARCH008" if carrier.kind.startswith("kernel-database") or carrier.kind == "per-arch-files" else "ARCH001"
+            "ARCH008"
+            if carrier.kind.startswith("kernel-database") or carrier.kind in ("per-arch-files", "per-arch-folders")
+            else "ARCH001"
         )
         detail = ""
         if len(carrier.tus) > 1:

@@ -26,7 +26,14 @@ from typing import Protocol
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.tree.archfiles import ArchUnit, arch_unit_of, code_object_file_unit, device_distribution_arch
+from rocm_audit.tree.archfiles import (
+    ArchUnit,
+    arch_folder_of,
+    arch_unit_of,
+    code_object_file_unit,
+    code_object_folder_unit,
+    device_distribution_arch,
+)
 from rocm_audit.tree.discovery import enclosing_sdk_tree
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, LinkRecord
 from rocm_audit.tree.ownership import Distribution, owners, read_distributions
@@ -239,8 +246,11 @@ def make_plan(inventory: Inventory, kept: list[Kept], device_code: DeviceCodeOf)
             # a file another kind of distribution installs too (_rocm_sdk_libraries/__init__.py) is not device content
             if not any(o.files.get(path) for o in distributions if o.dist_info not in device_names):
                 plan.device_dist_of_path[path] = distribution
+    folders = _code_object_folders(inventory, device_code)
     for record in inventory.files:
         unit = arch_unit_of(record.path)
+        if unit is None:
+            unit = _folder_of(record.path, folders)
         if unit is None and record.kind is not FileKind.SHARED_LIBRARY and _is_code_object_file(record):
             candidate = code_object_file_unit(record.path)
             code = device_entries(device_code(record))
@@ -333,6 +343,39 @@ def _keep(plan: PrunePlan, removal: Removal, reason: str) -> None:
 
 def _in_dist_info(path: str, distribution: Distribution) -> bool:
     return path == distribution.dist_info or path.startswith(distribution.dist_info + os.sep)
+
+
+def _code_object_folders(inventory: Inventory, device_code: DeviceCodeOf) -> dict[str, ArchUnit]:
+    """Arch folders (aiter's ``hsa/gfx942/``) that are whole per-arch units: every code object in
+    one is a standalone file of code for its arch, and nothing else in it is loaded as is (no host
+    ELF, no Python module) or belongs to a unit of its own (a Tensile ``library/``)."""
+    candidates: dict[str, ArchUnit] = {}
+    spoiled: set[str] = set()
+    for record in inventory.files:
+        if arch_unit_of(record.path) is not None:
+            found = arch_folder_of(record.path)
+            if found is not None:
+                spoiled.add(found[0])
+            continue
+        unit = code_object_folder_unit(record.path)
+        if unit is None:
+            continue
+        if record.kind in (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE, FileKind.OTHER_ELF) or (
+            record.path.endswith((".py", ".pyc", ".so"))
+        ):
+            spoiled.add(unit.path)
+        elif _is_code_object_file(record):
+            code = device_entries(device_code(record))
+            if code and all(_same_processor(o.target, unit.arches[0]) for o in code):
+                candidates.setdefault(unit.path, unit)
+            else:
+                spoiled.add(unit.path)
+    return {path: unit for path, unit in candidates.items() if path not in spoiled}
+
+
+def _folder_of(path: str, folders: dict[str, ArchUnit]) -> ArchUnit | None:
+    found = arch_folder_of(path) if folders else None
+    return folders.get(found[0]) if found is not None else None
 
 
 def _is_code_object_file(record: FileRecord) -> bool:

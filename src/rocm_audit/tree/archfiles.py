@@ -11,8 +11,9 @@ Recognised by path alone (formats.md 1.3, 1.7, 2.10; kpack's database_handlers.p
   plugins ``libMIOpenCK<name>_gfx942.so`` MIOpen dlopens for the device's arch;
 - AOTriton image folders ``aotriton.images/amd-gfx942/`` and family folders (``amd-gfx11xx``),
   and ``aotriton/kernels/gfx942/``;
-- standalone code-object files named for one arch (``Kernels_gfx950.hsaco``), the per-arch sets
-  verify-arch already judges: only when their content is for that arch too (the caller checks).
+- standalone code-object files named for one arch (``Kernels_gfx950.hsaco``), and folders named for
+  one arch that hold standalone code objects (aiter's ``aiter_meta/hsa/gfx942/``), the per-arch
+  units verify-arch judges: only when their content is for that arch too (the caller checks).
 
 A unit is removed whole or not at all; what the caller checks before that is in prune/.
 Device distributions (TheRock ``rocm-sdk-device-gfx942``, PyTorch ``amd-torch-device-gfx942``)
@@ -49,7 +50,9 @@ _FAMILY_SUFFIX = re.compile(r"-(?:all|dgpu|igpu|dcgpu)$")
 class ArchUnit:
     """One per-arch unit: ``path`` is a file, or a folder when ``is_dir`` (every file under it)."""
 
-    kind: str  # kpack-archive | tensile | tensile-dir | miopen-db | miopen-ck | aotriton | code-object-file
+    # kpack-archive | tensile | tensile-dir | miopen-db | miopen-ck | aotriton | code-object-file
+    # | code-object-dir
+    kind: str
     path: str
     is_dir: bool
     arches: tuple[str, ...]  # as named: gfx942, gfx90a:xnack+, gfx11xx (a family)
@@ -100,6 +103,33 @@ def arch_unit_of(path: str) -> ArchUnit | None:
     if match is not None:
         return ArchUnit("miopen-ck", path, False, (match.group(1),))
     return None
+
+
+def arch_folder_of(path: str) -> tuple[str, str] | None:
+    """(folder, arch) when exactly one folder above ``path`` is named for an arch and nothing else
+    (``hsa/gfx942``, ``gfx90a-xnack+``; not ``amd-gfx942``): what a loader that builds the path from
+    the device's arch opens (aiter's ``aiter_meta/hsa/gfx942/fmoe/x.co``). The caller checks that
+    what is inside is code for that arch."""
+    parts = os.path.dirname(path).split(os.sep)
+    named = [(i, arch) for i, part in enumerate(parts) if arch_tokens(part) == [arch := _as_target(part)]]
+    if len(named) != 1:
+        return None
+    index, arch = named[0]
+    return os.sep.join(parts[: index + 1]), arch
+
+
+def _as_target(folder_name: str) -> str:
+    """``gfx90a-xnack+`` -> ``gfx90a:xnack+``: a folder name spelled as the target it names."""
+    return re.sub(r"[-_](xnack|sramecc)", r":\1", folder_name)
+
+
+def code_object_folder_unit(path: str) -> ArchUnit | None:
+    """The arch folder (``hsa/gfx942/``) a standalone code-object file lies in, or None."""
+    found = arch_folder_of(path)
+    if found is None:
+        return None
+    folder, arch = found
+    return ArchUnit("code-object-dir", folder, True, (arch,))
 
 
 def code_object_file_unit(path: str) -> ArchUnit | None:
