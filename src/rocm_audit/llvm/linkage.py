@@ -31,7 +31,7 @@ import os
 import re
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
@@ -464,6 +464,39 @@ def _init_functions(reader: _Reader, relative: Mapping[int, int]) -> list[int]:
     return entries
 
 
+class _CallWalk:
+    """A bounded depth-first walk over the functions some starts call, each function's code read
+    once however many paths reach it; ``spent`` once the budget ran out (the walk then stops)."""
+
+    def __init__(self, reader: _Reader, code_map: _CodeMap, starts: Sequence[int], max_depth: int) -> None:
+        self.reader = reader
+        self.code_map = code_map
+        self.max_depth = max_depth
+        self.stack = [(start, 0) for start in starts]
+        self.seen: set[int] = set()
+        self.spent = False
+
+    def functions(self) -> Iterator[tuple[int, int, bytes]]:
+        """(address, depth, code) of each function reached, until the stack or the budget ends."""
+        spent_bytes = 0
+        while self.stack:
+            address, depth = self.stack.pop()
+            if address in self.seen:
+                continue
+            self.seen.add(address)
+            if len(self.seen) > MAX_WALK_FUNCTIONS or spent_bytes > MAX_WALK_BYTES:
+                self.spent = True
+                return
+            code = self.reader.read_vaddr(address, self.code_map.length_at(address))
+            spent_bytes += len(code)
+            yield address, depth, code
+
+    def follow(self, target: int, depth: int) -> None:
+        """Walk into ``target`` (at ``depth``) if it is a function start not walked yet and within reach."""
+        if depth < self.max_depth and target not in self.seen and self.code_map.is_function(target):
+            self.stack.append((target, depth))
+
+
 def _reaches(
     reader: _Reader,
     starts: list[int],
@@ -480,18 +513,8 @@ def _reaches(
     declares an option) is called through the PLT, and in the library that is loaded first the
     lookup finds its own copy; a later copy is the same code."""
     own_stubs = own_stubs or {}
-    stack = [(start, 0) for start in starts]
-    seen: set[int] = set()
-    spent_bytes = 0
-    while stack:
-        address, depth = stack.pop()
-        if address in seen:
-            continue
-        seen.add(address)
-        if len(seen) > MAX_WALK_FUNCTIONS or spent_bytes > MAX_WALK_BYTES:
-            return None, f"undecided: walk budget spent after {len(seen)} functions"
-        code = reader.read_vaddr(address, code_map.length_at(address))
-        spent_bytes += len(code)
+    walk = _CallWalk(reader, code_map, starts, MAX_WALK_DEPTH)
+    for address, depth, code in walk.functions():
         for found in _CALL_PATTERN.finditer(code):
             position = found.start()
             opcode = code[position]
@@ -503,16 +526,16 @@ def _reaches(
                 if target in targets:
                     how = "PLT" if target in stubs else "direct call"
                     return True, f"an .init_array function reaches addArgument ({how}, depth {depth + 1})"
-                target = own_stubs.get(target, target)
-                if depth + 1 < MAX_WALK_DEPTH and target not in seen and code_map.is_function(target):
-                    stack.append((target, depth + 1))
+                walk.follow(own_stubs.get(target, target), depth + 1)
             else:
                 if position + 6 > len(code):
                     continue
                 (displacement,) = struct.unpack_from("<i", code, position + 2)
                 if address + position + 6 + displacement in got_slots:
                     return True, f"an .init_array function reaches addArgument (GOT, depth {depth + 1})"
-    return False, f"no .init_array function reaches addArgument ({len(seen)} functions walked)"
+    if walk.spent:
+        return None, f"undecided: walk budget spent after {len(walk.seen)} functions"
+    return False, f"no .init_array function reaches addArgument ({len(walk.seen)} functions walked)"
 
 
 # mov sym@GOTPCREL(%rip), %reg: REX.W (48, or 4C for r8-r15) 8B, ModRM mod=00 rm=101.
@@ -532,19 +555,9 @@ def _initialised_slots(
     way in position-independent code (a default-visibility object can be interposed, so even
     the library's own code reaches it through the GOT). Constant-initialised objects (TypeIDs,
     pass IDs, tables) are never touched at load. None when the walk ran out of budget."""
-    stack = [(start, 0) for start in starts]
-    seen: set[int] = set()
     found: set[int] = set()
-    spent_bytes = 0
-    while stack:
-        address, depth = stack.pop()
-        if address in seen:
-            continue
-        seen.add(address)
-        if len(seen) > MAX_WALK_FUNCTIONS or spent_bytes > MAX_WALK_BYTES:
-            return None
-        code = reader.read_vaddr(address, code_map.length_at(address))
-        spent_bytes += len(code)
+    walk = _CallWalk(reader, code_map, starts, MAX_INIT_DEPTH)
+    for address, depth, code in walk.functions():
         for load in _GOT_LOAD.finditer(code):
             position = load.start()
             if position + 7 <= len(code):
@@ -553,16 +566,15 @@ def _initialised_slots(
                 if slot in slots:
                     found.add(slot)
         if depth + 1 >= MAX_INIT_DEPTH:
-            continue
+            continue  # its callees are out of reach: no need to look for them
         for call in re.finditer(rb"\xe8", code):
             position = call.start()
             if position + 5 > len(code):
                 continue
             (displacement,) = struct.unpack_from("<i", code, position + 1)
-            target = own_stubs.get(address + position + 5 + displacement, address + position + 5 + displacement)
-            if target not in seen and code_map.is_function(target):
-                stack.append((target, depth + 1))
-    return frozenset(found)
+            target = address + position + 5 + displacement
+            walk.follow(own_stubs.get(target, target), depth + 1)
+    return None if walk.spent else frozenset(found)
 
 
 def read_linkage(path: str, dynamic: elfread.DynamicInfo, fd: int | None = None) -> Linkage:
