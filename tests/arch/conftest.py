@@ -273,3 +273,64 @@ def sdk_tree(tmp_path) -> Path:
     for name in ("_rocm_sdk_core/lib", "_rocm_sdk_libraries/lib", "_rocm_sdk_core/share/therock"):
         (tmp_path / "site-packages" / name).mkdir(parents=True)
     return tmp_path / "site-packages"
+
+
+# Device images a program loads itself with hipModuleLoadData: `hipcc --genco`-style device-only
+# output (a bundle, or a CCOB with --offload-compress), pulled into .rodata with .incbin.
+DEVICE_ONLY_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "--cuda-device-only"]
+EMBED_ASM = '\t.section .rodata\n{body}\t.section .note.GNU-stack,"",@progbits\n'
+
+
+@pytest.fixture(scope="session")
+def embedded_libs(tmp_path_factory, tools) -> dict[str, Path]:
+    """Host libraries with device images in .rodata, built by clang++-19 / clang-19: name -> path."""
+    out = tmp_path_factory.mktemp("arch-embedded")
+    cxx, cc = tools["clang++-19"], tools["clang-19"]
+    (out / "k1.hip").write_text(HIP_TU_1 % ("k1", 1))
+    (out / "k3.hip").write_text(HIP_TU_1 % ("k3", 3))
+
+    def device_only(name: str, arches: list[str], *extra: str) -> None:
+        # hipcc --genco's output: device code only, as one bundle (a CCOB with --offload-compress)
+        offload = [f"--offload-arch={a}" for a in arches]
+        run_checked([cxx, *DEVICE_ONLY_FLAGS, "--gpu-bundle-output", *extra, *offload, "k3.hip", "-o", name], out)
+
+    device_only("both.ccob", ["gfx942", "gfx90a"], "--offload-compress")
+    device_only("both.hipfb", ["gfx942", "gfx90a"])
+    device_only("only90a.hipfb", ["gfx90a"])
+    # A CCOB whose header and zstd frame header are intact but whose first block is not.
+    good = (out / "both.ccob").read_bytes()
+    assert good[:4] == b"CCOB" and good[24:28] == b"\x28\xb5\x2f\xfd", good[:32]
+    (out / "broken.ccob").write_bytes(good[:36] + b"\xa5" * 400 + good[436:])
+    made: dict[str, Path] = {}
+
+    def lib(name: str, images: list[str], *hip: str) -> None:
+        body = "".join(f'\t.balign 4096\nimg{i}:\n\t.incbin "{image}"\n' for i, image in enumerate(images))
+        (out / f"{name}.s").write_text(EMBED_ASM.format(body=body))
+        run_checked([cc, "-c", f"{name}.s", "-o", f"{name}.o"], out)
+        if hip:
+            run_checked([cxx, *HIP_FLAGS, "-c", *hip, "k1.hip", "-o", f"{name}.hip.o"], out)
+        objects = [f"{name}.o"] + ([f"{name}.hip.o"] if hip else [])
+        run_checked([cxx, "-shared", *objects, "-o", name], out)
+        made[name] = out / name
+
+    lib("libembccob.so", ["both.ccob"])
+    lib("libembplain.so", ["both.hipfb"])
+    lib("libembfat.so", ["both.hipfb"], "--offload-arch=gfx942", "--offload-arch=gfx90a")
+    lib("libembgap.so", ["only90a.hipfb"], "--offload-arch=gfx942", "--offload-arch=gfx90a")
+    lib("libembbroken.so", ["broken.ccob", "both.hipfb", "only90a.hipfb"])
+    # The magics as plain data, as parsers of these formats hold them: alone, before a count and
+    # garbage, before a plausible-looking header whose sizes or payload give it away.
+    (out / "strings.c").write_text(
+        "#include <stdint.h>\n"
+        'const char names[] = "__CLANG_OFFLOAD_BUNDLE__ CCOB \\x7f" "ELF";\n'
+        'const char table[] = "__CLANG_OFFLOAD_BUNDLE__\\x02\\0\\0\\0\\0\\0\\0\\0" "garbage that is no entry table";\n'
+        "const uint16_t ccob_words[] = {0x4343, 0x424f, 2, 1, 0xffff, 0xffff, 0x100, 0, 0, 0, 0, 0, 0x1234};\n"
+        'const unsigned char ccob_text[] = "CCOB\\x02\\0\\x01\\0\\x40\\0\\0\\0\\x00\\x10\\0\\0" "12345678" '
+        '"not a zstd frame at all, just text that follows a header of the right shape";\n'
+        'const char ids[] = "__CLANG_OFFLOAD_BUNDLE__\\x01\\0\\0\\0\\0\\0\\0\\0" "\\0\\0\\0\\0\\0\\0\\0\\0"\n'
+        '    "\\0\\0\\0\\0\\0\\0\\0\\0" "\\x05\\0\\0\\0\\0\\0\\0\\0" "hello";\n'
+        "const char *use(int i) { return i ? names : i < 0 ? ids : table; }\n"
+    )
+    run_checked([cc, "-fPIC", "-shared", "strings.c", "-o", "libembstrings.so"], out)
+    made["libembstrings.so"] = out / "libembstrings.so"
+    return made

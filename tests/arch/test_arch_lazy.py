@@ -1,7 +1,7 @@
 """One verdict, whichever path computes it: the lazy judgement (only the entries the runtime would
 select are inflated, each compressed stream stops after the last of them) against the full scan
-(every entry read), over clang-built libraries, the pinned vendor wheels (CCOB v3; CCOB v2 and v3 side by side) and
-test-written bundles."""
+(every entry read), over clang-built libraries (images embedded in .rodata too), the pinned vendor
+wheels (CCOB v3; CCOB v2 and v3 side by side) and test-written bundles."""
 
 from __future__ import annotations
 
@@ -53,13 +53,22 @@ def _written_samples(into: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sample_dirs(built, jax_plugin, bitsandbytes_libs, tmp_path_factory) -> dict[str, Path]:
+def sample_dirs(built, embedded_libs, jax_plugin, bitsandbytes_libs, tmp_path_factory) -> dict[str, Path]:
     clang = tmp_path_factory.mktemp("lazy-clang")
     for name, path in built.items():
         shutil.copy(path, clang / name)
+    embedded = tmp_path_factory.mktemp("lazy-embedded")
+    for name, path in embedded_libs.items():
+        shutil.copy(path, embedded / name)
     written = tmp_path_factory.mktemp("lazy-written")
     _written_samples(written)
-    return {"clang": clang, "vendor": jax_plugin, "bitsandbytes": bitsandbytes_libs, "written": written}
+    return {
+        "clang": clang,
+        "embedded": embedded,
+        "vendor": jax_plugin,
+        "bitsandbytes": bitsandbytes_libs,
+        "written": written,
+    }
 
 
 def _full_judgement(root: Path, targets: list[str]):
@@ -108,7 +117,7 @@ def _keyed(findings) -> list[tuple]:
 
 
 @pytest.mark.parametrize("targets", TARGET_SETS, ids=lambda t: "+".join(t))
-@pytest.mark.parametrize("sample", ["clang", "vendor", "bitsandbytes", "written"])
+@pytest.mark.parametrize("sample", ["clang", "embedded", "vendor", "bitsandbytes", "written"])
 def test_lazy_and_full_paths_give_one_verdict(sample_dirs, sample, targets):
     root = sample_dirs[sample]
     full_carriers, full_findings, required = _full_judgement(root, targets)

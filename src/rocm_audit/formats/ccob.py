@@ -91,6 +91,22 @@ def plausible_size(header: CcobHeader, compressed_size: int) -> bool:
     return header.uncompressed_size <= max(compressed_size, 1) * MAX_PLAUSIBLE_RATIO
 
 
+ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"  # RFC 8878 3.1.1, little-endian 0xFD2FB528
+MIN_BUNDLE_BYTES = 32 + 24 + 1  # a bundle header and one entry record with a one-byte id (formats.md 2.2)
+
+
+def starts_a_frame(header: CcobHeader, payload_head: bytes) -> bool:
+    """Whether the compressed payload begins as the header's method says: a zstd frame header
+    (magic, Frame_Header_Descriptor reserved bit 3 clear; RFC 8878 3.1.1.1.1) or a zlib stream
+    header (CM 8, CINFO <= 7, FCHECK, no preset dictionary; RFC 1950 2.2)."""
+    if header.method == METHOD_ZSTD:
+        return len(payload_head) >= 5 and payload_head[:4] == ZSTD_FRAME_MAGIC and not payload_head[4] & 0x08
+    if len(payload_head) < 2:
+        return False
+    cmf, flg = payload_head[0], payload_head[1]
+    return cmf & 0x0F == 8 and cmf >> 4 <= 7 and (cmf << 8 | flg) % 31 == 0 and not flg & 0x20
+
+
 ReadAt = Callable[[int, int], bytes]  # (offset, size) -> bytes; shorter at end of data
 
 

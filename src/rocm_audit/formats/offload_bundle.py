@@ -89,12 +89,25 @@ class Bundle:
     end: int  # one past the last byte any entry covers, from the bundle start (>= table_size)
 
 
-def parse_bundle(buf: bytes | memoryview, base: int, available: int) -> Bundle:
+def parse_bundle(
+    buf: bytes | memoryview,
+    base: int,
+    available: int,
+    *,
+    written_ids_only: bool = False,
+    max_entries: int = MAX_ENTRIES,
+) -> Bundle:
     """Parse a bundle's header and entry table.
 
     ``buf`` is a prefix of the bundle; ``available`` is how many bytes the container holds from the
     bundle start (entries must lie inside it). Raises ``IncompleteTable`` when the table continues
     past ``buf`` but fits in ``available``, and ``FormatError`` for anything malformed.
+
+    ``written_ids_only`` (a magic found in data, which may be a string constant): each record must
+    also lie inside ``available`` and carry an id a writer produces (``is_written_entry_id``), checked
+    record by record, so that the table is rejected at its first bad record and the records read
+    before it (which cannot hold the magic: no valid id has an upper-case letter) are not read again
+    from a later hit.
     """
     if len(buf) < HEADER_SIZE:
         if available > len(buf):
@@ -105,8 +118,8 @@ def parse_bundle(buf: bytes | memoryview, base: int, available: int) -> Bundle:
     (count,) = struct.unpack_from("<Q", buf, 24)
     if count == 0:
         raise FormatError(FMT, base + 24, "bundle declares no entries")
-    if count > MAX_ENTRIES:
-        raise FormatError(FMT, base + 24, f"bundle declares {count} entries (limit {MAX_ENTRIES})")
+    if count > max_entries:
+        raise FormatError(FMT, base + 24, f"bundle declares {count} entries (limit {max_entries})")
     pos = HEADER_SIZE
     entries = []
     for _ in range(count):
@@ -119,6 +132,8 @@ def parse_bundle(buf: bytes | memoryview, base: int, available: int) -> Bundle:
         if id_start + id_len > len(buf):
             _need_more(buf, base, id_start + id_len, available)
         raw = bytes(buf[id_start : id_start + id_len]).decode("ascii", "replace")
+        if written_ids_only and (offset + size > available or not is_written_entry_id(raw)):
+            raise FormatError(FMT, base + pos, f"entry {raw[:80]!r} is not one a bundle writer produces")
         entries.append((pos, offset, size, raw))
         pos = id_start + id_len
     table_size = pos
@@ -142,6 +157,23 @@ def _need_more(buf: bytes | memoryview, base: int, needed: int, available: int) 
     if needed <= available and len(buf) < available:
         raise IncompleteTable(base, needed)
     raise FormatError(FMT, base + len(buf), "entry table runs past the end of the bundle")
+
+
+# What a bundle entry id looks like when written by clang, the bundler or Tensile (formats.md 2.3):
+# a host entry (host triples are lower case), or hip/hipv4/hcc/openmp for AMDGPU or AMD SPIR-V with
+# a target id; LLVM 19 appends "-" to a processor it does not know (gfx950-), NUL padding is
+# stripped first.
+_TARGET = r"(?:gfx[0-9a-z]+(?:-[0-9a-z]+)*|amdgcnspirv)-?(?::(?:sramecc|xnack)[+-])*"
+_ENTRY_ID = re.compile(
+    r"host-[a-z0-9_.]+(?:-[a-z0-9_.]*){1,4}"
+    rf"|(?:hip|hipv4|hcc|openmp)-(?:amdgcn|spirv64)-amd-amdhsa-(?:(?:unknown)?-)?{_TARGET}"
+)
+
+
+def is_written_entry_id(raw: str) -> bool:
+    """Whether ``raw`` is an id a real bundle writer produces (not merely parsable text): the test
+    that tells a bundle embedded in data from the magic string followed by other data."""
+    return _ENTRY_ID.fullmatch(raw.rstrip("\0")) is not None
 
 
 def max_table_bytes() -> int:

@@ -4,7 +4,8 @@ One entry point, ``scan_file(record)``, returns the file's translation units and
 findings for anything malformed (each naming the byte offset). Containers: ``.hip_fatbin`` holding
 plain bundles and CCOB v1/v2/v3 (formats.md 2.2-2.5), ``.hipFatBinSegment`` wrappers (HIPF/HIPK),
 kpack references and archives (1.7), ``.llvm.offloading`` (2.6), standalone files sniffed by magic
-(2.1), and raw AMDGPU ELFs embedded in read-only data. Reads are ``pread`` windows: memory does not
+(2.1), and images embedded in data sections: offload bundles and CCOBs that programs load with
+``hipModuleLoadData``, and raw AMDGPU ELFs. Reads are ``pread`` windows: memory does not
 grow with section size, and a CCOB is inflated as a bounded stream.
 """
 
@@ -40,6 +41,8 @@ MAX_PHNUM = 512
 MAX_SHNUM_FOR_NOTES = 4096
 BUNDLE_WINDOW = 64 << 10
 MAX_EMBEDDED = 4096
+MAX_EMBEDDED_IMAGES = 16384  # embedded bundles/CCOBs per file; tensorflow-rocm 2.14 holds 1,149
+MAX_EMBEDDED_ENTRIES = 256  # real bundles carry a host entry and up to ~30 targets (jax: 28 entries)
 SCAN_CHUNK = 1 << 20
 CCOB_HASH_CHECK_BYTES = 1 << 20  # payloads up to this size are inflated to the end for their MD5
 MAX_CCOB_STREAM = 4 << 30  # hard cap on inflated bytes walked per CCOB, whatever it declares
@@ -85,6 +88,8 @@ class FileCodeObjects:
     # (Triton launches the kernel only there), and the folder of kernel folders it belongs to.
     triton_target: str | None = None
     triton_folder: str | None = None
+    # The place (".rodata+0x1000") of each unit that is an image embedded in a data section, by TU.
+    unit_places: dict[int, str] = field(default_factory=dict)
 
     def add_container(self, name: str) -> None:
         if name not in self.containers:
@@ -663,13 +668,18 @@ def _raw_elf_object(
     container: str,
     place: str,
     tu: int | None,
-    read_at: ReadAt | None = None,
 ) -> CodeObject | None:
     try:
-        facts = inspect_code_object(read_at or fh.reader(start, size), size, start)
+        facts = inspect_code_object(fh.reader(start, size), size, start)
     except FormatError as exc:
         _malformed(result, exc, place)
         return None
+    return _raw_elf_record(result, start, size, container, place, tu, facts)
+
+
+def _raw_elf_record(
+    result: FileCodeObjects, start: int, size: int, container: str, place: str, tu: int | None, facts: _Facts
+) -> CodeObject:
     obj = _device_record(
         container=container,
         location=place,
@@ -715,9 +725,98 @@ class _Chunk:
         return read_at
 
 
-def _embedded_elfs(result: FileCodeObjects, fh: _File, sections: Sequence[Section], tu: int) -> int:
-    """Raw AMDGPU ELFs inside read-only data sections (HSA runtime blit kernels, Mojo kernels)."""
-    found = 0
+@dataclass(frozen=True, slots=True)
+class _EmbeddedImage:
+    """A bundle or CCOB found in a data section whose header validated: a hipModuleLoadData image."""
+
+    kind: str  # offload-bundle | ccob
+    pos: int
+    available: int  # section bytes from pos on: every entry must lie inside the section
+    place: str  # "<section>+<offset in it>", how findings name the image
+
+
+def _embedded_bundle(window: _Chunk, at: int, available: int) -> offload_bundle.Bundle | None:
+    """The entry table of a plain bundle at ``at``, or None when the magic is not followed by one.
+
+    Libraries that parse bundles (clang, LLVM, the HIP runtime) hold the magic as a string, so only
+    a table that fully validates counts: at most ``MAX_EMBEDDED_ENTRIES`` entries, every entry inside
+    the section, every id one a bundle writer produces (checked record by record: garbage is
+    rejected at its first bad record), and at least one entry the HIP runtime could load."""
+    read_at = window.reader(at, available)
+    length = min(BUNDLE_WINDOW, available)
+    limit = min(
+        available,
+        offload_bundle.HEADER_SIZE
+        + MAX_EMBEDDED_ENTRIES * (offload_bundle.ENTRY_FIXED_SIZE + offload_bundle.MAX_ID_BYTES),
+    )
+    while True:
+        try:
+            bundle = offload_bundle.parse_bundle(
+                read_at(0, length), at, available, written_ids_only=True, max_entries=MAX_EMBEDDED_ENTRIES
+            )
+            break
+        except offload_bundle.IncompleteTable as more:
+            if length >= limit:
+                return None
+            length = min(limit, max(length * 2, more.needed))
+        except FormatError:
+            return None
+    if not any(entry.entry_id.kind in DEVICE_KINDS for entry in bundle.entries):
+        return None
+    return bundle
+
+
+def _embedded_ccob(fh: _File, window: _Chunk, at: int, end: int) -> int | None:
+    """How far to step over a CCOB at ``at`` whose header validates (known version and method,
+    sizes inside the section and in proportion, the payload starting as a zstd or zlib stream), else
+    None: its size; for v1, which records none, its header only (what follows its stream is not
+    known without inflating it, and may be another image)."""
+    try:
+        header = ccob.parse_header(window.read(at, ccob.MAX_HEADER_SIZE), at, end - at)
+    except FormatError:
+        return None
+    total = header.total_size if header.total_size is not None else _next_ccob(fh, at + 4, end) - at
+    compressed = total - header.header_size
+    if compressed <= 0 or header.uncompressed_size < ccob.MIN_BUNDLE_BYTES:
+        return None
+    if not ccob.plausible_size(header, compressed):
+        return None
+    if not ccob.starts_a_frame(header, window.read(at + header.header_size, 8)):
+        return None
+    return total if header.total_size is not None else header.header_size
+
+
+def _next_hit(window: _Chunk, magic: bytes, pos: int) -> int:
+    """File offset of ``magic`` at or after ``pos`` inside the window, else -1."""
+    hit = window.data.find(magic, pos - window.start)
+    return window.start + hit if hit >= 0 else -1
+
+
+def _embedded_images(
+    result: FileCodeObjects,
+    fh: _File,
+    sections: Sequence[Section],
+    selection: TargetSelection | None,
+    *,
+    with_elfs: bool,
+) -> None:
+    """Device images in data sections: offload bundles and CCOBs (loaded by hipModuleLoadData:
+    tensorflow's MLIR kernels, ``.incbin``'d ``--genco`` output) and raw AMDGPU ELFs (HSA runtime
+    blit kernels, Mojo kernels; only with ``with_elfs``, when no fat binary serves as the TU list).
+
+    One pass per section over a streamed window looks for the three magics at once; an accepted
+    image is stepped over, so a code object inside an uncompressed bundle is not also counted as
+    an embedded ELF. Each bundle or CCOB is one unit (the runtime loads it as one module and picks
+    an entry for the device from it), numbered after the fat binary's TUs; the raw ELFs together
+    are one more, last (the program picks one of them itself: any that serves the device will do).
+    A magic whose header does not validate is data and gives nothing; an image whose header
+    validates but whose payload then fails is ARCH004 naming its place, and the next is read."""
+    images: list[_EmbeddedImage] = []
+    elfs: list[tuple[int, int, str, _Facts]] = []  # recorded once their unit is known, last
+    # Each bytes.find of a 4-byte magic costs about 0.7 ms per MB (the bundle magic, 24 bytes, a
+    # third of that): the ELF magic is looked for only where raw ELFs can count.
+    magics = (ccob.CCOB_MAGIC, offload_bundle.BUNDLE_MAGIC) + ((RAW_ELF_SIGNATURE,) if with_elfs else ())
+    overlap = max(len(m) for m in magics) - 1
     for section in sections:
         if not section.has_file_bytes or section.flags & SHF_EXECINSTR:
             continue
@@ -728,35 +827,75 @@ def _embedded_elfs(result: FileCodeObjects, fh: _File, sections: Sequence[Sectio
         # One chunk serves the search and the objects inside it: Mojo libraries hold a thousand
         # code objects in 24 MB, and reading a fresh 1 MiB chunk after each of them copied 1.3 GB.
         window = _Chunk(fh)
-        while pos < end and found < MAX_EMBEDDED:
-            if not window.holds(pos, len(RAW_ELF_SIGNATURE)):
+        hits = [-1] * len(magics)  # next hit of each magic in the window, -1 once none is left in it
+        while pos < end and len(images) < MAX_EMBEDDED_IMAGES:
+            if not window.holds(pos, 1):
                 window.load(pos, min(SCAN_CHUNK, end - pos))
                 if not window.data:
                     break
-            hit = window.data.find(RAW_ELF_SIGNATURE, pos - window.start)
-            if hit < 0:
-                if window.start + len(window.data) >= end or len(window.data) < SCAN_CHUNK:
+                hits = [_next_hit(window, m, pos) for m in magics]
+            for index, magic in enumerate(magics):
+                if 0 <= hits[index] < pos:
+                    hits[index] = _next_hit(window, magic, pos)
+            live = [h for h in hits if h >= 0]
+            if not live:
+                if window.start + len(window.data) >= end:
                     break
-                pos = window.start + len(window.data) - len(RAW_ELF_SIGNATURE) + 1
+                # the next window starts early enough to see a magic cut by this one's end
+                pos = max(pos, window.start + len(window.data) - overlap)
+                window.data = b""
                 continue
-            at = window.start + hit
-            head = window.read(at, amdgpu_elf.ELF64_HEADER_SIZE)
+            at = min(live)
             step = 1
-            if amdgpu_elf.is_amdgpu_elf(head):
-                try:
-                    layout = amdgpu_elf.parse_header(head, at)
-                    extent = layout.min_size
-                except FormatError:
-                    extent = 0
-                if 0 < extent <= end - at:
-                    place = f"{section.name}+{at - start:#x}"
-
-                    read_at = window.reader(at, extent)
-                    if _raw_elf_object(result, fh, at, extent, "embedded-elf", place, tu, read_at) is not None:
-                        found += 1
-                        step = extent
+            place = f"{section.name}+{at - start:#x}"
+            magic = magics[hits.index(at)]
+            if magic is ccob.CCOB_MAGIC:
+                size = _embedded_ccob(fh, window, at, end)
+                if size is not None:
+                    images.append(_EmbeddedImage("ccob", at, end - at, place))
+                    step = size
+            elif magic is offload_bundle.BUNDLE_MAGIC:
+                bundle = _embedded_bundle(window, at, end - at)
+                if bundle is not None:
+                    images.append(_EmbeddedImage("offload-bundle", at, end - at, place))
+                    step = bundle.end
+            elif len(elfs) < MAX_EMBEDDED:
+                head = window.read(at, amdgpu_elf.ELF64_HEADER_SIZE)
+                if amdgpu_elf.is_amdgpu_elf(head):
+                    try:
+                        extent = amdgpu_elf.parse_header(head, at).min_size
+                    except FormatError:
+                        extent = 0
+                    if 0 < extent <= end - at:
+                        try:
+                            elfs.append((at, extent, place, inspect_code_object(window.reader(at, extent), extent, at)))
+                            step = extent
+                        except FormatError as exc:
+                            _malformed(result, exc, place)
             pos = at + step
-    return found
+    first = result.tu_count
+    for number, image in enumerate(images):
+        tu = first + number
+        result.unit_places[tu] = image.place
+        result.add_container(f"embedded-{image.kind}")
+        try:
+            if image.kind == "offload-bundle":
+                size = _bundle_objects(result, fh, image.pos, image.available, tu, image.place, selection)
+            else:
+                size = _ccob_objects(result, fh, image.pos, image.available, tu, image.place, selection)
+        except FormatError as exc:
+            _malformed(result, exc, f"embedded image at {image.place} (file offset {image.pos:#x})")
+            continue
+        result.bundles.append((image.pos, size, image.kind))
+    result.tu_count = first + len(images)
+    if elfs:
+        tu = result.tu_count
+        result.add_container("embedded-elf")
+        for at, extent, place, facts in elfs:
+            _raw_elf_record(result, at, extent, "embedded-elf", place, tu, facts)
+        if images:
+            result.unit_places[tu] = "the raw AMDGPU ELFs in data sections"
+        result.tu_count += 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1325,8 +1464,6 @@ def _scan_host_elf(
     if offloading is not None and offloading.has_file_bytes:
         result.add_container("offload-binary")
         _offload_binaries(result, fh, offloading.offset, offloading.size, ".llvm.offloading")
-    if result.tu_count == 0:
-        # Only when no fat binary serves as the TU list: a runtime's own embedded kernels.
-        if _embedded_elfs(result, fh, sections, 0):
-            result.add_container("embedded-elf")
-            result.tu_count = 1
+    # Raw ELFs only when no fat binary serves as the TU list (a runtime's own embedded kernels);
+    # bundles and CCOBs whatever the file has besides: tensorflow loads 1,149 of them from .rodata.
+    _embedded_images(result, fh, sections, selection, with_elfs=result.tu_count == 0)

@@ -44,6 +44,8 @@ CORE_TREE = "_rocm_sdk_core"
 DIST_INFO_IN_TREE = os.path.join("share", "therock", "dist_info.json")
 DIST_INFO = os.path.join(CORE_TREE, DIST_INFO_IN_TREE)
 HOST_KINDS = (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE, FileKind.OTHER_ELF)
+# Containers only a host binary has (gpu/codeobjects.py): its units are TUs and embedded images.
+HOST_CONTAINERS = ("hip-fatbin", "kpack", "embedded-elf", "embedded-offload-bundle", "embedded-ccob")
 
 # Per-arch kernel databases (formats.md 2.10): (kind, directory suffix that roots the database).
 _DATABASE_ROOTS = (
@@ -390,6 +392,8 @@ class Carrier:
     members: list[str] = field(default_factory=list)
     matches: list[dict[str, Any]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    # TU index -> place (".rodata+0x1000") of the units that are images embedded in data sections
+    unit_places: dict[int, str] = field(default_factory=dict)
 
     @property
     def code_objects(self) -> list[CodeObject]:
@@ -440,7 +444,7 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
         for obj in _device_objects(scanned):
             if obj.tu is not None and obj.tu < len(tus):
                 tus[obj.tu].append(obj)
-        in_host = any(c in scanned.containers for c in ("hip-fatbin", "kpack", "embedded-elf"))
+        in_host = any(c in scanned.containers for c in HOST_CONTAINERS)
         objects = [obj for tu in tus for obj in tu]
         unit = None if in_host else _triton_unit(scanned, objects)
         if unit is None:
@@ -462,7 +466,9 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
                     carrier.containers.append(container)
             continue
         kind = "library" if in_host else "code-object-file"
-        carriers.append(Carrier(scanned.path, _package(scanned.sdk_tree), kind, list(scanned.containers), tus))
+        carrier = Carrier(scanned.path, _package(scanned.sdk_tree), kind, list(scanned.containers), tus)
+        carrier.unit_places = dict(scanned.unit_places)
+        carriers.append(carrier)
     return sorted(carriers, key=lambda c: c.path)
 
 
@@ -633,23 +639,38 @@ def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
             if carrier.kind.startswith("kernel-database") or carrier.kind in ("per-arch-files", "per-arch-folders")
             else "ARCH001"
         )
-        detail = ""
-        if len(carrier.tus) > 1:
-            lacking = sorted({i for m in carrier.matches if m["how"] is None for i in m["tus_without"]})
-            detail = f" (translation units without it: {_compact(lacking)} of {len(carrier.tus)})"
+        lacking = sorted({i for m in carrier.matches if m["how"] is None for i in m["tus_without"]})
+        detail, data = _lacking_units(carrier, lacking)
         found = ", ".join(carrier.targets()) or "none"
         findings.append(
             make_finding(
                 rule,
                 carrier.path,
                 f"no code object for {', '.join(carrier.missing)}{detail}; found: {found}",
-                data={"missing": list(carrier.missing), "targets": carrier.targets()},
+                data={"missing": list(carrier.missing), "targets": carrier.targets(), **data},
             )
         )
     return findings
 
 
-def _compact(numbers: list[int], limit: int = 12) -> str:
+def _lacking_units(carrier: Carrier, lacking: list[int]) -> tuple[str, dict[str, Any]]:
+    """The text and data that say which units lack a target: translation units by number, images
+    embedded in data sections by their place, so that one of tensorflow's 1,149 can be found. One
+    finding per carrier, however many units lack it (as for TUs)."""
+    images = carrier.unit_places
+    tus = [i for i in lacking if i not in images]
+    places = [images[i] for i in lacking if i in images]
+    tu_total = len(carrier.tus) - len(images)
+    parts = []
+    if tus and (tu_total > 1 or images):
+        parts.append(f"translation units without it: {_compact(tus)} of {tu_total}")
+    if places:
+        parts.append(f"embedded images without it: {_compact(places)} of {len(images)}")
+    detail = f" ({'; '.join(parts)})" if parts else ""
+    return detail, ({"images_without": places} if images else {})
+
+
+def _compact(numbers: Sequence[int | str], limit: int = 12) -> str:
     text = ", ".join(str(n) for n in numbers[:limit])
     return text + (f", ... ({len(numbers)} in all)" if len(numbers) > limit else "")
 
@@ -676,6 +697,7 @@ def carrier_to_dict(carrier: Carrier) -> dict[str, Any]:
         "found_via": [{"target": t, "source": s, "container": c} for t, s, c in found_via if t],
         "matches": carrier.matches,
         "missing": sorted(carrier.missing),
+        "embedded_images": [{"tu": tu, "place": place} for tu, place in sorted(carrier.unit_places.items())],
     }
 
 
