@@ -198,3 +198,17 @@ def test_a_section_of_chained_fake_tables_is_read_in_linear_time(tmp_path):
     elapsed = time.perf_counter() - started
     assert scanned.code_objects == [] and scanned.findings == [] and scanned.tu_count == 0
     assert elapsed < 5, elapsed
+
+
+def test_the_cli_reports_validate_and_the_text_counts_tus_and_images_apart(run_cli, embedded_libs):
+    gap = str(embedded_libs["libembgap.so"])
+    result = run_cli("verify-arch", "gfx942", "-p", gap, "--format", "json", expect=1)  # schema-validated
+    (carrier,) = result.report["carriers"]
+    assert carrier["embedded_images"] == [{"tu": 1, "place": ".rodata+0x0"}]
+    (finding,) = result.report["findings"]
+    assert finding["rule"] == "ARCH001" and finding["data"]["images_without"] == [".rodata+0x0"]
+    text = run_cli("verify-arch", "gfx942", "-p", gap, expect=1).output
+    assert "1 TU, 1 embedded image]" in text and "embedded images without it: .rodata+0x0 of 1" in text
+    result = run_cli("scan", "--targets", "-p", str(embedded_libs["libembbroken.so"]), "--format", "json", expect=1)
+    (broken,) = result.report["findings"]
+    assert broken["rule"] == "ARCH004" and ".rodata+0x0" in broken["message"]

@@ -93,6 +93,10 @@ def verify_arch_lines(sections: Sections, shorten: Shorten = _same) -> list[str]
         for carrier in group:
             status = "MISSING" if carrier["missing"] else "ok"
             tus = f", {carrier['tu_count']} TU" if carrier["tu_count"] else ""
+            images = len(carrier.get("embedded_images", []))
+            if images:  # the TU count includes them: the fat binary's TUs, then the images
+                fat = f"{carrier['tu_count'] - images} TU, " if carrier["tu_count"] > images else ""
+                tus = f", {fat}{images} embedded image{'s' if images > 1 else ''}"
             members = f", {len(carrier['members'])} file(s)" if carrier["members"] else ""
             how = "; ".join(f"{display(m['target'])} {display(m['how'] or 'missing')}" for m in carrier["matches"])
             containers = ", ".join(display(c) for c in carrier["containers"])
