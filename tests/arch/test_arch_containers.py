@@ -414,6 +414,14 @@ def test_a_corrupt_compressed_bundle_leaves_the_next_translation_unit_read(tmp_p
     report = run_cli("verify-arch", "gfx942", "-p", str(tmp_path / "libk.so"), "--format", "json", expect=1).report
     (carrier,) = report["carriers"]
     assert carrier["tu_count"] == 2 and carrier["matches"][0]["tus_without"] == [0]
+    # One bundle record per TU, the failed one included, so bundles[tu] is the TU's own bundle.
+    second_at = 4096 + len(first) + (-len(first) % 4096)
+    assert [(offset, kind) for offset, _, kind in result.bundles] == [(4096, "ccob"), (second_at, "ccob")]
+    assert result.bundles[1][1] == len(second)
+    # prune weighs TU 1's gfx942 code by the second bundle's bytes on disk (it was its inflated size)
+    report = run_cli("prune", "gfx90a", "-p", str(tmp_path), "--dry-run", "--format", "json").report
+    rows = [r for r in report["prune"]["weight"] if r["target"] == "gfx942"]
+    assert [(r["compressed_bytes"], r["inflated_bytes"]) for r in rows] == [(len(second), 64 * len(gfx942))]
 
 
 def test_the_magic_inside_a_v1_stream_does_not_end_the_bundle(tmp_path):

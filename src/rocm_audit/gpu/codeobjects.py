@@ -83,7 +83,9 @@ class FileCodeObjects:
     wrappers: int | None = None
     kpack_ref: bool = False
     findings: list[Finding] = field(default_factory=list)
-    # (file offset, size in the file, "offload-bundle" | "ccob") of each bundle, in file order.
+    # (file offset, size in the file, "offload-bundle" | "ccob") of each bundle, one per unit in
+    # unit order (``bundles[tu]``, as prune's weights use it; a unit that failed to read keeps its
+    # place, with the size its header claims, or 0).
     bundles: list[tuple[int, int, str]] = field(default_factory=list)
     # The target a Triton kernel's metadata (<name>.json beside <name>.hsaco) names, if it has one
     # (Triton launches the kernel only there), and the folder of kernel folders it belongs to.
@@ -541,6 +543,7 @@ class _Container:
     tu: int
     place: str
     inflated: int = 0  # a CCOB's declared uncompressed size: the work of reading it
+    size: int = 0  # its bytes in the section, as its header gives them (0: not located)
     error: FormatError | None = None  # kind "error": bytes that start no container
 
 
@@ -597,7 +600,7 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection
         tu += 1
         if error is not None:
             _malformed(result, FormatError(*error), container.place)
-            continue
+            size = container.size  # what its header claims: the TU's place in the list is kept
         result.bundles.append((container.pos, size, container.kind))
     if located and located[-1].error is not None:
         _malformed(result, located[-1].error, located[-1].place)
@@ -638,10 +641,12 @@ def _locate_containers(fh: _File, section: Section) -> list[_Container]:
         try:
             if head.startswith(offload_bundle.BUNDLE_MAGIC):
                 size = _read_bundle_table(fh.reader(pos, end - pos), pos, end - pos).end
-                found.append(_Container("offload-bundle", pos, end - pos, tu, place))
+                found.append(_Container("offload-bundle", pos, end - pos, tu, place, size=size))
             elif head.startswith(ccob.CCOB_MAGIC):
                 header, size = _ccob_extent(fh, pos, end - pos)
-                found.append(_Container("ccob", pos, end - pos, tu, place, inflated=header.uncompressed_size))
+                found.append(
+                    _Container("ccob", pos, end - pos, tu, place, inflated=header.uncompressed_size, size=size)
+                )
             else:
                 reason = f"no bundle or CCOB magic at section offset {pos - start:#x}"
                 raise FormatError(".hip_fatbin", pos, reason)
@@ -886,7 +891,7 @@ def _embedded_images(
                 size = _ccob_objects(result, fh, image.pos, image.available, tu, image.place, selection)
         except FormatError as exc:
             _malformed(result, exc, f"embedded image at {image.place} (file offset {image.pos:#x})")
-            continue
+            size = 0  # not read: the unit keeps its place in the list
         result.bundles.append((image.pos, size, image.kind))
     result.tu_count = first + len(images)
     if elfs:
