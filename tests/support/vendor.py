@@ -27,6 +27,14 @@ AITER_WHEEL = "amd_aiter-0.1.7.post2.dev18-py3-none-any.whl"
 AITER_WHEEL_SHA256 = "fe139d74438217c35e87e3b961166bac8db2d381eadccb371da2e63615f05a31"
 
 
+# triton 3.6.0 compiles kernels for the HIP backend without a GPU (given ld.lld): the real Triton
+# kernel cache entries (<name>.hsaco, <name>.json with its target, __grp__<name>.json) are made
+# with it. The same file the LLVM carrier tests pin (tests/llvm/carriers.py), in the same place.
+TRITON = "triton==3.6.0"
+TRITON_WHEEL = "triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
+TRITON_WHEEL_SHA256 = "e8e323d608e3a9bfcc2d9efcc90ceefb764a82b99dea12a86d643c72539ad5d3"
+
+
 def _pinned_wheel(cache_dir: str, spec: str, name: str, sha256: str, options: list[str]) -> Path:
     wheel = Path(cache_dir) / name
     if not wheel.exists():
@@ -66,3 +74,12 @@ def install_members(wheel: Path, site: Path, suffix: str = ".so") -> list[Path]:
 def aiter_wheel(cache_dir: str) -> Path:
     """amd-aiter 0.1.7.post2.dev18 (2,501 raw code objects under hsa/<arch>/), checked against its pin."""
     return _pinned_wheel(cache_dir, AITER, AITER_WHEEL, AITER_WHEEL_SHA256, [])
+
+
+def triton_wheel(cache_dir: str) -> Path:
+    """triton 3.6.0 for CPython 3.11, checked against its pin."""
+    options = ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
+    options += ["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_27_x86_64"]
+    shared = Path(cache_dir) / "llvm-carriers"
+    shared.mkdir(parents=True, exist_ok=True)
+    return _pinned_wheel(str(shared), TRITON, TRITON_WHEEL, TRITON_WHEEL_SHA256, options)
