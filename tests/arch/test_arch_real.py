@@ -280,10 +280,7 @@ def test_vendor_wheel_amd_aiter_per_arch_folders_and_triton_kernels(cache_dir, r
         members = [
             m
             for m in archive.namelist()
-            if m.startswith("aiter_meta/hsa/")
-            and m.endswith((".co", ".csv"))
-            or "/triton/configs/gemm/aot/" in m
-            and m.endswith((".hsaco", ".json"))
+            if m.startswith("aiter_meta/hsa/") or "/triton/configs/gemm/aot/" in m and m.endswith((".hsaco", ".json"))
         ]
         archive.extractall(tmp_path, members)
     code = [m for m in members if m.endswith(".co")]
@@ -305,6 +302,13 @@ def test_vendor_wheel_amd_aiter_per_arch_folders_and_triton_kernels(cache_dir, r
         "aiter/ops/triton/configs/gemm/aot": ("triton-kernels", [], 112),
     }
     assert [(f["rule"], f["data"]["kernels"]) for f in report["findings"]] == [("ARCH009", {"gfx942": 112})]
+
+    # prune for gfx942 drops the gfx950 folder whole, its codegen.py scripts and .csv tables too
+    report = run_cli("prune", "gfx942", "-p", str(tmp_path), "--dry-run", "--format", "json").report
+    removals = [(r["kind"], os.path.relpath(r["path"], tmp_path)) for r in report["prune"]["removals"]]
+    assert removals == [("code-object-dir", "aiter_meta/hsa/gfx950")]
+    folder = tmp_path / "aiter_meta" / "hsa" / "gfx950"
+    assert report["prune"]["removals"][0]["bytes"] == sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
     report = run_cli("verify-arch", "gfx90a", "-p", str(tmp_path), "--format", "json", expect=1).report
     assert sorted((f["rule"], os.path.relpath(f["path"], tmp_path)) for f in report["findings"]) == [

@@ -247,6 +247,8 @@ def _aiter_layout(site: Path, tmp_path: Path) -> None:
         (folder / "fmoe").mkdir(parents=True)
         (folder / "fmoe" / "fmoe_b16.co").write_bytes(code.read_bytes())
         (folder / "fmoe" / "fmoe_b16.csv").write_text(f"knl_name,co_name\nfmoe_b16,{arch}\n")
+        # aiter runs hsa/<gfx>/<op>/codegen.py from the device's own folder (blob_gen_cmd)
+        (folder / "fmoe" / "codegen.py").write_text("import glob\n")
         if arch == "gfx1100":
             (folder / "f4gemm.co").write_bytes(code.read_bytes())
 
@@ -254,9 +256,10 @@ def _aiter_layout(site: Path, tmp_path: Path) -> None:
 def test_arch_folders_of_code_objects_are_pruned_whole(run_cli, tmp_path):
     site = tmp_path / "site-packages"
     _aiter_layout(site, tmp_path)
-    # A folder named for an arch that holds something loaded as is, or code for another arch, stays.
+    # A folder named for an arch that is a package (importable by name), or holds code for
+    # another arch, stays.
     (site / "other" / "gfx90a").mkdir(parents=True)
-    (site / "other" / "gfx90a" / "module.py").write_text("")
+    (site / "other" / "gfx90a" / "__init__.py").write_text("")
     (site / "other" / "gfx90a" / "k.co").write_bytes((site / "aiter_meta/hsa/gfx90a/fmoe/fmoe_b16.co").read_bytes())
     (site / "mislaid" / "gfx90a").mkdir(parents=True)
     (site / "mislaid" / "gfx90a" / "k.co").write_bytes((site / "aiter_meta/hsa/gfx942/fmoe/fmoe_b16.co").read_bytes())
@@ -276,6 +279,7 @@ def test_arch_folders_of_code_objects_are_pruned_whole(run_cli, tmp_path):
     assert {rel for rel in before if rel not in after} == {
         "aiter_meta/hsa/gfx90a/fmoe/fmoe_b16.co",
         "aiter_meta/hsa/gfx90a/fmoe/fmoe_b16.csv",
+        "aiter_meta/hsa/gfx90a/fmoe/codegen.py",
     }
     assert all(before[rel] == after[rel] for rel in after)
     # what the kept arches load is untouched, and verify-arch still judges the folders one unit

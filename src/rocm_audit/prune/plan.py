@@ -348,7 +348,12 @@ def _in_dist_info(path: str, distribution: Distribution) -> bool:
 def _code_object_folders(inventory: Inventory, device_code: DeviceCodeOf) -> dict[str, ArchUnit]:
     """Arch folders (aiter's ``hsa/gfx942/``) that are whole per-arch units: every code object in
     one is a standalone file of code for its arch, and nothing else in it is loaded as is (no host
-    ELF, no Python module) or belongs to a unit of its own (a Tensile ``library/``)."""
+    ELF, no regular Python package) or belongs to a unit of its own (a Tensile ``library/``).
+
+    Scripts go with their folder: aiter's ``hsa/<arch>/<op>/codegen.py`` are run from the device's
+    own folder only (aiter/jit/core.py: ``AITER_ASM_DIR = f"{AITER_META_DIR}/hsa/{gfx}/"``, the
+    ``blob_gen_cmd`` of optCompilerConfig.json), like the ``.csv`` tables beside them. A folder
+    with an ``__init__.py`` is a package other code may import by name: it stays."""
     candidates: dict[str, ArchUnit] = {}
     spoiled: set[str] = set()
     for record in inventory.files:
@@ -361,7 +366,7 @@ def _code_object_folders(inventory: Inventory, device_code: DeviceCodeOf) -> dic
         if unit is None:
             continue
         if record.kind in (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE, FileKind.OTHER_ELF) or (
-            record.path.endswith((".py", ".pyc", ".so"))
+            os.path.basename(record.path) == "__init__.py" or record.path.endswith(".so")
         ):
             spoiled.add(unit.path)
         elif _is_code_object_file(record):
