@@ -260,10 +260,17 @@ def _interposition(
             # libLLVM-15 in one DT_NEEDED list: MachineSchedRegistry shared, a crash at exit).
             common = own & candidate.linkage.strong_data
             initialised = one.linkage.initialised_copies
+            # In one closure every object is relocated before any initialiser runs: measured on
+            # triton's pass plugin before Debian's libLLVM 19 in one DT_NEEDED list, libLLVM's
+            # own cl::opt objects (PrintChanged, ...) bound to the plugin's copies and built by
+            # both crash at exit (free(): invalid pointer); dlopened one after the other, the
+            # same binding was clean. Data no initialiser touches is shared harmlessly either way.
+            together = whole and candidate.identity in in_closure
             for name in common:
                 if not _shared_state(name):
-                    continue
-                if not _registry(name) and initialised is not None and name not in initialised:
+                    if not (together and (initialised is None or name in initialised)):
+                        continue
+                elif not _registry(name) and initialised is not None and name not in initialised:
                     continue  # constant-initialised (an MLIR TypeID): its initialisers never touch it
                 if _compatible(one.linkage.binds[name].version, candidate.linkage.exports.get(name)):
                     taken.append(name)
