@@ -586,7 +586,7 @@ def _closure_clashes(
                 if binding:
                     fix = (
                         f"{root} maps both {earlier.path} and {later.path} and the second binds "
-                        f"to the first's registry: drop the DT_NEEDED or RUNPATH entry that "
+                        f"to the first's LLVM state: drop the DT_NEEDED or RUNPATH entry that "
                         f"reaches {later.path}, or hide LLVM in one of them (static link, "
                         "-fvisibility=hidden, version script `local: *;`)."
                     )
@@ -842,7 +842,7 @@ def _clash_finding(clash: Clash) -> Finding:
         Reason.DUPLICATE_EXPORTER: f"{copies} LLVM exporter {clash.soname or ''}",
         Reason.DUPLICATE_REGISTRANT: f"{copies} cl::opt registrant {clash.soname or ''}",
         Reason.INTERPOSABLE_EXPORTERS: "LLVM exporters bind each other's command-line registry",
-        Reason.CLOSURE_INTERPOSITION: f"one load closure maps two LLVMs, one registry{example}",
+        Reason.CLOSURE_INTERPOSITION: f"one load closure maps two LLVMs that bind each other's state{example}",
         Reason.CLOSURE_TWO_LLVMS: f"one load closure maps two different LLVMs{example}",
     }[clash.reason]
     data: dict[str, Any] = {"reason": clash.reason.value, "mode": clash.mode}
