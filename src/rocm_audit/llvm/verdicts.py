@@ -226,10 +226,20 @@ def _register(process: _Process, one: Mapped, scope: Sequence[Mapped], index: in
             how = f"its own {what}" if registry.identity == one.identity else f"{what} of {registry.path}"
             kind = one.linkage.binds.get(entry)
             through = f" through {kind.kind}" if kind is not None and registry.identity != one.identity else ""
+            owner = process.loaded.get(map_owner, registry)
+            one_build = all(o.linkage.exports == one.linkage.exports for o in (registry, owner, earlier))
+            # Measured (differential sweep): copies of one build always abort; where two builds
+            # share one option map (code of one, objects or options of another), a SIGSEGV often
+            # comes first (74 of 228 predicted aborts, every one of them between two builds).
+            effect = (
+                "LLVM aborts with 'registered more than once'"
+                if one_build
+                else "LLVM aborts with 'registered more than once', or crashes first (two LLVM builds, one option map)"
+            )
             return Prediction(
                 Verdict.ABORT,
                 f"{one.path} registers its options ({how}{through}) into the option map that "
-                f"{earlier.path} already filled: LLVM aborts with 'registered more than once'",
+                f"{earlier.path} already filled: {effect}",
                 culprit=one.path,
                 other=earlier.path,
                 step=index,
