@@ -10,12 +10,29 @@ over the whole stream. Run on its own to print the figure:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
 import sys
 import time
 
 _SHDR = struct.Struct("<IIQQQQIIQQ")
+
+
+def libzstd(functions: dict[str, tuple[object, list[object]]]) -> ctypes.CDLL:
+    """Debian's libzstd.so.1 through ctypes, with ``ZSTD_createDCtx``, the error helpers and each of
+    ``functions`` (name: (restype, argtypes)) declared: for the scripts that need libzstd's own API."""
+    lib = ctypes.CDLL("libzstd.so.1")
+    declared = {
+        "ZSTD_createDCtx": (ctypes.c_void_p, []),
+        "ZSTD_isError": (ctypes.c_uint, [ctypes.c_size_t]),
+        "ZSTD_getErrorName": (ctypes.c_char_p, [ctypes.c_size_t]),
+        **functions,
+    }
+    for name, (restype, argtypes) in declared.items():
+        function = getattr(lib, name)
+        function.restype, function.argtypes = restype, argtypes
+    return lib
 
 
 def hip_fatbin_range(path: str) -> tuple[int, int]:

@@ -25,26 +25,20 @@ import resource
 import statistics
 import time
 
-from zstd_floor import ccob_spans
+from zstd_floor import ccob_spans, libzstd
 
 BLOCK_MAX = 128 << 10  # ZSTD_BLOCKSIZE_MAX: the most one block inflates to (RFC 8878 3.1.1.2.4)
 
 
-def _libzstd() -> ctypes.CDLL:
-    lib = ctypes.CDLL("libzstd.so.1")
-    lib.ZSTD_createDCtx.restype = ctypes.c_void_p
-    lib.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
-    lib.ZSTD_decompressBegin.argtypes = [ctypes.c_void_p]
-    lib.ZSTD_decompressBegin.restype = ctypes.c_size_t
-    lib.ZSTD_nextSrcSizeToDecompress.argtypes = [ctypes.c_void_p]
-    lib.ZSTD_nextSrcSizeToDecompress.restype = ctypes.c_size_t
-    lib.ZSTD_decompressContinue.argtypes = [ctypes.c_void_p] + [ctypes.c_void_p, ctypes.c_size_t] * 2
-    lib.ZSTD_decompressContinue.restype = ctypes.c_size_t
-    lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
-    lib.ZSTD_isError.restype = ctypes.c_uint
-    lib.ZSTD_getErrorName.argtypes = [ctypes.c_size_t]
-    lib.ZSTD_getErrorName.restype = ctypes.c_char_p
-    return lib
+def _zstd() -> ctypes.CDLL:
+    return libzstd(
+        {
+            "ZSTD_freeDCtx": (ctypes.c_size_t, [ctypes.c_void_p]),
+            "ZSTD_decompressBegin": (ctypes.c_size_t, [ctypes.c_void_p]),
+            "ZSTD_nextSrcSizeToDecompress": (ctypes.c_size_t, [ctypes.c_void_p]),
+            "ZSTD_decompressContinue": (ctypes.c_size_t, [ctypes.c_void_p] + [ctypes.c_void_p, ctypes.c_size_t] * 2),
+        }
+    )
 
 
 def inflate_bounded(lib: ctypes.CDLL, payload: bytes, half: int) -> tuple[int, str, bytes]:
@@ -81,7 +75,7 @@ def main() -> None:
     parser.add_argument("lib")
     parser.add_argument("--halves", default="2,8,32", help="history buffer sizes H in MiB")
     args = parser.parse_args()
-    lib = _libzstd()
+    lib = _zstd()
     spans = ccob_spans(args.lib)
     with open(args.lib, "rb") as handle:
         bundles = []

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from zstd_floor import ccob_spans
+from zstd_floor import ccob_spans, libzstd
 
 STABLE_OUT_BUFFER = 1001  # ZSTD_d_experimentalParam2 (zstd.h 1.4+), alias ZSTD_d_stableOutBuffer
 RESET_SESSION = 1  # ZSTD_reset_session_only
@@ -45,26 +45,20 @@ class _Buffer(ctypes.Structure):  # ZSTD_inBuffer / ZSTD_outBuffer
     _fields_ = [("data", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t)]
 
 
-def _libzstd() -> ctypes.CDLL:
-    lib = ctypes.CDLL("libzstd.so.1")
-    lib.ZSTD_createDCtx.restype = ctypes.c_void_p
-    lib.ZSTD_DCtx_setParameter.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    lib.ZSTD_DCtx_setParameter.restype = ctypes.c_size_t
-    lib.ZSTD_DCtx_reset.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.ZSTD_DCtx_reset.restype = ctypes.c_size_t
-    lib.ZSTD_decompressStream.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    lib.ZSTD_decompressStream.restype = ctypes.c_size_t
-    lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
-    lib.ZSTD_isError.restype = ctypes.c_uint
-    lib.ZSTD_getErrorName.argtypes = [ctypes.c_size_t]
-    lib.ZSTD_getErrorName.restype = ctypes.c_char_p
-    return lib
+def _zstd() -> ctypes.CDLL:
+    return libzstd(
+        {
+            "ZSTD_DCtx_setParameter": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]),
+            "ZSTD_DCtx_reset": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_int]),
+            "ZSTD_decompressStream": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+        }
+    )
 
 
 def inflate(path: str, spill: bool, step: int, directory: str, hashed: bool) -> dict[str, object]:
     """Inflate every CCOB; returns seconds, bytes, peak RSS (MB) and, when ``hashed``, how many
     payloads matched their CCOB's MD5 (hashing costs several times the inflation: timed runs skip it)."""
-    zstd = _libzstd()
+    zstd = _zstd()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     spans = ccob_spans(path)
