@@ -1,25 +1,27 @@
 """Real LLVM carriers from PyPI wheels and Debian packages, pinned by sha256, and a tree of them.
 
-Twenty packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's libLLVM
-14/15/16/19 (versioned exporters, -Bsymbolic-functions) and libclang-cpp 15/19 (registrants through
-JUMP_SLOT, DT_NEEDED on the system libLLVM), rocm-llvm-python's DT_SYMBOLIC librocmllvm.so, two
-llvmlite versions (hidden copies), triton's libtriton (hidden) and its LLVM pass plugin
-libPrintLoadStoreMemSpaces.so (an unversioned exporter that is not -Bsymbolic-functions: its
-addArgument goes through its own PLT), and triton 3.6.0's builds of the same three libraries (a
-second version of one library under one SONAME); rocm-bindings-compiler's libLLVM.so (DT_SYMBOLIC,
-unversioned, SONAME libLLVM.so, DT_NEEDED on TheRock's librocm_sysdeps_z/zstd, whose symbols it
-requires under AMDROCM_SYSDEPS_1.0), flydsl 0.4.2's embedded MLIR (libFlyPythonCAPI under its own
-FLYDSL_0.1 node and two dialect modules that share STB_GNU_UNIQUE mlir:: objects) and 0.5.0's (the
-same SONAME and node: constant-initialised TypeIDs shared; its ROCDL module is left out: after
-0.4.2's CAPI its DT_NEEDED reuses that CAPI by SONAME and dlopen fails on an undefined symbol, a
-load error, not an LLVM clash), rocm-llvm-python 6.2's librocmllvm.so (neither DT_SYMBOLIC nor
-versioned, no SONAME: every llvm::cl symbol interposable), torch-mlir's libTorchMLIRAggregateCAPI.so
-(LLVM and MLIR exported unversioned, not -Bsymbolic), iree-compiler 20241104's libIREECompiler.so
-(LLVM exported under its own IREE_API_0.0 node, its own calls through the PLT), the PyPI libclang
-wheel's libclang.so and iree-base-compiler's libIREECompiler.so (hidden copies with a C API under a
-version node). Downloads go to ROCM_AUDIT_TEST_CACHE (default ~/.cache/rocm-audit-tests) with the
-ordinary clients (pip download, apt-get download) and are checked against the pins before anything
-is unpacked; a missing or mismatching file fails the test (a broken set-up), it never skips.
+Twenty-three packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's
+libLLVM 14/15/16/19 (versioned exporters, -Bsymbolic-functions), libclang-cpp 15/16/19 (registrants
+through JUMP_SLOT, DT_NEEDED on the system libLLVM) and libMLIR 16 (MLIR's pass options registered
+through libLLVM-16's versioned cl:: entry points, no LLVM of its own), rocm-llvm-python's
+DT_SYMBOLIC librocmllvm.so, three llvmlite versions (hidden copies), triton's libtriton (hidden) and
+its LLVM pass plugin libPrintLoadStoreMemSpaces.so (an unversioned exporter that is not
+-Bsymbolic-functions: its addArgument goes through its own PLT), and triton 3.6.0's builds of the
+same three libraries (a second version of one library under one SONAME); rocm-bindings-compiler's
+libLLVM.so (DT_SYMBOLIC, unversioned, SONAME libLLVM.so, DT_NEEDED on TheRock's
+librocm_sysdeps_z/zstd, whose symbols it requires under AMDROCM_SYSDEPS_1.0), flydsl 0.4.2's
+embedded MLIR (libFlyPythonCAPI under its own FLYDSL_0.1 node and two dialect modules that share
+STB_GNU_UNIQUE mlir:: objects) and 0.5.0's (the same SONAME and node: constant-initialised TypeIDs
+shared; its ROCDL module is left out: after 0.4.2's CAPI its DT_NEEDED reuses that CAPI by SONAME
+and dlopen fails on an undefined symbol, a load error, not an LLVM clash), rocm-llvm-python 6.2's
+librocmllvm.so (neither DT_SYMBOLIC nor versioned, no SONAME: every llvm::cl symbol interposable),
+torch-mlir's libTorchMLIRAggregateCAPI.so (LLVM and MLIR exported unversioned, not -Bsymbolic),
+iree-compiler 20241104's libIREECompiler.so (LLVM exported under its own IREE_API_0.0 node, its own
+calls through the PLT), the PyPI libclang wheel's libclang.so and iree-base-compiler's
+libIREECompiler.so (hidden copies with a C API under a version node). Downloads go to
+ROCM_AUDIT_TEST_CACHE (default ~/.cache/rocm-audit-tests) with the ordinary clients (pip download,
+apt-get download) and are checked against the pins before anything is unpacked; a missing or
+mismatching file fails the test (a broken set-up), it never skips.
 
 TheRock's sysdeps libraries come from _rocm_sdk_core, which is not on PyPI: stand-ins are built
 here (``sysdeps``) the way TheRock's third-party/sysdeps does it, Debian's libz.a and libzstd.a
@@ -107,11 +109,35 @@ CARRIERS = (
         ("usr/lib/x86_64-linux-gnu/libclang-cpp.so.19.1",),
     ),
     Carrier(
+        "clang16",
+        "deb",
+        "libclang-cpp16=1:16.0.6-15~deb12u1",
+        "libclang-cpp16_1%3a16.0.6-15~deb12u1_amd64.deb",
+        "da5ed3c4619ed5f811f8b70ef12ca53cf3074b03cfbff3dd0e33d429b14f800b",
+        ("usr/lib/llvm-16/lib/libclang-cpp.so.16",),
+    ),
+    Carrier(
+        "mlir16",
+        "deb",
+        "libmlir-16=1:16.0.6-15~deb12u1",
+        "libmlir-16_1%3a16.0.6-15~deb12u1_amd64.deb",
+        "326f89ab592da5fba6b6e7bbe20326f11e734cde5e61dd09604de0f986270f8b",
+        ("usr/lib/llvm-16/lib/libMLIR.so.16",),
+    ),
+    Carrier(
         "llvmlite044",
         "wheel",
         "llvmlite==0.44.0",
         "llvmlite-0.44.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
         "c5d22c3bfc842668168a786af4205ec8e3ad29fb1bc03fd11fd48460d0df64c1",
+        ("llvmlite/binding/libllvmlite.so",),
+    ),
+    Carrier(
+        "llvmlite043",
+        "wheel",
+        "llvmlite==0.43.0",
+        "llvmlite-0.43.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "977525a1e5f4059316b183fb4fd34fa858c9eade31f165427a3977c95e3ee749",
         ("llvmlite/binding/libllvmlite.so",),
     ),
     Carrier(

@@ -1,6 +1,6 @@
 """rocm-audit's LLVM verdicts against real loads of real LLVM carriers (issue 16).
 
-The carriers (tests/llvm/carriers.py) are twenty pinned PyPI wheels and Debian packages (with
+The carriers (tests/llvm/carriers.py) are twenty-three pinned PyPI wheels and Debian packages (with
 gcc-built stand-ins for TheRock's sysdeps libraries that rocm-bindings-compiler's libLLVM needs); the
 tree holds deliberate duplicates (second inodes with the same bytes) and two versions of llvmlite,
 libLLVM, libclang-cpp and triton. For each ordered pair and each mode (global-global, global-local,
@@ -14,7 +14,7 @@ Asserted:
 - probe verdicts agree with real loads in at least 97% of the loads, inconclusive counted against.
 
 The default run covers one pair per mechanism (about 100 loads); the whole sweep (every pair of
-the 32 libraries, 2976 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
+the 35 libraries, 3570 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
 ``ROCM_AUDIT_TEST_CACHE/llvm-carriers/differential.json`` (README "LLVM option clashes").
 """
 

@@ -230,7 +230,7 @@ def _register(process: _Process, one: Mapped, scope: Sequence[Mapped], index: in
             one_build = all(o.linkage.exports == one.linkage.exports for o in (registry, owner, earlier))
             # Measured (differential sweep): copies of one build always abort; where two builds
             # share one option map (code of one, objects or options of another), a SIGSEGV often
-            # comes first (74 of 228 predicted aborts, every one of them between two builds).
+            # comes first (78 of 256 predicted aborts, every one of them between two builds).
             effect = (
                 "LLVM aborts with 'registered more than once'"
                 if one_build
