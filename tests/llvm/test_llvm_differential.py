@@ -52,6 +52,7 @@ MECHANISMS = {
     ("clang15", "clang19"): "two libclang-cpp versions: unversioned clang data, crash at exit",
     ("rocmllvm", "llvm15"): "exports getTopLevel, not TopLevelSubCommand: crash at exit, not an abort",
     ("rocmllvm", "clang15"): "libclang-cpp's registration bound to another whole LLVM: crash while loading",
+    ("rocmllvm62", "clang15"): "clang registers into an unversioned LLVM's map: predicted abort, a SIGSEGV first",
     ("llvm15", "triton/libPrintLoadStoreMemSpaces.so"): "not -Bsymbolic-functions: JUMP_SLOT registration, abort",
     ("triton/libPrintLoadStoreMemSpaces.so", "triton/libPrintLoadStoreMemSpaces.so-copy"): "plugin copies: abort",
     ("llvm14", "llvm16"): "distinct version nodes: clean",
@@ -198,6 +199,12 @@ def test_static_verdicts_equal_real_loads_one_pair_per_mechanism(subset_tree, su
         r["real"] == "clean" for r in rows if {r["first"], r["second"]} == {lib["rocmllvm"], lib["rocmllvm-copy"]}
     )
     assert all(r["real"] == "abort" for r in rows if {r["first"], r["second"]} == {lib["clang15"], lib["clang15-copy"]})
+    # Two builds in one option map: the abort is hedged, and rightly (it crashes first). Two
+    # copies of one registrant always abort: the plain message.
+    two_builds = real[(lib["rocmllvm62"], lib["clang15"], "global-global")]
+    assert (two_builds["static"], two_builds["real"]) == ("abort", "crash") and HEDGED in two_builds["reason"]
+    copies = real[(lib["clang15"], lib["clang15-copy"], "global-global")]
+    assert copies["static"] == "abort" and HEDGED not in copies["reason"], copies
 
 
 def test_clean_copies_are_info_and_dependency_clashes_name_their_path(subset_tree, subset_analysis):
@@ -302,6 +309,14 @@ def test_full_differential_sweep(tmp_path_factory):
     figures["outcomes"] = dict(figures["outcomes"])
     figures["abort_messages"] = dict(
         Counter(f"{'hedged' if HEDGED in r['reason'] else 'plain'}/{r['real']}" for r in rows if r["static"] == "abort")
+    )
+    name_of = {str(path): name for name, path in tree.libraries.items()}
+    figures["hedged_pairs"] = dict(
+        Counter(
+            f"{name_of[r['first']]} + {name_of[r['second']]}: {r['real']}"
+            for r in rows
+            if r["static"] == "abort" and HEDGED in r["reason"]
+        )
     )
     figures["unhedged_aborts"] = [
         {k: r[k] for k in ("first", "second", "mode", "real", "reason")} for r in _unhedged_aborts(rows)

@@ -227,13 +227,17 @@ def _register(process: _Process, one: Mapped, scope: Sequence[Mapped], index: in
             kind = one.linkage.binds.get(entry)
             through = f" through {kind.kind}" if kind is not None and registry.identity != one.identity else ""
             owner = process.loaded.get(map_owner, registry)
-            one_build = all(o.linkage.exports == one.linkage.exports for o in (registry, owner, earlier))
-            # Measured (differential sweep): copies of one build always abort; where two builds
-            # share one option map (code of one, objects or options of another), a SIGSEGV often
-            # comes first (78 of 256 predicted aborts, every one of them between two builds).
+            # Copies: the second registrant is a copy of the first, and the registry it calls files
+            # into its own map (two libclang-cpp-15 into one libLLVM-15; two libLLVM-15).
+            copies = (
+                one.linkage.exports == earlier.linkage.exports and registry.linkage.exports == owner.linkage.exports
+            )
+            # Measured (differential sweep): copies always abort; where two builds share one option
+            # map (code of one, objects or options of another), a SIGSEGV often comes first (78 of
+            # 256 predicted aborts, every one of them between two builds).
             effect = (
                 "LLVM aborts with 'registered more than once'"
-                if one_build
+                if copies
                 else "LLVM aborts with 'registered more than once', or crashes first (two LLVM builds, one option map)"
             )
             return Prediction(
