@@ -1,13 +1,16 @@
 """Real LLVM carriers from PyPI wheels and Debian packages, pinned by sha256, and a tree of them.
 
-Twenty-three packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's
+Twenty-four packages that ship LLVM, MLIR or clang in the shapes formats.md 6 describes: Debian's
 libLLVM 14/15/16/19 (versioned exporters, -Bsymbolic-functions), libclang-cpp 15/16/19 (registrants
 through JUMP_SLOT, DT_NEEDED on the system libLLVM) and libMLIR 16 (MLIR's pass options registered
 through libLLVM-16's versioned cl:: entry points, no LLVM of its own), rocm-llvm-python's
 DT_SYMBOLIC librocmllvm.so, three llvmlite versions (hidden copies), triton's libtriton (hidden) and
 its LLVM pass plugin libPrintLoadStoreMemSpaces.so (an unversioned exporter that is not
--Bsymbolic-functions: its addArgument goes through its own PLT), and triton 3.6.0's builds of the
-same three libraries (a second version of one library under one SONAME); rocm-bindings-compiler's
+-Bsymbolic-functions: its addArgument goes through its own PLT), triton 3.6.0's builds of the
+same three libraries (a second version of one library under one SONAME) and triton 3.8.0's
+libtriton with its instrumentation test library (its own copy of LLVM Support and Core, exported
+unversioned) and two MLIR plugins in triton/plugins (DT_NEEDED on libtriton.so, which their RUNPATH does not
+find: their own triton's libtriton is loaded first); rocm-bindings-compiler's
 libLLVM.so (DT_SYMBOLIC, unversioned, SONAME libLLVM.so, DT_NEEDED on TheRock's
 librocm_sysdeps_z/zstd, whose symbols it requires under AMDROCM_SYSDEPS_1.0), flydsl 0.4.2's
 embedded MLIR (libFlyPythonCAPI under its own FLYDSL_0.1 node and two dialect modules that share
@@ -178,6 +181,19 @@ CARRIERS = (
             "triton/_C/libtriton.so",
             "triton/instrumentation/libPrintLoadStoreMemSpaces.so",
             "triton/instrumentation/libGPUInstrumentationTestLib.so",
+        ),
+    ),
+    Carrier(
+        "triton38",
+        "wheel",
+        "triton==3.8.0",
+        "triton-3.8.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "68988ac85d5e7086baeda0ddc175af9667db7529b3c5e11a5c0601b8bef2200a",
+        (
+            "triton/_C/libtriton.so",
+            "triton/instrumentation/libGPUInstrumentationTestLib.so",
+            "triton/plugins/libMLIRDialectPlugin.so",
+            "triton/plugins/libTritonPluginsTestLib.so",
         ),
     ),
     Carrier(

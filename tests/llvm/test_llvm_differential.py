@@ -1,6 +1,6 @@
 """rocm-audit's LLVM verdicts against real loads of real LLVM carriers (issue 16).
 
-The carriers (tests/llvm/carriers.py) are twenty-three pinned PyPI wheels and Debian packages (with
+The carriers (tests/llvm/carriers.py) are twenty-four pinned PyPI wheels and Debian packages (with
 gcc-built stand-ins for TheRock's sysdeps libraries that rocm-bindings-compiler's libLLVM needs); the
 tree holds deliberate duplicates (second inodes with the same bytes) and two versions of llvmlite,
 libLLVM, libclang-cpp and triton. For each ordered pair and each mode (global-global, global-local,
@@ -10,11 +10,13 @@ Asserted:
 
 - no false error: every pair rocm-audit reports as an error fails in some real order and mode;
 - nothing missed: every pair that fails in some real order is reported as an error;
-- each static verdict per ordered pair and mode agrees with the real load (bad or clean);
+- each static verdict per ordered pair and mode agrees with the real load (bad or clean), but for
+  loads the model itself marks layout-dependent (``_layout_dependent``);
 - probe verdicts agree with real loads in at least 97% of the loads, inconclusive counted against.
 
 The default run covers one pair per mechanism (about 100 loads); the whole sweep (every pair of
-the 35 libraries, 3570 loads) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
+the 40 libraries, 4446 loads; loads whose outcome depends on C++ class layout
+may disagree only as ``_layout_dependent`` says) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
 ``ROCM_AUDIT_TEST_CACHE/llvm-carriers/differential.json`` (README "LLVM option clashes").
 """
 
@@ -41,6 +43,8 @@ BAD = {"abort", "crash", "hang"}
 CAPI = "libFlyPythonCAPI.so.24.0git"
 FLY = "flydsl/_mlirDialectsFly.cpython-311-x86_64-linux-gnu.so"
 FLY_ROCDL = "flydsl/_mlirDialectsFlyROCDL.cpython-311-x86_64-linux-gnu.so"
+TRITON38 = "triton38/"
+GPU_TEST_LIB = "libGPUInstrumentationTestLib.so"
 
 # One pair per mechanism (carriers.py names; "-copy": a second inode with the same bytes).
 MECHANISMS = {
@@ -62,7 +66,29 @@ MECHANISMS = {
     ("rbllvm", "clang19"): "libclang-cpp 19's registration bound to an unversioned DT_SYMBOLIC libLLVM: crash",
     ("llvm15", "torchmlir"): "a whole unversioned LLVM after a GLOBAL libLLVM registers into it: abort",
     ("flydsl/" + CAPI, "flydsl050/" + CAPI): "two versions under one SONAME and node share constant TypeIDs: clean",
+    (
+        TRITON38 + "libtriton.so",
+        TRITON38 + GPU_TEST_LIB,
+    ): "a test library with its own LLVM Support, unversioned: abort",
+    (TRITON38 + GPU_TEST_LIB, TRITON38 + "libMLIRDialectPlugin.so"): "a plugin through its own triton's host",
+    (TRITON38 + GPU_TEST_LIB, "llvm14"): "libLLVM-14's cl::opt objects built again in the test library's: layout",
 }
+
+
+# Loads whose outcome depends on C++ class layout, which no ELF fact shows: the static verdict is
+# clean with a caveat (Prediction.layout_dependent) where one whole LLVM's own initialised objects
+# bind to another's copies. Measured: a Debian libLLVM 14-19 (or a library on one) after triton
+# 3.8's instrumentation library loaded RTLD_GLOBAL binds ~300 cl::opt objects and vtables to it and
+# builds them again: `free(): invalid pointer` at exit; after triton 3.6's pass plugin the same
+# objects, of the same sizes, exit clean. Such a load may disagree, only as a crash at exit, and
+# never costs a pair its report (the sweep's missed list stays empty).
+def _layout_dependent(row) -> bool:
+    return (
+        row["layout_dependent"]
+        and row["static"] == "clean"
+        and row["real"] == "crash"
+        and row["real_step"] == len(row["sequence"])  # at exit
+    )
 
 
 def _names(pairs) -> tuple[str, ...]:
@@ -110,7 +136,9 @@ def _error_pairs(analysis) -> set[frozenset[str]]:
     for finding in analysis.findings:
         if finding.severity.name != "ERROR" or not finding.rule.startswith("LLVM"):
             continue
-        members = [finding.path, *finding.related_paths]
+        # The pair it is about: a host it arrives through (LLVM012) is named, not paired.
+        hosts = set(finding.data.get("arrives_through", ()))
+        members = [p for p in (finding.path, *finding.related_paths) if p == finding.path or p not in hosts]
         for a, b in itertools.combinations(members, 2):
             found.add(frozenset((a, b)))
     return found
@@ -134,6 +162,7 @@ def _sweep(tree, pairs, analysis=None):
                         "mode": mode,
                         "static": order.modes[mode].verdict.value,
                         "reason": order.modes[mode].reason,
+                        "layout_dependent": order.modes[mode].layout_dependent,
                         "sequence": sequence,
                     }
                 )
@@ -185,7 +214,7 @@ def test_static_verdicts_equal_real_loads_one_pair_per_mechanism(subset_tree, su
     analysis, rows = _sweep(subset_tree, list(MECHANISMS), subset_analysis)
     figures = _figures(analysis, rows, list(MECHANISMS), subset_tree)
     assert figures["load_errors"] == 0, [r for r in rows if r["real"] == "load-error"]
-    disagreements = [r for r in rows if (r["static"] in BAD) != (r["real"] in BAD)]
+    disagreements = [r for r in rows if (r["static"] in BAD) != (r["real"] in BAD) and not _layout_dependent(r)]
     assert not disagreements, disagreements
     assert figures["false_errors"] == [] and figures["missed"] == [], figures
     assert not _unhedged_aborts(rows), _unhedged_aborts(rows)
@@ -205,6 +234,16 @@ def test_static_verdicts_equal_real_loads_one_pair_per_mechanism(subset_tree, su
     assert (two_builds["static"], two_builds["real"]) == ("abort", "crash") and HEDGED in two_builds["reason"]
     copies = real[(lib["clang15"], lib["clang15-copy"], "global-global")]
     assert copies["static"] == "abort" and HEDGED not in copies["reason"], copies
+    # A plugin is hosted by the provider it ships with (its own triton's libtriton), not the first
+    # libtriton.so in path order (the other triton's).
+    plugin = lib[TRITON38 + "libMLIRDialectPlugin.so"]
+    assert subset_analysis.judge.hosts(plugin) == (lib[TRITON38 + "libtriton.so"],)
+    # A clean load that rests on two builds' class layouts says so, and no fix relies on it: the
+    # test library first RTLD_GLOBAL, libLLVM-14 after it, really crashes at exit.
+    test_lib = lib[TRITON38 + GPU_TEST_LIB]
+    relaid = real[(test_lib, lib["llvm14"], "global-local")]
+    assert relaid["layout_dependent"] and (relaid["static"], relaid["real"]) == ("clean", "crash"), relaid
+    assert subset_analysis.judge.global_caution(test_lib, lib["llvm14"]) is None
 
 
 def test_clean_copies_are_info_and_dependency_clashes_name_their_path(subset_tree, subset_analysis):
@@ -321,6 +360,7 @@ def test_full_differential_sweep(tmp_path_factory):
     figures["unhedged_aborts"] = [
         {k: r[k] for k in ("first", "second", "mode", "real", "reason")} for r in _unhedged_aborts(rows)
     ]
+    figures["layout_caveats"] = dict(Counter(r["real"] for r in rows if r["layout_dependent"]))
     # Every probe `rocm-audit llvm --probe` runs, against the real load of the same sequence.
     probe_analysis(analysis, LlvmOptions(probe=True, probe_timeout_s=30.0))
     truth = {tuple(f"{'global' if g else 'local'}:{p}" for p, g in r["sequence"]): r["real"] for r in rows}
@@ -335,6 +375,7 @@ def test_full_differential_sweep(tmp_path_factory):
     (cache_dir() / "differential.json").write_text(json.dumps(figures, indent=1, sort_keys=True))
     assert figures["load_errors"] == 0
     assert figures["false_errors"] == [] and figures["missed"] == [], figures
-    assert figures["static_agreement"] == figures["loads"], figures
+    disagreeing = [r for r in rows if (r["static"] in BAD) != (r["real"] in BAD)]
+    assert all(_layout_dependent(r) for r in disagreeing), [r for r in disagreeing if not _layout_dependent(r)]
     assert not figures["unhedged_aborts"], figures["unhedged_aborts"]
     assert figures["probe_loads"] and figures["probe_agreement"] >= 0.97 * figures["probe_loads"], figures

@@ -3,7 +3,8 @@
 Each load is modelled as a real process does it (formats.md 4, 6): ``dlopen`` maps the library
 and its DT_NEEDED closure through the one loader model (tree/loader.py, sysroot-aware, inside or
 outside the audited tree); a library whose own RUNPATH cannot find a needed library (a plugin) is
-loaded after the host library a real process loads first, found by that SONAME in the audited tree.
+loaded after the host library a real process loads first, found by that SONAME in the audited tree
+(of several, the one it ships with: the most leading folders in common).
 verdicts.py then says what the sequence does.
 """
 
@@ -55,6 +56,8 @@ class PairVerdicts:
         found = []
         for order in self.orders:
             for prediction in order.modes.values():
+                if not prediction.verdict.bad:
+                    continue
                 for name in (prediction.culprit, prediction.other):
                     if name and name not in self.paths and name not in found:
                         found.append(name)
@@ -107,9 +110,11 @@ class PairJudge:
             closure = self.new_process().dlopen(path)
             found: list[str] = []
             for missing in closure.missing:
-                for candidate in self.by_soname.get(missing.name, ())[:1]:
-                    if candidate != path and candidate not in found:
-                        found.append(candidate)
+                candidates = [c for c in self.by_soname.get(missing.name, ()) if c != path]
+                if candidates:
+                    host = _nearest(path, candidates)
+                    if host not in found:
+                        found.append(host)
             self._hosts[path] = tuple(found[:MAX_HOSTS])
         return self._hosts[path]
 
@@ -156,7 +161,7 @@ class PairJudge:
 
     def global_caution(self, a: str, b: str) -> str | None:
         """The library of the pair that, never loaded RTLD_GLOBAL, keeps both orders clean in
-        every mode of the other; None when neither does."""
+        every mode of the other, without a layout caveat; None when neither does."""
         for local, other in ((a, b), (b, a)):
             sequences = [
                 [(local, False), (other, True)],
@@ -164,7 +169,8 @@ class PairJudge:
                 [(other, True), (local, False)],
                 [(other, False), (local, False)],
             ]
-            if all(not self.predict(s).verdict.bad for s in sequences):
+            predictions = [self.predict(s) for s in sequences]
+            if all(not p.verdict.bad and not p.layout_dependent for p in predictions):
                 return local
         return None
 
@@ -175,6 +181,18 @@ class PairJudge:
     def judge(self, a: str, b: str) -> PairVerdicts:
         hosts = {p: self.hosts(p) for p in (a, b) if self.hosts(p)}
         return PairVerdicts((a, b), (self.order(a, b), self.order(b, a)), hosts)
+
+
+def _nearest(path: str, candidates: Sequence[str]) -> str:
+    """The provider a plugin ships with: the one sharing the longest leading folders with it
+    (triton/plugins/x.so is hosted by that triton's _C/libtriton.so, not another copy's), the
+    first in path order among equals."""
+    folders = path.split(os.sep)[:-1]
+
+    def shared(candidate: str) -> int:
+        return len(os.path.commonprefix([folders, candidate.split(os.sep)[:-1]]))
+
+    return max(candidates, key=shared)  # max keeps the first of equal keys
 
 
 def verdict_of(predictions: Iterable[Prediction]) -> Verdict:

@@ -92,6 +92,12 @@ class Prediction:
     step: int | None = None  # index of the step that goes wrong
     symbols: tuple[str, ...] = ()
 
+    @property
+    def layout_dependent(self) -> bool:
+        """Clean as modelled, but only while two builds' C++ class layouts agree, which no ELF
+        fact shows (a clean prediction that names a culprit: _interposition)."""
+        return self.verdict is Verdict.CLEAN and self.culprit is not None
+
     def to_dict(self) -> dict[str, object]:
         return {
             "verdict": self.verdict.value,
@@ -182,8 +188,8 @@ def simulate(steps: Sequence[Step]) -> Prediction:
         scopes = {one.identity: process.scope_for(one, search_list) for one in new}
         for one in new:
             found = _interposition(one, scopes[one.identity], search_list, index)
-            if found is not None and found.verdict.rank > worst.verdict.rank:
-                worst = found
+            if found is not None and (found.verdict.rank > worst.verdict.rank or worst is CLEAN):
+                worst = found  # the first caveat of a clean load is kept too
             if one.linkage.defines_registry:
                 map_owner = _map_owner(process, one, scopes[one.identity])
                 process.option_map[one.identity] = map_owner
@@ -260,6 +266,8 @@ def _interposition(
     own = one.linkage.shared_copies
     taken: list[str] = []
     taker: Mapped | None = None
+    relaid: list[str] = []  # own initialised objects another whole LLVM's copies stand in for
+    relaid_on: Mapped | None = None
     in_closure = {o.identity for o in search_list}
     if own:
         for candidate in scope:
@@ -283,6 +291,14 @@ def _interposition(
             for name in common:
                 if not _shared_state(name):
                     if not (together and (initialised is None or name in initialised)):
+                        built_here = initialised is None or name in initialised
+                        if (
+                            whole
+                            and built_here
+                            and _compatible(one.linkage.binds[name].version, candidate.linkage.exports.get(name))
+                        ):
+                            relaid.append(name)
+                            relaid_on = relaid_on or candidate
                         continue
                 elif not _registry(name) and initialised is not None and name not in initialised:
                     continue  # constant-initialised (an MLIR TypeID): its initialisers never touch it
@@ -332,6 +348,21 @@ def _interposition(
             other=foreign_from.path,
             step=index,
             symbols=tuple(foreign),
+        )
+    if relaid and relaid_on is not None:
+        # Measured (differential sweep): the same ~300 cl::opt objects and vtables of a Debian
+        # libLLVM 14-19 bound to triton 3.6's pass plugin were clean, to triton 3.8's
+        # instrumentation library (a later LLVM) a double free at exit. Clean, with the caveat.
+        named = tuple(_short(n) for n in sorted(relaid)[:MAX_NAMED_SYMBOLS])
+        return Prediction(
+            Verdict.CLEAN,
+            f"clean while the two LLVM builds share one class layout: {len(relaid)} of {one.path}'s own "
+            f"initialised llvm objects (e.g. {named[0]}) bind to {relaid_on.path}'s copies and are built "
+            "again there (another layout: a double free at exit)",
+            culprit=one.path,
+            other=relaid_on.path,
+            step=index,
+            symbols=named,
         )
     return None
 
