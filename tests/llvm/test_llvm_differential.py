@@ -71,6 +71,7 @@ MECHANISMS = {
         TRITON38 + GPU_TEST_LIB,
     ): "a test library with its own LLVM Support, unversioned: abort",
     (TRITON38 + GPU_TEST_LIB, TRITON38 + "libMLIRDialectPlugin.so"): "a plugin through its own triton's host",
+    (TRITON38 + "libtriton.so", "llvm14"): "libLLVM-14's schedulers into an assertions build's registry: abort",
     (TRITON38 + GPU_TEST_LIB, "llvm14"): "libLLVM-14's cl::opt objects built again in the test library's: layout",
 }
 
@@ -238,6 +239,10 @@ def test_static_verdicts_equal_real_loads_one_pair_per_mechanism(subset_tree, su
     # libtriton.so in path order (the other triton's).
     plugin = lib[TRITON38 + "libMLIRDialectPlugin.so"]
     assert subset_analysis.judge.hosts(plugin) == (lib[TRITON38 + "libtriton.so"],)
+    # A shared MachineSchedRegistry is an abort, not a crash, when its owner is an assertions build.
+    schedulers = real[(lib[TRITON38 + "libtriton.so"], lib["llvm14"], "global-local")]
+    assert (schedulers["static"], schedulers["real"]) == ("abort", "abort"), schedulers
+    assert "already exists" in schedulers["real_detail"] and "already exists" in schedulers["reason"]
     # A clean load that rests on two builds' class layouts says so, and no fix relies on it: the
     # test library first RTLD_GLOBAL, libLLVM-14 after it, really crashes at exit.
     test_lib = lib[TRITON38 + GPU_TEST_LIB]

@@ -42,3 +42,18 @@ def test_a_real_cl_opt_registers_at_load_at_every_optimisation_level(tmp_path):
         # addArgument itself, or opt<bool>::done() which calls it inside libLLVM (the compiler's choice)
         assert {n for n in linkage.registration_imports if n.endswith(("E4doneEv", "11addArgumentEv"))}
         assert not linkage.defines_registry
+
+
+def test_assertions_builds_are_told_by_their_import_of_assert_fail(tmp_path):
+    """An assertions build (LLVM_ENABLE_ASSERTIONS) imports glibc's __assert_fail; NDEBUG removes it.
+    Debian's release libLLVM imports none (verdicts.py: its registries do not abort on a repeat)."""
+    source = tmp_path / "checked.c"
+    source.write_text('#include <assert.h>\nint checked(int x) { assert(x > 0 && "positive"); return x; }\n')
+    for flags, expected in (((), True), (("-DNDEBUG",), False)):
+        library = tmp_path / f"libchecked{len(flags)}.so"
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-O2", *flags, "-o", str(library), str(source)], check=True, timeout=120
+        )
+        assert read_linkage(str(library), read_dynamic_info(str(library))).assertions is expected, flags
+    release = (LLVM15 / "lib" / "libLLVM-15.so.1").resolve()  # read_linkage follows no link
+    assert read_linkage(str(release), read_dynamic_info(str(release))).assertions is False

@@ -125,6 +125,10 @@ class Linkage:
     # constructs (and registers a destructor for) when loaded. None: not decided (the walk ran
     # out of budget, or not x86-64): every copy counts.
     initialised_copies: frozenset[str] | None = None
+    # Imports glibc's __assert_fail: built with assertions (LLVM_ENABLE_ASSERTIONS; Debian's and
+    # the vendors' release LLVMs import none). Such a build's option parsers reject a second literal
+    # of one name (a repeated registry entry) with report_fatal_error; release builds skip the check.
+    assertions: bool = False
 
     def entry_points(self) -> dict[str, str]:
         """How each registry entry point is reached: a relocation kind, "defined" or absent."""
@@ -271,6 +275,7 @@ class _SymbolFacts:
     strong_data: set[str] = field(default_factory=set)
     function_starts: dict[int, int] = field(default_factory=dict)
     defined_functions: array.array[int] = field(default_factory=lambda: array.array("Q"))
+    assertions: bool = False  # __assert_fail is named: see Linkage.assertions
 
 
 def _watched_symbols(reader: _Reader, dynsym: Section | None, named: frozenset[int]) -> _SymbolFacts:
@@ -281,6 +286,7 @@ def _watched_symbols(reader: _Reader, dynsym: Section | None, named: frozenset[i
     symbols, exports, strong_data = facts.symbols, facts.exports, facts.strong_data
     function_starts, defined_functions = facts.function_starts, facts.defined_functions
     dynstr = reader.read(reader.sections[dynsym.link])
+    facts.assertions = b"\0__assert_fail\0" in dynstr
     table = reader.read(dynsym)
     versym_section = reader.by_type(SHT_GNU_VERSYM)
     versym = reader.read(versym_section) if versym_section is not None else b""
@@ -602,6 +608,7 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
     init_ranges = [(s.addr, s.addr + s.size) for s in reader.sections if s.sh_type == SHT_INIT_ARRAY]
     named, relative = _relocations(reader, dynsym, init_ranges if machine == EM_X86_64 else [])
     facts = _watched_symbols(reader, dynsym, frozenset(index for _offset, _type, index in named))
+    assertions = facts.assertions
     symbols = facts.symbols
     code_map = _CodeMap(reader, facts.function_starts, facts.defined_functions)
     kinds = RELOC_KINDS.get(machine, {})
@@ -649,6 +656,7 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         registration_imports=registration_imports,
         own_copies=own_copies,
         initialised_copies=initialised,
+        assertions=assertions,
     )
 
 

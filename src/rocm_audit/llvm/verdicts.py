@@ -312,6 +312,20 @@ def _interposition(
         named = tuple(_short(n) for n in (heads or sorted(taken))[:MAX_NAMED_SYMBOLS])
         what = "LLVM's registries" if heads else "data and code"
         assert taker is not None
+        if MACHINE_SCHED_REGISTRY in taken and taker.linkage.assertions:
+            # Its schedulers ("default", ...) are added to the taker's registry, whose listener (the
+            # -misched option's parser, an assertions build's) has them already. Measured: triton
+            # 3.8's libtriton loaded GLOBAL, then a Debian libLLVM 14-19 (or a library on one).
+            return Prediction(
+                Verdict.ABORT,
+                f"{one.path} adds its machine schedulers to {taker.path}'s registry (it binds "
+                f"{_short(MACHINE_SCHED_REGISTRY)} there), an assertions build whose -misched parser "
+                "has those names already: LLVM aborts with \"Option 'default' already exists!\"",
+                culprit=one.path,
+                other=taker.path,
+                step=index,
+                symbols=(MACHINE_SCHED_REGISTRY,),
+            )
         return Prediction(
             Verdict.CRASH,
             f"{len(taken)} of {one.path}'s own llvm/clang/mlir definitions ({what}, e.g. {named[0]}) bind "
