@@ -9,8 +9,8 @@ its LLVM pass plugin libPrintLoadStoreMemSpaces.so (an unversioned exporter that
 -Bsymbolic-functions: its addArgument goes through its own PLT), triton 3.6.0's builds of the
 same three libraries (a second version of one library under one SONAME) and triton 3.8.0's
 libtriton with its instrumentation test library (its own copy of LLVM Support and Core, exported
-unversioned) and two MLIR plugins in triton/plugins (DT_NEEDED on libtriton.so, which their RUNPATH does not
-find: their own triton's libtriton is loaded first); rocm-bindings-compiler's
+unversioned) and two MLIR plugins in triton/plugins (DT_NEEDED on libtriton.so, which their
+RUNPATH does not find: their own triton's libtriton is loaded first); rocm-bindings-compiler's
 libLLVM.so (DT_SYMBOLIC, unversioned, SONAME libLLVM.so, DT_NEEDED on TheRock's
 librocm_sysdeps_z/zstd, whose symbols it requires under AMDROCM_SYSDEPS_1.0), flydsl 0.4.2's
 embedded MLIR (libFlyPythonCAPI under its own FLYDSL_0.1 node and two dialect modules that share

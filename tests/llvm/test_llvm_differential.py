@@ -14,9 +14,9 @@ Asserted:
   loads the model itself marks layout-dependent (``_layout_dependent``);
 - probe verdicts agree with real loads in at least 97% of the loads, inconclusive counted against.
 
-The default run covers one pair per mechanism (about 100 loads); the whole sweep (every pair of
-the 40 libraries, 4446 loads; loads whose outcome depends on C++ class layout
-may disagree only as ``_layout_dependent`` says) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
+The default run covers one pair per mechanism (132 loads); the whole sweep (every pair of
+the 40 libraries, 4446 loads; loads whose outcome depends on C++ class layout may disagree only
+as ``_layout_dependent`` says) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
 ``ROCM_AUDIT_TEST_CACHE/llvm-carriers/differential.json`` (README "LLVM option clashes").
 """
 

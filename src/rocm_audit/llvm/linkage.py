@@ -608,7 +608,6 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
     init_ranges = [(s.addr, s.addr + s.size) for s in reader.sections if s.sh_type == SHT_INIT_ARRAY]
     named, relative = _relocations(reader, dynsym, init_ranges if machine == EM_X86_64 else [])
     facts = _watched_symbols(reader, dynsym, frozenset(index for _offset, _type, index in named))
-    assertions = facts.assertions
     symbols = facts.symbols
     code_map = _CodeMap(reader, facts.function_starts, facts.defined_functions)
     kinds = RELOC_KINDS.get(machine, {})
@@ -656,7 +655,7 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         registration_imports=registration_imports,
         own_copies=own_copies,
         initialised_copies=initialised,
-        assertions=assertions,
+        assertions=facts.assertions,
     )
 
 

@@ -289,20 +289,17 @@ def _interposition(
             # same binding was clean. Data no initialiser touches is shared harmlessly either way.
             together = whole and candidate.identity in in_closure
             for name in common:
+                built_here = initialised is None or name in initialised
+                binds_there = _compatible(one.linkage.binds[name].version, candidate.linkage.exports.get(name))
                 if not _shared_state(name):
-                    if not (together and (initialised is None or name in initialised)):
-                        built_here = initialised is None or name in initialised
-                        if (
-                            whole
-                            and built_here
-                            and _compatible(one.linkage.binds[name].version, candidate.linkage.exports.get(name))
-                        ):
+                    if not (together and built_here):
+                        if whole and built_here and binds_there:
                             relaid.append(name)
                             relaid_on = relaid_on or candidate
                         continue
-                elif not _registry(name) and initialised is not None and name not in initialised:
+                elif not _registry(name) and not built_here:
                     continue  # constant-initialised (an MLIR TypeID): its initialisers never touch it
-                if _compatible(one.linkage.binds[name].version, candidate.linkage.exports.get(name)):
+                if binds_there:
                     taken.append(name)
                     taker = taker or candidate
             if taken:
