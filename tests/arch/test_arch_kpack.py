@@ -269,12 +269,20 @@ def test_an_archive_is_opened_only_for_the_arch_its_name_gives_gfxarch(tmp_path)
 def test_which_archive_names_a_device_opens_for_which_kernel_arch():
     from rocm_audit.gpu.codeobjects import _opened_for_its_arch
 
-    opened = [("gfx942", "gfx942:xnack+"), ("gfx9-4-generic", "gfx950"), ("gfx9-4-generic:sramecc+", "gfx942:xnack-")]
+    opened = [
+        ("gfx942", "gfx942:xnack+"),
+        ("gfx9-4-generic", "gfx950"),
+        ("gfx9-4-generic:sramecc+", "gfx942:xnack-"),
+        ("gfx1250-strict", "gfx1250-strict"),
+        ("gfx12-5-generic", "gfx1250"),
+    ]
     never = [
         ("gfx942:xnack-", "gfx942:xnack+"),
         ("gfx1100:xnack+", "gfx1100"),
         ("gfx94X", "gfx942"),
         ("gfx942", "gfx950"),
+        ("gfx1250", "gfx1250-strict"),
+        ("gfx12-5-generic", "gfx1250-strict"),
     ]
     assert all(_opened_for_its_arch(*pair) for pair in opened)
     assert not any(_opened_for_its_arch(*pair) for pair in never)
@@ -293,3 +301,22 @@ def test_through_gfxarch_only_indexed_keys_are_looked_up(tmp_path):
     direct = _kpackd_library(tree / "lib/libdirect.so", ["../.kpack/blas_lib_gfx942.kpack"], BUILD_RELPATH)
     outcome = verify.verify_arch([str(direct)], ["gfx942"], environ={})
     assert _carrier(outcome, direct)["missing"] == []
+
+
+def test_a_strict_stepping_archive_serves_its_own_device(tmp_path):
+    """rocm-kpack names archives for the arch as the device reports it, gfx1250-strict included
+    (artifact_splitter keeps the suffix; the loader puts the agent's ISA name for @GFXARCH@): such
+    an archive is listed and serves gfx1250-strict, and the gfx1250 one serves gfx1250 only."""
+    tree = tmp_path / "site/_rocm_sdk_libraries"
+    library = _kpackd_library(tree / "lib/librocblas.so.5", ["../.kpack/blas_lib_@GFXARCH@.kpack"], BUILD_RELPATH)
+    (tree / ".kpack").mkdir()
+    key = f"{BUILD_RELPATH}#0"
+    for named, e_flags in (("gfx1250", 0x049), ("gfx1250-strict", 0x0EB)):
+        (tree / f".kpack/blas_lib_{named}.kpack").write_bytes(kpack_archive([(key, named, amdgpu_header(e_flags))]))
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx1250", "gfx1250-strict"], environ={})
+    carrier = _carrier(outcome, library)
+    assert carrier["missing"] == [] and sorted(carrier["targets"]) == ["gfx1250", "gfx1250-strict"], carrier
+    assert not [f for f in outcome.findings if f.rule in ("ARCH003", "ARCH004", "ARCH005")], outcome.findings
+    (tree / ".kpack/blas_lib_gfx1250-strict.kpack").unlink()
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx1250-strict"], environ={})
+    assert _carrier(outcome, library)["missing"] == ["gfx1250-strict"]

@@ -49,7 +49,14 @@ def test_mach_table_matches_formats_md_spot_values():
     assert amdgpu_elf.EF_AMDGPU_MACH_NAMES[0x04C] == "gfx942"
     assert amdgpu_elf.EF_AMDGPU_MACH_NAMES[0x03F] == "gfx90a"
     assert amdgpu_elf.EF_AMDGPU_MACH_NAMES[0x05F] == "gfx9-4-generic"
-    assert amdgpu_elf.EF_AMDGPU_MACH_NAMES[0x0EB] == "gfx125f"
+    assert amdgpu_elf.EF_AMDGPU_MACH_NAMES[0x0EB] == "gfx1250-strict"
+    # LLVM's elf-header-flags-mach.ll, 2026: the gfx117x parts and the two newest generic families.
+    assert [amdgpu_elf.EF_AMDGPU_MACH_NAMES[v] for v in (0x05C, 0x05E, 0x062, 0x063)] == [
+        "gfx1172",
+        "gfx1171",
+        "gfx11-7-generic",
+        "gfx13-generic",
+    ]
     assert 0x04D not in amdgpu_elf.EF_AMDGPU_MACH_NAMES and 0x027 not in amdgpu_elf.EF_AMDGPU_MACH_NAMES
 
 
@@ -112,6 +119,20 @@ def test_matching_follows_comgr_and_rocr():
     assert _match("gfx9-generic", "gfx90a", cov=6, generic=1) is None  # gfx90a has no generic
     assert _match("gfx11-generic", "gfx1151", cov=6, generic=1) is MatchKind.GENERIC
     assert _match("amdgcnspirv", "gfx950") is MatchKind.SPIRV
+
+
+def test_gfx1250_strict_is_a_target_of_its_own():
+    """A0 silicon of gfx1250 is reported as gfx1250-strict and loads only its own code: neither
+    gfx1250 nor gfx12-5-generic code (CLR maps only gfx1250 to that family), which gfx1250 loads."""
+    assert str(resolve_required("gfx1250-strict").agent) == "gfx1250-strict"
+    assert _match("gfx1250-strict", "gfx1250-strict") is MatchKind.NATIVE
+    assert _match("gfx1250", "gfx1250-strict") is None
+    assert _match("gfx1250-strict", "gfx1250") is None
+    assert _match("gfx12-5-generic", "gfx1250", cov=6, generic=1) is MatchKind.GENERIC
+    assert _match("gfx12-5-generic", "gfx1250-strict", cov=6, generic=1) is None
+    assert _match("gfx12-5-generic", "gfx1251", cov=6, generic=1) is None
+    assert arch_tokens("TensileLibrary_lazy_gfx1250-strict.dat") == ["gfx1250-strict"]
+    assert arch_tokens("TensileLibrary_lazy_gfx1250.dat") == ["gfx1250"]
 
 
 def test_arch_tokens_in_database_names():

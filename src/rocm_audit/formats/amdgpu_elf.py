@@ -50,7 +50,10 @@ ELFABIVERSION_AMDGPU_HSA_V4, ELFABIVERSION_AMDGPU_HSA_V5, ELFABIVERSION_AMDGPU_H
 NT_AMDGPU_METADATA = 32
 NT_AMD_HSA_ISA_NAME = 11
 
-# EF_AMDGPU_MACH_AMDGCN_* values [LLVM ELF.h; ROCm-LLVM fork additions], formats.md 2.7.
+# EF_AMDGPU_MACH_AMDGCN_* values [LLVM ELF.h and test/CodeGen/AMDGPU/elf-header-flags-mach.ll;
+# ROCm-LLVM fork additions], formats.md 2.7. 0x0eb is the fork's A0 stepping of gfx1250: named
+# gfx125f in its 2025 ELF.h, gfx1250-strict (EF_AMDGPU_MACH_AMDGCN_GFX1250_STRICT) in the 2026
+# comgr and ROCr tests, which is also the name the runtime reports for such an agent.
 EF_AMDGPU_MACH_NAMES: dict[int, str] = {
     0x020: "gfx600",
     0x021: "gfx601",
@@ -104,13 +107,18 @@ EF_AMDGPU_MACH_NAMES: dict[int, str] = {
     0x053: "gfx10-3-generic",
     0x054: "gfx11-generic",
     0x055: "gfx1152",
+    0x057: "gfx1154",
     0x058: "gfx1153",
     0x059: "gfx12-generic",
     0x05A: "gfx1251",
     0x05B: "gfx12-5-generic",
+    0x05C: "gfx1172",
     0x05D: "gfx1170",
+    0x05E: "gfx1171",
     0x05F: "gfx9-4-generic",
-    0x0EB: "gfx125f",
+    0x062: "gfx11-7-generic",
+    0x063: "gfx13-generic",
+    0x0EB: "gfx1250-strict",
 }
 EF_AMDGPU_MACH_AMDGCN_GFX950 = 0x04F
 EF_AMDGPU_MACH_AMDGCN_GFX942 = 0x04C

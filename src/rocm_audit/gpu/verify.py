@@ -23,7 +23,7 @@ from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import triton_metadata
 from rocm_audit.gpu.codeobjects import DEVICE_KINDS, CodeObject, FileCodeObjects, scan_file
 from rocm_audit.outcome import CommandOutcome
-from rocm_audit.tree.archfiles import arch_folder_of
+from rocm_audit.tree.archfiles import arch_folder_of, miopen_db_arch
 from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import (
@@ -59,10 +59,6 @@ _DATABASE_ROOTS = (
 # listed, not judged.
 _LISTED_ONLY_ROOTS = (("miopen-db", ("miopen", "db")),)
 _DATABASE_DIRS = frozenset(suffix[0] for _, suffix in _DATABASE_ROOTS + _LISTED_ONLY_ROOTS)
-_MIOPEN_ARCH = re.compile(
-    r"^(gfx(?:90a|900|906|908|940|941|942|950|1010|1030|1100|1101|1102|1150|1151|1200|1201|"
-    r"1250)(?:-strict)?)"
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,8 +267,8 @@ def _database_root(path: str) -> tuple[str, str, bool] | None:
 
 def _database_arches(kind: str, rel_path: str) -> list[str]:
     if kind == "miopen-db":
-        match = _MIOPEN_ARCH.match(os.path.basename(rel_path))
-        return [match.group(1).replace("-strict", "")] if match else []
+        arch = miopen_db_arch(os.path.basename(rel_path))
+        return [] if arch is None else [arch]
     if kind == "aotriton":
         # amd-gfx942 (a chip) or amd-gfx11xx / amd-gfx110x (a family: x = any character).
         return [m for m in re.findall(r"amd-(gfx[0-9a-z]+)", rel_path)]

@@ -35,8 +35,9 @@ _TENSILE_ROOTS = (("rocblas", "library"), ("hipblaslt", "library"), ("hipsparsel
 _TENSILE_SUFFIXES = (".co", ".hsaco", ".dat")
 _MIOPEN_DB = ("miopen", "db")
 # The CU count follows the arch without a separator (gfx942130), so only known arch names are cut off.
+# gfx1250-strict (A0 silicon) is a target of its own, as the runtime names the device.
 _MIOPEN_ARCH = re.compile(
-    r"^(gfx(?:90a|900|906|908|940|941|942|950|1010|1030|1100|1101|1102|1150|1151|1200|1201|1250))(?:-strict)?(?=[0-9_.])"
+    r"^(gfx(?:90a|900|906|908|940|941|942|950|1010|1030|1100|1101|1102|1150|1151|1200|1201|1250)(?:-strict)?)(?=[0-9_.])"
 )
 _MIOPEN_CK = re.compile(r"^libMIOpenCK.*_(gfx[0-9a-z]+)\.so(?:\.[0-9]+)*$")
 _AOTRITON_IMAGES = re.compile(r"^amd-(gfx[0-9a-zA-Z]+)$")
@@ -44,6 +45,12 @@ _AOTRITON_KERNELS = ("aotriton", "kernels")
 _ARCH_DIR = re.compile(r"^gfx[0-9a-z]+(?:-[0-9a-z]+)*$")
 _DEVICE_DIST = re.compile(r"^(?:rocm-sdk-device|amd-[a-z0-9-]+-device)-(gfx[0-9a-z]+(?:-[a-z]+)?)$")
 _FAMILY_SUFFIX = re.compile(r"-(?:all|dgpu|igpu|dcgpu)$")
+
+
+def miopen_db_arch(name: str) -> str | None:
+    """The arch a MIOpen database file name starts with (``gfx942130.kdb`` -> gfx942)."""
+    match = _MIOPEN_ARCH.match(name)
+    return None if match is None else match.group(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +102,8 @@ def arch_unit_of(path: str) -> ArchUnit | None:
                 return ArchUnit("tensile", path, False, tuple(tokens))
         return None
     if _find(parts, _MIOPEN_DB) == len(parts):
-        match = _MIOPEN_ARCH.match(name)
-        if match is not None:
-            return ArchUnit("miopen-db", path, False, (match.group(1),))
-        return None
+        arch = miopen_db_arch(name)
+        return None if arch is None else ArchUnit("miopen-db", path, False, (arch,))
     match = _MIOPEN_CK.match(name)
     if match is not None:
         return ArchUnit("miopen-ck", path, False, (match.group(1),))

@@ -48,9 +48,9 @@ _XNACK_ONLY = {
     "gfx10-1-generic",
 }
 
-# CLR TargetGenericMap [rocm-systems: projects/clr/hipamd/src/hip_fatbin.cpp], formats.md 2.8.
-# gfx908 and
-# gfx90a have no generic fallback; gfx12-5-generic is not mapped in the CLR snapshot.
+# CLR TargetGenericMap [rocm-systems: projects/clr/hipamd/src/hip_fatbin.cpp, the 2026 snapshot
+# with kpack support], formats.md 2.8. gfx908, gfx90a, gfx1251, gfx1250-strict and the gfx117x
+# parts have no generic fallback there.
 GENERIC_OF: dict[str, str] = {
     **{p: "gfx9-generic" for p in ("gfx900", "gfx902", "gfx904", "gfx906", "gfx909", "gfx90c")},
     **{p: "gfx9-4-generic" for p in ("gfx942", "gfx950")},
@@ -70,6 +70,7 @@ GENERIC_OF: dict[str, str] = {
         )
     },
     **{p: "gfx12-generic" for p in ("gfx1200", "gfx1201")},
+    "gfx1250": "gfx12-5-generic",
 }
 MIN_GENERIC_VERSION = 1  # ROCr registry minimum for every generic family today
 GENERIC_CODE_OBJECT_VERSION = 6
@@ -89,7 +90,7 @@ def supported_features(processor: str) -> tuple[str, ...]:
 # run with SRAM ECC on and XNACK off unless HSA_XNACK=1; consumer parts have no SRAM ECC.
 _USUAL_FEATURES: dict[str, bool] = {"sramecc": True, "xnack": False}
 
-_TARGET_RE = re.compile(r"^(gfx[0-9a-z]+(?:-[0-9]+)*(?:-generic)?|amdgcnspirv)((?::(?:sramecc|xnack)[+-])*)$")
+_TARGET_RE = re.compile(r"^(gfx[0-9a-z]+(?:-[0-9]+)*(?:-generic|-strict)?|amdgcnspirv)((?::(?:sramecc|xnack)[+-])*)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +233,7 @@ def arch_tokens(text: str) -> list[str]:
     """Arch names in a file or directory name (Tensile/MIOpen/AOTriton spellings), canonicalised."""
     found = []
     for raw in _ARCH_TOKEN_RE.findall(text):
-        token = re.sub(r"[-_](xnack|sramecc)", r":\1", raw).replace("-strict", "")
+        token = re.sub(r"[-_](xnack|sramecc)", r":\1", raw)
         if token not in found:
             found.append(token)
     return found
