@@ -181,6 +181,74 @@ def test_copies_two_runtime_packages_own_are_reported_and_never_linked(tmp_path)
     assert dangling == [] and second.is_file()
 
 
+def _legacy_family_site(site: Path, *, devel_copy: str) -> dict[str, Path]:
+    """What TheRock's legacy flow leaves after ``rocm-sdk init`` with two family wheels installed:
+    each ``rocm-sdk-libraries-<family>`` owns its copy (hashed RECORD rows), and the one
+    ``rocm-sdk-devel`` (built per family by build_python_packages.py ``_run_legacy``, linked into
+    that family's tree only) expanded its file as a hardlink of gfx94X's copy (``devel_copy`` =
+    "hardlink") or, after a copy that broke the link, as a file of its own ("copy")."""
+    import base64
+    import hashlib
+    import shutil
+
+    source = site.parent / "libx.c"
+    source.write_text("int x(void) { return 42; }\n")
+    built = site.parent / "libx.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libx.so.1", str(source), "-o", str(built)], check=True)
+    data = built.read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    paths = {}
+    for dist, tree, hashed in (
+        ("rocm_sdk_libraries_gfx90X_dcgpu", "_rocm_sdk_libraries_gfx90X_dcgpu", True),
+        ("rocm_sdk_libraries_gfx94X_dcgpu", "_rocm_sdk_libraries_gfx94X_dcgpu", True),
+        ("rocm_sdk_devel", "_rocm_sdk_devel", False),
+    ):
+        library = site / tree / "lib/libx.so.1"
+        library.parent.mkdir(parents=True)
+        (site / tree / "__init__.py").touch()
+        if not hashed and devel_copy == "hardlink":
+            os.link(paths["_rocm_sdk_libraries_gfx94X_dcgpu"], library)
+        else:
+            shutil.copy2(built, library)
+        paths[tree] = library
+        info = site / f"{dist}-7.13.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 7.13.0\n")
+        row = f"sha256={digest},{len(data)}" if hashed else ","
+        (info / "RECORD").write_text(
+            f"{tree}/__init__.py,,\n{tree}/lib/libx.so.1,{row}\n{dist}-7.13.0.dist-info/RECORD,,\n"
+        )
+    return paths
+
+
+def test_a_legacy_family_devel_stays_with_its_own_familys_copy(tmp_path):
+    """Two legacy family wheels and the devel of one of them: devel's file shares gfx94X's inode,
+    so dedup leaves it there (as rocm-sdk made it) and never points it at gfx90X's copy, which
+    would split the very library the runtime loads for gfx94X from devel's. A devel copy on its own
+    inode could come from either family: it is reported and left alone, never linked to a guess."""
+    site = tmp_path / "site"
+    paths = _legacy_family_site(site, devel_copy="hardlink")
+    devel, ours = paths["_rocm_sdk_devel"], paths["_rocm_sdk_libraries_gfx94X_dcgpu"]
+    code, report = audit("dedup", "-p", str(site))
+    assert code == 0, report["findings"]
+    assert devel.samefile(ours) and not devel.is_symlink(), "devel was moved off its family's copy"
+    assert {"keeper": str(ours), "paths": [str(devel)]} in report["dedup"]["intact_links"]
+    assert "DUP001" not in rules(report) and "DUP010" in rules(report)
+    site = tmp_path / "copied"
+    paths = _legacy_family_site(site, devel_copy="copy")
+    devel = paths["_rocm_sdk_devel"]
+    before = os.stat(devel)
+    code, report = audit("dedup", "-p", str(site))
+    after = os.stat(devel, follow_symlinks=False)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode), "devel was linked to a guessed family"
+    undecided = [f for f in report["findings"] if f["rule"] == "DUP010" and f["path"] == str(devel)]
+    assert len(undecided) == 1 and "which one it was made from" in undecided[0]["message"], report["findings"]
+    assert set(undecided[0]["related_paths"]) == {
+        str(paths["_rocm_sdk_libraries_gfx90X_dcgpu"]),
+        str(paths["_rocm_sdk_libraries_gfx94X_dcgpu"]),
+    }
+
+
 def test_the_nonce_ranks_like_the_tree_it_renames(tmp_path):
     """TheRock's CI appends its run id verbatim (``--version-suffix ${ARTIFACT_RUN_ID}``):
     ``_rocm_sdk_core17154321``, no separator. check still finds dist_info.json in it and llvm's

@@ -361,6 +361,18 @@ def _group_from(
     keeper = ordered[0]
     keeper_owner = owner[keeper.path]
     foreign = [r for r in ordered[1:] if owner[r.path] not in (None, keeper_owner)]
+    # An expansion belongs to the runtime copy it was made from. rocm-sdk init hardlinks it to that
+    # copy, and a legacy per-family devel wheel links into its own family's tree only
+    # (build_python_packages.py _run_legacy; py_packaging.py _find_populated): one on another
+    # distribution's copy stays with that copy. One on its own inode beside two owners' copies
+    # cannot tell which it came from (the mirrored pass reports it): linking it to either could
+    # make the very split it should mend.
+    foreign_inodes = {r.identity: r for r in foreign}
+    expansions = [r for r in ordered[1:] if owner[r.path] is None and ownership.is_expansion(r.path)]
+    with_other_owner = [r for r in expansions if r.identity != keeper.identity and r.identity in foreign_inodes]
+    for record in with_other_owner:
+        intact.append((foreign_inodes[record.identity].path, [record.path]))
+    undecided = [r for r in expansions if foreign and r.identity != keeper.identity and r not in with_other_owner]
     if foreign:
         split = [r for r in foreign if r.identity != keeper.identity]
         if split:
@@ -374,6 +386,7 @@ def _group_from(
                     data={"owner": keeper_owner, "others": sorted({owner[r.path] or "" for r in split})},
                 )
             )
+    foreign += with_other_owner + undecided
     on_keeper = {
         r.path
         for r in ordered[1:]
@@ -484,10 +497,28 @@ def _mirrored_groups(
         relpath = tree_relpath(record.path, record.sdk_tree)
         if relpath in _NOT_MIRRORED or "__pycache__" in relpath.split(os.sep):
             continue
-        for sibling in sibling_trees(record.sdk_tree, inventory.sdk_trees):
-            twin = by_path.get(os.path.join(sibling, relpath))
-            if twin is None or ownership.owner(twin.path) is None:
-                continue
+        twins = [
+            twin
+            for sibling in sibling_trees(record.sdk_tree, inventory.sdk_trees)
+            if (twin := by_path.get(os.path.join(sibling, relpath))) is not None and ownership.owner(twin.path)
+        ]
+        on_twin = [twin for twin in twins if twin.identity == record.identity]
+        owners = sorted({ownership.owner(twin.path) or "" for twin in twins})
+        if not on_twin and len(owners) > 1:
+            # Legacy per-family wheels side by side: each family's devel links into its own tree,
+            # and a copy on its own inode no longer says which one that was.
+            findings.append(
+                make_finding(
+                    "DUP010",
+                    record.path,
+                    f"the runtime file it mirrors is installed by {len(owners)} distributions "
+                    f"({', '.join(owners)}); which one it was made from is not recorded, so it is left as it is",
+                    related=[twin.path for twin in twins],
+                    data={"owner": None, "others": owners},
+                )
+            )
+            continue
+        for twin in on_twin or twins:
             if twin.identity == record.identity:
                 intact.append((twin.path, [record.path]))
             elif twin.size == record.size and twin.dev == record.dev:
