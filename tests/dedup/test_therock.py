@@ -234,6 +234,11 @@ def test_a_legacy_family_devel_stays_with_its_own_familys_copy(tmp_path):
     assert devel.samefile(ours) and not devel.is_symlink(), "devel was moved off its family's copy"
     assert {"keeper": str(ours), "paths": [str(devel)]} in report["dedup"]["intact_links"]
     assert "DUP001" not in rules(report) and "DUP010" in rules(report)
+    # A fix text for devel alone names the same copy dedup leaves it on (tree/ownership.runtime_twin).
+    from rocm_audit.tree.ownership import Ownership, runtime_twin
+
+    trees = sorted(str(p.parent.parent) for p in paths.values())
+    assert runtime_twin(str(devel), str(devel.parent.parent), Ownership.of_trees(trees)) == str(ours)
     site = tmp_path / "copied"
     paths = _legacy_family_site(site, devel_copy="copy")
     devel = paths["_rocm_sdk_devel"]
@@ -243,10 +248,79 @@ def test_a_legacy_family_devel_stays_with_its_own_familys_copy(tmp_path):
     assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode), "devel was linked to a guessed family"
     undecided = [f for f in report["findings"] if f["rule"] == "DUP010" and f["path"] == str(devel)]
     assert len(undecided) == 1 and "which one it was made from" in undecided[0]["message"], report["findings"]
+    trees = sorted(str(p.parent.parent) for p in paths.values())
+    assert runtime_twin(str(devel), str(devel.parent.parent), Ownership.of_trees(trees)) is None
     assert set(undecided[0]["related_paths"]) == {
         str(paths["_rocm_sdk_libraries_gfx90X_dcgpu"]),
         str(paths["_rocm_sdk_libraries_gfx94X_dcgpu"]),
     }
+
+
+def _profiler_wheel(directory: Path) -> Path:
+    """rocm-profiler as TheRock builds it: populate_runtime_files writes libprofiler-hub.so.0 (the
+    SONAME file) and ensure_profiler_library_symlinks adds libprofiler-hub.so -> it; setuptools
+    follows the symlink into the wheel, which holds two regular files (profiler_test.py accepts
+    "a symlink or a plain file")."""
+    import base64
+    import hashlib
+    import zipfile
+
+    source = directory / "hub.c"
+    source.write_text("int hub_state;\nint *hub(void) { return &hub_state; }\n")
+    built = directory / "libprofiler-hub.so.0"
+    soname = "-Wl,-soname,libprofiler-hub.so.0"
+    subprocess.run(["gcc", "-shared", "-fPIC", soname, str(source), "-o", str(built)], check=True)
+    data = built.read_bytes()
+    wheel = directory / "rocm_profiler-7.13.0-py3-none-linux_x86_64.whl"
+    info = "rocm_profiler-7.13.0.dist-info"
+    members = {
+        "_rocm_profiler/__init__.py": b"",
+        "_rocm_profiler/lib/libprofiler-hub.so.0": data,
+        "_rocm_profiler/lib/libprofiler-hub.so": data,
+        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: rocm-profiler\nVersion: 7.13.0\n",
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-linux_x86_64\n",
+    }
+    rows = []
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, body in members.items():
+            entry = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o100755 << 16
+            archive.writestr(entry, body)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+            rows.append(f"{name},sha256={digest},{len(body)}")
+        archive.writestr(f"{info}/RECORD", "\n".join(rows + [f"{info}/RECORD,,"]) + "\n")
+    return wheel
+
+
+_BOTH_NAMES_LOADED = """
+import ctypes, sys
+lib = sys.argv[1]
+first, second = ctypes.CDLL(lib + "/libprofiler-hub.so"), ctypes.CDLL(lib + "/libprofiler-hub.so.0")
+for handle in (first, second):
+    handle.hub.restype = ctypes.c_void_p
+print(first.hub() == second.hub())
+"""
+
+
+def test_the_profiler_trees_unversioned_copy_becomes_a_link_to_its_soname_file(tmp_path):
+    """The rocm-profiler wheel (``_rocm_profiler``, not ``_rocm_sdk_*``) is a TheRock tree too:
+    pip installs its two names as two files, which a dlopen of each loads twice (two states). One
+    dedup run makes the unversioned name a relative symlink to the SONAME file, as TheRock meant."""
+    site = tmp_path / "site"
+    wheel = _profiler_wheel(tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+        check=True,
+    )
+    lib = site / "_rocm_profiler/lib"
+    probe = [sys.executable, "-c", _BOTH_NAMES_LOADED, str(lib)]
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "False"
+    code, report = audit("dedup", "--check", "-p", str(site))
+    assert code == 1 and "DUP001" in rules(report), report["findings"]
+    code, report = audit("dedup", "-p", str(site))
+    assert code == 0, report["findings"]
+    assert os.readlink(lib / "libprofiler-hub.so") == "libprofiler-hub.so.0"
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "True"
 
 
 def test_the_nonce_ranks_like_the_tree_it_renames(tmp_path):

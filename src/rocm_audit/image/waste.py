@@ -21,7 +21,7 @@ from typing import Any
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image.merge import Copy, MergeState
 
-SDK_MARK = "/_rocm_sdk_"
+SDK_MARKS = ("/_rocm_sdk_", "/_rocm_profiler")  # the platform trees of TheRock's wheels (tree/discovery.py)
 REPORT_MIN_BYTES = 64 << 10  # groups of smaller files count in the total but are not listed
 
 
@@ -81,7 +81,7 @@ def waste_findings(groups: list[WasteGroup], layer_names: list[str]) -> list[Fin
     """
     findings = []
     for group in groups:
-        if group.size < REPORT_MIN_BYTES or not any(SDK_MARK in c["path"] for c in group.copies):
+        if group.size < REPORT_MIN_BYTES or not any(mark in c["path"] for mark in SDK_MARKS for c in group.copies):
             continue
         paths = [c["path"] for c in group.copies]
         where = ", ".join(f"{c['path']} (layer {c['layer']}{'' if c['visible'] else ', hidden'})" for c in group.copies)

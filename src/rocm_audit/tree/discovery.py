@@ -12,11 +12,15 @@ from pathlib import Path
 from rocm_audit.errors import UsageError
 
 SDK_TREE_PREFIX = "_rocm_sdk_"
+# The rocm-profiler wheel's platform tree: its dist name is not rocm-sdk-* (rocm_sdk/_dist_info.py
+# PackageEntry "profiler"), so its directory is _rocm_profiler (plus the version nonce).
+PROFILER_TREE = "_rocm_profiler"
 
 
 def is_sdk_tree_name(name: str) -> bool:
-    """``_rocm_sdk_core``, ``_rocm_sdk_libraries[_<family>]``, ``_rocm_sdk_devel`` ... (formats.md 1.2)."""
-    return name.startswith(SDK_TREE_PREFIX) and len(name) > len(SDK_TREE_PREFIX)
+    """``_rocm_sdk_core``, ``_rocm_sdk_libraries[_<family>]``, ``_rocm_sdk_devel`` ... (formats.md 1.2),
+    and ``_rocm_profiler``: the platform trees of TheRock's wheels."""
+    return (name.startswith(SDK_TREE_PREFIX) and len(name) > len(SDK_TREE_PREFIX)) or name.startswith(PROFILER_TREE)
 
 
 def is_tree_of(name: str, logical: str) -> bool:
@@ -25,7 +29,7 @@ def is_tree_of(name: str, logical: str) -> bool:
     The nonce is appended verbatim, with no separator of its own (rocm_sdk/_dist_info.py
     get_py_package_name: ``"_" + dist_name + PY_PACKAGE_SUFFIX_NONCE``), and TheRock's CI passes the
     bare run id (``--version-suffix ${ARTIFACT_RUN_ID}``): ``_rocm_sdk_core17154321`` as well as
-    ``_rocm_sdk_core_r7130``. No logical name is a prefix of another (core, libraries, devel, profiler)."""
+    ``_rocm_sdk_core_r7130``. No logical name is a prefix of another (core, libraries, devel, device)."""
     return name.startswith(SDK_TREE_PREFIX + logical)
 
 

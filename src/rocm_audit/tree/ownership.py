@@ -113,26 +113,33 @@ def sibling_trees(sdk_tree: str, sdk_trees: Iterable[str]) -> list[str]:
 def runtime_twin(path: str, sdk_tree: str, ownership: Ownership) -> str | None:
     """The runtime file an expansion mirrors, when only the expansion's tree was audited: the same
     path inside a sibling ``_rocm_sdk_*`` tree, installed by a wheel, with the same bytes. That is
-    the copy dedup keeps (it widens a tree path to its siblings), so a fix text names it too."""
+    the copy dedup keeps (it widens a tree path to its siblings), so a fix text names it too. The twin
+    on the expansion's own inode comes first; equal bytes in two owners' trees (legacy per-family
+    wheels) name neither, as dedup links to neither (dedup/plan.py)."""
     if not ownership.is_expansion(path):
         return None
     relpath = tree_relpath(path, sdk_tree)
     parent = os.path.dirname(sdk_tree)
     try:
         names = sorted(os.listdir(parent))
+        here = os.stat(path)
     except OSError:
         return None
+    equal: dict[str, str] = {}  # twin -> its owner
     for name in names:
         twin = os.path.join(parent, name, relpath)
-        if name == os.path.basename(sdk_tree) or not is_sdk_tree_name(name) or not ownership.owner(twin):
+        owner = ownership.owner(twin) if name != os.path.basename(sdk_tree) and is_sdk_tree_name(name) else None
+        if not owner:
             continue
         try:
-            here, there = os.stat(path), os.lstat(twin)
-            if there.st_size == here.st_size and same_bytes(twin, path, here.st_size, CompareStats()):
+            there = os.lstat(twin)
+            if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
                 return twin
+            if there.st_size == here.st_size and same_bytes(twin, path, here.st_size, CompareStats()):
+                equal[twin] = owner
         except (OSError, ReadFailure):
             continue
-    return None
+    return next(iter(equal)) if len(set(equal.values())) == 1 else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,8 +63,8 @@ BEHAVIOURS: dict[str, str] = {
     "_reconcile_device_links on every call; version match ignoring .postN; _devel_link_ok rejects symlinks and"
     " other inodes; RECORD rows deduplicated; .devel_reconcile.lock": "rocm_sdk/_devel.py _reconcile_device_links",
     "link targets (tarball symlinks, .devel_links targets) joined onto the parent's realpath with '..' collapsed"
-    " before use": "rocm_sdk/_devel.py _resolve_link_target (29d0b362c, merged onto 89553ce as 915aa2549; 'fixes"
-    " #7537')",
+    " before use": "rocm_sdk/_devel.py _resolve_link_target (29d0b362c, 'fixes #7537', PR 7541; not on main at"
+    " 89553ce, whose _devel.py joins dest.parent / target: on Linux both name the same file)",
     "kpack_flow='gfxarch': reference '../.kpack/<artifact>_@GFXARCH@.kpack' + kernel_name '<prefix>/<build relpath>',"
     " TOC keys '<kernel_name>#<i>', no .kpm": "ROCm/rocm-systems shared/kpack python/rocm_kpack/artifact_splitter.py"
     " (compute_kpack_search_pattern, process_fat_binaries, inject_kpack_references), built by TheRock"

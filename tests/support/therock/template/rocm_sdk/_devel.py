@@ -117,8 +117,9 @@ def _without_post_release(version: str) -> str:
 
 def _link_target(parent: Path, target: str) -> Path:
     """The file a relative link target names: the parent's real path joined with it, its '..' collapsed
-    (TheRock 29d0b362c, "fixes #7537": Windows applies MAX_PATH before collapsing). On Linux this names what the
-    kernel reaches by walking ``parent/target``, since the real parent has no symlink a '..' could skip."""
+    (TheRock 29d0b362c, "fixes #7537", PR 7541, not yet on main at 89553ce, which joins ``dest.parent / target``:
+    Windows applies MAX_PATH before collapsing). On Linux both name what the kernel reaches by walking
+    ``parent/target``, since the real parent has no symlink a '..' could skip."""
     return Path(os.path.normpath(os.path.join(os.path.realpath(parent), target)))
 
 
