@@ -118,6 +118,10 @@ def test_matching_follows_comgr_and_rocr():
     assert _match("gfx9-4-generic", "gfx950", cov=5, generic=1) is None  # needs code object V6
     assert _match("gfx9-generic", "gfx90a", cov=6, generic=1) is None  # gfx90a has no generic
     assert _match("gfx11-generic", "gfx1151", cov=6, generic=1) is MatchKind.GENERIC
+    # CLR asks for gfx9-generic:sramecc+:xnack- on a gfx906: not a target id (gfx9-generic has no
+    # sramecc; clang-19 --offload-arch=gfx9-generic:sramecc+ is refused), so nothing matches.
+    assert _match("gfx9-generic", "gfx906", cov=6, generic=1) is None
+    assert _match("gfx9-generic", "gfx900", cov=6, generic=1) is MatchKind.GENERIC
     assert _match("amdgcnspirv", "gfx950") is MatchKind.SPIRV
 
 

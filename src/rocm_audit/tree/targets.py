@@ -212,12 +212,22 @@ def match_code_object(
     if code.processor == agent.processor:
         return MatchKind.NATIVE
     if code.processor in GENERIC_PROCESSORS and GENERIC_OF.get(agent.processor) == code.processor:
+        if not generic_name_valid(agent.processor, code.processor):
+            return None
         if code_object_version is not None and code_object_version < GENERIC_CODE_OBJECT_VERSION:
             return None
         if generic_version is not None and generic_version < MIN_GENERIC_VERSION:
             return None
         return MatchKind.GENERIC
     return None
+
+
+def generic_name_valid(processor: str, generic: str) -> bool:
+    """CLR asks for the generic entry under the device's own features (TargetToGeneric re-appends
+    the agent's sramecc and xnack, which a device reports for every feature it has): a feature the
+    generic processor does not have makes a name comgr and clang reject as a target id, so nothing
+    matches. gfx906 has sramecc, gfx9-generic has not: a gfx906 never loads gfx9-generic code."""
+    return set(supported_features(processor)) <= set(supported_features(generic))
 
 
 def best_match(kinds: list[MatchKind | None]) -> MatchKind | None:
@@ -297,6 +307,8 @@ def serves_kept(
     if code.processor == kept.processor:
         return MatchKind.NATIVE
     if code.processor in GENERIC_PROCESSORS and GENERIC_OF.get(kept.processor) == code.processor:
+        if not generic_name_valid(kept.processor, code.processor):
+            return None
         if code_object_version is not None and code_object_version < GENERIC_CODE_OBJECT_VERSION:
             return None
         if generic_version is not None and generic_version < MIN_GENERIC_VERSION:
