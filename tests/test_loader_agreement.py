@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from rocm_audit.llvm.closure import load_closure
 from rocm_audit.postbuild.checks import post_build_findings
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory, read_dynamic_info
-from rocm_audit.tree.loader import LoaderModel
+from rocm_audit.tree.loader import RELATIVE_NEEDED, LoaderModel
 from support.sdk_tree import build_library
 
 
@@ -106,3 +108,50 @@ def test_dedup_verification_resolves_through_the_same_search(image_root):
         "libbase.so.1": str(user.parent / "libbase.so.1"),
         "libc.so.6": str(image_root / "lib" / "x86_64-linux-gnu" / "libc.so.6"),
     }
+
+
+def _gcc_library(output: Path, soname: str, *link: Path) -> Path:
+    source = output.parent / f".{output.name}.c"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text(f"int value_{output.stem.replace('-', '_')}(void) {{ return 7; }}\n")
+    argv = ["gcc", "-shared", "-fPIC", "-o", str(output), str(source), f"-Wl,-soname,{soname}", "-Wl,--no-as-needed"]
+    subprocess.run(argv + [str(p) for p in link], check=True)
+    return output
+
+
+_DLOPEN = """
+import ctypes, sys
+try:
+    ctypes.CDLL(sys.argv[1])
+    print("loaded")
+except OSError as error:
+    print(error)
+"""
+
+
+def test_a_needed_name_with_a_slash_is_opened_as_glibc_opens_it(tmp_path):
+    """glibc opens a DT_NEEDED name holding a '/' as given, after expanding $ORIGIN in it
+    (dl-load.c _dl_map_object): ``$ORIGIN/libbase.so`` is found beside the requester, while
+    ``sub/libsub.so`` is relative to the process's working directory, not to the requester."""
+    lib = tmp_path / "lib"
+    base = _gcc_library(lib / "libbase.so", "$ORIGIN/libbase.so")
+    sub = _gcc_library(lib / "sub" / "libsub.so", "sub/libsub.so")
+    by_origin = _gcc_library(lib / "libuser.so", "libuser.so", base)
+    by_cwd = _gcc_library(lib / "libuser2.so", "libuser2.so", sub)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def real(path: Path, cwd: Path) -> str:
+        done = subprocess.run([sys.executable, "-c", _DLOPEN, str(path)], cwd=cwd, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    assert real(by_origin, elsewhere) == "loaded"
+    assert "sub/libsub.so" in real(by_cwd, elsewhere) and real(by_cwd, lib) == "loaded"
+    loader = LoaderModel()
+    closure = load_closure(loader, str(by_origin))
+    assert str(base) in closure.paths() and not closure.missing
+    closure = load_closure(loader, str(by_cwd))
+    assert str(sub) not in closure.paths()
+    assert [(m.name, m.detail) for m in closure.missing] == [("sub/libsub.so", RELATIVE_NEEDED)]
+    resolution = loader.resolve("$ORIGIN/libbase.so", str(by_origin), read_dynamic_info(str(by_origin)))
+    assert resolution.path == str(base)

@@ -13,14 +13,13 @@ ld.so.cache beyond the ld.so.conf directories, hwcaps subdirectories, LD_PRELOAD
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from rocm_audit.elf import read as elfread
 from rocm_audit.errors import FormatError
 from rocm_audit.tree.inventory import read_dynamic_info
-from rocm_audit.tree.loader import HostView, LoaderModel
+from rocm_audit.tree.loader import RELATIVE_NEEDED, HostView, LoaderModel
 
 __all__ = ["Closure", "HostView", "LoadedObject", "Missing", "ProcessModel", "load_closure"]
 
@@ -177,8 +176,10 @@ class ProcessModel:
         if matched is not None:
             return matched, "loaded"
         if "/" in name:
-            candidate = name if os.path.isabs(name) else os.path.join(os.path.dirname(requester.path), name)
-            found: tuple[str, str] | str = (candidate, "path") if self.host.identity(candidate) else "not found"
+            candidate = self.loader.needed_path(name, requester.path)
+            found: tuple[str, str] | str = RELATIVE_NEEDED
+            if candidate is not None:
+                found = (candidate, "path") if self.host.identity(candidate) else "not found"
         else:
             found = self._search(name, requester, want)
         if isinstance(found, str):

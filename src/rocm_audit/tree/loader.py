@@ -35,6 +35,9 @@ class Resolution:
     detail: str = ""  # why nothing was found ("not found", "not an ELF file: ...")
 
 
+RELATIVE_NEEDED = "not found: a relative path is opened from the process's working directory"
+
+
 @dataclass(slots=True)
 class HostView:
     """The modelled file system: paths under ``sysroot`` with symbolic links kept inside it."""
@@ -156,6 +159,13 @@ class LoaderModel:
             return absolute
         return os.path.join(self.sysroot, absolute.lstrip("/"))
 
+    def needed_path(self, name: str, requester_path: str) -> str | None:
+        """The file glibc opens for a DT_NEEDED name holding a '/': the name itself with its
+        $ORIGIN/$LIB/$PLATFORM expanded (dl-load.c _dl_map_object: expand_dynamic_string_token),
+        through the sysroot when absolute. A relative one is opened from the process's working
+        directory, which no static audit knows: None."""
+        return self.expand(name, os.path.dirname(requester_path))
+
     def expand(self, entry: str, origin_dir: str) -> str | None:
         """Expand $ORIGIN/$LIB/$PLATFORM in one search-path entry; origin_dir is a host path."""
 
@@ -258,7 +268,9 @@ class LoaderModel:
         an absolute link inside it never resolves into the auditing host."""
         view = self.view
         if "/" in name:
-            candidate = name if os.path.isabs(name) else os.path.join(os.path.dirname(path_used), name)
+            candidate = self.needed_path(name, path_used)
+            if candidate is None:
+                return RELATIVE_NEEDED
             return (candidate, "path") if view.identity(candidate) else "not found"
         for directory, source in self.search_order(path_used, dynamic, loader_chain):
             if name not in view.names_in(directory):
