@@ -11,6 +11,7 @@ from rocm_audit.tree.targets import (
     MatchKind,
     TargetId,
     arch_tokens,
+    choose_entry,
     match_code_object,
     parse_target_id,
     resolve_required,
@@ -145,3 +146,14 @@ def test_arch_tokens_in_database_names():
     assert arch_tokens("libMIOpenCKfoo_gfx950.so") == ["gfx950"]
     assert arch_tokens("TensileLibrary_fallback.dat") == []
     assert TargetId("gfx942", True, False).__str__() == "gfx942:sramecc+:xnack-"
+
+
+def test_the_entry_chosen_is_comgrs_first_compatible_one():
+    """comgr's lookUpCodeObject gives each query the first compatible entry in file order, and CLR
+    prefers the native query's entry to the generic's: no preference for the entry that spells more
+    features (a gfx90a entry before gfx90a:xnack- is what an xnack- device gets)."""
+    agent = resolve_required("gfx90a:xnack-").agent
+    assert choose_entry(["gfx90a", "gfx90a:xnack-"], agent) == (0, MatchKind.NATIVE)
+    assert choose_entry(["gfx90a:xnack+", "gfx90a"], agent) == (1, MatchKind.NATIVE)
+    assert choose_entry([None, "gfx9-4-generic", "gfx942"], resolve_required("gfx942").agent) == (2, MatchKind.NATIVE)
+    assert choose_entry(["amdgcnspirv", "gfx9-4-generic"], resolve_required("gfx950").agent) == (1, MatchKind.GENERIC)

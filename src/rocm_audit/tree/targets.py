@@ -323,21 +323,18 @@ def serves_kept(
 # Which entry the runtime picks
 
 
-def _specified_features(code: TargetId) -> int:
-    return sum(code.feature(name) is not None for name in FEATURES)
-
-
 def choose_entry(named_targets: list[str | None], agent: TargetId) -> tuple[int, MatchKind] | None:
     """The entry the HIP runtime selects for ``agent`` among one translation unit's entries, by
     the target each entry's bundle id (or kpack TOC) names: the best match kind (native, then
-    generic, then SPIR-V); among equals the one that specifies more features (``gfx90a:xnack+``
-    before ``gfx90a``), then the first. None entries (no id names a target) take no part.
+    generic, then SPIR-V: CLR queries each and prefers them in that order), and among equals the
+    first in file order, as comgr's lookup takes the first compatible entry for each query
+    (comgr-metadata.cpp lookUpCodeObject). None entries (no id names a target) take no part.
 
     The choice reads names only: a generic entry counts here whatever its code-object version,
     which is checked afterwards on the chosen entry's ELF header (``judge``). Both the lazy scan
     (which inflates only the chosen entries) and the judgement call this, so they agree."""
     order = {MatchKind.NATIVE: 0, MatchKind.GENERIC: 1, MatchKind.SPIRV: 2}
-    best: tuple[int, int, int] | None = None
+    best: tuple[int, int] | None = None
     chosen: tuple[int, MatchKind] | None = None
     for index, name in enumerate(named_targets):
         code = parse_target_id(name) if name else None
@@ -346,7 +343,7 @@ def choose_entry(named_targets: list[str | None], agent: TargetId) -> tuple[int,
         kind = match_code_object(code, agent, code_object_version=None, generic_version=None)
         if kind is None:
             continue
-        rank = (order[kind], -_specified_features(code), index)
+        rank = (order[kind], index)
         if best is None or rank < best:
             best, chosen = rank, (index, kind)
     return chosen
