@@ -320,3 +320,26 @@ def test_a_strict_stepping_archive_serves_its_own_device(tmp_path):
     (tree / ".kpack/blas_lib_gfx1250-strict.kpack").unlink()
     outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx1250-strict"], environ={})
     assert _carrier(outcome, library)["missing"] == ["gfx1250-strict"]
+
+
+def test_a_spirv_kernel_in_an_archive_serves_no_device(tmp_path):
+    """CLR asks kpack for the device's own name and its generic only (hip_fatbin.cpp
+    ExtractKpackBinary; SPIR-V there is a TODO): where a bundle's SPIR-V entry is a warning
+    (ARCH002, compiled at load), a kpack'd library with only a SPIR-V kernel has no code (ARCH001)."""
+    tree = tmp_path / "site" / "_rocm_sdk_libraries"
+    library = _kpackd_library(tree / "lib/librocblas.so.5", ["../.kpack/blas_lib.kpm"], "blas_lib")
+    (tree / ".kpack").mkdir()
+    spirv = struct.pack("<5I", 0x07230203, 0x00010600, 0, 64, 0)
+    key = f"{BUILD_PREFIX}/{BUILD_RELPATH}"
+    (tree / ".kpack/blas_lib_amdgcnspirv.kpack").write_bytes(
+        kpack_archive([(key, "amdgcnspirv", spirv)], family="amdgcnspirv")
+    )
+    files = {"amdgcnspirv": {"file": "blas_lib_amdgcnspirv.kpack", "size": 0, "kernel_count": 1}}
+    (tree / ".kpack/blas_lib.kpm").write_bytes(
+        msgpack.packb({"format_version": 1, "component_name": "blas_lib", "prefix": BUILD_PREFIX, "kpack_files": files})
+    )
+    outcome = verify.verify_arch([str(tmp_path / "site")], ["gfx942"], environ={})
+    carrier = _carrier(outcome, library)
+    assert carrier["missing"] == ["gfx942"], carrier
+    rules = {f.rule for f in outcome.findings if f.path == str(library)}
+    assert "ARCH001" in rules and "ARCH002" not in rules, outcome.findings

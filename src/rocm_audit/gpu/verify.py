@@ -27,6 +27,7 @@ from rocm_audit.tree.archfiles import arch_folder_of, miopen_db_arch
 from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import (
+    SPIRV_PROCESSOR,
     MatchKind,
     RequiredTarget,
     TargetId,
@@ -548,6 +549,10 @@ def tu_match(objects: list[CodeObject], agent: TargetId) -> MatchKind | None:
     whose id names no target (raw ELFs, database files) count by what their header or name says."""
     named = [_named_target(obj) for obj in objects]
     kinds = [_entry_match(obj, agent) for obj, name in zip(objects, named, strict=True) if name is None]
+    # CLR asks kpack for the device's own name and its generic only (hip_fatbin.cpp
+    # ExtractKpackBinary): a SPIR-V kernel in an archive is never looked up.
+    from_kpack = [obj.container == "kpack" for obj in objects]
+    named = [None if kpack and name == SPIRV_PROCESSOR else name for name, kpack in zip(named, from_kpack, strict=True)]
     chosen = choose_entry(named, agent)
     if chosen is not None:
         index, kind = chosen
