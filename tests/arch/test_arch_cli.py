@@ -407,3 +407,20 @@ def test_triton_kernels_serve_the_target_their_metadata_names(run_cli, tmp_path,
     ]
     result = run_cli("verify-arch", "gfx942", "-p", str(one / "_gemm_kernel.hsaco"), "--format", "json", expect=1)
     assert [(c["kind"], c["missing"]) for c in result.report["carriers"]] == [("code-object-file", ["gfx942"])]
+
+
+def test_a_code_object_for_another_os_abi_serves_no_gpu(run_cli, sdk_tree, built):
+    """CLR takes an ELF image only with EI_OSABI = ELFOSABI_AMDGPU_HSA (hip_fatbin.cpp
+    IsCodeObjectElf): the same gfx942 code object marked for PAL (65) is no code for a HIP device."""
+    lib = sdk_tree / "_rocm_sdk_libraries" / "lib"
+    hsa = lib / "kernels_hsa.hsaco"
+    copy(built["k_gfx942.hsaco"], hsa)
+    pal = lib / "kernels_pal.hsaco"
+    data = bytearray(hsa.read_bytes())
+    assert data[7] == 64  # ELFOSABI_AMDGPU_HSA
+    data[7] = 65  # ELFOSABI_AMDGPU_PAL
+    pal.write_bytes(bytes(data))
+    for path, missing in ((hsa, []), (pal, ["gfx942"])):
+        result = run_cli("verify-arch", "gfx942", "-p", str(path), "--format", "json", expect=1 if missing else 0)
+        (carrier,) = result.report["carriers"]
+        assert carrier["missing"] == missing, carrier

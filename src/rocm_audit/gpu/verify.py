@@ -519,6 +519,10 @@ def _is_per_arch_file(name: str, objects: list[CodeObject]) -> bool:
 def _entry_match(obj: CodeObject, agent: TargetId) -> MatchKind | None:
     if obj.target is None:
         return None
+    if obj.target_source == "e_flags" and obj.code_object_version is None:
+        # The header was read and its OS ABI is not HSA (PAL, Mesa3D): CLR takes an ELF image only
+        # with ELFOSABI_AMDGPU_HSA (hip_fatbin.cpp IsCodeObjectElf), and so does ROCr's loader.
+        return None
     if obj.target_source == "file-name" and "x" in obj.target.split(":")[0][3:]:
         # AOTriton family folders: amd-gfx11xx covers gfx1100..gfx11ff.
         family = obj.target.split(":")[0]
