@@ -166,3 +166,20 @@ def test_main_leaves_the_garbage_collector_as_it_found_it():
     thresholds, frozen = gc.get_threshold(), gc.get_freeze_count()
     assert cli.main(["--version"]) == 0
     assert gc.get_threshold() == thresholds and gc.get_freeze_count() == frozen
+
+
+@pytest.mark.parametrize("command", ["verify-arch", "dedup", "llvm", "check", "scan"])
+def test_a_wheel_given_as_a_path_is_a_usage_error_not_a_silent_pass(tmp_path, command):
+    """A wheel is a zip: read as one file it has no ELF header, and every check would pass it with
+    nothing read. rocm-audit says how to install or unpack it instead (exit 2)."""
+    import zipfile
+
+    wheel = tmp_path / "demo-1.0-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("demo/libdemo.so", b"\x7fELF" + bytes(60))
+    argv = [sys.executable, "-m", "rocm_audit", command]
+    argv += (["gfx942"] if command in ("verify-arch", "check") else []) + ["-p", str(wheel)]
+    done = run(*argv)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "is a zip archive" in done.stderr and "pip install --no-deps --target" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -128,6 +128,14 @@ def enclosing_sdk_tree(path: str) -> str | None:
     return None
 
 
+def _is_zip(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
 def resolve_roots(paths: list[str] | None, *, for_dedup: bool = False) -> tuple[list[AuditRoot], list[str]]:
     """Turn -p arguments into audit roots. Returns (roots, where_we_looked). Raises UsageError.
 
@@ -144,6 +152,13 @@ def resolve_roots(paths: list[str] | None, *, for_dedup: bool = False) -> tuple[
         if not os.path.exists(resolved):
             raise UsageError(f"path is a dangling link: {raw}")
         single = not os.path.isdir(resolved)
+        if single and _is_zip(resolved):
+            # Read as a file it holds no ELF header, so every check would pass it silently.
+            raise UsageError(
+                f"{raw} is a zip archive (a wheel?): rocm-audit reads installed files; install it "
+                f"(pip install --no-deps --target DIR {raw}) or unpack it (python -m zipfile -e {raw} DIR) "
+                "and pass DIR"
+            )
         if for_dedup:
             tree = enclosing_sdk_tree(resolved)
             if tree is not None:
