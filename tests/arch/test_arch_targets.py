@@ -157,3 +157,18 @@ def test_the_entry_chosen_is_comgrs_first_compatible_one():
     assert choose_entry(["gfx90a:xnack+", "gfx90a"], agent) == (1, MatchKind.NATIVE)
     assert choose_entry([None, "gfx9-4-generic", "gfx942"], resolve_required("gfx942").agent) == (2, MatchKind.NATIVE)
     assert choose_entry(["amdgcnspirv", "gfx9-4-generic"], resolve_required("gfx950").agent) == (1, MatchKind.GENERIC)
+
+
+def test_a_v2_code_object_is_told_apart_from_an_unknown_processor(tmp_path):
+    """Code object V2 (EI_ABIVERSION 0) names its ISA in a note and leaves EF_AMDGPU_MACH 0, as
+    ROCr's blit kernels in libhsa-runtime64 do: ARCH006 says so instead of 'not a known processor'."""
+    from arch_writers import amdgpu_header, scan_path
+
+    old = tmp_path / "blit.co"
+    old.write_bytes(amdgpu_header(0x000, abi_version=0) + bytes(192))
+    unknown = tmp_path / "future.co"
+    unknown.write_bytes(amdgpu_header(0x04D) + bytes(192))
+    (found,) = [f.message for f in scan_path(old).findings if f.rule == "ARCH006"]
+    assert "code object V2 or older" in found, found
+    (found,) = [f.message for f in scan_path(unknown).findings if f.rule == "ARCH006"]
+    assert "0x4d is not a known processor" in found, found

@@ -226,13 +226,15 @@ def _consistency_findings(path: str, obj: CodeObject, facts: _Facts | None, offs
     """ARCH003/ARCH006: the bundle id, e_flags and amdhsa.target must name the same target."""
     found: list[Finding] = []
     if facts is not None and facts.identity.processor is None:
+        identity = facts.identity
+        if identity.mach == 0 and (identity.code_object_version or 2) <= 2:
+            # Code object V1/V2 name their ISA in an NT_AMD_HSA_ISA_VERSION note (major.minor.stepping),
+            # not in e_flags: ROCr's own blit and trap kernels in libhsa-runtime64's .data, for example.
+            reason = "EF_AMDGPU_MACH 0x0: a code object V2 or older, whose ISA is named in a note; not judged"
+        else:
+            reason = f"EF_AMDGPU_MACH {identity.mach:#x} is not a known processor"
         found.append(
-            make_finding(
-                "ARCH006",
-                path,
-                f"{obj.location}: EF_AMDGPU_MACH {facts.identity.mach:#x} is not a known processor",
-                data={"offset": offset, "mach": facts.identity.mach},
-            )
+            make_finding("ARCH006", path, f"{obj.location}: {reason}", data={"offset": offset, "mach": identity.mach})
         )
     if obj.target_source != "e_flags" or obj.target is None:
         return found
