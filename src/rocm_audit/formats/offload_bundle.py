@@ -16,6 +16,9 @@ from rocm_audit.errors import FormatError
 
 FMT = "offload bundle"
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+# Entry kinds the HIP runtime may load on a GPU (comgr's lookup takes hip, hipv4 and hcc ids);
+# "device" is what the code-object scan calls an entry with no bundle id (raw ELF, kpack kernel).
+DEVICE_KINDS = ("hip", "hipv4", "hcc", "device")
 HEADER_SIZE = 32  # magic + u64 entry count
 ENTRY_FIXED_SIZE = 24  # u64 offset, u64 size, u64 id length
 MAX_ENTRIES = 4096  # far above the ~30 targets real bundles carry; bounds the table we read

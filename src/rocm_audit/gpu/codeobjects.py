@@ -23,6 +23,7 @@ from rocm_audit.elf.sections import SHF_EXECINSTR, Section, read_sections
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle
+from rocm_audit.formats.offload_bundle import DEVICE_KINDS
 from rocm_audit.tree.inventory import FileKind, FileRecord
 from rocm_audit.tree.targets import (
     FEATURES,
@@ -49,7 +50,6 @@ CCOB_HASH_CHECK_BYTES = 1 << 20  # payloads up to this size are inflated to the 
 MAX_CCOB_STREAM = 4 << 30  # hard cap on inflated bytes walked per CCOB, whatever it declares
 RAW_ELF_SIGNATURE = b"\x7fELF\x02\x01\x01"  # 64-bit, LSB, EV_CURRENT: AMDGPU code objects
 EMBEDDED_SECTION_PREFIXES = (".rodata", ".data", ".ldata", ".lrodata")  # HSA runtime: .data
-DEVICE_KINDS = ("hip", "hipv4", "hcc", "device")  # entries the HIP runtime may load on a GPU
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ from typing import Any
 from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import triton_metadata
-from rocm_audit.gpu.codeobjects import DEVICE_KINDS, CodeObject, FileCodeObjects, scan_file
+from rocm_audit.formats.offload_bundle import DEVICE_KINDS
+from rocm_audit.gpu.codeobjects import CodeObject, FileCodeObjects, scan_file
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.archfiles import arch_folder_of, miopen_db_arch
 from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of, resolve_roots

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.formats.offload_bundle import DEVICE_KINDS
 from rocm_audit.tree.archfiles import (
     ArchUnit,
     arch_folder_of,
@@ -38,8 +39,6 @@ from rocm_audit.tree.discovery import enclosing_sdk_tree
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, LinkRecord
 from rocm_audit.tree.ownership import Distribution, owners, read_distributions
 from rocm_audit.tree.targets import TargetId, serves_kept
-
-DEVICE_KINDS = ("hip", "hipv4", "hcc", "device")
 
 
 class DeviceEntry(Protocol):
