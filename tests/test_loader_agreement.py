@@ -111,6 +111,9 @@ def test_dedup_verification_resolves_through_the_same_search(image_root):
 
 
 def _gcc_library(output: Path, soname: str, *link: Path) -> Path:
+    """A gcc library whose SONAME is not its file name (``$ORIGIN/libbase.so``, ``sub/libsub.so``),
+    linked against ``link`` by path: what support.sdk_tree.build_library, which names the file after
+    the SONAME, cannot make."""
     source = output.parent / f".{output.name}.c"
     output.parent.mkdir(parents=True, exist_ok=True)
     source.write_text(f"int value_{output.stem.replace('-', '_')}(void) {{ return 7; }}\n")

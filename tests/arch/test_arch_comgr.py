@@ -21,13 +21,10 @@ from arch_writers import amdgpu_header, bundle
 
 from rocm_audit.formats.offload_bundle import parse_bundle
 from rocm_audit.tree.targets import choose_entry, resolve_required
-from support.vendor import _pinned_wheel
+from support.vendor import triton_rocm_wheel
 
 pytestmark = pytest.mark.slow
 
-TRITON_ROCM = "pytorch-triton-rocm==2.1.0"
-TRITON_ROCM_WHEEL = "pytorch_triton_rocm-2.1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
-TRITON_ROCM_SHA256 = "ec63623c16eebe356d40460a09374a2546591dd2b0cb2122622111fc4d0f7f25"
 COMGR_MEMBERS = ("triton/third_party/rocm/lib/libamd_comgr.so", "triton/third_party/rocm/lib/libtinfo.so")
 
 _LOOKUP = """
@@ -54,7 +51,7 @@ print(json.dumps({"status": status, "found": {q.isa.decode(): [q.offset, q.size]
 
 @pytest.fixture(scope="module")
 def comgr(cache_dir) -> Path:
-    wheel = _pinned_wheel(str(cache_dir), TRITON_ROCM, TRITON_ROCM_WHEEL, TRITON_ROCM_SHA256, [])
+    wheel = triton_rocm_wheel(str(cache_dir))
     target = Path(cache_dir) / "comgr-pytorch-triton-rocm-2.1.0"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(target, COMGR_MEMBERS)

@@ -324,7 +324,7 @@ def test_a_strict_stepping_archive_serves_its_own_device(tmp_path):
 
 def test_a_spirv_kernel_in_an_archive_serves_no_device(tmp_path):
     """CLR asks kpack for the device's own name and its generic only (hip_fatbin.cpp
-    ExtractKpackBinary; SPIR-V there is a TODO): where a bundle's SPIR-V entry is a warning
+    ExtractKpackBinary; upstream leaves SPIR-V for later): where a bundle's SPIR-V entry is a warning
     (ARCH002, compiled at load), a kpack'd library with only a SPIR-V kernel has no code (ARCH001)."""
     tree = tmp_path / "site" / "_rocm_sdk_libraries"
     library = _kpackd_library(tree / "lib/librocblas.so.5", ["../.kpack/blas_lib.kpm"], "blas_lib")

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from support.sdk_tree import build_library
 from support.therock import SPLIT_KINDS, TheRockInstall, build_therock_install
+from support.therock.packaging import record_hash
 
 
 def audit(*args: str) -> tuple[int, dict]:
@@ -187,16 +189,10 @@ def _legacy_family_site(site: Path, *, devel_copy: str) -> dict[str, Path]:
     ``rocm-sdk-devel`` (built per family by build_python_packages.py ``_run_legacy``, linked into
     that family's tree only) expanded its file as a hardlink of gfx94X's copy (``devel_copy`` =
     "hardlink") or, after a copy that broke the link, as a file of its own ("copy")."""
-    import base64
-    import hashlib
     import shutil
 
-    source = site.parent / "libx.c"
-    source.write_text("int x(void) { return 42; }\n")
-    built = site.parent / "libx.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libx.so.1", str(source), "-o", str(built)], check=True)
+    built = build_library(site.parent / "build", "x", "libx.so.1")
     data = built.read_bytes()
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     paths = {}
     for dist, tree, hashed in (
         ("rocm_sdk_libraries_gfx90X_dcgpu", "_rocm_sdk_libraries_gfx90X_dcgpu", True),
@@ -214,7 +210,7 @@ def _legacy_family_site(site: Path, *, devel_copy: str) -> dict[str, Path]:
         info = site / f"{dist}-7.13.0.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 7.13.0\n")
-        row = f"sha256={digest},{len(data)}" if hashed else ","
+        row = f"{record_hash(data)},{len(data)}" if hashed else ","
         (info / "RECORD").write_text(
             f"{tree}/__init__.py,,\n{tree}/lib/libx.so.1,{row}\n{dist}-7.13.0.dist-info/RECORD,,\n"
         )
@@ -261,16 +257,9 @@ def _profiler_wheel(directory: Path) -> Path:
     SONAME file) and ensure_profiler_library_symlinks adds libprofiler-hub.so -> it; setuptools
     follows the symlink into the wheel, which holds two regular files (profiler_test.py accepts
     "a symlink or a plain file")."""
-    import base64
-    import hashlib
     import zipfile
 
-    source = directory / "hub.c"
-    source.write_text("int hub_state;\nint *hub(void) { return &hub_state; }\n")
-    built = directory / "libprofiler-hub.so.0"
-    soname = "-Wl,-soname,libprofiler-hub.so.0"
-    subprocess.run(["gcc", "-shared", "-fPIC", soname, str(source), "-o", str(built)], check=True)
-    data = built.read_bytes()
+    data = build_library(directory / "build", "hub", "libprofiler-hub.so.0").read_bytes()
     wheel = directory / "rocm_profiler-7.13.0-py3-none-linux_x86_64.whl"
     info = "rocm_profiler-7.13.0.dist-info"
     members = {
@@ -286,8 +275,7 @@ def _profiler_wheel(directory: Path) -> Path:
             entry = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
             entry.external_attr = 0o100755 << 16
             archive.writestr(entry, body)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
-            rows.append(f"{name},sha256={digest},{len(body)}")
+            rows.append(f"{name},{record_hash(body)},{len(body)}")
         archive.writestr(f"{info}/RECORD", "\n".join(rows + [f"{info}/RECORD,,"]) + "\n")
     return wheel
 
@@ -296,9 +284,8 @@ _BOTH_NAMES_LOADED = """
 import ctypes, sys
 lib = sys.argv[1]
 first, second = ctypes.CDLL(lib + "/libprofiler-hub.so"), ctypes.CDLL(lib + "/libprofiler-hub.so.0")
-for handle in (first, second):
-    handle.hub.restype = ctypes.c_void_p
-print(first.hub() == second.hub())
+address = [ctypes.cast(handle.hub_value, ctypes.c_void_p).value for handle in (first, second)]
+print(address[0] == address[1])
 """
 
 

@@ -83,3 +83,15 @@ def triton_wheel(cache_dir: str) -> Path:
     shared = Path(cache_dir) / "llvm-carriers"
     shared.mkdir(parents=True, exist_ok=True)
     return _pinned_wheel(str(shared), TRITON, TRITON_WHEEL, TRITON_WHEEL_SHA256, options)
+
+
+# pytorch-triton-rocm 2.1.0 ships a ROCm 5.6-era comgr (libamd_comgr.so + its libtinfo.so): the real
+# code-object lookup the HIP runtime calls, used as an oracle (tests/arch/test_arch_comgr.py, slow).
+TRITON_ROCM = "pytorch-triton-rocm==2.1.0"
+TRITON_ROCM_WHEEL = "pytorch_triton_rocm-2.1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+TRITON_ROCM_SHA256 = "ec63623c16eebe356d40460a09374a2546591dd2b0cb2122622111fc4d0f7f25"
+
+
+def triton_rocm_wheel(cache_dir: str) -> Path:
+    """pytorch-triton-rocm 2.1.0 for CPython 3.11 (169 MB), checked against its pin."""
+    return _pinned_wheel(cache_dir, TRITON_ROCM, TRITON_ROCM_WHEEL, TRITON_ROCM_SHA256, [])

@@ -497,11 +497,11 @@ def _mirrored_groups(
         relpath = tree_relpath(record.path, record.sdk_tree)
         if relpath in _NOT_MIRRORED or "__pycache__" in relpath.split(os.sep):
             continue
-        twins = [
-            twin
-            for sibling in sibling_trees(record.sdk_tree, inventory.sdk_trees)
-            if (twin := by_path.get(os.path.join(sibling, relpath))) is not None and ownership.owner(twin.path)
-        ]
+        twins = []  # the same path in each sibling tree, where a wheel installed it
+        for sibling in sibling_trees(record.sdk_tree, inventory.sdk_trees):
+            twin = by_path.get(os.path.join(sibling, relpath))
+            if twin is not None and ownership.owner(twin.path):
+                twins.append(twin)
         on_twin = [twin for twin in twins if twin.identity == record.identity]
         owners = sorted({ownership.owner(twin.path) or "" for twin in twins})
         if not on_twin and len(owners) > 1:

@@ -263,7 +263,8 @@ def dist_info_source(
     return (TEMPLATE_DIR / "rocm_sdk" / "_dist_info.py").read_text() + "\n".join(lines) + "\n"
 
 
-def _record_hash(data: bytes) -> str:
+def record_hash(data: bytes) -> str:
+    """A RECORD row's hash column (PEP 376/427: urlsafe base64 sha256, no padding)."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
@@ -295,11 +296,11 @@ def write_wheel(package: Package, version: str, index_dir: Path) -> Path:
             info = zipfile.ZipInfo(arcname, date_time=(2026, 1, 1, 0, 0, 0))
             info.external_attr = (stat.S_IFREG | (path.stat().st_mode & 0o777)) << 16
             archive.writestr(info, data)
-            records.append(f"{arcname},{_record_hash(data)},{len(data)}")
+            records.append(f"{arcname},{record_hash(data)},{len(data)}")
         for name, text in meta_files.items():
             data = text.encode()
             archive.writestr(f"{dist_info}/{name}", data)
-            records.append(f"{dist_info}/{name},{_record_hash(data)},{len(data)}")
+            records.append(f"{dist_info}/{name},{record_hash(data)},{len(data)}")
         records.append(f"{dist_info}/RECORD,,")
         archive.writestr(f"{dist_info}/RECORD", "\n".join(records) + "\n")
     return wheel_path
