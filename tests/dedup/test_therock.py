@@ -252,6 +252,55 @@ def test_a_legacy_family_devel_stays_with_its_own_familys_copy(tmp_path):
     }
 
 
+_ONE_LIBRARY = """
+import ctypes, sys
+handles = [ctypes.CDLL(path) for path in sys.argv[1:]]
+print(len({ctypes.cast(handle.hipblasGetVersion, ctypes.c_void_p).value for handle in handles}))
+"""
+
+
+def test_a_legacy_family_devel_split_from_its_family_goes_back_to_that_familys_copy(tmp_path):
+    """TheRock's legacy flow as packaged (build_python_packages.py ``_run_legacy``): a devel wheel
+    per family, linked into that family's tree only and naming it as ``THIS_TARGET_FAMILY`` in its
+    ``_dist_info.py``. ``rocm[libraries,devel]`` of gfx94X with gfx90X's libraries beside it, then
+    ``cp -r``: devel's libraries are copies again, equal to both families' copies. One dedup run
+    links them to gfx94X's (the family the devel names), so a process loading devel's hipblas and
+    gfx94X's gets one library again, comgr loads once, and removing gfx90X's wheel dangles nothing."""
+    install = build_therock_install(
+        tmp_path, kpack=False, flow="legacy", legacy_families=("gfx94X-dcgpu", "gfx90X-dcgpu"), init=True
+    )
+    sp = str(install.site_packages)
+    ours = install.site_packages / "_rocm_sdk_libraries_gfx94X_dcgpu/lib/libhipblas.so.3"
+    theirs = install.site_packages / "_rocm_sdk_libraries_gfx90X_dcgpu/lib/libhipblas.so.3"
+    devel = install.devel / "lib/libhipblas.so.3"
+    assert devel.samefile(ours) and not devel.samefile(theirs), "rocm-sdk init links devel into its own family"
+    assert audit("dedup", "--check", "-p", sp)[0] == 0
+    probe = [str(install.python), "-c", _ONE_LIBRARY, str(devel), str(ours)]
+    install.split("cp-r")
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "2"
+    assert install.preload_after_devel_hip().returncode == -6
+    from rocm_audit.tree.ownership import Ownership, runtime_twin
+
+    trees = [str(t) for t in install.site_packages.glob("_rocm_sdk_*")]
+    assert runtime_twin(str(devel), str(install.devel), Ownership.of_trees(trees)) == str(ours)
+    code, report = audit("dedup", "-p", sp)
+    assert code == 0, [(f["rule"], f["path"]) for f in report["findings"] if f["severity"] == "error"]
+    assert devel.resolve() == ours.resolve() and devel.is_symlink()
+    assert (install.devel / "share/miopen/db/gfx942130.kdb").samefile(
+        install.site_packages / "_rocm_sdk_libraries_gfx94X_dcgpu/share/miopen/db/gfx942130.kdb"
+    )
+    assert not [p for p in install.devel.rglob("*") if "gfx90X" in str(p.resolve())]
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "1"
+    load = install.preload_after_devel_hip()
+    assert load.returncode == 0 and "loaded" in load.stdout, load.stderr
+    assert audit("dedup", "--check", "-p", sp)[0] == 0
+    tested = install.run_rocm_sdk("test")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    install.pip("uninstall", "-y", "rocm-sdk-libraries-gfx90X-dcgpu")
+    assert [p for p in install.site_packages.rglob("*") if p.is_symlink() and not p.exists()] == []
+    assert theirs.exists() is False and devel.read_bytes() == ours.read_bytes()
+
+
 def _profiler_wheel(directory: Path) -> Path:
     """rocm-profiler as TheRock builds it: populate_runtime_files writes libprofiler-hub.so.0 (the
     SONAME file) and ensure_profiler_library_symlinks adds libprofiler-hub.so -> it; setuptools
@@ -431,3 +480,27 @@ def test_the_fix_survives_a_reinstall_and_a_second_run_restores_what_pip_split(i
     assert audit("dedup", "-p", str(install.site_packages))[0] == 0
     assert same_bytes_distinct_inodes(install) == []
     assert_converged(install)
+
+
+@pytest.mark.parametrize(
+    ("source", "family"),
+    [
+        ("THIS_TARGET_FAMILY = None\nTHIS_TARGET_FAMILY = 'gfx94X-dcgpu'\n", "gfx94X-dcgpu"),
+        ("THIS_TARGET_FAMILY = 'gfx942:xnack+'\n", "gfx942"),
+        ("THIS_TARGET_FAMILY = 'gfx94X-dcgpu'\nTHIS_TARGET_FAMILY = None\n", None),
+        ("THIS_TARGET_FAMILY = family()\n", None),
+        ("if True:\n    THIS_TARGET_FAMILY = 'gfx90X-dcgpu'\n", None),
+        ("THIS_TARGET_FAMILY = 'gfx94X-dcgpu'\n(", None),
+        ("import os\nos.system('exit 3')\nTHIS_TARGET_FAMILY = 'gfx94X-dcgpu'\n", "gfx94X-dcgpu"),
+        ("# " + "x" * (1 << 20) + "\nTHIS_TARGET_FAMILY = 'gfx94X-dcgpu'\n", None),
+    ],
+)
+def test_the_family_a_devel_was_built_for_is_read_as_data(tmp_path, source, family):
+    """``THIS_TARGET_FAMILY`` as TheRock's generated ``_dist_info.py`` spells it (a top-level string
+    assignment, the last one wins, ``:xnack`` stripped as get_dist_package_name does); the module is
+    parsed, never run, and a broken or oversized one names no family (the expansion stays undecided)."""
+    from rocm_audit.tree.ownership import this_target_family
+
+    module = tmp_path / "_dist_info.py"
+    module.write_text(source)
+    assert this_target_family(str(module)) == family

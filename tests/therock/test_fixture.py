@@ -163,6 +163,38 @@ def test_legacy_families_co_install_with_identical_host_libraries(tmp_path: Path
         assert f"_rocm_sdk_libraries_{family}/lib/libhipblas.so.3,sha256=" in record.read_text()
 
 
+def test_the_legacy_flow_builds_a_devel_and_a_meta_per_family_linked_into_its_own_family() -> None:
+    """build_python_packages.py ``_run_legacy``: per family a devel and a meta in ``dist/<family>/``; the
+    devel's tarball links to core and its own family's tree only (py_packaging.py ``_find_populated``
+    skips another family's package), takes the family's device artifacts, and its ``_dist_info.py``
+    names the family; the meta is restricted to it (``restrict_families``); there are no device wheels."""
+    import tarfile
+
+    index = cached_index(kpack=False, flow="legacy", legacy_families=("gfx94X-dcgpu", "gfx90X-dcgpu"))
+    assert not [name for name in index.wheels if name.startswith("rocm-sdk-device-")]
+    for family, other in (("gfx94X-dcgpu", "gfx90X_dcgpu"), ("gfx90X-dcgpu", "gfx94X_dcgpu")):
+        devel = index.wheels[f"rocm-sdk-devel[{family}]"]
+        assert devel.parent == index.index_dir / family
+        with zipfile.ZipFile(devel) as archive:
+            dist_info = archive.read("rocm_sdk_devel/_dist_info.py").decode()
+            with archive.open("rocm_sdk_devel/_devel.tar") as member, tarfile.open(fileobj=member) as tar:
+                links = {m.name: m.linkname for m in tar if m.issym()}
+        assert f"THIS_TARGET_FAMILY = {family!r}" in dist_info.splitlines()
+        into_runtime = {name: target for name, target in links.items() if "/_rocm_sdk_" in f"/{target}"}
+        own = f"_rocm_sdk_libraries_{family.replace('-', '_')}/"
+        assert any(own in target for target in into_runtime.values())
+        assert not [target for target in into_runtime.values() if other in target]
+        arch = "gfx942" if family.startswith("gfx94") else "gfx90a"
+        assert f"_rocm_sdk_devel/lib/libMIOpenCKGroupedConv_{arch}.so" in into_runtime
+        with zipfile.ZipFile(index.wheels[f"rocm[{family}]"]) as archive:
+            meta = archive.read("rocm_sdk/_dist_info.py").decode().splitlines()
+            requires = archive.read("rocm-7.13.0.dist-info/METADATA").decode()
+        assert [line for line in meta if line.startswith("AVAILABLE_TARGET_FAMILIES.append")] == [
+            f"AVAILABLE_TARGET_FAMILIES.append({family!r})"
+        ]
+        assert f'Requires-Dist: rocm-sdk-libraries-{family}==7.13.0; extra == "libraries"' in requires
+
+
 def test_the_device_extra_is_the_default_family_on_a_gpu_less_host(tmp_path: Path) -> None:
     """``rocm[libraries,device]`` as TheRock's real sdist resolves it without a GPU: the first sorted target."""
     install = build_therock_install(tmp_path, extras=("libraries", "device"))

@@ -254,18 +254,18 @@ def _groups_among(
         for paths in classes:
             keys = [(r.root, r.dev, r.ino) for r in (by_path[p] for p in paths)]
             grouped.update(keys)
-            made = _group_from(
-                [r for key in keys for r in paths_by_inode[key]],
-                inventory,
-                keeper_rule,
-                found_by_bucket[bucket_number],
-                ownership,
-                intact,
-                realdir,
-                reldir,
+            groups.extend(
+                _group_from(
+                    [r for key in keys for r in paths_by_inode[key]],
+                    inventory,
+                    keeper_rule,
+                    found_by_bucket[bucket_number],
+                    ownership,
+                    intact,
+                    realdir,
+                    reldir,
+                )
             )
-            if made is not None:
-                groups.append(made)
 
     # Items: whole buckets, and pieces of the large ones once their heads and tails agree.
     items: list[list[FileRecord] | BucketPiece] = []
@@ -328,9 +328,7 @@ def _groups_among(
     # A single inode with several paths in the trees is a hardlink group on its own.
     for key, records in paths_by_inode.items():
         if key not in grouped and len(records) > 1:
-            made = _group_from(records, inventory, keeper_rule, findings, ownership, intact, realdir, reldir)
-            if made is not None:
-                groups.append(made)
+            groups.extend(_group_from(records, inventory, keeper_rule, findings, ownership, intact, realdir, reldir))
     return groups
 
 
@@ -343,11 +341,12 @@ def _group_from(
     intact: list[tuple[str, list[str]]],
     realdir: Callable[[str], str] = os.path.realpath,
     reldir: Callable[[str, str], str] = os.path.relpath,
-) -> DedupGroup | None:
-    """The group of byte-identical ``records`` (None when nothing may change). Ownership first
+) -> list[DedupGroup]:
+    """The groups of byte-identical ``records`` (none when nothing may change). Ownership first
     (tree/ownership.py): the keeper is a copy a wheel installed when there is one; a copy another
     distribution installed stays its own (DUP010), and an expansion already on the keeper's inode
-    is left as rocm-sdk made it."""
+    is left as rocm-sdk made it. An expansion whose distribution names the other owner it was
+    built against (``Ownership.made_for``) goes with that owner's copy, in a group of its own."""
     owner = {r.path: ownership.owner(r.path) for r in records}
     soname = None
     if keeper_rule.needs_soname([r.sdk_tree for r in records], [owner[r.path] is not None for r in records]):
@@ -364,15 +363,43 @@ def _group_from(
     # An expansion belongs to the runtime copy it was made from. rocm-sdk init hardlinks it to that
     # copy, and a legacy per-family devel wheel links into its own family's tree only
     # (build_python_packages.py _run_legacy; py_packaging.py _find_populated): one on another
-    # distribution's copy stays with that copy. One on its own inode beside two owners' copies
-    # cannot tell which it came from (the mirrored pass reports it): linking it to either could
-    # make the very split it should mend.
+    # distribution's copy stays with that copy, and one split from it goes back to it when its
+    # distribution names that family. One on its own inode beside two owners' copies that names
+    # none cannot tell which it came from (the mirrored pass reports it): linking it to either
+    # could make the very split it should mend.
     foreign_inodes = {r.identity: r for r in foreign}
+    foreign_owners = {owner[r.path] for r in foreign}
     expansions = [r for r in ordered[1:] if owner[r.path] is None and ownership.is_expansion(r.path)]
     with_other_owner = [r for r in expansions if r.identity != keeper.identity and r.identity in foreign_inodes]
     for record in with_other_owner:
         intact.append((foreign_inodes[record.identity].path, [record.path]))
-    undecided = [r for r in expansions if foreign and r.identity != keeper.identity and r not in with_other_owner]
+    made_for = {r.path: ownership.made_for(r.path) for r in expansions if foreign}
+    elsewhere = [
+        r
+        for r in expansions
+        if r.identity != keeper.identity and r not in with_other_owner and made_for.get(r.path) in foreign_owners
+    ]
+    groups: list[DedupGroup] = []
+    for other in sorted({made_for[r.path] for r in elsewhere}, key=str):
+        groups += _group_from(
+            [r for r in records if owner[r.path] == other] + [r for r in elsewhere if made_for[r.path] == other],
+            inventory,
+            keeper_rule,
+            findings,
+            ownership,
+            intact,
+            realdir,
+            reldir,
+        )
+    undecided = [
+        r
+        for r in expansions
+        if foreign
+        and r.identity != keeper.identity
+        and r not in with_other_owner
+        and r not in elsewhere
+        and (keeper_owner is None or made_for.get(r.path) != keeper_owner)
+    ]
     if foreign:
         split = [r for r in foreign if r.identity != keeper.identity]
         if split:
@@ -386,7 +413,7 @@ def _group_from(
                     data={"owner": keeper_owner, "others": sorted({owner[r.path] or "" for r in split})},
                 )
             )
-    foreign += with_other_owner + undecided
+    foreign += with_other_owner + elsewhere + undecided
     on_keeper = {
         r.path
         for r in ordered[1:]
@@ -398,7 +425,7 @@ def _group_from(
         intact.append((keeper.path, [r.path for r in settled]))
     changeable = [r for r in ordered[1:] if r not in foreign and r not in settled]
     if not changeable:
-        return None
+        return groups
     # records are regular files (lstat), so realpath(file) == realpath(its directory) + its name
     keeper_real = os.path.join(realdir(os.path.dirname(keeper.path)), os.path.basename(keeper.path))
     if not _inside(keeper_real, keeper.root):
@@ -410,7 +437,7 @@ def _group_from(
                 related=[r.path for r in ordered[1:]],
             )
         )
-        return None
+        return groups
     duplicates = []
     for record in changeable:
         link_text = relative_link_text(keeper_real, record.path, realdir, reldir)
@@ -441,7 +468,7 @@ def _group_from(
     group = DedupGroup(keeper, duplicates, reason)
     for planned in duplicates:
         group.status[planned.record.path] = "planned"
-    return group
+    return [*groups, group]
 
 
 def regroup_differing(
@@ -506,7 +533,12 @@ def _mirrored_groups(
         owners = sorted({ownership.owner(twin.path) or "" for twin in twins})
         if not on_twin and len(owners) > 1:
             # Legacy per-family wheels side by side: each family's devel links into its own tree,
-            # and a copy on its own inode no longer says which one that was.
+            # which a copy on its own inode still names when its distribution records the family.
+            made_for = ownership.made_for(record.path)
+            chosen = [twin for twin in twins if ownership.owner(twin.path) == made_for]
+            if chosen:
+                twins = chosen
+        if not on_twin and len(owners) > 1 and len(twins) > 1:
             findings.append(
                 make_finding(
                     "DUP010",

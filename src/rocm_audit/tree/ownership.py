@@ -15,6 +15,7 @@ writes a regular file over the link again.
 
 from __future__ import annotations
 
+import ast
 import csv
 import io
 import os
@@ -27,6 +28,10 @@ from rocm_audit.tree.discovery import is_sdk_tree_name
 from rocm_audit.tree.identical import CompareStats, ReadFailure, same_bytes
 
 DEVICE_DISTRIBUTION_PREFIX = "rocm_sdk_device"  # rocm-sdk-device-<arch>, normalised as in dist-info names
+# TheRock rocm_sdk/_dist_info.py PackageEntry "libraries": a legacy (not kpack-split) family's runtime wheel.
+FAMILY_LIBRARIES_DISTRIBUTION = "rocm-sdk-libraries-{family}"
+# The generated _dist_info.py of a TheRock wheel is some 10 kB; anything far larger is not one.
+MAX_DIST_INFO_MODULE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +46,15 @@ class Ownership:
 
     rows: dict[str, RecordRow]
     records: dict[str, str]  # distribution -> its RECORD path
+    # distribution -> the generated ``<pure package>/_dist_info.py`` its wheel installed (TheRock wheels)
+    dist_info_modules: dict[str, str] = field(default_factory=dict)
+    _made_for: dict[str, str | None] = field(default_factory=dict)
 
     @classmethod
     def of_trees(cls, sdk_trees: Iterable[str]) -> Ownership:
         rows: dict[str, RecordRow] = {}
         records: dict[str, str] = {}
+        modules: dict[str, str] = {}
         for site_dir in sorted({os.path.dirname(tree) for tree in sdk_trees}):
             for name in _dist_info_names(site_dir):
                 record = os.path.join(site_dir, name, "RECORD")
@@ -61,11 +70,14 @@ class Ownership:
                         continue
                     path = os.path.normpath(os.path.join(site_dir, line[0]))
                     hashed = len(line) > 1 and bool(line[1])
+                    top, _, rest = line[0].partition("/")
+                    if hashed and rest == "_dist_info.py" and not is_sdk_tree_name(top):
+                        modules[distribution] = path
                     previous = rows.get(path)
                     # A hashed row wins: a device wheel's reconcile may also list a file another wheel installed.
                     if previous is None or (hashed and not previous.hashed):
                         rows[path] = RecordRow(distribution, hashed)
-        return cls(rows, records)
+        return cls(rows, records, modules)
 
     def row(self, path: str) -> RecordRow | None:
         return self.rows.get(path)
@@ -87,6 +99,52 @@ class Ownership:
         """A devel path that TheRock's device reconcile hardlinks on every init/path/test."""
         row = self.rows.get(path)
         return row is not None and not row.hashed and row.distribution.startswith(DEVICE_DISTRIBUTION_PREFIX)
+
+    def made_for(self, path: str) -> str | None:
+        """The runtime distribution an expansion was built to link into, when its distribution says:
+        a legacy per-family ``rocm-sdk-devel`` links into its own family's libraries tree only
+        (build_python_packages.py ``_run_legacy``; py_packaging.py ``_find_populated``), and names
+        that family as ``THIS_TARGET_FAMILY`` in its generated ``_dist_info.py``. None otherwise."""
+        row = self.rows.get(path)
+        if row is None or row.hashed:
+            return None
+        if row.distribution not in self._made_for:
+            module = self.dist_info_modules.get(row.distribution)
+            family = this_target_family(module) if module is not None else None
+            self._made_for[row.distribution] = (
+                None if family is None else distribution_key(FAMILY_LIBRARIES_DISTRIBUTION.format(family=family))
+            )
+        return self._made_for[row.distribution]
+
+
+def distribution_key(name: str) -> str:
+    """A distribution name as Ownership keys it: the ``.dist-info`` spelling (PEP 427: runs of
+    ``-_.`` are one ``_``), lower case."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def this_target_family(module: str) -> str | None:
+    """``THIS_TARGET_FAMILY`` of a TheRock generated ``_dist_info.py``, read as data (parsed, never
+    run): the last top-level assignment of a string to it, without its ``:xnack`` suffix
+    (PackageEntry.get_dist_package_name strips it). None when absent, None-valued or unreadable."""
+    try:
+        with open(module, "rb") as handle:
+            source = handle.read(MAX_DIST_INFO_MODULE_BYTES + 1)
+        if len(source) > MAX_DIST_INFO_MODULE_BYTES:
+            return None
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    family: str | None = None
+    for statement in tree.body:
+        if (
+            isinstance(statement, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "THIS_TARGET_FAMILY" for t in statement.targets)
+            and isinstance(statement.value, ast.Constant)
+        ):
+            value = statement.value.value
+            family = value.split(":")[0] if isinstance(value, str) and value else None
+    return family
 
 
 def _dist_info_names(site_dir: str) -> list[str]:
@@ -114,8 +172,9 @@ def runtime_twin(path: str, sdk_tree: str, ownership: Ownership) -> str | None:
     """The runtime file an expansion mirrors, when only the expansion's tree was audited: the same
     path inside a sibling ``_rocm_sdk_*`` tree, installed by a wheel, with the same bytes. That is
     the copy dedup keeps (it widens a tree path to its siblings), so a fix text names it too. The twin
-    on the expansion's own inode comes first; equal bytes in two owners' trees (legacy per-family
-    wheels) name neither, as dedup links to neither (dedup/plan.py)."""
+    on the expansion's own inode comes first; of equal bytes in two owners' trees (legacy per-family
+    wheels), the one its distribution was built against (``Ownership.made_for``), else neither, as
+    dedup links to neither (dedup/plan.py)."""
     if not ownership.is_expansion(path):
         return None
     relpath = tree_relpath(path, sdk_tree)
@@ -139,7 +198,10 @@ def runtime_twin(path: str, sdk_tree: str, ownership: Ownership) -> str | None:
                 equal[twin] = owner
         except (OSError, ReadFailure):
             continue
-    return next(iter(equal)) if len(set(equal.values())) == 1 else None
+    if len(set(equal.values())) == 1:
+        return next(iter(equal))
+    made_for = ownership.made_for(path)
+    return next((twin for twin, owner in equal.items() if owner == made_for), None)
 
 
 # ---------------------------------------------------------------------------------------------

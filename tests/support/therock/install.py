@@ -39,6 +39,7 @@ def cached_index(
     member_order: str = "sorted",
     compress_devel: bool = False,
     kpack_flow: str = "kpm",
+    flow: str = "kpack-split",
 ) -> BuiltIndex:
     """Artifacts are compiled once per process; each option set is packaged once."""
     built = (kpack, kpack_flow)
@@ -46,7 +47,7 @@ def cached_index(
         _artifact_cache[built] = build_artifacts(
             _session_dir() / f"artifacts-kpack{int(kpack)}-{kpack_flow}", ARCHES, kpack=kpack, kpack_flow=kpack_flow
         )
-    key = (nonce, tuple(legacy_families), kpack, member_order, compress_devel, kpack_flow)
+    key = (nonce, tuple(legacy_families), kpack, member_order, compress_devel, kpack_flow, flow)
     if key not in _index_cache:
         name = f"index-{len(_index_cache)}"
         _index_cache[key] = build_index(
@@ -56,6 +57,7 @@ def cached_index(
             legacy_families=tuple(legacy_families),
             member_order=member_order,
             compress_devel=compress_devel,
+            flow=flow,
         )
     return _index_cache[key]
 
@@ -75,6 +77,8 @@ class TheRockInstall:
     nonce: str
     arches: tuple[str, ...]
     legacy_families: tuple[str, ...]
+    # More wheel directories pip searches: a legacy build's dist/<family>/ (its devel and meta).
+    extra_links: tuple[Path, ...] = ()
 
     def platform_dir(self, logical: str) -> Path:
         return self.site_packages / f"_rocm_sdk_{logical.replace('-', '_')}{self.nonce}"
@@ -121,6 +125,8 @@ class TheRockInstall:
         ]
         if args and args[0] == "install":
             argv += ["--no-index", "--find-links", str(self.index_dir)]
+            for directory in self.extra_links:
+                argv += ["--find-links", str(directory)]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             raise RuntimeError(f"pip {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
@@ -181,13 +187,17 @@ def build_therock_install(
     compress_devel: bool = False,
     init: bool = False,
     kpack_flow: str = "kpm",
+    flow: str = "kpack-split",
 ) -> TheRockInstall:
     """Build (cached per process) and pip-install a TheRock-faithful ROCm wheel SDK into ``tmp_path / "venv"``.
 
     ``extras`` defaults to ``libraries, devel, device-<arch>`` for every arch; ``legacy_families`` (e.g.
     ``("gfx94X-dcgpu", "gfx90X-dcgpu")``) also installs those per-family libraries wheels; ``init`` runs
     ``rocm-sdk init`` (otherwise devel stays a tarball until the first init/path/test); ``kpack_flow`` picks the
-    kpack splitter the artifacts went through (``artifacts.build_artifacts``).
+    kpack splitter the artifacts went through (``artifacts.build_artifacts``). ``flow="legacy"`` packages
+    as ``_run_legacy`` does (``packaging.build_index``; give ``kpack=False``): pip installs ``rocm[<extras>]``
+    (default ``libraries, devel``) of the first of ``legacy_families`` from its ``dist/<family>/``, and the
+    other families' libraries wheels beside it.
     """
     index = cached_index(
         nonce=nonce,
@@ -196,7 +206,9 @@ def build_therock_install(
         member_order=member_order,
         compress_devel=compress_devel,
         kpack_flow=kpack_flow,
+        flow=flow,
     )
+    legacy_flow = flow == "legacy"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     python = venv / "bin" / "python"
@@ -209,11 +221,23 @@ def build_therock_install(
         ).stdout.strip()
     )
     install = TheRockInstall(
-        venv, python, site_packages, index.index_dir, index.version, nonce, index.arches, tuple(legacy_families)
+        venv,
+        python,
+        site_packages,
+        index.index_dir,
+        index.version,
+        nonce,
+        index.arches,
+        tuple(legacy_families),
+        extra_links=(index.index_dir / legacy_families[0],) if legacy_flow else (),
     )
-    chosen = extras if extras is not None else ("libraries", "devel", *(f"device-{a}" for a in index.arches))
+    default_extras = (
+        ("libraries", "devel") if legacy_flow else ("libraries", "devel", *(f"device-{a}" for a in index.arches))
+    )
+    chosen = extras if extras is not None else default_extras
     requirements = [f"rocm[{','.join(chosen)}]=={index.version}"]
-    requirements += [f"rocm-sdk-libraries-{family}=={index.version}" for family in legacy_families]
+    also = legacy_families[1:] if legacy_flow else legacy_families
+    requirements += [f"rocm-sdk-libraries-{family}=={index.version}" for family in also]
     install.pip("install", *requirements)
     if init:
         result = install.run_rocm_sdk("init")

@@ -28,6 +28,8 @@ TEMPLATE_DIR = Path(__file__).parent / "template"
 CORE_ARTIFACTS = frozenset({"core-hip", "core-kpack", "sysdeps", "host-blas", "amd-llvm", "base"})
 LIBRARIES_ARTIFACTS = frozenset({"blas", "miopen"})
 # Legacy per-family releases: family -> the arches whose device files its libraries wheel embeds.
+# build_python_packages.py run: the kpack split (THEROCK manifest flag KPACK_SPLIT_ARTIFACTS) or the legacy flow.
+FLOWS = ("kpack-split", "legacy")
 LEGACY_FAMILY_ARCHES = {"gfx94X-dcgpu": ("gfx942",), "gfx90X-dcgpu": ("gfx90a",), "gfx950-dcgpu": ("gfx950",)}
 # build_python_packages.py: core.rpath_dep(core, ...); libraries and device rpath_dep(core, ...).
 CORE_RPATHS = ("lib/llvm/lib", "lib/rocm_sysdeps/lib")
@@ -251,12 +253,24 @@ def populate_devel(
 
 
 def dist_info_source(
-    version: str, nonce: str, families: list[str], *, kpack_split: bool, logical_name: str, target_family: str | None
+    version: str,
+    nonce: str,
+    families: list[str],
+    *,
+    kpack_split: bool,
+    logical_name: str,
+    target_family: str | None,
+    restrict: bool = False,
 ) -> str:
-    """The generated _dist_info.py: template + the lines py_packaging.Parameters appends."""
+    """The generated _dist_info.py: template + the lines py_packaging.Parameters appends.
+
+    ``restrict`` (a legacy multi-family build's meta, ``restrict_families``): its own family is the only one.
+    """
     lines = [f"__version__ = {version!r}", f"PY_PACKAGE_SUFFIX_NONCE = {nonce!r}"]
     if kpack_split:
         lines.append('ALL_PACKAGES["libraries"].dist_package_template = "rocm-sdk-libraries"')
+    if restrict and target_family is not None:
+        families = [target_family]
     lines.append(f"DEFAULT_TARGET_FAMILY = {sorted(families)[0]!r}")
     lines += [f"AVAILABLE_TARGET_FAMILIES.append({family!r})" for family in families]
     lines += [f"THIS_TARGET_FAMILY = {target_family!r}", f"THIS_PACKAGE_ENTRY = ALL_PACKAGES[{logical_name!r}]"]
@@ -316,6 +330,7 @@ class BuiltIndex:
     arches: tuple[str, ...]
     legacy_families: tuple[str, ...]
     wheels: dict[str, Path]
+    flow: str = "kpack-split"
 
 
 def build_index(
@@ -327,19 +342,34 @@ def build_index(
     legacy_families: tuple[str, ...] = (),
     member_order: str = "sorted",
     compress_devel: bool = False,
+    flow: str = "kpack-split",
 ) -> BuiltIndex:
-    """Package ``tree`` the way build_python_packages.py's kpack-split flow does, plus optional legacy wheels."""
+    """Package ``tree`` the way build_python_packages.py does.
+
+    ``flow="kpack-split"`` (``_run_kpack_split``): neutral libraries, one device wheel per arch, one devel, one
+    meta; ``legacy_families`` adds per-family libraries wheels beside them (two releases' wheels co-installed).
+    ``flow="legacy"`` (``_run_legacy``, no device wheels): per ``legacy_families`` family a libraries wheel
+    embedding its arches' device files, and a devel and a meta of its own in ``index/<family>/`` (upstream's
+    ``dist/<family>/``), the devel linking into that family's tree only.
+    """
+    if flow not in FLOWS:
+        raise ValueError(f"unknown flow {flow!r} (one of {FLOWS})")
+    legacy_flow = flow == "legacy"
+    if legacy_flow and not legacy_families:
+        raise ValueError("the legacy flow packages per family: name at least one in legacy_families")
     if work_dir.exists():
         shutil.rmtree(work_dir)
     index_dir = work_dir / "index"
     index_dir.mkdir(parents=True)
     arches = tree.arches
-    families = list(arches)
+    families = list(legacy_families) if legacy_flow else list(arches)
     core_platform = f"_rocm_sdk_core{nonce}"
     libraries_platform = f"_rocm_sdk_libraries{nonce}"
 
     def dist_info(logical: str, family: str | None = None) -> str:
-        return dist_info_source(version, nonce, families, kpack_split=True, logical_name=logical, target_family=family)
+        return dist_info_source(
+            version, nonce, families, kpack_split=not legacy_flow, logical_name=logical, target_family=family
+        )
 
     def select(names: frozenset[str], family: str = "generic", *, dev: bool = False) -> list[Artifact]:
         return [
@@ -365,45 +395,108 @@ def build_index(
     )
     # core_artifact_filter also takes core-hip's dev component (hiprtc finds HIP headers in its own tree).
     populate_runtime(core, select(CORE_ARTIFACTS) + select(frozenset({"core-hip"}), dev=True), exclude_cmake=True)
-    libraries = stage(
-        Package(
-            "rocm-sdk-libraries",
-            "rocm_sdk_libraries",
-            libraries_platform,
-            work_dir / "rocm-sdk-libraries",
-            rpath_relpaths=LIBRARIES_RPATHS,
-            core_platform_name=core_platform,
-            requires=[f"rocm-sdk-core=={version}"],
-        ),
-        "libraries",
-    )
-    populate_runtime(libraries, select(LIBRARIES_ARTIFACTS))
-    wheels = {
-        "rocm-sdk-core": write_wheel(core, version, index_dir),
-        "rocm-sdk-libraries": write_wheel(libraries, version, index_dir),
-    }
-    for arch in arches:
-        # The device wheel's only package is the libraries platform package (templates/rocm-sdk-device/setup.py),
-        # so its RECORD also lists _rocm_sdk_libraries/__init__.py.
-        device = Package(
-            f"rocm-sdk-device-{arch}",
-            "",
-            libraries_platform,
-            work_dir / f"rocm-sdk-device-{arch}",
-            target_family=arch,
-            rpath_relpaths=DEVICE_RPATHS,
-            core_platform_name=core_platform,
-            requires=[f"rocm-sdk-libraries=={version}"],
+    wheels = {"rocm-sdk-core": write_wheel(core, version, index_dir)}
+    # populate_devel_files: the artifacts runtime packages were made from (profiler's excluded), minus "test";
+    # generic ones, plus the family's own for a per-family devel.
+    runtime_names = CORE_ARTIFACTS | LIBRARIES_ARTIFACTS
+
+    def devel_artifacts(arch_families: tuple[str, ...] = ()) -> list[Artifact]:
+        return [
+            a
+            for a in tree.artifacts
+            if a.name in runtime_names and a.target_family in ("generic", *arch_families) and a.component != "test"
+        ]
+
+    def build_devel(runtime: list[Package], artifacts: list[Artifact], family: str | None, out_dir: Path) -> None:
+        devel = stage(
+            Package(
+                "rocm-sdk-devel",
+                "rocm_sdk_devel",
+                f"_rocm_sdk_devel{nonce}",
+                work_dir / ("rocm-sdk-devel" + (f"-{family}" if family else "")),
+                target_family=family,
+                requires=[f"rocm-sdk-core=={version}"],
+            ),
+            "devel",
+            family,
         )
-        populate_device(device, select(LIBRARIES_ARTIFACTS, arch), version, libraries_platform)
-        wheels[device.dist_name] = write_wheel(device, version, index_dir)
+        populate_devel(devel, artifacts, runtime, member_order=member_order, compress=compress_devel)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        wheels["rocm-sdk-devel" + (f"[{family}]" if family else "")] = write_wheel(devel, version, out_dir)
+
+    def build_meta(family: str | None, libraries_dist: str, out_dir: Path) -> None:
+        meta = Package(
+            "rocm",
+            "rocm_sdk",
+            None,
+            work_dir / ("rocm" + (f"-{family}" if family else "")),
+            requires=[f"rocm-sdk-core=={version}"],
+            entry_points="[console_scripts]\nrocm-sdk = rocm_sdk.__main__:main\n",
+        )
+        shutil.copytree(TEMPLATE_DIR / "rocm_sdk", meta.pure_dir, ignore=shutil.ignore_patterns("__pycache__"))
+        (meta.pure_dir / "_dist_info.py").write_text(
+            dist_info_source(
+                version,
+                nonce,
+                families,
+                kpack_split=not legacy_flow,
+                logical_name="meta",
+                target_family=family,
+                restrict=family is not None,
+            )
+        )
+        # The rocm setup.py's extras (EXTRAS_REQUIRE + build_per_target_extras), resolved statically into a wheel.
+        meta.extras = {"libraries": [f"{libraries_dist}=={version}"], "devel": [f"rocm-sdk-devel=={version}"]}
+        if not legacy_flow:
+            # "device": the family rocm's setup.py detects when the sdist is built (offload-arch, or
+            # ROCM_SDK_TARGET_FAMILY); on a GPU-less host that is DEFAULT_TARGET_FAMILY, the first sorted target.
+            meta.extras["device"] = [f"rocm-sdk-device-{sorted(arches)[0]}=={version}"]
+            meta.extras.update({f"device-{arch}": [f"rocm-sdk-device-{arch}=={version}"] for arch in arches})
+            meta.extras["device-all"] = [f"rocm-sdk-device-{arch}=={version}" for arch in arches]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        wheels["rocm" + (f"[{family}]" if family else "")] = write_wheel(meta, version, out_dir)
+
+    neutral: list[Package] = []
+    if not legacy_flow:
+        libraries = stage(
+            Package(
+                "rocm-sdk-libraries",
+                "rocm_sdk_libraries",
+                libraries_platform,
+                work_dir / "rocm-sdk-libraries",
+                rpath_relpaths=LIBRARIES_RPATHS,
+                core_platform_name=core_platform,
+                requires=[f"rocm-sdk-core=={version}"],
+            ),
+            "libraries",
+        )
+        populate_runtime(libraries, select(LIBRARIES_ARTIFACTS))
+        wheels["rocm-sdk-libraries"] = write_wheel(libraries, version, index_dir)
+        neutral.append(libraries)
+        for arch in arches:
+            # The device wheel's only package is the libraries platform package (templates/rocm-sdk-device/
+            # setup.py), so its RECORD also lists _rocm_sdk_libraries/__init__.py.
+            device = Package(
+                f"rocm-sdk-device-{arch}",
+                "",
+                libraries_platform,
+                work_dir / f"rocm-sdk-device-{arch}",
+                target_family=arch,
+                rpath_relpaths=DEVICE_RPATHS,
+                core_platform_name=core_platform,
+                requires=[f"rocm-sdk-libraries=={version}"],
+            )
+            populate_device(device, select(LIBRARIES_ARTIFACTS, arch), version, libraries_platform)
+            wheels[device.dist_name] = write_wheel(device, version, index_dir)
+    per_family: dict[str, Package] = {}
     for family in legacy_families:
-        platform_name = f"_rocm_sdk_libraries_{family.replace('-', '_')}{nonce}"
+        # templates/rocm-sdk-libraries/setup.py: the pure package is rocm_sdk_libraries_<THIS_TARGET_FAMILY>,
+        # the family spelled verbatim; the platform dir is get_py_package_name ('-' -> '_').
         legacy = stage(
             Package(
                 f"rocm-sdk-libraries-{family}",
-                f"rocm_sdk_libraries_{family.replace('-', '_')}",
-                platform_name,
+                f"rocm_sdk_libraries_{family}",
+                f"_rocm_sdk_libraries_{family.replace('-', '_')}{nonce}",
                 work_dir / f"rocm-sdk-libraries-{family}",
                 target_family=family,
                 rpath_relpaths=LIBRARIES_RPATHS,
@@ -416,41 +509,17 @@ def build_index(
         embedded = [a for arch in LEGACY_FAMILY_ARCHES[family] for a in select(LIBRARIES_ARTIFACTS, arch)]
         populate_runtime(legacy, select(LIBRARIES_ARTIFACTS) + embedded)
         wheels[legacy.dist_name] = write_wheel(legacy, version, index_dir)
+        per_family[family] = legacy
 
-    devel = stage(
-        Package(
-            "rocm-sdk-devel",
-            "rocm_sdk_devel",
-            f"_rocm_sdk_devel{nonce}",
-            work_dir / "rocm-sdk-devel",
-            requires=[f"rocm-sdk-core=={version}"],
-        ),
-        "devel",
-    )
-    # populate_devel_files: the artifacts runtime packages were made from (profiler's excluded), minus "test".
-    runtime_names = CORE_ARTIFACTS | LIBRARIES_ARTIFACTS
-    devel_artifacts = [
-        a for a in tree.artifacts if a.name in runtime_names and a.target_family == "generic" and a.component != "test"
-    ]
-    populate_devel(devel, devel_artifacts, [core, libraries], member_order=member_order, compress=compress_devel)
-    wheels["rocm-sdk-devel"] = write_wheel(devel, version, index_dir)
-
-    meta = Package(
-        "rocm",
-        "rocm_sdk",
-        None,
-        work_dir / "rocm",
-        requires=[f"rocm-sdk-core=={version}"],
-        entry_points="[console_scripts]\nrocm-sdk = rocm_sdk.__main__:main\n",
-    )
-    shutil.copytree(TEMPLATE_DIR / "rocm_sdk", meta.pure_dir, ignore=shutil.ignore_patterns("__pycache__"))
-    (meta.pure_dir / "_dist_info.py").write_text(dist_info("meta"))
-    # The rocm setup.py's extras (EXTRAS_REQUIRE + build_per_target_extras), resolved statically into a wheel.
-    meta.extras = {"libraries": [f"rocm-sdk-libraries=={version}"], "devel": [f"rocm-sdk-devel=={version}"]}
-    # "device": the family rocm's setup.py detects when the sdist is built (offload-arch, or
-    # ROCM_SDK_TARGET_FAMILY); on a GPU-less host that is DEFAULT_TARGET_FAMILY, the first sorted target.
-    meta.extras["device"] = [f"rocm-sdk-device-{sorted(arches)[0]}=={version}"]
-    meta.extras.update({f"device-{arch}": [f"rocm-sdk-device-{arch}=={version}"] for arch in arches})
-    meta.extras["device-all"] = [f"rocm-sdk-device-{arch}=={version}" for arch in arches]
-    wheels["rocm"] = write_wheel(meta, version, index_dir)
-    return BuiltIndex(index_dir, version, nonce, arches, legacy_families, wheels)
+    if legacy_flow:
+        # _run_legacy: a devel and a meta per family, in dist/<family>/ (the same wheel names). The devel finds
+        # materialised files in core and its own family's tree only (py_packaging.py _find_populated skips a
+        # package of another family) and takes its family's device artifacts too.
+        for family in legacy_families:
+            out_dir = index_dir / family
+            build_devel([core, per_family[family]], devel_artifacts(LEGACY_FAMILY_ARCHES[family]), family, out_dir)
+            build_meta(family, f"rocm-sdk-libraries-{family}", out_dir)
+    else:
+        build_devel([core, *neutral], devel_artifacts(), None, index_dir)
+        build_meta(None, "rocm-sdk-libraries", index_dir)
+    return BuiltIndex(index_dir, version, nonce, arches, legacy_families, wheels, flow)
