@@ -78,6 +78,31 @@ def test_default_targets_of_a_legacy_family_install_are_its_family_s_processors(
     assert any("gfx90X" in p for p in missing) and any("gfx94X" in p for p in missing)
 
 
+def test_a_legacy_flow_devel_is_judged_as_its_own_familys_tree(tmp_path: Path) -> None:
+    """The legacy flow as ``_run_legacy`` packages it: ``rocm[libraries,devel]`` of gfx94X-dcgpu with
+    gfx90X-dcgpu's libraries beside it. Its devel is gfx94X's (one per family, holding gfx942's device
+    files, ``THIS_TARGET_FAMILY = 'gfx94X-dcgpu'``), so a target another installed family covers is
+    not asked of it, as of gfx94X's libraries tree: a fresh install passes by default and for
+    gfx90a;gfx942. A target no family covers is still asked of it, and it says so."""
+    install = build_therock_install(
+        tmp_path, kpack=False, flow="legacy", legacy_families=("gfx94X-dcgpu", "gfx90X-dcgpu"), init=True
+    )
+    site = str(install.site_packages)
+    for environ in ({}, {"GPU_ARCH": "gfx90a;gfx942"}):
+        outcome = verify.verify_arch([site], [], environ=environ)
+        assert not outcome.findings, [(f.rule, f.path, f.message) for f in outcome.findings]
+    devel = [c for c in outcome.sections["carriers"] if c["package"] == install.devel.name]
+    assert devel and all([m["target"] for m in c["matches"]] == ["gfx942"] for c in devel), devel
+    beyond = verify.verify_arch([site], ["gfx942", "gfx950"], environ={})
+    missing = {f.path for f in beyond.findings if f.rule in ("ARCH001", "ARCH008") and "gfx950" in f.message}
+    assert any(p.startswith(str(install.devel)) for p in missing), missing
+    # Without the family its rocm-sdk-devel names, the devel is everybody's and fails gfx90a.
+    (install.site_packages / "rocm_sdk_devel" / "_dist_info.py").write_text("THIS_TARGET_FAMILY = None\n")
+    unnamed = verify.verify_arch([site], [], environ={"GPU_ARCH": "gfx90a;gfx942"})
+    failing = {(f.rule, f.path) for f in unnamed.findings if "gfx90a" in f.message}
+    assert failing and all(path.startswith(str(install.devel)) for _, path in failing), failing
+
+
 def test_rocblas_split_by_the_gfxarch_splitter_is_judged_through_the_pattern_its_reference_holds(
     tmp_path: Path,
 ) -> None:

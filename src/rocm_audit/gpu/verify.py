@@ -27,6 +27,7 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.archfiles import arch_folder_of, miopen_db_arch
 from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
+from rocm_audit.tree.ownership import this_target_family
 from rocm_audit.tree.targets import (
     SPIRV_PROCESSOR,
     MatchKind,
@@ -392,6 +393,7 @@ class Carrier:
     missing: list[str] = field(default_factory=list)
     # TU index -> place (".rodata+0x1000") of the units that are images embedded in data sections
     unit_places: dict[int, str] = field(default_factory=dict)
+    family: str | None = None  # the GPU family its per-family TheRock tree serves (tree_family)
 
     @property
     def code_objects(self) -> list[CodeObject]:
@@ -415,6 +417,13 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
     """Group scanned files into the units the runtime loads; a per-arch file joins its siblings."""
     carriers: list[Carrier] = []
     groups: dict[str, Carrier] = {}
+    families: dict[str | None, str | None] = {None: None}
+
+    def family_of(sdk_tree: str | None) -> str | None:
+        if sdk_tree not in families:
+            families[sdk_tree] = tree_family(sdk_tree)
+        return families[sdk_tree]
+
     for scanned in scans:
         database = _database_root(scanned.path)
         if database is not None:
@@ -423,7 +432,14 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
                 continue
             carrier = groups.get(root)
             if carrier is None:
-                carrier = Carrier(root, _package(scanned.sdk_tree), f"kernel-database:{kind}", [], [[]])
+                carrier = Carrier(
+                    root,
+                    _package(scanned.sdk_tree),
+                    f"kernel-database:{kind}",
+                    [],
+                    [[]],
+                    family=family_of(scanned.sdk_tree),
+                )
                 groups[root] = carrier
                 carriers.append(carrier)
             carrier.members.append(scanned.path)
@@ -451,7 +467,8 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
             path, kind = unit
             carrier = groups.get(path)
             if carrier is None:
-                carrier = Carrier(path, _package(scanned.sdk_tree), kind, [], [] if kind == "triton-kernels" else [[]])
+                tus = [] if kind == "triton-kernels" else [[]]
+                carrier = Carrier(path, _package(scanned.sdk_tree), kind, [], tus, family=family_of(scanned.sdk_tree))
                 groups[path] = carrier
                 carriers.append(carrier)
             carrier.members.append(scanned.path)
@@ -464,7 +481,14 @@ def build_carriers(scans: list[FileCodeObjects]) -> list[Carrier]:
                     carrier.containers.append(container)
             continue
         kind = "library" if in_host else "code-object-file"
-        carrier = Carrier(scanned.path, _package(scanned.sdk_tree), kind, list(scanned.containers), tus)
+        carrier = Carrier(
+            scanned.path,
+            _package(scanned.sdk_tree),
+            kind,
+            list(scanned.containers),
+            tus,
+            family=family_of(scanned.sdk_tree),
+        )
         carrier.unit_places = dict(scanned.unit_places)
         carriers.append(carrier)
     return sorted(carriers, key=lambda c: c.path)
@@ -570,22 +594,34 @@ def tu_match(objects: list[CodeObject], agent: TargetId) -> MatchKind | None:
 # A legacy per-family libraries tree (_rocm_sdk_libraries_gfx94X_dcgpu, _rocm_sdk_libraries_gfx1151):
 # rocm_sdk loads the family tree of the GPU it runs on, so a family's carriers serve its family only.
 _FAMILY_TREE = re.compile(r"^_rocm_sdk_libraries_(gfx[0-9]+[xX]?)(?:_|$)")
+# Where a devel tree's distribution says which family it was built for (tree/ownership.this_target_family).
+_DEVEL_TREE_PREFIX, _DEVEL_DIST_INFO = "_rocm_sdk_devel", os.path.join("rocm_sdk_devel", "_dist_info.py")
 
 
-def _tree_family(package: str | None) -> str | None:
-    match = _FAMILY_TREE.match(package or "")
-    return match.group(1) if match else None
+def tree_family(sdk_tree: str | None) -> str | None:
+    """The GPU family a per-family TheRock tree serves: a legacy libraries tree by its name, and a
+    legacy devel tree by the family its rocm-sdk-devel names (``THIS_TARGET_FAMILY``). The legacy
+    flow builds one devel per family, holding that family's device files only and linked into its
+    family's tree (build_python_packages.py ``_run_legacy``): beside other families' trees it is its
+    family's. A kpack-split devel names no family (None)."""
+    name = os.path.basename(sdk_tree or "")
+    match = _FAMILY_TREE.match(name)
+    if match:
+        return match.group(1)
+    if sdk_tree and name.startswith(_DEVEL_TREE_PREFIX):
+        return this_target_family(os.path.join(os.path.dirname(sdk_tree), _DEVEL_DIST_INFO))
+    return None
 
 
 def judge_all(carriers: list[Carrier], required: list[RequiredTarget]) -> list[Finding]:
     """Judge every carrier. Co-installed per-family trees: a target that some installed family
     covers is asked only of that family's carriers; a target no family covers is asked of all of
     them (nothing would serve it: each carrier says so)."""
-    families = {f for c in carriers if (f := _tree_family(c.package))}
+    families = {c.family for c in carriers if c.family}
     covered = {t.spelled for t in required if any(_in_family(t.agent.processor, f) for f in families)}
     findings: list[Finding] = []
     for carrier in carriers:
-        family = _tree_family(carrier.package)
+        family = carrier.family
         asked = required
         if family is not None:
             asked = [t for t in required if t.spelled not in covered or _in_family(t.agent.processor, family)]
