@@ -183,12 +183,13 @@ def test_copies_two_runtime_packages_own_are_reported_and_never_linked(tmp_path)
     assert dangling == [] and second.is_file()
 
 
-def _legacy_family_site(site: Path, *, devel_copy: str) -> dict[str, Path]:
+def _legacy_family_site(site: Path, *, devel_copy: str, devel_family: str | None = None) -> dict[str, Path]:
     """What TheRock's legacy flow leaves after ``rocm-sdk init`` with two family wheels installed:
     each ``rocm-sdk-libraries-<family>`` owns its copy (hashed RECORD rows), and the one
     ``rocm-sdk-devel`` (built per family by build_python_packages.py ``_run_legacy``, linked into
     that family's tree only) expanded its file as a hardlink of gfx94X's copy (``devel_copy`` =
-    "hardlink") or, after a copy that broke the link, as a file of its own ("copy")."""
+    "hardlink") or, after a copy that broke the link, as a file of its own ("copy"). ``devel_family``:
+    the ``THIS_TARGET_FAMILY`` its ``rocm_sdk_devel/_dist_info.py`` names (none: no such module)."""
     import shutil
 
     built = build_library(site.parent / "build", "x", "libx.so.1")
@@ -211,8 +212,14 @@ def _legacy_family_site(site: Path, *, devel_copy: str) -> dict[str, Path]:
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 7.13.0\n")
         row = f"{record_hash(data)},{len(data)}" if hashed else ","
+        module_row = ""
+        if not hashed and devel_family is not None:
+            module = site / "rocm_sdk_devel" / "_dist_info.py"
+            module.parent.mkdir()
+            module.write_text(f"THIS_TARGET_FAMILY = {devel_family!r}\n")
+            module_row = f"rocm_sdk_devel/_dist_info.py,{record_hash(module.read_bytes())},{module.stat().st_size}\n"
         (info / "RECORD").write_text(
-            f"{tree}/__init__.py,,\n{tree}/lib/libx.so.1,{row}\n{dist}-7.13.0.dist-info/RECORD,,\n"
+            f"{tree}/__init__.py,,\n{tree}/lib/libx.so.1,{row}\n{module_row}{dist}-7.13.0.dist-info/RECORD,,\n"
         )
     return paths
 
@@ -250,6 +257,27 @@ def test_a_legacy_family_devel_stays_with_its_own_familys_copy(tmp_path):
         str(paths["_rocm_sdk_libraries_gfx90X_dcgpu"]),
         str(paths["_rocm_sdk_libraries_gfx94X_dcgpu"]),
     }
+
+
+def test_a_legacy_devel_copy_goes_to_the_family_its_distribution_names_and_only_if_installed(tmp_path):
+    """The devel copy of ``_legacy_family_site`` (own inode, bytes of both families' copies) whose
+    ``rocm_sdk_devel/_dist_info.py`` names gfx94X-dcgpu becomes a link to gfx94X's copy; one naming a
+    family with no copy installed (gfx950-dcgpu) is left alone, and the finding says why."""
+    site = tmp_path / "named"
+    paths = _legacy_family_site(site, devel_copy="copy", devel_family="gfx94X-dcgpu")
+    devel, ours = paths["_rocm_sdk_devel"], paths["_rocm_sdk_libraries_gfx94X_dcgpu"]
+    code, report = audit("dedup", "-p", str(site))
+    assert code == 0, report["findings"]
+    assert os.readlink(devel) == "../../_rocm_sdk_libraries_gfx94X_dcgpu/lib/libx.so.1"
+    assert devel.read_bytes() == ours.read_bytes() and ours.is_file() and not ours.is_symlink()
+    assert not [f for f in report["findings"] if f["rule"] == "DUP010" and f["path"] == str(devel)]
+    site = tmp_path / "elsewhere"
+    paths = _legacy_family_site(site, devel_copy="copy", devel_family="gfx950-dcgpu")
+    devel = paths["_rocm_sdk_devel"]
+    code, report = audit("dedup", "-p", str(site))
+    assert not devel.is_symlink()
+    (left,) = [f for f in report["findings"] if f["rule"] == "DUP010" and f["path"] == str(devel)]
+    assert "built against rocm_sdk_libraries_gfx950_dcgpu, which installs no copy here" in left["message"]
 
 
 _ONE_LIBRARY = """

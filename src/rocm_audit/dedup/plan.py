@@ -531,6 +531,7 @@ def _mirrored_groups(
                 twins.append(twin)
         on_twin = [twin for twin in twins if twin.identity == record.identity]
         owners = sorted({ownership.owner(twin.path) or "" for twin in twins})
+        made_for = None
         if not on_twin and len(owners) > 1:
             # Legacy per-family wheels side by side: each family's devel links into its own tree,
             # which a copy on its own inode still names when its distribution records the family.
@@ -539,12 +540,17 @@ def _mirrored_groups(
             if chosen:
                 twins = chosen
         if not on_twin and len(owners) > 1 and len(twins) > 1:
+            source = (
+                f"its distribution was built against {made_for}, which installs no copy here"
+                if made_for
+                else "which one it was made from is not recorded"
+            )
             findings.append(
                 make_finding(
                     "DUP010",
                     record.path,
                     f"the runtime file it mirrors is installed by {len(owners)} distributions "
-                    f"({', '.join(owners)}); which one it was made from is not recorded, so it is left as it is",
+                    f"({', '.join(owners)}); {source}, so it is left as it is",
                     related=[twin.path for twin in twins],
                     data={"owner": None, "others": owners},
                 )
