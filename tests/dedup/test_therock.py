@@ -529,6 +529,30 @@ def test_the_family_a_devel_was_built_for_is_read_as_data(tmp_path, source, fami
     parsed, never run, and a broken or oversized one names no family (the expansion stays undecided)."""
     from rocm_audit.tree.ownership import this_target_family
 
-    module = tmp_path / "_dist_info.py"
+    module = tmp_path / "rocm_sdk_devel" / "_dist_info.py"
+    module.parent.mkdir()
     module.write_text(source)
-    assert this_target_family(str(module)) == family
+    assert this_target_family(str(tmp_path), "rocm_sdk_devel") == family
+
+
+def test_the_family_module_is_never_read_through_a_link_or_from_a_fifo(tmp_path):
+    """A hostile tree: the package directory a symlink out of the site directory, the module a
+    symlink or a FIFO (which would block an open without O_NONBLOCK): no family, no hang."""
+    from rocm_audit.tree.ownership import this_target_family
+
+    outside = tmp_path / "outside" / "rocm_sdk_devel"
+    outside.mkdir(parents=True)
+    (outside / "_dist_info.py").write_text("THIS_TARGET_FAMILY = 'gfx94X-dcgpu'\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "rocm_sdk_devel").symlink_to(outside)
+    assert this_target_family(str(outside.parent), "rocm_sdk_devel") == "gfx94X-dcgpu"
+    assert this_target_family(str(site), "rocm_sdk_devel") is None
+    (site / "rocm_sdk_devel").unlink()
+    (site / "rocm_sdk_devel").mkdir()
+    (site / "rocm_sdk_devel" / "_dist_info.py").symlink_to(outside / "_dist_info.py")
+    assert this_target_family(str(site), "rocm_sdk_devel") is None
+    (site / "rocm_sdk_devel" / "_dist_info.py").unlink()
+    os.mkfifo(site / "rocm_sdk_devel" / "_dist_info.py")
+    assert this_target_family(str(site), "rocm_sdk_devel") is None
+    assert this_target_family(str(site), "..") is None

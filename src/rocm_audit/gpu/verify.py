@@ -594,8 +594,8 @@ def tu_match(objects: list[CodeObject], agent: TargetId) -> MatchKind | None:
 # A legacy per-family libraries tree (_rocm_sdk_libraries_gfx94X_dcgpu, _rocm_sdk_libraries_gfx1151):
 # rocm_sdk loads the family tree of the GPU it runs on, so a family's carriers serve its family only.
 _FAMILY_TREE = re.compile(r"^_rocm_sdk_libraries_(gfx[0-9]+[xX]?)(?:_|$)")
-# Where a devel tree's distribution says which family it was built for (tree/ownership.this_target_family).
-_DEVEL_TREE_PREFIX, _DEVEL_DIST_INFO = "_rocm_sdk_devel", os.path.join("rocm_sdk_devel", "_dist_info.py")
+# A devel tree, and the pure package whose _dist_info.py names the family it was built for.
+_DEVEL_TREE_PREFIX, _DEVEL_PACKAGE = "_rocm_sdk_devel", "rocm_sdk_devel"
 
 
 def tree_family(sdk_tree: str | None) -> str | None:
@@ -609,7 +609,7 @@ def tree_family(sdk_tree: str | None) -> str | None:
     if match:
         return match.group(1)
     if sdk_tree and name.startswith(_DEVEL_TREE_PREFIX):
-        return this_target_family(os.path.join(os.path.dirname(sdk_tree), _DEVEL_DIST_INFO))
+        return this_target_family(os.path.dirname(sdk_tree), _DEVEL_PACKAGE)
     return None
 
 

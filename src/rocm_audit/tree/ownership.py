@@ -20,6 +20,7 @@ import csv
 import io
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
@@ -46,15 +47,15 @@ class Ownership:
 
     rows: dict[str, RecordRow]
     records: dict[str, str]  # distribution -> its RECORD path
-    # distribution -> the generated ``<pure package>/_dist_info.py`` its wheel installed (TheRock wheels)
-    dist_info_modules: dict[str, str] = field(default_factory=dict)
+    # distribution -> (site dir, pure package) of the generated ``_dist_info.py`` its wheel installed
+    dist_info_modules: dict[str, tuple[str, str]] = field(default_factory=dict)
     _made_for: dict[str, str | None] = field(default_factory=dict)
 
     @classmethod
     def of_trees(cls, sdk_trees: Iterable[str]) -> Ownership:
         rows: dict[str, RecordRow] = {}
         records: dict[str, str] = {}
-        modules: dict[str, str] = {}
+        modules: dict[str, tuple[str, str]] = {}
         for site_dir in sorted({os.path.dirname(tree) for tree in sdk_trees}):
             for name in _dist_info_names(site_dir):
                 record = os.path.join(site_dir, name, "RECORD")
@@ -72,7 +73,7 @@ class Ownership:
                     hashed = len(line) > 1 and bool(line[1])
                     top, _, rest = line[0].partition("/")
                     if hashed and rest == "_dist_info.py" and not is_sdk_tree_name(top):
-                        modules[distribution] = path
+                        modules[distribution] = (site_dir, top)
                     previous = rows.get(path)
                     # A hashed row wins: a device wheel's reconcile may also list a file another wheel installed.
                     if previous is None or (hashed and not previous.hashed):
@@ -110,7 +111,7 @@ class Ownership:
             return None
         if row.distribution not in self._made_for:
             module = self.dist_info_modules.get(row.distribution)
-            family = this_target_family(module) if module is not None else None
+            family = this_target_family(*module) if module is not None else None
             self._made_for[row.distribution] = (
                 None if family is None else distribution_key(FAMILY_LIBRARIES_DISTRIBUTION.format(family=family))
             )
@@ -123,13 +124,27 @@ def distribution_key(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def this_target_family(module: str) -> str | None:
-    """``THIS_TARGET_FAMILY`` of a TheRock generated ``_dist_info.py``, read as data (parsed, never
-    run): the last top-level assignment of a string to it, without its ``:xnack`` suffix
-    (PackageEntry.get_dist_package_name strips it). None when absent, None-valued or unreadable."""
+def this_target_family(site_dir: str, package: str) -> str | None:
+    """``THIS_TARGET_FAMILY`` of the generated ``<site_dir>/<package>/_dist_info.py`` of a TheRock
+    wheel, read as data (parsed, never run): the last top-level assignment of a string to it,
+    without its ``:xnack`` suffix (PackageEntry.get_dist_package_name strips it). None when absent,
+    None-valued or unreadable, and when the package directory or the module is a link or the module
+    is no regular file: it is read from the audited site directory only, never through a link."""
+    if not package or package in (".", "..") or "/" in package:
+        return None
+    directory = os.path.join(site_dir, package)
     try:
-        with open(module, "rb") as handle:
-            source = handle.read(MAX_DIST_INFO_MODULE_BYTES + 1)
+        if os.path.realpath(directory) != os.path.join(os.path.realpath(site_dir), package):
+            return None
+        fd = os.open(
+            os.path.join(directory, "_dist_info.py"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        )
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            source = os.pread(fd, MAX_DIST_INFO_MODULE_BYTES + 1, 0)
+        finally:
+            os.close(fd)
         if len(source) > MAX_DIST_INFO_MODULE_BYTES:
             return None
         tree = ast.parse(source)
