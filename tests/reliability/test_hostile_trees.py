@@ -149,3 +149,46 @@ def test_a_read_only_filesystem_changes_nothing_and_says_why(read_only_site):
     assert len(refused) == 1 and "Read-only file system" in refused[0]["message"]
     assert report["dedup"]["replaced"] == 0 and report["dedup"]["manifest"] is None
     assert {p: p.lstat().st_ino for p in read_only_site.rglob("*")} == before
+
+
+def test_fifos_where_metadata_belongs_never_block_a_run(hostile):
+    """Files rocm-audit reads by name rather than by walking (a distribution's RECORD and METADATA,
+    TheRock's dist_info.json, rocm-sdk-devel's _dist_info.py) made FIFOs: a plain open would wait for
+    a writer forever. Every command finishes, and says what it could not read where it matters."""
+    site = hostile
+    info = site / "rocm_sdk_core-7.13.0.dist-info"
+    info.mkdir()
+    os.mkfifo(info / "RECORD")
+    os.mkfifo(info / "METADATA")
+    therock = site / "_rocm_sdk_core" / "share" / "therock"
+    therock.mkdir(parents=True)
+    os.mkfifo(therock / "dist_info.json")
+    (site / "rocm_sdk_devel").mkdir()
+    os.mkfifo(site / "rocm_sdk_devel" / "_dist_info.py")
+    for args in (("dedup", "--check"), ("check", "gfx942"), ("prune", "gfx942", "--dry-run"), ("verify-arch",)):
+        done = rocm_audit(*args, "-p", str(site), "--format", "json")
+        assert done.returncode in (0, 1, 2) and b"Traceback" not in done.stderr, (args, done.stderr)
+    done = rocm_audit("verify-arch", "-p", str(site))
+    assert done.returncode == 2 and b"dist_info.json" in done.stderr, done.stderr
+
+
+def test_a_planted_manifest_link_or_fifo_is_never_written_through(hostile, tmp_path):
+    """The default revert manifests live in the audited tree (``.rocm-audit/``): one planted there as
+    a symlink out of the root must not turn the run into a writer of the file it names, and a FIFO
+    must not block it. The run refuses to journal, so it changes nothing (no way back, no change)."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious\n")
+    journal_dir = hostile / ".rocm-audit"
+    journal_dir.mkdir()
+    (journal_dir / "dedup-manifest.jsonl").symlink_to(outside)
+    devel = os.fsencode(hostile / "_rocm_sdk_devel" / "lib")
+    done = rocm_audit("dedup", "-p", str(hostile), "--format", "json")
+    assert b"Traceback" not in done.stderr, done.stderr
+    assert outside.read_text() == "precious\n"
+    assert not any(os.path.islink(devel + b"/" + name) for name in ODD_NAMES)
+    assert "DUP005" in {f["rule"] for f in json.loads(done.stdout)["findings"]}
+    (journal_dir / "dedup-manifest.jsonl").unlink()
+    os.mkfifo(journal_dir / "dedup-manifest.jsonl")
+    done = rocm_audit("dedup", "-p", str(hostile), "--format", "json")
+    assert b"Traceback" not in done.stderr, done.stderr
+    assert not any(os.path.islink(devel + b"/" + name) for name in ODD_NAMES)

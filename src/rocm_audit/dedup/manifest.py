@@ -9,6 +9,8 @@ from typing import Any
 
 from rocm_audit import __version__
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan
+from rocm_audit.tree.journal import open_append
+from rocm_audit.tree.smallfile import open_regular
 
 MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "dedup-manifest.jsonl"
@@ -47,7 +49,9 @@ def list_in_record(manifest_path: str, plan: DedupPlan) -> str | None:
     relpath = os.path.relpath(manifest_path, site_dir)
     if relpath.startswith(".." + os.sep) or "," in relpath or "\n" in relpath:
         return None
-    with open(record, "a+", encoding="utf-8") as handle:
+    # Never through a link, never a FIFO (its read would wait for a writer): the RECORD pip wrote.
+    fd = open_regular(record, os.O_RDWR | os.O_APPEND, follow_symlinks=False)
+    with os.fdopen(fd, "a+", encoding="utf-8") as handle:
         fcntl.lockf(handle, fcntl.LOCK_EX)
         try:
             handle.seek(0)
@@ -107,7 +111,7 @@ def journal_changes(manifest_path: str, groups: list[DedupGroup], run_id: str, *
                     }
                 )
             )  # ASCII escapes keep undecodable file-name bytes exact (\udcXX round-trips)
-    with open(manifest_path, "a", encoding="utf-8") as handle:
+    with os.fdopen(open_append(manifest_path), "a", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -120,7 +124,7 @@ def read_manifest(path: str) -> list[dict[str, Any]]:
 
     entries = []
     try:
-        with open(path, encoding="utf-8") as handle:
+        with os.fdopen(open_regular(path), encoding="utf-8") as handle:
             for number, line in enumerate(handle, 1):
                 line = line.strip()
                 if not line:

@@ -25,6 +25,7 @@ from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle
 from rocm_audit.formats.offload_bundle import DEVICE_KINDS
 from rocm_audit.tree.inventory import FileKind, FileRecord
+from rocm_audit.tree.smallfile import open_regular
 from rocm_audit.tree.targets import (
     FEATURES,
     GENERIC_OF,
@@ -956,6 +957,15 @@ class _LoadedArchive:
         return self._frames
 
 
+def _read_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of the regular file at ``path`` (never waiting on a FIFO). Raises OSError."""
+    fd = open_regular(path)
+    try:
+        return os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+
+
 # Many libraries share one per-arch archive (blas_lib_gfx942.kpack): parse each TOC once per run.
 _ARCHIVES: dict[tuple[str, int, int, int, int], _LoadedArchive | None] = {}
 _MAX_CACHED_ARCHIVES = 256
@@ -1031,8 +1041,7 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
         for candidate in candidates:
             if candidate.endswith(".kpm"):
                 try:
-                    with open(candidate, "rb") as handle:
-                        manifest = kpack.parse_kpm(handle.read(kpack.MAX_REF_BYTES * 16), 0)
+                    manifest = kpack.parse_kpm(_read_head(candidate, kpack.MAX_REF_BYTES * 16), 0)
                 except FormatError as exc:
                     result.findings.append(
                         make_finding(
@@ -1244,7 +1253,7 @@ def _kpack_objects(
 def _kpack_kernel_facts(archive: _LoadedArchive, kernel: kpack.KpackKernel, result: FileCodeObjects) -> _Facts | None:
     """ELF facts of one archived kernel: a pread of its blob, or its zstd frame's first bytes."""
     try:
-        with open(archive.path, "rb", buffering=0) as handle:
+        with os.fdopen(open_regular(archive.path), "rb", buffering=0) as handle:
             fh = _File(handle.fileno(), os.fstat(handle.fileno()).st_size)
             if kernel.blob is not None:
                 offset, size = kernel.blob

@@ -28,6 +28,7 @@ from rocm_audit.tree.archfiles import arch_folder_of, miopen_db_arch
 from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.ownership import this_target_family
+from rocm_audit.tree.smallfile import read_small
 from rocm_audit.tree.targets import (
     SPIRV_PROCESSOR,
     MatchKind,
@@ -45,6 +46,7 @@ from rocm_audit.tree.targets import (
 
 CORE_TREE = "_rocm_sdk_core"
 DIST_INFO_IN_TREE = os.path.join("share", "therock", "dist_info.json")
+MAX_DIST_INFO_BYTES = 1 << 20  # TheRock writes a few hundred bytes
 DIST_INFO = os.path.join(CORE_TREE, DIST_INFO_IN_TREE)
 HOST_KINDS = (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE, FileKind.OTHER_ELF)
 # Containers only a host binary has (gpu/codeobjects.py): its units are TUs and embedded images.
@@ -239,8 +241,7 @@ def _targets_from_dist_info(path: str) -> list[str]:
     import json  # noqa: PLC0415 - only when dist_info.json is read
 
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        document = json.loads(read_small(path, MAX_DIST_INFO_BYTES))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     value = document.get("dist_amdgpu_targets") if isinstance(document, dict) else None

@@ -38,7 +38,11 @@ from rocm_audit.tree.archfiles import (
 from rocm_audit.tree.discovery import enclosing_sdk_tree
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, LinkRecord
 from rocm_audit.tree.ownership import Distribution, owners, read_distributions
+from rocm_audit.tree.smallfile import read_small
 from rocm_audit.tree.targets import TargetId, serves_kept
+
+# A device wheel's .devel_links/<arch>.json lists one row per device file (some 1,000 in TheRock's).
+MAX_DEVEL_LINKS_BYTES = 64 << 20
 
 
 class DeviceEntry(Protocol):
@@ -419,8 +423,7 @@ def _devel_mirror(
     sizes = {r.path: r for r in files}
     for manifest in [p for p in distribution.files if os.path.basename(os.path.dirname(p)) == ".devel_links"]:
         try:
-            with open(manifest, encoding="utf-8") as handle:
-                links = json.load(handle).get("links", [])
+            links = json.loads(read_small(manifest, MAX_DEVEL_LINKS_BYTES)).get("links", [])
         except (OSError, ValueError, AttributeError):
             continue
         libraries_root = os.path.dirname(os.path.dirname(manifest))

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rocm_audit.errors import UsageError
+from rocm_audit.tree.smallfile import open_regular
 
 
 @contextlib.contextmanager
@@ -51,7 +52,8 @@ def append_records(path: str, records: Iterable[dict[str, Any]]) -> None:
     new_directory = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
     new = not os.path.exists(path)
-    with open(path, "a", encoding="utf-8") as handle:
+    # Its own file only: never written through a link or into a FIFO planted in the audited tree.
+    with os.fdopen(open_append(path), "a", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -59,6 +61,11 @@ def append_records(path: str, records: Iterable[dict[str, Any]]) -> None:
         fsync_directory(directory)
     if new_directory:
         fsync_directory(os.path.dirname(directory))
+
+
+def open_append(path: str) -> int:
+    """A journal opened to append (created 0o666 & umask): a regular file, never through a link."""
+    return open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, follow_symlinks=False)
 
 
 def fsync_directory(directory: str) -> None:
@@ -74,7 +81,7 @@ def read_records(path: str) -> list[dict[str, Any]]:
     ignored; any other bad line is a UsageError naming the file and line."""
     records: list[dict[str, Any]] = []
     try:
-        with open(path, encoding="utf-8") as handle:
+        with os.fdopen(open_regular(path), encoding="utf-8") as handle:
             lines = handle.read().split("\n")
     except OSError as exc:
         raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None

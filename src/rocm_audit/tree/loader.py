@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
 from rocm_audit.errors import FormatError
+from rocm_audit.tree.smallfile import read_small
 
 DEFAULT_LIB = "lib/x86_64-linux-gnu"  # what $LIB expands to on Debian/Ubuntu x86_64
 DEFAULT_PLATFORM = "x86_64"
@@ -194,8 +195,7 @@ class LoaderModel:
         if depth > 8:
             return
         try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                lines = handle.read(1 << 20).splitlines()
+            lines = read_small(path, 1 << 20).decode("utf-8", "replace").splitlines()
         except OSError:
             return
         for line in lines:

@@ -20,19 +20,23 @@ import csv
 import io
 import os
 import re
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 
 from rocm_audit.tree.discovery import is_sdk_tree_name
 from rocm_audit.tree.identical import CompareStats, ReadFailure, same_bytes
+from rocm_audit.tree.smallfile import read_small
 
 DEVICE_DISTRIBUTION_PREFIX = "rocm_sdk_device"  # rocm-sdk-device-<arch>, normalised as in dist-info names
 # TheRock rocm_sdk/_dist_info.py PackageEntry "libraries": a legacy (not kpack-split) family's runtime wheel.
 FAMILY_LIBRARIES_DISTRIBUTION = "rocm-sdk-libraries-{family}"
 # The generated _dist_info.py of a TheRock wheel is some 10 kB; anything far larger is not one.
 MAX_DIST_INFO_MODULE_BYTES = 1 << 20
+# A RECORD lists a row per file (an expanded TheRock devel: some 50,000 rows, 5 MB); METADATA
+# holds the long description. Far above any real one, and a bound on what a hostile one costs.
+MAX_RECORD_BYTES = 256 << 20
+MAX_METADATA_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +65,8 @@ class Ownership:
                 record = os.path.join(site_dir, name, "RECORD")
                 distribution = name[: -len(".dist-info")].split("-", 1)[0].lower()
                 try:
-                    with open(record, encoding="utf-8", newline="") as handle:
-                        lines = list(csv.reader(handle))
+                    text = read_small(record, MAX_RECORD_BYTES, follow_symlinks=False).decode("utf-8")
+                    lines = list(csv.reader(io.StringIO(text, newline="")))
                 except (OSError, UnicodeDecodeError, csv.Error):
                     continue  # an unreadable RECORD owns nothing we can prove
                 records[distribution] = record
@@ -136,17 +140,7 @@ def this_target_family(site_dir: str, package: str) -> str | None:
     try:
         if os.path.realpath(directory) != os.path.join(os.path.realpath(site_dir), package):
             return None
-        fd = os.open(
-            os.path.join(directory, "_dist_info.py"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        )
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            source = os.pread(fd, MAX_DIST_INFO_MODULE_BYTES + 1, 0)
-        finally:
-            os.close(fd)
-        if len(source) > MAX_DIST_INFO_MODULE_BYTES:
-            return None
+        source = read_small(os.path.join(directory, "_dist_info.py"), MAX_DIST_INFO_MODULE_BYTES, follow_symlinks=False)
         tree = ast.parse(source)
     except (OSError, SyntaxError, ValueError, MemoryError, RecursionError):
         return None
@@ -266,12 +260,13 @@ def read_distributions(roots: list[str], sdk_trees: list[str]) -> list[Distribut
 
 def _read_one(site_dir: str, dist_info: str) -> Distribution | None:
     try:
-        with open(os.path.join(dist_info, "METADATA"), encoding="utf-8", errors="surrogateescape") as handle:
-            headers = HeaderParser().parse(handle, headersonly=True)
-        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", errors="surrogateescape") as handle:
-            record_text = handle.read()
+        metadata = read_small(os.path.join(dist_info, "METADATA"), MAX_METADATA_BYTES, follow_symlinks=False)
+        record_text = read_small(os.path.join(dist_info, "RECORD"), MAX_RECORD_BYTES, follow_symlinks=False).decode(
+            "utf-8", "surrogateescape"
+        )
     except OSError:
         return None
+    headers = HeaderParser().parsestr(metadata.decode("utf-8", "surrogateescape"), headersonly=True)
     name, version = headers.get("Name"), headers.get("Version")
     if not name or not version:
         return None
