@@ -192,3 +192,17 @@ def test_a_planted_manifest_link_or_fifo_is_never_written_through(hostile, tmp_p
     done = rocm_audit("dedup", "-p", str(hostile), "--format", "json")
     assert b"Traceback" not in done.stderr, done.stderr
     assert not any(os.path.islink(devel + b"/" + name) for name in ODD_NAMES)
+
+
+def test_a_planted_journal_directory_link_is_never_written_through(hostile, tmp_path):
+    """``.rocm-audit`` itself planted as a symlink to a directory outside the audited tree: neither
+    dedup nor prune creates its manifest there, and neither changes anything without one."""
+    outside = tmp_path / "outside-dir"
+    outside.mkdir()
+    (hostile / ".rocm-audit").symlink_to(outside)
+    devel = os.fsencode(hostile / "_rocm_sdk_devel" / "lib")
+    done = rocm_audit("dedup", "-p", str(hostile), "--format", "json")
+    assert b"Traceback" not in done.stderr, done.stderr
+    assert "DUP005" in {f["rule"] for f in json.loads(done.stdout)["findings"]}
+    assert list(outside.iterdir()) == []
+    assert not any(os.path.islink(devel + b"/" + name) for name in ODD_NAMES)

@@ -8,6 +8,7 @@ dedup and a prune never change one tree at the same time.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -64,7 +65,12 @@ def append_records(path: str, records: Iterable[dict[str, Any]]) -> None:
 
 
 def open_append(path: str) -> int:
-    """A journal opened to append (created 0o666 & umask): a regular file, never through a link."""
+    """A journal opened to append (created 0o666 & umask): a regular file, never through a link,
+    in a directory that is no link either (a ``.rocm-audit`` planted as a symlink out of the audited
+    tree would make the run write where it points). Raises OSError (``ELOOP`` for a link)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.islink(directory):
+        raise OSError(errno.ELOOP, "the journal's directory is a symbolic link", directory)
     return open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, follow_symlinks=False)
 
 
