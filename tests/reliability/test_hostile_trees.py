@@ -206,3 +206,28 @@ def test_a_planted_journal_directory_link_is_never_written_through(hostile, tmp_
     assert "DUP005" in {f["rule"] for f in json.loads(done.stdout)["findings"]}
     assert list(outside.iterdir()) == []
     assert not any(os.path.islink(devel + b"/" + name) for name in ODD_NAMES)
+
+
+def _is_utf8(name: bytes) -> bool:
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_a_planted_dist_info_link_never_gets_a_record_row(hostile, tmp_path):
+    """A ``.dist-info`` planted as a symlink to a directory outside the site directory, whose RECORD
+    lists devel's files as expansions: dedup still links them (they are expansions by that RECORD),
+    but never appends its manifest row to a RECORD it reached through a link."""
+    outside = tmp_path / "outside-dist-info"
+    outside.mkdir()
+    listed = [os.fsdecode(name) for name in ODD_NAMES if b"\n" not in name and _is_utf8(name)]
+    (outside / "RECORD").write_text("".join(f"_rocm_sdk_devel/lib/{name},,\n" for name in listed))
+    (outside / "METADATA").write_text("Metadata-Version: 2.1\nName: rocm-sdk-devel\nVersion: 7.13.0\n")
+    before = (outside / "RECORD").read_bytes()
+    (hostile / "rocm_sdk_devel-7.13.0.dist-info").symlink_to(outside)
+    done = rocm_audit("dedup", "-p", str(hostile), "--format", "json")
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    assert json.loads(done.stdout)["dedup"]["replaced"] > 0
+    assert (outside / "RECORD").read_bytes() == before

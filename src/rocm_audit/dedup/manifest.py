@@ -49,6 +49,8 @@ def list_in_record(manifest_path: str, plan: DedupPlan) -> str | None:
     relpath = os.path.relpath(manifest_path, site_dir)
     if relpath.startswith(".." + os.sep) or "," in relpath or "\n" in relpath:
         return None
+    if os.path.islink(os.path.dirname(record)):
+        return None  # a .dist-info planted as a link out of the site directory: not pip's
     # Never through a link, never a FIFO (its read would wait for a writer): the RECORD pip wrote.
     fd = open_regular(record, os.O_RDWR | os.O_APPEND, follow_symlinks=False)
     with os.fdopen(fd, "a+", encoding="utf-8") as handle:
