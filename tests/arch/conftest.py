@@ -66,6 +66,7 @@ def tools() -> dict[str, str]:
             "ld.lld-19",
             "clang-offload-bundler-19",
             "llvm-objcopy-19",
+            "llvm-readelf-19",
         )
     }
 

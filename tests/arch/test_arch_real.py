@@ -13,7 +13,8 @@ import zstandard
 from arch_writers import scan_path, section_bytes
 
 from rocm_audit.gpu.codeobjects import FileCodeObjects
-from support.vendor import aiter_wheel
+from support.run import run_checked
+from support.vendor import aiter_wheel, cupy_rocm40_wheel
 
 JAX_TARGETS = [
     "gfx900",
@@ -315,3 +316,127 @@ def test_vendor_wheel_amd_aiter_per_arch_folders_and_triton_kernels(cache_dir, r
         ("ARCH008", "aiter_meta/hsa/gfx*"),
         ("ARCH009", "aiter/ops/triton/configs/gemm/aot"),
     ]
+
+
+def _readelf_flags(tools: dict[str, str], data: bytes, tmp_path: Path, name: str) -> tuple[int, int]:
+    """(EI_ABIVERSION, e_flags) of a code object, read by llvm-readelf, independent of rocm_audit."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    done = subprocess.run(
+        [tools["llvm-readelf-19"], "-h", str(path)], capture_output=True, text=True, timeout=60, check=True
+    )
+    abi = int(next(line for line in done.stdout.splitlines() if "ABI Version:" in line).split(":")[1])
+    flags = int(next(line for line in done.stdout.splitlines() if "Flags:" in line).split(":")[1].split(",")[0], 16)
+    return abi, flags
+
+
+def test_vendor_wheel_cupy_rocm_4_0_code_object_v3(cache_dir, tools, tmp_path, run_cli):
+    """ROCm 4.0's clang (cupy-rocm-4-0 9.0.0): 3-field ``hip-amdgcn-amd-amdhsa-gfxN`` ids and code
+    object V3, whose e_flags hold one bit per feature. The HIP runtime names a feature only for a
+    processor that has it (CLR getTripleTargetIDFromCodeObject): gfx1010's object is gfx1010:xnack-,
+    gfx803's plain gfx803. Spelling sramecc- for them too made every such entry miss its own device
+    (a false ARCH001 for gfx1010, gfx900, gfx803 ...). Entries and e_flags are checked against
+    clang-offload-bundler-19 and llvm-readelf-19."""
+    from rocm_audit.formats.amdgpu_elf import supported_features
+
+    with zipfile.ZipFile(cupy_rocm40_wheel(cache_dir)) as archive:
+        member = "cupy/cuda/cub.cpython-38-x86_64-linux-gnu.so"
+        archive.extract(member, tmp_path)
+    library = tmp_path / member
+    result = scan_path(library)
+    assert not result.findings and result.tu_count == 1
+    ((offset, size, _),) = result.bundles
+    data = library.read_bytes()[offset : offset + size]
+    assert our_ids(result, 0) == bundler_list(tools, data, tmp_path, "cub.bundle")
+    device = [o for o in result.code_objects if o.kind != "host"]
+    assert {o.entry_id.split("-")[-1] for o in device} >= {"gfx1010", "gfx900", "gfx803", "gfx906", "gfx908"}
+    for obj in device:
+        processor = obj.entry_id.split("-")[-1]
+        abi, flags = _readelf_flags(
+            tools, data[obj.file_offset - offset : obj.file_offset - offset + obj.size], tmp_path, processor
+        )
+        assert abi == 1 and obj.code_object_version == 3  # V3
+        expected = processor + "".join(
+            f":{name}{'+' if flags & bit else '-'}"
+            for name, bit in (("sramecc", 0x200), ("xnack", 0x100))
+            if name in supported_features(processor)
+        )
+        assert obj.target == expected, (obj.entry_id, hex(flags))
+    report = run_cli(
+        "verify-arch",
+        "gfx1010",
+        "gfx1011",
+        "gfx1012",
+        "gfx900",
+        "gfx803",
+        "gfx908",
+        "-p",
+        str(library),
+        "--format",
+        "json",
+    ).report
+    assert report["findings"] == [] and report["carriers"][0]["missing"] == []
+    # gfx906 was built with SRAM ECC off (V3 cannot say "any"): it serves gfx906:sramecc- only.
+    report = run_cli("verify-arch", "gfx906:sramecc-", "gfx906", "-p", str(library), "--format", "json").report
+    assert report["carriers"][0]["missing"] == ["gfx906"]
+
+
+_OLD_TU = """\
+  .section .hip_fatbin,"a",@progbits
+  .p2align 3
+__hip_fatbin_{n}:
+  .incbin "{bundle}"
+  .section .hipFatBinSegment,"aw",@progbits
+  .p2align 3
+__hip_fatbin_wrapper_{n}:
+  .long 0x48495046
+  .long 1
+  .quad __hip_fatbin_{n}
+  .quad 0
+"""
+
+
+def test_bundles_of_8_aligned_tu_sections_are_every_one_read(tools, tmp_path, run_cli):
+    """Before LLVM 12 each TU's ``.hip_fatbin`` was 8-aligned, not 4096 (tensorflow-rocm 2.2 and 2.4
+    hold 216 and 229 bundles 8 bytes apart): the linker pads a bundle whose size is not a multiple
+    of 8 with zeros before the next. Made as clang did: each TU's bundle (clang-offload-bundler-19)
+    and wrapper in its own object, linked by ld.lld-19; the second TU has no gfx908 code."""
+    objects = []
+    for n, arches in ((1, ("gfx906", "gfx908")), (2, ("gfx906",))):
+        inputs = ["-input=/dev/null"]
+        for arch in arches:
+            source = tmp_path / f"k{n}_{arch}.c"
+            source.write_text(f"void k{n}(int *p) {{ *p = {n}; }}\n")
+            relocatable, linked = tmp_path / f"k{n}_{arch}.o", tmp_path / f"k{n}_{arch}.co"
+            run_checked(
+                [tools["clang-19"], "-target", "amdgcn-amd-amdhsa", f"-mcpu={arch}", "-nogpulib", "-c"]
+                + ["-o", str(relocatable), str(source)],
+                tmp_path,
+            )
+            run_checked([tools["ld.lld-19"], "-shared", "-o", str(linked), str(relocatable)], tmp_path)
+            inputs.append(f"-input={linked}")
+        targets = ",".join(["host-x86_64-unknown-linux", *(f"hip-amdgcn-amd-amdhsa-{a}" for a in arches)])
+        bundle = tmp_path / f"tu{n}.bundle"
+        run_checked(
+            [tools["clang-offload-bundler-19"], "-type=o", f"-targets={targets}", *inputs, f"-output={bundle}"],
+            tmp_path,
+        )
+        (tmp_path / f"tu{n}.s").write_text(_OLD_TU.format(n=n, bundle=bundle))
+        run_checked([tools["clang-19"], "-c", str(tmp_path / f"tu{n}.s"), "-o", str(tmp_path / f"tu{n}.o")], tmp_path)
+        objects.append(str(tmp_path / f"tu{n}.o"))
+    library = tmp_path / "libold.so"
+    run_checked([tools["ld.lld-19"], "-shared", *objects, "-o", str(library)], tmp_path)
+    first = (tmp_path / "tu1.bundle").stat().st_size
+    assert first % 8, "the first bundle must need padding for this test to mean anything"
+    result = scan_path(library)
+    assert not result.findings, result.findings
+    assert result.tu_count == result.wrappers == 2
+    start = result.bundles[0][0]
+    assert [offset - start for offset, _, _ in result.bundles] == [0, first + -first % 8]
+    data = library.read_bytes()
+    for tu, (offset, size, _) in enumerate(result.bundles):
+        assert our_ids(result, tu) == bundler_list(tools, data[offset : offset + size], tmp_path, f"listed{tu}")
+    report = run_cli("verify-arch", "gfx906", "gfx908", "-p", str(library), "--format", "json").report
+    assert [(f["rule"], "translation units without it: 1 of 2" in f["message"]) for f in report["findings"]] == [
+        ("ARCH001", True)
+    ], report["findings"]

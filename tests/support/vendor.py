@@ -35,6 +35,13 @@ TRITON_WHEEL = "triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x8
 TRITON_WHEEL_SHA256 = "e8e323d608e3a9bfcc2d9efcc90ceefb764a82b99dea12a86d643c72539ad5d3"
 
 
+# cupy-rocm-4-0 9.0.0 (ROCm 4.0, 2021): uncompressed bundles with the 3-field "hip-amdgcn-amd-amdhsa-gfxN" ids
+# of that clang and code object V3 (one e_flags bit per feature: set on, clear off), for gfx801 to gfx1012.
+CUPY_ROCM40 = "cupy-rocm-4-0==9.0.0"
+CUPY_ROCM40_WHEEL = "cupy_rocm_4_0-9.0.0-cp38-cp38-manylinux1_x86_64.whl"
+CUPY_ROCM40_WHEEL_SHA256 = "d1f4894c39e2c4ff51a0b3e15f8de6b7ba874e5d6b8ab5b1b2fa1ec4fa7bcf25"
+
+
 def _pinned_wheel(cache_dir: str, spec: str, name: str, sha256: str, options: list[str]) -> Path:
     wheel = Path(cache_dir) / name
     if not wheel.exists():
@@ -95,3 +102,9 @@ TRITON_ROCM_SHA256 = "ec63623c16eebe356d40460a09374a2546591dd2b0cb2122622111fc4d
 def triton_rocm_wheel(cache_dir: str) -> Path:
     """pytorch-triton-rocm 2.1.0 for CPython 3.11 (169 MB), checked against its pin."""
     return _pinned_wheel(cache_dir, TRITON_ROCM, TRITON_ROCM_WHEEL, TRITON_ROCM_SHA256, [])
+
+
+def cupy_rocm40_wheel(cache_dir: str) -> Path:
+    """cupy-rocm-4-0 9.0.0 for CPython 3.8 (code object V3, 3-field bundle ids), checked against its pin."""
+    options = ["--python-version", "3.8", "--platform", "manylinux1_x86_64"]
+    return _pinned_wheel(cache_dir, CUPY_ROCM40, CUPY_ROCM40_WHEEL, CUPY_ROCM40_WHEEL_SHA256, options)

@@ -157,6 +157,44 @@ class CodeObjectIdentity:
         return text
 
 
+FEATURES = ("sramecc", "xnack")  # canonical (alphabetical) order
+
+# Features each processor supports [ROCr isa.cpp registry, formats.md 2.9].
+_BOTH_FEATURES = {
+    "gfx906",
+    "gfx908",
+    "gfx90a",
+    "gfx940",
+    "gfx941",
+    "gfx942",
+    "gfx950",
+    "gfx9-4-generic",
+}
+_XNACK_ONLY = {
+    "gfx801",
+    "gfx810",
+    "gfx900",
+    "gfx902",
+    "gfx904",
+    "gfx909",
+    "gfx90c",
+    "gfx1010",
+    "gfx1011",
+    "gfx1012",
+    "gfx1013",
+    "gfx9-generic",
+    "gfx10-1-generic",
+}
+
+
+def supported_features(processor: str) -> tuple[str, ...]:
+    if processor in _BOTH_FEATURES:
+        return FEATURES
+    if processor in _XNACK_ONLY:
+        return ("xnack",)
+    return ()
+
+
 def _feature_v4(flags: int, mask: int, off: int, on: int) -> bool | None:
     value = flags & mask
     if value == on:
@@ -187,13 +225,19 @@ def identity_from_header(e_flags: int, osabi: int, abi_version: int, e_type: int
         if abi_version >= ELFABIVERSION_AMDGPU_HSA_V6:
             generic_version = (e_flags & EF_AMDGPU_GENERIC_VERSION) >> EF_AMDGPU_GENERIC_VERSION_OFFSET
     elif osabi == ELFOSABI_AMDGPU_HSA and abi_version == ELFABIVERSION_AMDGPU_HSA_V3:
-        # V3 has one bit per feature: set = on, clear = off (no "any").
-        xnack = bool(e_flags & EF_AMDGPU_FEATURE_XNACK_V3)
-        sramecc = bool(e_flags & EF_AMDGPU_FEATURE_SRAMECC_V3)
-    else:
-        # V2 (and non-HSA ABIs): only an xnack bit; a clear bit does not mean "off" reliably.
+        # V3 has one bit per feature: set = on, clear = off (no "any"), named only for a processor
+        # that has the feature (CLR getTripleTargetIDFromCodeObject; comgr likewise): a gfx1010
+        # object is gfx1010:xnack-, never gfx1010:sramecc-:xnack-, which no device is.
+        supported = supported_features(processor) if processor else ()
+        xnack = bool(e_flags & EF_AMDGPU_FEATURE_XNACK_V3) if "xnack" in supported else None
+        sramecc = bool(e_flags & EF_AMDGPU_FEATURE_SRAMECC_V3) if "sramecc" in supported else None
+    elif osabi == ELFOSABI_AMDGPU_HSA:
+        # V2: only an xnack bit; a clear bit does not mean "off" reliably.
         xnack = True if e_flags & EF_AMDGPU_FEATURE_XNACK_V2 else None
         sramecc = None
+    else:
+        # Not the HSA ABI (which the HIP runtime alone loads): no feature bits to read as HSA's.
+        xnack = sramecc = None
     return CodeObjectIdentity(mach, processor, xnack, sramecc, osabi, abi_version, e_type, generic_version)
 
 

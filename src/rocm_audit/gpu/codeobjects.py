@@ -23,17 +23,16 @@ from rocm_audit.elf.sections import SHF_EXECINSTR, Section, read_sections
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle
+from rocm_audit.formats.amdgpu_elf import FEATURES, supported_features
 from rocm_audit.formats.offload_bundle import DEVICE_KINDS
 from rocm_audit.tree.inventory import FileKind, FileRecord
 from rocm_audit.tree.smallfile import open_regular
 from rocm_audit.tree.targets import (
-    FEATURES,
     GENERIC_OF,
     KNOWN_PROCESSORS,
     TargetId,
     TargetSelection,
     parse_target_id,
-    supported_features,
 )
 
 ReadAt = Callable[[int, int], bytes]
@@ -523,6 +522,10 @@ def _next_magic(fh: _File, start: int, end: int, magic: bytes) -> int:
     return end
 
 
+# The smallest alignment of a TU's .hip_fatbin input section clang has used (8 before LLVM 12's 4096).
+TU_SECTION_MIN_ALIGN = 8
+
+
 def _first_nonzero(fh: _File, pos: int, end: int) -> int:
     """File offset of the first non-zero byte in [pos, end), else ``end`` (chunked reads)."""
     while pos < end:
@@ -613,33 +616,27 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection
 def _locate_containers(fh: _File, section: Section) -> list[_Container]:
     """The containers of ``.hip_fatbin`` from their headers, in file order.
 
-    Containers follow each other directly (LLVM's CCOB search) or at the next 4 KiB boundary of
-    the section (each TU's section is 4096-aligned); zero padding between them is skipped. A
-    container that cannot be located ends the list as an ``error`` entry."""
+    Containers follow each other directly (LLVM's CCOB search) or after zero padding, which the
+    linker leaves to align each TU's input section: 4096 bytes since LLVM 12, 8 before
+    (tensorflow-rocm 2.2 and 2.4 hold 216 and 229 bundles 8 bytes apart). So the next container
+    starts at the first non-zero byte after the padding, which must be 8-aligned within the section
+    and begin with a magic. A container that cannot be located ends the list as an ``error`` entry."""
     start, end = section.offset, section.offset + section.size
-    align = offload_bundle.BUNDLE_ALIGN
     pos = start
     found: list[_Container] = []
     while pos < end:
         head = fh.read(pos, min(32, end - pos))
-        place = f".hip_fatbin+{pos - start:#x}"
         is_container = head.startswith((offload_bundle.BUNDLE_MAGIC, ccob.CCOB_MAGIC))
-        gap = -(pos - start) % align
-        if not is_container and gap and pos + gap < end and not fh.read(pos, gap).strip(b"\0"):
-            # Padding shorter than the 32 bytes looked at above: the next container may already
-            # start inside them, at the boundary.
-            pos += gap
-            continue
-        if not is_container and not head.strip(b"\0"):
+        if not is_container:
             first = _first_nonzero(fh, pos, end)
             if first >= end:
-                break
-            # Skip the padding to the boundary before the first data byte; a container that does
-            # not start on a boundary is reported as unexpected bytes below.
-            pos = max(pos, start + (first - start) // align * align)
-            if not fh.read(pos, min(32, end - pos)).strip(b"\0"):
+                break  # padding to the end of the section
+            if first > pos and (first - start) % TU_SECTION_MIN_ALIGN == 0:
+                # Padding: the next container (or what stands in its place) starts here.
                 pos = first
-            continue
+                head = fh.read(pos, min(32, end - pos))
+                is_container = head.startswith((offload_bundle.BUNDLE_MAGIC, ccob.CCOB_MAGIC))
+        place = f".hip_fatbin+{pos - start:#x}"
         tu = len(found)
         try:
             if head.startswith(offload_bundle.BUNDLE_MAGIC):

@@ -14,39 +14,10 @@ import re
 from dataclasses import dataclass
 
 from rocm_audit.errors import UsageError
-from rocm_audit.formats.amdgpu_elf import EF_AMDGPU_MACH_NAMES
-
-FEATURES = ("sramecc", "xnack")  # canonical (alphabetical) order
+from rocm_audit.formats.amdgpu_elf import EF_AMDGPU_MACH_NAMES, FEATURES, supported_features
 
 GENERIC_PROCESSORS = frozenset(name for name in EF_AMDGPU_MACH_NAMES.values() if name.endswith("-generic"))
 KNOWN_PROCESSORS = frozenset(name for name in EF_AMDGPU_MACH_NAMES.values() if name not in GENERIC_PROCESSORS)
-
-# Features each processor supports [ROCr isa.cpp registry, formats.md 2.9].
-_BOTH_FEATURES = {
-    "gfx906",
-    "gfx908",
-    "gfx90a",
-    "gfx940",
-    "gfx941",
-    "gfx942",
-    "gfx950",
-    "gfx9-4-generic",
-}
-_XNACK_ONLY = {
-    "gfx801",
-    "gfx810",
-    "gfx900",
-    "gfx902",
-    "gfx904",
-    "gfx909",
-    "gfx90c",
-    "gfx1010",
-    "gfx1011",
-    "gfx1012",
-    "gfx1013",
-    "gfx9-generic",
-    "gfx10-1-generic",
-}
 
 # CLR TargetGenericMap [rocm-systems: projects/clr/hipamd/src/hip_fatbin.cpp, the 2026 snapshot
 # with kpack support], formats.md 2.8. gfx908, gfx90a, gfx1251, gfx1250-strict and the gfx117x
@@ -76,14 +47,6 @@ MIN_GENERIC_VERSION = 1  # ROCr registry minimum for every generic family today
 GENERIC_CODE_OBJECT_VERSION = 6
 
 SPIRV_PROCESSOR = "amdgcnspirv"
-
-
-def supported_features(processor: str) -> tuple[str, ...]:
-    if processor in _BOTH_FEATURES:
-        return FEATURES
-    if processor in _XNACK_ONLY:
-        return ("xnack",)
-    return ()
 
 
 # The usual device configuration for a bare processor name (README, "Targets"): data-centre parts
