@@ -396,6 +396,29 @@ __hip_fatbin_wrapper_{n}:
 """
 
 
+def _device_bundle(tools: dict[str, str], tmp_path: Path, name: str, arches: tuple[str, ...]) -> Path:
+    """A raw bundle as clang's HIP driver makes one: a host entry from /dev/null and one linked code
+    object per arch (clang-19, ld.lld-19), bundled by clang-offload-bundler-19."""
+    inputs = ["-input=/dev/null"]
+    for arch in arches:
+        source = tmp_path / f"{name}_{arch}.c"
+        source.write_text(f"void {name}(int *p) {{ *p = 1; }}\n")
+        relocatable, linked = tmp_path / f"{name}_{arch}.o", tmp_path / f"{name}_{arch}.co"
+        run_checked(
+            [tools["clang-19"], "-target", "amdgcn-amd-amdhsa", f"-mcpu={arch}", "-nogpulib", "-c"]
+            + ["-o", str(relocatable), str(source)],
+            tmp_path,
+        )
+        run_checked([tools["ld.lld-19"], "-shared", "-o", str(linked), str(relocatable)], tmp_path)
+        inputs.append(f"-input={linked}")
+    targets = ",".join(["host-x86_64-unknown-linux", *(f"hip-amdgcn-amd-amdhsa-{a}" for a in arches)])
+    bundle = tmp_path / f"{name}.bundle"
+    run_checked(
+        [tools["clang-offload-bundler-19"], "-type=o", f"-targets={targets}", *inputs, f"-output={bundle}"], tmp_path
+    )
+    return bundle
+
+
 def test_bundles_of_8_aligned_tu_sections_are_every_one_read(tools, tmp_path, run_cli):
     """Before LLVM 12 each TU's ``.hip_fatbin`` was 8-aligned, not 4096 (tensorflow-rocm 2.2 and 2.4
     hold 216 and 229 bundles 8 bytes apart): the linker pads a bundle whose size is not a multiple
@@ -403,24 +426,7 @@ def test_bundles_of_8_aligned_tu_sections_are_every_one_read(tools, tmp_path, ru
     and wrapper in its own object, linked by ld.lld-19; the second TU has no gfx908 code."""
     objects = []
     for n, arches in ((1, ("gfx906", "gfx908")), (2, ("gfx906",))):
-        inputs = ["-input=/dev/null"]
-        for arch in arches:
-            source = tmp_path / f"k{n}_{arch}.c"
-            source.write_text(f"void k{n}(int *p) {{ *p = {n}; }}\n")
-            relocatable, linked = tmp_path / f"k{n}_{arch}.o", tmp_path / f"k{n}_{arch}.co"
-            run_checked(
-                [tools["clang-19"], "-target", "amdgcn-amd-amdhsa", f"-mcpu={arch}", "-nogpulib", "-c"]
-                + ["-o", str(relocatable), str(source)],
-                tmp_path,
-            )
-            run_checked([tools["ld.lld-19"], "-shared", "-o", str(linked), str(relocatable)], tmp_path)
-            inputs.append(f"-input={linked}")
-        targets = ",".join(["host-x86_64-unknown-linux", *(f"hip-amdgcn-amd-amdhsa-{a}" for a in arches)])
-        bundle = tmp_path / f"tu{n}.bundle"
-        run_checked(
-            [tools["clang-offload-bundler-19"], "-type=o", f"-targets={targets}", *inputs, f"-output={bundle}"],
-            tmp_path,
-        )
+        bundle = _device_bundle(tools, tmp_path, f"tu{n}", arches)
         (tmp_path / f"tu{n}.s").write_text(_OLD_TU.format(n=n, bundle=bundle))
         run_checked([tools["clang-19"], "-c", str(tmp_path / f"tu{n}.s"), "-o", str(tmp_path / f"tu{n}.o")], tmp_path)
         objects.append(str(tmp_path / f"tu{n}.o"))
@@ -440,3 +446,26 @@ def test_bundles_of_8_aligned_tu_sections_are_every_one_read(tools, tmp_path, ru
     assert [(f["rule"], "translation units without it: 1 of 2" in f["message"]) for f in report["findings"]] == [
         ("ARCH001", True)
     ], report["findings"]
+
+
+def test_hcc_fat_binaries_in_a_kernel_section_are_listed_and_never_pass(tools, tmp_path, run_cli):
+    """hcc (ROCm 3.x and older) kept a library's fat binaries in ``.kernel`` with hcc-amdgcn-amd-amdhsa
+    ids for its own runtime (tensorflow-rocm 1.15's librccl.so: one bundle for gfx803-gfx908); the
+    HIP runtime never registers them. Made the same way: a clang-offload-bundler-19 bundle whose ids
+    are respelled hcc- (bundler 19 refuses that kind; the format is the same), in ``.kernel`` of a
+    lld-linked library. Listed by scan; verify-arch fails it (ARCH010) even for a target it names,
+    where it once found no GPU code at all and passed."""
+    bundle = _device_bundle(tools, tmp_path, "hcc", ("gfx906", "gfx908"))
+    respelled = bundle.read_bytes().replace(b"hip-amdgcn-amd-amdhsa-", b"hcc-amdgcn-amd-amdhsa-")
+    bundle.write_bytes(respelled)
+    (tmp_path / "hcc.s").write_text(f'  .section .kernel,"aw",@progbits\n  .incbin "{bundle}"\n')
+    run_checked([tools["clang-19"], "-c", str(tmp_path / "hcc.s"), "-o", str(tmp_path / "hcc.o")], tmp_path)
+    library = tmp_path / "libhcc.so"
+    run_checked([tools["ld.lld-19"], "-shared", str(tmp_path / "hcc.o"), "-o", str(library)], tmp_path)
+    result = scan_path(library)
+    device = sorted((o.kind, o.target, o.container, o.tu) for o in result.code_objects if o.kind != "host")
+    assert device == [("hcc", "gfx906", "hcc-kernel", None), ("hcc", "gfx908", "hcc-kernel", None)]
+    assert result.tu_count == 0
+    done = run_cli("verify-arch", "gfx906", "-p", str(library), "--format", "json")
+    assert done.exit_code == 1 and [f["rule"] for f in done.report["findings"]] == ["ARCH010"]
+    assert done.report["findings"][0]["data"]["targets"] == ["gfx906", "gfx908"]

@@ -30,7 +30,13 @@ from rocm_audit.tree.targets import (
         (0x34C, 2, "gfx942:xnack+", 0),  # xnack on, sramecc unsupported
         (0x32F, 1, "gfx906:sramecc+:xnack+", 0),  # V3: one bit per feature, set = on
         (0x02F, 1, "gfx906:sramecc-:xnack-", 0),  # V3: clear = off
-        (0x02D | 0x01, 0, "gfx902:xnack+", 0),  # V2 xnack bit
+        # V3 names a feature only for a processor that has it (CLR getTripleTargetIDFromCodeObject;
+        # cupy-rocm-4-0's e_flags): no sramecc for gfx1010 or gfx801, neither for gfx803.
+        (0x033, 1, "gfx1010:xnack-", 0),
+        (0x128, 1, "gfx801:xnack+", 0),
+        (0x22A, 1, "gfx803", 0),
+        # V2 with a processor number (hcc's, tensorflow-rocm 1.15): bit 0 is the number's, not xnack.
+        (0x02F, 0, "gfx906", 0),
     ],
 )
 def test_e_flags_decode_like_comgr(flags, abi, expected, generic):

@@ -232,8 +232,10 @@ def identity_from_header(e_flags: int, osabi: int, abi_version: int, e_type: int
         xnack = bool(e_flags & EF_AMDGPU_FEATURE_XNACK_V3) if "xnack" in supported else None
         sramecc = bool(e_flags & EF_AMDGPU_FEATURE_SRAMECC_V3) if "sramecc" in supported else None
     elif osabi == ELFOSABI_AMDGPU_HSA:
-        # V2: only an xnack bit; a clear bit does not mean "off" reliably.
-        xnack = True if e_flags & EF_AMDGPU_FEATURE_XNACK_V2 else None
+        # V2: only an xnack bit; a clear bit does not mean "off" reliably. It is bit 0, which the
+        # processor number shares in the V2 objects hcc wrote with one (gfx906 = 0x2f): there it
+        # says nothing.
+        xnack = True if e_flags & EF_AMDGPU_FEATURE_XNACK_V2 and not mach else None
         sramecc = None
     else:
         # Not the HSA ABI (which the HIP runtime alone loads): no feature bits to read as HSA's.

@@ -11,6 +11,7 @@ grow with section size, and a CCOB is inflated as a bounded stream.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -557,7 +558,13 @@ class _Container:
 PARALLEL_INFLATE_BYTES = 256 << 20
 
 
-def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection: TargetSelection | None) -> int:
+def _walk_fatbin(
+    result: FileCodeObjects,
+    fh: _File,
+    section: Section,
+    selection: TargetSelection | None,
+    label: str = ".hip_fatbin",
+) -> int:
     """Each container in ``.hip_fatbin`` is one translation unit; returns how many were read.
 
     First the containers are located from their headers alone (a CCOB's header gives its size);
@@ -567,7 +574,7 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection
     finding and its TU keeps what was listed before the failure; the containers after it are still
     read, since each was located from its own header and the runtime registers every TU's bundle
     on its own (a TU past a corrupt one loads as it would without it)."""
-    located = _locate_containers(fh, section)
+    located = _locate_containers(fh, section, label)
     items = [c for c in located if c.kind != "error"]
     weight = sum(c.inflated for c in items)
     from rocm_audit.tree.forkmap import fork_imap, worker_count
@@ -613,7 +620,7 @@ def _walk_fatbin(result: FileCodeObjects, fh: _File, section: Section, selection
     return tu
 
 
-def _locate_containers(fh: _File, section: Section) -> list[_Container]:
+def _locate_containers(fh: _File, section: Section, label: str = ".hip_fatbin") -> list[_Container]:
     """The containers of ``.hip_fatbin`` from their headers, in file order.
 
     Containers follow each other directly (LLVM's CCOB search) or after zero padding, which the
@@ -636,7 +643,7 @@ def _locate_containers(fh: _File, section: Section) -> list[_Container]:
                 pos = first
                 head = fh.read(pos, min(32, end - pos))
                 is_container = head.startswith((offload_bundle.BUNDLE_MAGIC, ccob.CCOB_MAGIC))
-        place = f".hip_fatbin+{pos - start:#x}"
+        place = f"{label}+{pos - start:#x}"
         tu = len(found)
         try:
             if head.startswith(offload_bundle.BUNDLE_MAGIC):
@@ -649,7 +656,7 @@ def _locate_containers(fh: _File, section: Section) -> list[_Container]:
                 )
             else:
                 reason = f"no bundle or CCOB magic at section offset {pos - start:#x}"
-                raise FormatError(".hip_fatbin", pos, reason)
+                raise FormatError(label, pos, reason)
         except FormatError as exc:
             if is_container:
                 # Its own reader meets the same error when the containers are read, in order.
@@ -1403,6 +1410,34 @@ def _offload_binaries(result: FileCodeObjects, fh: _File, start: int, size: int,
             )
 
 
+# Where hcc (ROCm 3.x and older, before hip-clang) put a library's fat binaries: bundles with
+# hcc-amdgcn-amd-amdhsa--<gfx> ids, read by HCC's own runtime (libmcwamp). The HIP runtime registers
+# .hip_fatbin through __hipRegisterFatBinary only, so on a current ROCm these kernels never load
+# (tensorflow-rocm 1.15: 227 such bundles, code object V2).
+HCC_KERNEL_SECTION = ".kernel"
+
+
+def _hcc_kernels(result: FileCodeObjects, fh: _File, section: Section) -> None:
+    """List HCC's fat binaries (``scan --targets`` shows them) as units no HIP runtime registers:
+    no translation unit, no carrier to judge; one ARCH010 names them."""
+    listed = FileCodeObjects(result.path, result.sdk_tree, result.file_kind)
+    count = _walk_fatbin(listed, fh, section, None, label=HCC_KERNEL_SECTION)
+    result.add_container("hcc-kernel")
+    result.code_objects.extend(dataclasses.replace(obj, container="hcc-kernel", tu=None) for obj in listed.code_objects)
+    result.findings.extend(listed.findings)
+    targets = sorted({obj.bundle_target or obj.target or "?" for obj in listed.code_objects if obj.kind != "host"})
+    result.findings.append(
+        make_finding(
+            "ARCH010",
+            result.path,
+            f"{count} HCC fat binar{'y' if count == 1 else 'ies'} in {HCC_KERNEL_SECTION} (file offset "
+            f"{section.offset:#x}) with code for {', '.join(targets) or 'no GPU'}: only HCC's runtime (ROCm 3.x "
+            "and older) loads them; the HIP runtime does not, so none of these kernels runs on a current ROCm",
+            data={"offset": section.offset, "bundles": count, "targets": targets},
+        )
+    )
+
+
 def _scan_host_elf(
     result: FileCodeObjects, fh: _File, header: elfread.ElfHeader, selection: TargetSelection | None
 ) -> None:
@@ -1474,6 +1509,9 @@ def _scan_host_elf(
         )
         result.add_container("hip-fatbin")
         result.tu_count = len(wrappers)
+    hcc = by_name.get(HCC_KERNEL_SECTION)
+    if hcc is not None and hcc.has_file_bytes and fh.read(hcc.offset, 32).startswith(offload_bundle.BUNDLE_MAGIC):
+        _hcc_kernels(result, fh, hcc)
     offloading = by_name.get(".llvm.offloading")
     if offloading is not None and offloading.has_file_bytes:
         result.add_container("offload-binary")
