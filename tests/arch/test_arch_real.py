@@ -469,3 +469,42 @@ def test_hcc_fat_binaries_in_a_kernel_section_are_listed_and_never_pass(tools, t
     done = run_cli("verify-arch", "gfx906", "-p", str(library), "--format", "json")
     assert done.exit_code == 1 and [f["rule"] for f in done.report["findings"]] == ["ARCH010"]
     assert done.report["findings"][0]["data"]["targets"] == ["gfx906", "gfx908"]
+
+
+_RDC_IN_DATA = """\
+  .data
+  .globl __hip_fatbin
+  .p2align 4
+__hip_fatbin:
+  .incbin "{bundle}"
+  .section .hipFatBinSegment,"aw",@progbits
+  .p2align 3
+{wrappers}
+"""
+_WRAPPER = "  .long 0x48495046\n  .long 1\n  .quad __hip_fatbin\n  .quad 0\n"
+
+
+def test_wrappers_pointing_at_a_fat_binary_outside_hip_fatbin_register_it(tools, tmp_path, run_cli):
+    """What the HIP runtime registers is what each wrapper points at, not the ``.hip_fatbin``
+    section: tensorflow-rocm 2.4's librccl.so (ROCm 4.0, -fgpu-rdc) has no ``.hip_fatbin``; its six
+    wrappers point, through R_X86_64_64 relocations against the global ``__hip_fatbin``, at one
+    bundle in ``.data``. Made the same way with clang-19 and ld.lld-19 (three wrappers, one bundle
+    for gfx906 and gfx908): one TU, judged by that bundle; no false "wrappers but .hip_fatbin is
+    missing", and the bundle is not counted again as an embedded image."""
+    bundle = _device_bundle(tools, tmp_path, "rdc", ("gfx906", "gfx908"))
+    (tmp_path / "rdc.s").write_text(_RDC_IN_DATA.format(bundle=bundle, wrappers=_WRAPPER * 3))
+    run_checked([tools["clang-19"], "-c", str(tmp_path / "rdc.s"), "-o", str(tmp_path / "rdc.o")], tmp_path)
+    library = tmp_path / "librdcdata.so"
+    run_checked([tools["ld.lld-19"], "-shared", str(tmp_path / "rdc.o"), "-o", str(library)], tmp_path)
+    relocations = subprocess.run(
+        [tools["llvm-readelf-19"], "-rW", str(library)], capture_output=True, text=True, check=True
+    ).stdout
+    assert relocations.count("R_X86_64_64") == 3 and "__hip_fatbin" in relocations
+    result = scan_path(library)
+    assert not result.findings, result.findings
+    assert result.tu_count == 1 and result.wrappers == 3 and result.unit_places == {}
+    assert {o.location.split()[0] for o in result.code_objects} == {".data+0x0"}
+    report = run_cli("verify-arch", "gfx906", "gfx908", "-p", str(library), "--format", "json").report
+    assert report["findings"] == [] and report["carriers"][0]["missing"] == []
+    report = run_cli("verify-arch", "gfx90a", "-p", str(library), "--format", "json").report
+    assert [f["rule"] for f in report["findings"]] == ["ARCH001"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
 from rocm_audit.elf import search as bytesearch
+from rocm_audit.elf.relocations import file_place, loaded_pointers
 from rocm_audit.elf.sections import SHF_EXECINSTR, Section, read_sections
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
@@ -574,7 +575,13 @@ def _walk_fatbin(
     finding and its TU keeps what was listed before the failure; the containers after it are still
     read, since each was located from its own header and the runtime registers every TU's bundle
     on its own (a TU past a corrupt one loads as it would without it)."""
-    located = _locate_containers(fh, section, label)
+    return _read_containers(result, fh, _locate_containers(fh, section, label), selection)
+
+
+def _read_containers(
+    result: FileCodeObjects, fh: _File, located: list[_Container], selection: TargetSelection | None
+) -> int:
+    """Read located containers as translation units, in order (``_walk_fatbin``); returns how many."""
     items = [c for c in located if c.kind != "error"]
     weight = sum(c.inflated for c in items)
     from rocm_audit.tree.forkmap import fork_imap, worker_count
@@ -812,6 +819,7 @@ def _embedded_images(
     selection: TargetSelection | None,
     *,
     with_elfs: bool,
+    registered: frozenset[int] = frozenset(),
 ) -> None:
     """Device images in data sections: offload bundles and CCOBs (loaded by hipModuleLoadData:
     tensorflow's MLIR kernels, ``.incbin``'d ``--genco`` output) and raw AMDGPU ELFs (HSA runtime
@@ -865,12 +873,14 @@ def _embedded_images(
             if magic is ccob.CCOB_MAGIC:
                 size = _embedded_ccob(fh, window, at, end)
                 if size is not None:
-                    images.append(_EmbeddedImage("ccob", at, end - at, place))
+                    if at not in registered:
+                        images.append(_EmbeddedImage("ccob", at, end - at, place))
                     step = size
             elif magic is offload_bundle.BUNDLE_MAGIC:
                 bundle = _embedded_bundle(window, at, end - at)
                 if bundle is not None:
-                    images.append(_EmbeddedImage("offload-bundle", at, end - at, place))
+                    if at not in registered:  # a registered fat binary is a TU already
+                        images.append(_EmbeddedImage("offload-bundle", at, end - at, place))
                     step = bundle.end
             elif len(elfs) < MAX_EMBEDDED:
                 head = window.read(at, amdgpu_elf.ELF64_HEADER_SIZE)
@@ -1410,6 +1420,36 @@ def _offload_binaries(result: FileCodeObjects, fh: _File, start: int, size: int,
             )
 
 
+def _wrapped_containers(
+    fh: _File,
+    header: elfread.ElfHeader,
+    sections: Sequence[Section],
+    segment: Section,
+    wrappers: list[hip_fatbin.FatbinWrapper],
+) -> list[_Container]:
+    """The fat binaries HIPF wrappers point at, each once, in wrapper order: the address the loader
+    writes into a wrapper's pointer (its RELA relocation, else the address a non-PIC file holds),
+    when a bundle or CCOB starts exactly there. Empty when none does."""
+    slots = [segment.addr + wrapper.index * hip_fatbin.WRAPPER_SIZE + 8 for wrapper in wrappers]
+    try:
+        loaded = loaded_pointers(fh.fd, header, sections, fh.size, slots)
+    except FormatError:
+        return []
+    found: list[_Container] = []
+    for wrapper, slot in zip(wrappers, slots, strict=True):
+        address = loaded.get(slot, wrapper.binary_ptr)
+        where = file_place(sections, address) if wrapper.magic == hip_fatbin.HIPF_MAGIC and address else None
+        if where is None or any(c.pos == where[1] for c in found):
+            continue
+        section, offset = where
+        rest = dataclasses.replace(section, offset=offset, size=section.offset + section.size - offset)
+        first = _locate_containers(fh, rest, section.name)[:1]
+        if first and first[0].kind != "error" and first[0].pos == offset:
+            place = f"{section.name}+{offset - section.offset:#x}"
+            found.append(dataclasses.replace(first[0], tu=len(found), place=place))
+    return found
+
+
 # Where hcc (ROCm 3.x and older, before hip-clang) put a library's fat binaries: bundles with
 # hcc-amdgcn-amd-amdhsa--<gfx> ids, read by HCC's own runtime (libmcwamp). The HIP runtime registers
 # .hip_fatbin through __hipRegisterFatBinary only, so on a current ROCm these kernels never load
@@ -1447,6 +1487,7 @@ def _scan_host_elf(
         _malformed(result, exc, "section headers")
         return
     by_name = {s.name: s for s in sections}
+    skip_images: frozenset[int] = frozenset()  # fat binaries the wrappers register outside .hip_fatbin
     wrappers: list[hip_fatbin.FatbinWrapper] = []
     segment = by_name.get(".hipFatBinSegment")
     if segment is not None and segment.has_file_bytes:
@@ -1495,6 +1536,16 @@ def _scan_host_elf(
                     data={"wrappers": len(wrappers), "bundles": bundles},
                 )
             )
+    elif (
+        wrappers
+        and segment is not None
+        and (registered := _wrapped_containers(fh, header, sections, segment, wrappers))
+    ):
+        # No .hip_fatbin, but the wrappers point at fat binaries elsewhere (rccl of ROCm 4.0: six
+        # wrappers, one -fgpu-rdc bundle in .data): those are what the runtime registers.
+        result.add_container("hip-fatbin")
+        result.tu_count = _read_containers(result, fh, registered, selection)
+        skip_images = frozenset(container.pos for container in registered)
     elif wrappers:
         # HIPF wrappers register fat binaries that are not in the file: every TU fails to load.
         where = segment.offset if segment is not None else 0
@@ -1518,4 +1569,4 @@ def _scan_host_elf(
         _offload_binaries(result, fh, offloading.offset, offloading.size, ".llvm.offloading")
     # Raw ELFs only when no fat binary serves as the TU list (a runtime's own embedded kernels);
     # bundles and CCOBs whatever the file has besides: tensorflow loads 1,149 of them from .rodata.
-    _embedded_images(result, fh, sections, selection, with_elfs=result.tu_count == 0)
+    _embedded_images(result, fh, sections, selection, with_elfs=result.tu_count == 0, registered=skip_images)
