@@ -102,3 +102,28 @@ def test_the_entry_chosen_is_the_one_comgr_returns(comgr, tmp_path, targets, spe
     chosen = choose_entry([None, *targets], agent)
     ours = None if chosen is None else chosen[0]
     assert ours == _comgr_choice(comgr, image, str(agent)), (targets, str(agent), chosen)
+
+
+# Entry ids as writers spelled them: ROCm 4.0's 3-field triple (cupy-rocm-4-0, tensorflow-rocm 2.2-2.4,
+# tensorflow-rocm 2.12's MLIR kernels), the 4-field ones of every later clang, Tensile's "unknown"
+# environment (in CCOBs, which comgr unbundles by another path).
+ID_FORMS = [
+    ("hip-amdgcn-amd-amdhsa-gfx90a", False),
+    ("hcc-amdgcn-amd-amdhsa-gfx90a", False),
+    ("hip-amdgcn-amd-amdhsa--gfx90a", True),
+    ("hipv4-amdgcn-amd-amdhsa--gfx90a", True),
+    ("hipv4-amdgcn-amd-amdhsa-unknown-gfx90a", False),  # Tensile's spelling, which it compresses
+    ("hcc-amdgcn-amd-amdhsa--gfx90a", True),
+]
+
+
+@pytest.mark.parametrize(("entry_id", "selected"), ID_FORMS, ids=[i for i, _ in ID_FORMS])
+def test_comgr_selects_an_entry_exactly_when_its_id_is_an_isa_name_it_knows(comgr, tmp_path, entry_id, selected):
+    """What ``offload_bundle.comgr_selectable`` says of an id in an uncompressed bundle is what the
+    real comgr does with it: the 3-field ``hip-amdgcn-amd-amdhsa-gfx90a`` is never returned."""
+    from rocm_audit.formats.offload_bundle import comgr_selectable, parse_entry_id
+
+    image = tmp_path / "fatbin.bundle"
+    image.write_bytes(bundle([("host-x86_64-unknown-linux--", b""), (entry_id, amdgpu_header(0x53F) + bytes(192))]))
+    assert (_comgr_choice(comgr, image, "gfx90a:sramecc+:xnack-") == 1) is selected
+    assert comgr_selectable(parse_entry_id(entry_id)) is selected

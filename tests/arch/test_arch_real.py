@@ -332,11 +332,13 @@ def _readelf_flags(tools: dict[str, str], data: bytes, tmp_path: Path, name: str
 
 def test_vendor_wheel_cupy_rocm_4_0_code_object_v3(cache_dir, tools, tmp_path, run_cli):
     """ROCm 4.0's clang (cupy-rocm-4-0 9.0.0): 3-field ``hip-amdgcn-amd-amdhsa-gfxN`` ids and code
-    object V3, whose e_flags hold one bit per feature. The HIP runtime names a feature only for a
-    processor that has it (CLR getTripleTargetIDFromCodeObject): gfx1010's object is gfx1010:xnack-,
-    gfx803's plain gfx803. Spelling sramecc- for them too made every such entry miss its own device
-    (a false ARCH001 for gfx1010, gfx900, gfx803 ...). Entries and e_flags are checked against
-    clang-offload-bundler-19 and llvm-readelf-19."""
+    object V3, whose e_flags hold one bit per feature. A feature is named only for a processor that
+    has it (CLR getTripleTargetIDFromCodeObject): gfx1010's object is gfx1010:xnack-, gfx803's plain
+    gfx803 (not gfx1010:sramecc-:xnack-, which no device is). Entries and e_flags are checked
+    against clang-offload-bundler-19 and llvm-readelf-19. And no entry loads anywhere today: comgr's
+    lookup, which the HIP runtime asks, parses the id after its kind as a five-part ISA name, which
+    the 3-field triple is not (test_arch_comgr asks a real comgr: every query comes back empty), so
+    every target is ARCH001, saying why."""
     from rocm_audit.formats.amdgpu_elf import supported_features
 
     with zipfile.ZipFile(cupy_rocm40_wheel(cache_dir)) as archive:
@@ -362,23 +364,10 @@ def test_vendor_wheel_cupy_rocm_4_0_code_object_v3(cache_dir, tools, tmp_path, r
             if name in supported_features(processor)
         )
         assert obj.target == expected, (obj.entry_id, hex(flags))
-    report = run_cli(
-        "verify-arch",
-        "gfx1010",
-        "gfx1011",
-        "gfx1012",
-        "gfx900",
-        "gfx803",
-        "gfx908",
-        "-p",
-        str(library),
-        "--format",
-        "json",
-    ).report
-    assert report["findings"] == [] and report["carriers"][0]["missing"] == []
-    # gfx906 was built with SRAM ECC off (V3 cannot say "any"): it serves gfx906:sramecc- only.
-    report = run_cli("verify-arch", "gfx906:sramecc-", "gfx906", "-p", str(library), "--format", "json").report
-    assert report["carriers"][0]["missing"] == ["gfx906"]
+    report = run_cli("verify-arch", "gfx1010", "gfx900", "gfx803", "-p", str(library), "--format", "json").report
+    (finding,) = report["findings"]
+    assert finding["rule"] == "ARCH001" and finding["data"]["missing"] == ["gfx1010", "gfx900", "gfx803"]
+    assert "3-field" in finding["message"] and "hip-amdgcn-amd-amdhsa-gfx1010" in finding["data"]["unmatched_ids"]
 
 
 _OLD_TU = """\

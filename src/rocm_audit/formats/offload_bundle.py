@@ -179,6 +179,28 @@ def is_written_entry_id(raw: str) -> bool:
     return _ENTRY_ID.fullmatch(raw.rstrip("\0")) is not None
 
 
+# comgr's lookUpCodeObject (comgr-metadata.cpp), which the HIP runtime asks for each uncompressed
+# bundle it registers or loads (hip_fatbin.cpp PopulateCodeObjectMap; a CCOB goes through comgr's
+# unbundle action instead): an entry counts if its kind is one of these and the rest of its id is
+# an ISA name comgr knows, "amdgcn-amd-amdhsa--<processor>[:features]" (parseTargetIdentifier ->
+# getIsaIndex compares with its table's names, whose environment is empty), or one of the two
+# SPIR-V names it accepts.
+COMGR_KINDS = ("hip", "hipv4", "hcc")
+_COMGR_TRIPLES = ("amdgcn-amd-amdhsa-", "spirv64-amd-amdhsa-")
+_COMGR_SPIRV_UNKNOWN = ("spirv64-amd-amdhsa-unknown", "amdgcnspirv")
+
+
+def comgr_selectable(entry: EntryId) -> bool:
+    """Whether comgr's lookup can ever select this entry of an uncompressed bundle. ROCm 4.0's clang
+    wrote a 3-field triple (``hip-amdgcn-amd-amdhsa-gfx906``) and Tensile's bundler call names the
+    environment (``hipv4-amdgcn-amd-amdhsa-unknown-gfx942``, which it compresses): neither is an
+    ISA name comgr knows, so no query matches them (checked with a real comgr, tests/arch/
+    test_arch_comgr.py: cupy-rocm-4-0's bundles answer no query)."""
+    if entry.kind not in COMGR_KINDS or entry.target is None:
+        return False
+    return entry.triple in _COMGR_TRIPLES or (entry.triple, entry.target) == _COMGR_SPIRV_UNKNOWN
+
+
 def max_table_bytes() -> int:
     """Upper bound of a valid entry table: what a reader may need to fetch at most."""
     return HEADER_SIZE + MAX_ENTRIES * (ENTRY_FIXED_SIZE + MAX_ID_BYTES)

@@ -21,7 +21,7 @@ from typing import Any
 from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import triton_metadata
-from rocm_audit.formats.offload_bundle import DEVICE_KINDS
+from rocm_audit.formats.offload_bundle import DEVICE_KINDS, comgr_selectable, parse_entry_id
 from rocm_audit.gpu.codeobjects import CodeObject, FileCodeObjects, scan_file
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.archfiles import arch_folder_of, miopen_db_arch
@@ -565,6 +565,15 @@ def _entry_match(obj: CodeObject, agent: TargetId) -> MatchKind | None:
     )
 
 
+def unselectable(obj: CodeObject) -> bool:
+    """An entry of an uncompressed bundle whose id the HIP runtime's lookup (comgr) never matches,
+    whatever the device (``offload_bundle.comgr_selectable``): ROCm 4.0's 3-field
+    ``hip-amdgcn-amd-amdhsa-gfxN``. CCOB entries are unbundled by comgr's bundler instead."""
+    if obj.container != "offload-bundle" or obj.entry_id is None or obj.kind == "host":
+        return False
+    return not comgr_selectable(parse_entry_id(obj.entry_id))
+
+
 def _named_target(obj: CodeObject) -> str | None:
     """The target an entry's bundle id or kpack key names: what the runtime selects it by."""
     if obj.target_source == "file-name" or obj.bundle_target is None:
@@ -576,7 +585,9 @@ def tu_match(objects: list[CodeObject], agent: TargetId) -> MatchKind | None:
     """How one translation unit serves ``agent``, as the runtime decides: it selects an entry by
     the target its id names (``choose_entry``); the loader then takes it only if the code object's
     own ELF header, when read, agrees (features, code-object version of generic entries). Entries
-    whose id names no target (raw ELFs, database files) count by what their header or name says."""
+    whose id names no target (raw ELFs, database files) count by what their header or name says;
+    an entry comgr's lookup never selects (a 3-field bundle id) does not count at all."""
+    objects = [obj for obj in objects if not unselectable(obj)]
     named = [_named_target(obj) for obj in objects]
     kinds = [_entry_match(obj, agent) for obj, name in zip(objects, named, strict=True) if name is None]
     # CLR asks kpack for the device's own name and its generic only (hip_fatbin.cpp
@@ -685,6 +696,14 @@ def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
         lacking = sorted({i for m in carrier.matches if m["how"] is None for i in m["tus_without"]})
         detail, data = _lacking_units(carrier, lacking)
         found = ", ".join(carrier.targets()) or "none"
+        if any(unselectable(obj) for obj in carrier.code_objects):
+            found += (
+                " (uncompressed bundle ids the HIP runtime's lookup never matches, such as the 3-field"
+                " hip-amdgcn-amd-amdhsa-<gfx> of ROCm 4.0's clang: those entries load on no device)"
+            )
+            data["unmatched_ids"] = sorted(
+                {obj.entry_id.rstrip("\0") for obj in carrier.code_objects if obj.entry_id and unselectable(obj)}
+            )
         findings.append(
             make_finding(
                 rule,
