@@ -172,6 +172,15 @@ def test_fifos_where_metadata_belongs_never_block_a_run(hostile):
     assert done.returncode == 2 and b"dist_info.json" in done.stderr, done.stderr
 
 
+def _dedup_changes_nothing(site: Path) -> dict:
+    """Run dedup on the hostile tree: no traceback, no link made; the JSON report."""
+    done = rocm_audit("dedup", "-p", str(site), "--format", "json")
+    assert b"Traceback" not in done.stderr, done.stderr
+    devel = os.fsencode(site / "_rocm_sdk_devel" / "lib")
+    assert not any(os.path.islink(devel + b"/" + name) for name in ODD_NAMES)
+    return json.loads(done.stdout)
+
+
 def test_a_planted_manifest_link_or_fifo_is_never_written_through(hostile, tmp_path):
     """The default revert manifests live in the audited tree (``.rocm-audit/``): one planted there as
     a symlink out of the root must not turn the run into a writer of the file it names, and a FIFO
@@ -181,31 +190,21 @@ def test_a_planted_manifest_link_or_fifo_is_never_written_through(hostile, tmp_p
     journal_dir = hostile / ".rocm-audit"
     journal_dir.mkdir()
     (journal_dir / "dedup-manifest.jsonl").symlink_to(outside)
-    devel = os.fsencode(hostile / "_rocm_sdk_devel" / "lib")
-    done = rocm_audit("dedup", "-p", str(hostile), "--format", "json")
-    assert b"Traceback" not in done.stderr, done.stderr
+    assert "DUP005" in {f["rule"] for f in _dedup_changes_nothing(hostile)["findings"]}
     assert outside.read_text() == "precious\n"
-    assert not any(os.path.islink(devel + b"/" + name) for name in ODD_NAMES)
-    assert "DUP005" in {f["rule"] for f in json.loads(done.stdout)["findings"]}
     (journal_dir / "dedup-manifest.jsonl").unlink()
     os.mkfifo(journal_dir / "dedup-manifest.jsonl")
-    done = rocm_audit("dedup", "-p", str(hostile), "--format", "json")
-    assert b"Traceback" not in done.stderr, done.stderr
-    assert not any(os.path.islink(devel + b"/" + name) for name in ODD_NAMES)
+    assert "DUP005" in {f["rule"] for f in _dedup_changes_nothing(hostile)["findings"]}
 
 
 def test_a_planted_journal_directory_link_is_never_written_through(hostile, tmp_path):
-    """``.rocm-audit`` itself planted as a symlink to a directory outside the audited tree: neither
-    dedup nor prune creates its manifest there, and neither changes anything without one."""
+    """``.rocm-audit`` itself planted as a symlink to a directory outside the audited tree: dedup
+    creates no manifest there, and without one it changes nothing (prune journals the same way)."""
     outside = tmp_path / "outside-dir"
     outside.mkdir()
     (hostile / ".rocm-audit").symlink_to(outside)
-    devel = os.fsencode(hostile / "_rocm_sdk_devel" / "lib")
-    done = rocm_audit("dedup", "-p", str(hostile), "--format", "json")
-    assert b"Traceback" not in done.stderr, done.stderr
-    assert "DUP005" in {f["rule"] for f in json.loads(done.stdout)["findings"]}
+    assert "DUP005" in {f["rule"] for f in _dedup_changes_nothing(hostile)["findings"]}
     assert list(outside.iterdir()) == []
-    assert not any(os.path.islink(devel + b"/" + name) for name in ODD_NAMES)
 
 
 def _is_utf8(name: bytes) -> bool:
