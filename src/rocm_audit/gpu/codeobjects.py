@@ -529,15 +529,19 @@ TU_SECTION_MIN_ALIGN = 8
 
 
 def _first_nonzero(fh: _File, pos: int, end: int) -> int:
-    """File offset of the first non-zero byte in [pos, end), else ``end`` (chunked reads)."""
+    """File offset of the first non-zero byte in [pos, end), else ``end``. Reads grow from 4 KiB to
+    SCAN_CHUNK: padding between TUs is under 4 KiB, and a whole chunk per gap read 45 MiB of the
+    jax plugin's 45 bundles for nothing."""
+    step = 4096
     while pos < end:
-        chunk = fh.read(pos, min(SCAN_CHUNK, end - pos))
+        chunk = fh.read(pos, min(step, end - pos))
         if not chunk:
             return end
         rest = chunk.lstrip(b"\0")
         if rest:
             return pos + len(chunk) - len(rest)
         pos += len(chunk)
+        step = min(step * 2, SCAN_CHUNK)
     return end
 
 
