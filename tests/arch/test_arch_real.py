@@ -447,7 +447,8 @@ def test_hcc_fat_binaries_in_a_kernel_section_are_listed_and_never_pass(tools, t
     bundle = _device_bundle(tools, tmp_path, "hcc", ("gfx906", "gfx908"))
     respelled = bundle.read_bytes().replace(b"hip-amdgcn-amd-amdhsa-", b"hcc-amdgcn-amd-amdhsa-")
     bundle.write_bytes(respelled)
-    (tmp_path / "hcc.s").write_text(f'  .section .kernel,"aw",@progbits\n  .incbin "{bundle}"\n')
+    # 8 bytes of padding first: hcc's section need not start with the bundle.
+    (tmp_path / "hcc.s").write_text(f'  .section .kernel,"aw",@progbits\n  .zero 8\n  .incbin "{bundle}"\n')
     run_checked([tools["clang-19"], "-c", str(tmp_path / "hcc.s"), "-o", str(tmp_path / "hcc.o")], tmp_path)
     library = tmp_path / "libhcc.so"
     run_checked([tools["ld.lld-19"], "-shared", str(tmp_path / "hcc.o"), "-o", str(library)], tmp_path)
@@ -497,3 +498,21 @@ def test_wrappers_pointing_at_a_fat_binary_outside_hip_fatbin_register_it(tools,
     assert report["findings"] == [] and report["carriers"][0]["missing"] == []
     report = run_cli("verify-arch", "gfx90a", "-p", str(library), "--format", "json").report
     assert [f["rule"] for f in report["findings"]] == ["ARCH001"]
+
+
+def test_a_wrapper_pointing_at_no_fat_binary_is_named_even_when_another_resolves(tools, tmp_path, run_cli):
+    """Two wrappers, one at ``__hip_fatbin`` and one 8 bytes into it: the runtime would register
+    whatever lies at the second address, so it is ARCH004 naming that wrapper and the address,
+    not dropped while the first one's bundle passes."""
+    bundle = _device_bundle(tools, tmp_path, "mix", ("gfx906",))
+    wrappers = _WRAPPER + _WRAPPER.replace("__hip_fatbin\n", "__hip_fatbin + 8\n")
+    (tmp_path / "mix.s").write_text(_RDC_IN_DATA.format(bundle=bundle, wrappers=wrappers))
+    run_checked([tools["clang-19"], "-c", str(tmp_path / "mix.s"), "-o", str(tmp_path / "mix.o")], tmp_path)
+    library = tmp_path / "libmix.so"
+    run_checked([tools["ld.lld-19"], "-shared", str(tmp_path / "mix.o"), "-o", str(library)], tmp_path)
+    result = scan_path(library)
+    assert result.tu_count == 1
+    (problem,) = [f for f in result.findings if f.rule == "ARCH004"]
+    assert "1 of 2 HIPF wrappers point at no fat binary (wrapper 1" in problem.message
+    report = run_cli("verify-arch", "gfx906", "-p", str(library), "--format", "json").report
+    assert {f["rule"] for f in report["findings"]} == {"ARCH004"}

@@ -277,7 +277,27 @@ def test_a_legacy_devel_copy_goes_to_the_family_its_distribution_names_and_only_
     code, report = audit("dedup", "-p", str(site))
     assert not devel.is_symlink()
     (left,) = [f for f in report["findings"] if f["rule"] == "DUP010" and f["path"] == str(devel)]
-    assert "built against rocm_sdk_libraries_gfx950_dcgpu, which installs no copy here" in left["message"]
+    assert "built against rocm_sdk_libraries_gfx950_dcgpu, which installs no copy" in left["message"]
+    # The named family's copy holds other bytes (another build): never linked to the family that matches.
+    site = tmp_path / "differs"
+    paths = _legacy_family_site(site, devel_copy="copy", devel_family="gfx94X-dcgpu")
+    devel, ours = paths["_rocm_sdk_devel"], paths["_rocm_sdk_libraries_gfx94X_dcgpu"]
+    ours.write_bytes(ours.read_bytes() + b"another build")
+    code, report = audit("dedup", "-p", str(site))
+    assert code == 0 and not devel.is_symlink()
+    (left,) = [f for f in report["findings"] if f["rule"] == "DUP010" and f["path"] == str(devel)]
+    assert "built against rocm_sdk_libraries_gfx94x_dcgpu, which installs no copy with these bytes" in left["message"]
+
+
+def test_each_site_s_devel_follows_the_family_its_own_dist_info_names(tmp_path):
+    """Two site directories audited in one run, the same distributions in each, their devels naming
+    different families: each devel goes to the family its own site's ``_dist_info.py`` names."""
+    first = _legacy_family_site(tmp_path / "one", devel_copy="copy", devel_family="gfx94X-dcgpu")
+    second = _legacy_family_site(tmp_path / "two", devel_copy="copy", devel_family="gfx90X-dcgpu")
+    code, report = audit("dedup", "-p", str(tmp_path / "one"), "-p", str(tmp_path / "two"))
+    assert code == 0, report["findings"]
+    assert os.readlink(first["_rocm_sdk_devel"]) == "../../_rocm_sdk_libraries_gfx94X_dcgpu/lib/libx.so.1"
+    assert os.readlink(second["_rocm_sdk_devel"]) == "../../_rocm_sdk_libraries_gfx90X_dcgpu/lib/libx.so.1"
 
 
 _ONE_LIBRARY = """

@@ -230,3 +230,15 @@ def test_a_planted_dist_info_link_never_gets_a_record_row(hostile, tmp_path):
     assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
     assert json.loads(done.stdout)["dedup"]["replaced"] > 0
     assert (outside / "RECORD").read_bytes() == before
+
+
+def test_a_record_field_over_the_csv_limit_is_no_internal_error(hostile):
+    """A RECORD row with a field longer than the csv module accepts (131,072 characters) lists
+    nothing rocm-audit can trust: the distribution owns nothing, and no command stops on it."""
+    info = hostile / "rocm_sdk_core-7.13.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rocm-sdk-core\nVersion: 7.13.0\n")
+    (info / "RECORD").write_text("_rocm_sdk_core/" + "x" * 200_000 + ",,\n")
+    for args in (("check", "gfx942"), ("prune", "gfx942", "--dry-run"), ("dedup", "--check")):
+        done = rocm_audit(*args, "-p", str(hostile), "--format", "json")
+        assert done.returncode in (0, 1) and b"internal error" not in done.stderr, (args, done.stderr)

@@ -32,7 +32,7 @@ from rocm_audit.tree.identical import (
 )
 from rocm_audit.tree.inventory import TEMP_PREFIX, FileKind, FileRecord, Inventory, ListedFile, classify
 from rocm_audit.tree.keeper import KeeperRule
-from rocm_audit.tree.ownership import Ownership, sibling_trees, tree_relpath
+from rocm_audit.tree.ownership import Ownership, is_family_distribution, sibling_trees, tree_relpath
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,12 +373,35 @@ def _group_from(
     with_other_owner = [r for r in expansions if r.identity != keeper.identity and r.identity in foreign_inodes]
     for record in with_other_owner:
         intact.append((foreign_inodes[record.identity].path, [record.path]))
-    made_for = {r.path: ownership.made_for(r.path) for r in expansions if foreign}
+    made_for = {r.path: ownership.made_for(r.path) for r in expansions}
     elsewhere = [
         r
         for r in expansions
-        if r.identity != keeper.identity and r not in with_other_owner and made_for.get(r.path) in foreign_owners
+        if r.identity != keeper.identity and r not in with_other_owner and made_for[r.path] in foreign_owners
     ]
+    # Built against a family whose copy is not among these bytes: never linked to another family's.
+    mismatched = [
+        r
+        for r in expansions
+        if r.identity != keeper.identity
+        and r not in with_other_owner
+        and r not in elsewhere
+        and made_for[r.path] is not None
+        and keeper_owner is not None
+        and is_family_distribution(keeper_owner)
+        and made_for[r.path] != keeper_owner
+    ]
+    for record in mismatched:
+        findings.append(
+            make_finding(
+                "DUP010",
+                record.path,
+                f"its distribution was built against {made_for[record.path]}, which installs no copy with these "
+                f"bytes here ({keeper_owner}'s is the same bytes), so it is left as it is",
+                related=[keeper.path],
+                data={"owner": None, "others": [keeper_owner]},
+            )
+        )
     groups: list[DedupGroup] = []
     for other in sorted({made_for[r.path] for r in elsewhere}, key=str):
         groups += _group_from(
@@ -398,7 +421,8 @@ def _group_from(
         and r.identity != keeper.identity
         and r not in with_other_owner
         and r not in elsewhere
-        and (keeper_owner is None or made_for.get(r.path) != keeper_owner)
+        and r not in mismatched
+        and (keeper_owner is None or made_for[r.path] != keeper_owner)
     ]
     if foreign:
         split = [r for r in foreign if r.identity != keeper.identity]
@@ -413,7 +437,7 @@ def _group_from(
                     data={"owner": keeper_owner, "others": sorted({owner[r.path] or "" for r in split})},
                 )
             )
-    foreign += with_other_owner + elsewhere + undecided
+    foreign += with_other_owner + elsewhere + mismatched + undecided
     on_keeper = {
         r.path
         for r in ordered[1:]
@@ -518,8 +542,11 @@ def _mirrored_groups(
     by_path = {r.path: r for r in inventory.files}
     realdir = functools.lru_cache(maxsize=None)(os.path.realpath)
     groups: dict[str, DedupGroup] = {}
+    left = {f.path for f in findings if f.rule == "DUP010"}  # the content groups said why already
     for record in inventory.files:
         if record.sdk_tree is None or record.path in classed or not ownership.is_expansion(record.path):
+            continue
+        if record.path in left:
             continue
         relpath = tree_relpath(record.path, record.sdk_tree)
         if relpath in _NOT_MIRRORED or "__pycache__" in relpath.split(os.sep):
@@ -531,14 +558,24 @@ def _mirrored_groups(
                 twins.append(twin)
         on_twin = [twin for twin in twins if twin.identity == record.identity]
         owners = sorted({ownership.owner(twin.path) or "" for twin in twins})
-        made_for = None
-        if not on_twin and len(owners) > 1:
-            # Legacy per-family wheels side by side: each family's devel links into its own tree,
-            # which a copy on its own inode still names when its distribution records the family.
-            made_for = ownership.made_for(record.path)
+        # Legacy per-family wheels: each family's devel links into its own tree, which a copy on
+        # its own inode still names when its distribution records the family.
+        made_for = None if on_twin else ownership.made_for(record.path)
+        if made_for is not None and any(is_family_distribution(ownership.owner(t.path) or "") for t in twins):
             chosen = [twin for twin in twins if ownership.owner(twin.path) == made_for]
-            if chosen:
-                twins = chosen
+            if not chosen:
+                findings.append(
+                    make_finding(
+                        "DUP010",
+                        record.path,
+                        f"its distribution was built against {made_for}, which installs no copy here; "
+                        f"the same path in {', '.join(owners)} is another family's, so it is left as it is",
+                        related=[twin.path for twin in twins],
+                        data={"owner": None, "others": owners},
+                    )
+                )
+                continue
+            twins = chosen
         if not on_twin and len(owners) > 1 and len(twins) > 1:
             source = (
                 f"its distribution was built against {made_for}, which installs no copy here"

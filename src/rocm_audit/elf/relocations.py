@@ -15,7 +15,7 @@ import struct
 from collections.abc import Iterable, Sequence
 
 from rocm_audit.elf.read import ElfHeader
-from rocm_audit.elf.sections import Section
+from rocm_audit.elf.sections import SHF_ALLOC, Section
 from rocm_audit.errors import FormatError
 
 SHT_RELA = 4
@@ -86,8 +86,11 @@ def _defined_value(fd: int, table: Section, index: int, file_size: int) -> int |
 
 
 def file_place(sections: Sequence[Section], address: int) -> tuple[Section, int] | None:
-    """The allocated section with file bytes holding ``address``, and the address's file offset."""
+    """The section the loader maps (SHF_ALLOC) with file bytes holding ``address``, and the
+    address's file offset."""
     for section in sections:
-        if section.has_file_bytes and section.addr and section.addr <= address < section.addr + section.size:
+        if not section.has_file_bytes or not section.flags & SHF_ALLOC or not section.addr:
+            continue
+        if section.addr <= address < section.addr + section.size:
             return section, section.offset + (address - section.addr)
     return None

@@ -631,6 +631,18 @@ def _read_containers(
     return tu
 
 
+def _container_at(fh: _File, head: bytes, pos: int, end: int, tu: int, place: str) -> _Container | None:
+    """The bundle or CCOB starting at ``pos`` (``head``: its first bytes), located from its header
+    alone; None when no magic starts there. Raises FormatError for a header that does not hold."""
+    if head.startswith(offload_bundle.BUNDLE_MAGIC):
+        size = _read_bundle_table(fh.reader(pos, end - pos), pos, end - pos).end
+        return _Container("offload-bundle", pos, end - pos, tu, place, size=size)
+    if head.startswith(ccob.CCOB_MAGIC):
+        header, size = _ccob_extent(fh, pos, end - pos)
+        return _Container("ccob", pos, end - pos, tu, place, inflated=header.uncompressed_size, size=size)
+    return None
+
+
 def _locate_containers(fh: _File, section: Section, label: str = ".hip_fatbin") -> list[_Container]:
     """The containers of ``.hip_fatbin`` from their headers, in file order.
 
@@ -657,17 +669,12 @@ def _locate_containers(fh: _File, section: Section, label: str = ".hip_fatbin") 
         place = f"{label}+{pos - start:#x}"
         tu = len(found)
         try:
-            if head.startswith(offload_bundle.BUNDLE_MAGIC):
-                size = _read_bundle_table(fh.reader(pos, end - pos), pos, end - pos).end
-                found.append(_Container("offload-bundle", pos, end - pos, tu, place, size=size))
-            elif head.startswith(ccob.CCOB_MAGIC):
-                header, size = _ccob_extent(fh, pos, end - pos)
-                found.append(
-                    _Container("ccob", pos, end - pos, tu, place, inflated=header.uncompressed_size, size=size)
-                )
-            else:
+            container = _container_at(fh, head, pos, end, tu, place)
+            if container is None:
                 reason = f"no bundle or CCOB magic at section offset {pos - start:#x}"
                 raise FormatError(label, pos, reason)
+            found.append(container)
+            size = container.size
         except FormatError as exc:
             if is_container:
                 # Its own reader meets the same error when the containers are read, in order.
@@ -1425,6 +1432,7 @@ def _offload_binaries(result: FileCodeObjects, fh: _File, start: int, size: int,
 
 
 def _wrapped_containers(
+    result: FileCodeObjects,
     fh: _File,
     header: elfread.ElfHeader,
     sections: Sequence[Section],
@@ -1432,25 +1440,53 @@ def _wrapped_containers(
     wrappers: list[hip_fatbin.FatbinWrapper],
 ) -> list[_Container]:
     """The fat binaries HIPF wrappers point at, each once, in wrapper order: the address the loader
-    writes into a wrapper's pointer (its RELA relocation, else the address a non-PIC file holds),
-    when a bundle or CCOB starts exactly there. Empty when none does."""
+    writes into a wrapper's pointer (its RELA relocation; in a non-PIC executable the address the
+    file holds), when a bundle or CCOB starts exactly there in a section the loader maps. Empty
+    when none does. A wrapper that points at no fat binary while others do is ARCH004 naming it:
+    the runtime would register whatever lies there."""
     slots = [segment.addr + wrapper.index * hip_fatbin.WRAPPER_SIZE + 8 for wrapper in wrappers]
     try:
         loaded = loaded_pointers(fh.fd, header, sections, fh.size, slots)
-    except FormatError:
+    except FormatError as exc:
+        _malformed(result, exc, "the relocations of .hipFatBinSegment")
         return []
     found: list[_Container] = []
+    at_offset: set[int] = set()
+    unresolved: list[tuple[int, int]] = []  # (wrapper index, the address it points at)
     for wrapper, slot in zip(wrappers, slots, strict=True):
-        address = loaded.get(slot, wrapper.binary_ptr)
-        where = file_place(sections, address) if wrapper.magic == hip_fatbin.HIPF_MAGIC and address else None
-        if where is None or any(c.pos == where[1] for c in found):
+        if wrapper.magic != hip_fatbin.HIPF_MAGIC:
             continue
-        section, offset = where
-        rest = dataclasses.replace(section, offset=offset, size=section.offset + section.size - offset)
-        first = _locate_containers(fh, rest, section.name)[:1]
-        if first and first[0].kind != "error" and first[0].pos == offset:
+        address = loaded.get(slot)
+        if address is None and header.e_type == elfread.ET_EXEC:
+            address = wrapper.binary_ptr  # no relocation: the address is in the file
+        where = file_place(sections, address) if address else None
+        container = None
+        if where is not None:
+            section, offset = where
+            if offset in at_offset:
+                continue
             place = f"{section.name}+{offset - section.offset:#x}"
-            found.append(dataclasses.replace(first[0], tu=len(found), place=place))
+            end = section.offset + section.size
+            try:
+                container = _container_at(fh, fh.read(offset, min(32, end - offset)), offset, end, len(found), place)
+            except FormatError:
+                container = None
+        if container is None:
+            unresolved.append((wrapper.index, address or 0))
+            continue
+        found.append(container)
+        at_offset.add(container.pos)
+    if found and unresolved:
+        index, address = unresolved[0]
+        result.findings.append(
+            make_finding(
+                "ARCH004",
+                result.path,
+                f"{len(unresolved)} of {len(wrappers)} HIPF wrappers point at no fat binary (wrapper {index} "
+                f"at file offset {segment.offset + index * hip_fatbin.WRAPPER_SIZE:#x} points at {address:#x})",
+                data={"offset": segment.offset + index * hip_fatbin.WRAPPER_SIZE, "format": hip_fatbin.FMT},
+            )
+        )
     return found
 
 
@@ -1543,7 +1579,7 @@ def _scan_host_elf(
     elif (
         wrappers
         and segment is not None
-        and (registered := _wrapped_containers(fh, header, sections, segment, wrappers))
+        and (registered := _wrapped_containers(result, fh, header, sections, segment, wrappers))
     ):
         # No .hip_fatbin, but the wrappers point at fat binaries elsewhere (rccl of ROCm 4.0: six
         # wrappers, one -fgpu-rdc bundle in .data): those are what the runtime registers.
@@ -1565,8 +1601,10 @@ def _scan_host_elf(
         result.add_container("hip-fatbin")
         result.tu_count = len(wrappers)
     hcc = by_name.get(HCC_KERNEL_SECTION)
-    if hcc is not None and hcc.has_file_bytes and fh.read(hcc.offset, 32).startswith(offload_bundle.BUNDLE_MAGIC):
-        _hcc_kernels(result, fh, hcc)
+    if hcc is not None and hcc.has_file_bytes:
+        first = _first_nonzero(fh, hcc.offset, hcc.offset + hcc.size)  # the bundle may follow padding
+        if fh.read(first, len(offload_bundle.BUNDLE_MAGIC)) == offload_bundle.BUNDLE_MAGIC:
+            _hcc_kernels(result, fh, hcc)
     offloading = by_name.get(".llvm.offloading")
     if offloading is not None and offloading.has_file_bytes:
         result.add_container("offload-binary")

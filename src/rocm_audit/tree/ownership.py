@@ -33,6 +33,7 @@ DEVICE_DISTRIBUTION_PREFIX = "rocm_sdk_device"  # rocm-sdk-device-<arch>, normal
 FAMILY_LIBRARIES_DISTRIBUTION = "rocm-sdk-libraries-{family}"
 # The generated _dist_info.py of a TheRock wheel is some 10 kB; anything far larger is not one.
 MAX_DIST_INFO_MODULE_BYTES = 1 << 20
+_FAMILY_PREFIX = re.sub(r"[-_.]+", "_", FAMILY_LIBRARIES_DISTRIBUTION.split("{", 1)[0]).lower()
 # A RECORD lists a row per file (an expanded TheRock devel: some 50,000 rows, 5 MB); METADATA
 # holds the long description. Far above any real one, and a bound on what a hostile one costs.
 MAX_RECORD_BYTES = 256 << 20
@@ -43,6 +44,7 @@ MAX_METADATA_BYTES = 64 << 20
 class RecordRow:
     distribution: str  # normalised name, as in ``<name>-<version>.dist-info``
     hashed: bool  # installed from the wheel (owned content); False: created after install (an expansion)
+    site_dir: str = ""  # where the RECORD that lists it lives: one distribution name per site directory
 
 
 @dataclass(slots=True)
@@ -51,15 +53,15 @@ class Ownership:
 
     rows: dict[str, RecordRow]
     records: dict[str, str]  # distribution -> its RECORD path
-    # distribution -> (site dir, pure package) of the generated ``_dist_info.py`` its wheel installed
-    dist_info_modules: dict[str, tuple[str, str]] = field(default_factory=dict)
-    _made_for: dict[str, str | None] = field(default_factory=dict)
+    # (site dir, distribution) -> the pure package of the generated ``_dist_info.py`` its wheel installed
+    dist_info_modules: dict[tuple[str, str], str] = field(default_factory=dict)
+    _made_for: dict[tuple[str, str], str | None] = field(default_factory=dict)
 
     @classmethod
     def of_trees(cls, sdk_trees: Iterable[str]) -> Ownership:
         rows: dict[str, RecordRow] = {}
         records: dict[str, str] = {}
-        modules: dict[str, tuple[str, str]] = {}
+        modules: dict[tuple[str, str], str] = {}
         for site_dir in sorted({os.path.dirname(tree) for tree in sdk_trees}):
             for name in _dist_info_names(site_dir):
                 record = os.path.join(site_dir, name, "RECORD")
@@ -77,11 +79,11 @@ class Ownership:
                     hashed = len(line) > 1 and bool(line[1])
                     top, _, rest = line[0].partition("/")
                     if hashed and rest == "_dist_info.py" and not is_sdk_tree_name(top):
-                        modules[distribution] = (site_dir, top)
+                        modules[(site_dir, distribution)] = top
                     previous = rows.get(path)
                     # A hashed row wins: a device wheel's reconcile may also list a file another wheel installed.
                     if previous is None or (hashed and not previous.hashed):
-                        rows[path] = RecordRow(distribution, hashed)
+                        rows[path] = RecordRow(distribution, hashed, site_dir)
         return cls(rows, records, modules)
 
     def row(self, path: str) -> RecordRow | None:
@@ -113,13 +115,20 @@ class Ownership:
         row = self.rows.get(path)
         if row is None or row.hashed:
             return None
-        if row.distribution not in self._made_for:
-            module = self.dist_info_modules.get(row.distribution)
-            family = this_target_family(*module) if module is not None else None
-            self._made_for[row.distribution] = (
+        key = (row.site_dir, row.distribution)
+        if key not in self._made_for:
+            package = self.dist_info_modules.get(key)
+            family = this_target_family(row.site_dir, package) if package is not None else None
+            self._made_for[key] = (
                 None if family is None else distribution_key(FAMILY_LIBRARIES_DISTRIBUTION.format(family=family))
             )
-        return self._made_for[row.distribution]
+        return self._made_for[key]
+
+
+def is_family_distribution(distribution: str) -> bool:
+    """A legacy per-family libraries wheel (``rocm_sdk_libraries_gfx94x_dcgpu``), as Ownership keys it;
+    the kpack split's family-neutral ``rocm_sdk_libraries`` is not one."""
+    return distribution.startswith(_FAMILY_PREFIX)
 
 
 def distribution_key(name: str) -> str:
@@ -271,7 +280,11 @@ def _read_one(site_dir: str, dist_info: str) -> Distribution | None:
     if not name or not version:
         return None
     distribution = Distribution(str(name), str(version), dist_info, site_dir)
-    for row in csv.reader(io.StringIO(record_text)):
+    try:
+        rows = list(csv.reader(io.StringIO(record_text)))
+    except csv.Error:
+        return None  # a RECORD csv cannot read (a field over its limit) lists nothing we can trust
+    for row in rows:
         if not row or not row[0]:
             continue
         path = os.path.normpath(os.path.join(site_dir, row[0]))
