@@ -561,33 +561,30 @@ def _mirrored_groups(
         # Legacy per-family wheels: each family's devel links into its own tree, which a copy on
         # its own inode still names when its distribution records the family.
         made_for = None if on_twin else ownership.made_for(record.path)
+        reason = None
         if made_for is not None and any(is_family_distribution(ownership.owner(t.path) or "") for t in twins):
             chosen = [twin for twin in twins if ownership.owner(twin.path) == made_for]
-            if not chosen:
-                findings.append(
-                    make_finding(
-                        "DUP010",
-                        record.path,
-                        f"its distribution was built against {made_for}, which installs no copy here; "
-                        f"the same path in {', '.join(owners)} is another family's, so it is left as it is",
-                        related=[twin.path for twin in twins],
-                        data={"owner": None, "others": owners},
-                    )
+            if chosen:
+                twins = chosen
+            else:
+                reason = (
+                    f"its distribution was built against {made_for}, which installs no copy here; "
+                    f"the same path in {', '.join(owners)} is another family's"
                 )
-                continue
-            twins = chosen
-        if not on_twin and len(owners) > 1 and len(twins) > 1:
+        elif not on_twin and len(owners) > 1:
             source = (
                 f"its distribution was built against {made_for}, which installs no copy here"
                 if made_for
                 else "which one it was made from is not recorded"
             )
+            mirrored = f"the runtime file it mirrors is installed by {len(owners)} distributions"
+            reason = f"{mirrored} ({', '.join(owners)}); {source}"
+        if reason is not None:
             findings.append(
                 make_finding(
                     "DUP010",
                     record.path,
-                    f"the runtime file it mirrors is installed by {len(owners)} distributions "
-                    f"({', '.join(owners)}); {source}, so it is left as it is",
+                    f"{reason}, so it is left as it is",
                     related=[twin.path for twin in twins],
                     data={"owner": None, "others": owners},
                 )
