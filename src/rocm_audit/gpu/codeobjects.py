@@ -28,7 +28,7 @@ from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_bina
 from rocm_audit.formats.amdgpu_elf import FEATURES, supported_features
 from rocm_audit.formats.offload_bundle import DEVICE_KINDS
 from rocm_audit.tree.inventory import FileKind, FileRecord
-from rocm_audit.tree.smallfile import open_regular
+from rocm_audit.tree.smallfile import open_regular, read_head
 from rocm_audit.tree.targets import (
     GENERIC_OF,
     KNOWN_PROCESSORS,
@@ -982,15 +982,6 @@ class _LoadedArchive:
         return self._frames
 
 
-def _read_head(path: str, size: int) -> bytes:
-    """The first ``size`` bytes of the regular file at ``path`` (never waiting on a FIFO). Raises OSError."""
-    fd = open_regular(path)
-    try:
-        return os.pread(fd, size, 0)
-    finally:
-        os.close(fd)
-
-
 # Many libraries share one per-arch archive (blas_lib_gfx942.kpack): parse each TOC once per run.
 _ARCHIVES: dict[tuple[str, int, int, int, int], _LoadedArchive | None] = {}
 _MAX_CACHED_ARCHIVES = 256
@@ -1066,7 +1057,7 @@ def _kpack_archive_paths(library: str, ref: kpack.KpackRef, result: FileCodeObje
         for candidate in candidates:
             if candidate.endswith(".kpm"):
                 try:
-                    manifest = kpack.parse_kpm(_read_head(candidate, kpack.MAX_REF_BYTES * 16), 0)
+                    manifest = kpack.parse_kpm(read_head(candidate, kpack.MAX_REF_BYTES * 16), 0)
                 except FormatError as exc:
                     result.findings.append(
                         make_finding(

@@ -12,6 +12,7 @@ use on another). Library code: returns a ``CommandOutcome`` and never prints.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -571,7 +572,13 @@ def unselectable(obj: CodeObject) -> bool:
     ``hip-amdgcn-amd-amdhsa-gfxN``. CCOB entries are unbundled by comgr's bundler instead."""
     if obj.container != "offload-bundle" or obj.entry_id is None or obj.kind == "host":
         return False
-    return not comgr_selectable(parse_entry_id(obj.entry_id))
+    return _unmatched_id(obj.entry_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _unmatched_id(entry_id: str) -> bool:
+    """Parsed once per id: tu_match asks for every entry, once per target."""
+    return not comgr_selectable(parse_entry_id(entry_id))
 
 
 def _named_target(obj: CodeObject) -> str | None:

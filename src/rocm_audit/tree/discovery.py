@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocm_audit.errors import UsageError
-from rocm_audit.tree.smallfile import open_regular
+from rocm_audit.tree.smallfile import read_head
 
 SDK_TREE_PREFIX = "_rocm_sdk_"
 # The rocm-profiler wheel's platform tree: its dist name is not rocm-sdk-* (rocm_sdk/_dist_info.py
@@ -131,15 +131,9 @@ def enclosing_sdk_tree(path: str) -> str | None:
 
 def _is_zip(path: str) -> bool:
     try:
-        fd = open_regular(path)
+        return read_head(path, 4) == b"PK\x03\x04"
     except OSError:
         return False
-    try:
-        return os.pread(fd, 4, 0) == b"PK\x03\x04"
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def resolve_roots(paths: list[str] | None, *, for_dedup: bool = False) -> tuple[list[AuditRoot], list[str]]:

@@ -51,3 +51,13 @@ def read_small(path: str, limit: int, *, follow_symlinks: bool = True) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes (fewer if the file is shorter) of the regular file at ``path``,
+    opened as ``open_regular`` does. Raises OSError."""
+    fd = open_regular(path)
+    try:
+        return os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
