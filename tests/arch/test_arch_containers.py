@@ -243,6 +243,17 @@ def test_garbage_inside_hip_fatbin_is_reported_with_its_offset(tmp_path):
     assert targets(result) == [(0, "gfx942")]
 
 
+def test_a_magic_after_padding_off_the_tu_alignment_is_named_where_it_is(tmp_path):
+    # Only the linker pads between TUs, and it starts each TU's section 8-aligned (4096 since LLVM
+    # 12): a bundle 5 bytes past a boundary is no TU. The finding names the magic, not the padding.
+    path = fatbin_library(tmp_path / "libodd.so", [bundle(SAMPLE[:2]), b"\0" * 5 + bundle(SAMPLE[:1])], wrappers=2)
+    result = scan_path(path)
+    problems = malformed(result)
+    assert len(problems) == 1 and "is not 8-aligned" in problems[0]["message"], problems
+    assert problems[0]["offset"] == 4096 + 8192 + 5
+    assert targets(result) == [(0, "gfx942")]
+
+
 def test_wrapper_table_must_be_whole_wrappers_with_known_magic(tmp_path):
     path = fatbin_library(tmp_path / "libw.so", [bundle(SAMPLE[:2])], wrappers=1, magic=0x12345678)
     assert any(".hipFatBinSegment" in p["message"] for p in malformed(scan_path(path)))

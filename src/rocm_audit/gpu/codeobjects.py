@@ -643,6 +643,17 @@ def _container_at(fh: _File, head: bytes, pos: int, end: int, tu: int, place: st
     return None
 
 
+def _no_container_reason(head: bytes, at: int, padding_from: int | None, start: int) -> str:
+    """Why no container starts at section offset ``at`` (``head``: its first bytes)."""
+    if padding_from is None:
+        return f"no bundle or CCOB magic at section offset {at:#x}"
+    after = f"after zero padding from section offset {padding_from - start:#x}"
+    if head.startswith((offload_bundle.BUNDLE_MAGIC, ccob.CCOB_MAGIC)):
+        # Only a linker's padding comes before a TU here, and it aligns each TU's section.
+        return f"container magic at section offset {at:#x} {after} is not {TU_SECTION_MIN_ALIGN}-aligned"
+    return f"no bundle or CCOB magic at section offset {at:#x}, the first non-zero byte {after}"
+
+
 def _locate_containers(fh: _File, section: Section, label: str = ".hip_fatbin") -> list[_Container]:
     """The containers of ``.hip_fatbin`` from their headers, in file order.
 
@@ -657,22 +668,24 @@ def _locate_containers(fh: _File, section: Section, label: str = ".hip_fatbin") 
     while pos < end:
         head = fh.read(pos, min(32, end - pos))
         is_container = head.startswith((offload_bundle.BUNDLE_MAGIC, ccob.CCOB_MAGIC))
+        padding_from = None
         if not is_container:
             first = _first_nonzero(fh, pos, end)
             if first >= end:
                 break  # padding to the end of the section
-            if first > pos and (first - start) % TU_SECTION_MIN_ALIGN == 0:
-                # Padding: the next container (or what stands in its place) starts here.
-                pos = first
+            if first > pos:
+                # Padding: the next container (or what stands in its place) starts at the first
+                # non-zero byte, which is what a finding names, aligned or not.
+                padding_from, pos = pos, first
                 head = fh.read(pos, min(32, end - pos))
-                is_container = head.startswith((offload_bundle.BUNDLE_MAGIC, ccob.CCOB_MAGIC))
+                aligned = (first - start) % TU_SECTION_MIN_ALIGN == 0
+                is_container = aligned and head.startswith((offload_bundle.BUNDLE_MAGIC, ccob.CCOB_MAGIC))
         place = f"{label}+{pos - start:#x}"
         tu = len(found)
         try:
-            container = _container_at(fh, head, pos, end, tu, place)
+            container = _container_at(fh, head, pos, end, tu, place) if is_container else None
             if container is None:
-                reason = f"no bundle or CCOB magic at section offset {pos - start:#x}"
-                raise FormatError(label, pos, reason)
+                raise FormatError(label, pos, _no_container_reason(head, pos - start, padding_from, start))
             found.append(container)
             size = container.size
         except FormatError as exc:
