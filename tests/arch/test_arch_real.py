@@ -14,6 +14,7 @@ from arch_writers import scan_path, section_bytes
 
 from rocm_audit.gpu.codeobjects import FileCodeObjects
 from support.run import run_checked
+from support.toolchain import gfx942_code_object
 from support.vendor import aiter_wheel, cupy_rocm40_wheel
 
 JAX_TARGETS = [
@@ -516,3 +517,30 @@ def test_a_wrapper_pointing_at_no_fat_binary_is_named_even_when_another_resolves
     assert "1 of 2 HIPF wrappers point at no fat binary (wrapper 1" in problem.message
     report = run_cli("verify-arch", "gfx906", "-p", str(library), "--format", "json").report
     assert {f["rule"] for f in report["findings"]} == {"ARCH004"}
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["bundle", "ccob"])
+@pytest.mark.parametrize("kind", ["hip", "hipv4"])
+def test_a_hip_kind_entry_serves_its_target_as_a_hipv4_one_does(tools, tmp_path, run_cli, kind, compress):
+    """CLR asks comgr for ``hipv4-amdgcn-amd-amdhsa--<agent>`` (its unbundle action for a CCOB) or
+    looks the ISA up (a plain bundle); LLVM's unbundler takes ``hip`` and ``hipv4`` as one kind.
+    The oracle is clang-offload-bundler-19 unbundling the real gfx942 code object with CLR's id."""
+    code_object = gfx942_code_object(tmp_path)
+    host = tmp_path / "host.o"
+    host.write_bytes(b"")
+    image = tmp_path / f"{kind}.co"
+    targets = f"-targets=host-x86_64-unknown-linux-gnu,{kind}-amdgcn-amd-amdhsa--gfx942"
+    pack = [tools["clang-offload-bundler-19"], "-type=o", targets, f"-input={host}", f"-input={code_object}"]
+    run_checked([*pack, f"-output={image}", *(["--compress"] * compress)], tmp_path)
+    assert image.read_bytes().startswith(b"CCOB" if compress else b"__CLANG_OFFLOAD_BUNDLE__")
+    unpacked = tmp_path / "unpacked.o"
+    asked = "-targets=hipv4-amdgcn-amd-amdhsa--gfx942"
+    unpack = [tools["clang-offload-bundler-19"], "-type=o", "-unbundle", asked, f"-input={image}"]
+    run_checked([*unpack, f"-output={unpacked}"], tmp_path)
+    assert unpacked.read_bytes() == code_object.read_bytes()
+    report = run_cli("verify-arch", "gfx942", "-p", str(image), "--format", "json", expect=0).report
+    assert report["findings"] == []
+    assert (
+        run_cli("verify-arch", "gfx90a", "-p", str(image), "--format", "json", expect=1).report["findings"][0]["rule"]
+        == "ARCH001"
+    )
