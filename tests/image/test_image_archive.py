@@ -83,6 +83,74 @@ def test_docker_save_split_copies_are_reported_with_their_layers(tmp_path, run_c
     assert "IMG008" in rules(report)
 
 
+def test_hardlink_into_site_packages_from_a_file_not_extracted(tmp_path, run_cli, libs):
+    # The layer stores the bytes first under /opt (streamed past in the default mode) and links
+    # the SDK's name to them: the second reading of the layer fills the link, so the split copy
+    # of the next layer is found; a link to a name the layer holds no file at is refused.
+    core = layer(
+        ("opt/stage/libamd_comgr.so.3", libs["comgr"]),
+        member(f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", kind=tarfile.LNKTYPE, link="opt/stage/libamd_comgr.so.3"),
+        member(f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so", kind=tarfile.LNKTYPE, link="/opt/stage/libamd_comgr.so.3"),
+        member(f"{SP}/_rocm_sdk_core/lib/libghost.so", kind=tarfile.LNKTYPE, link="opt/stage/none.so"),
+    )
+    devel = layer((f"{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3", libs["comgr"]))
+    archive = docker_save(tmp_path / "save.tar", [core, devel])
+    report = run_cli("image", "--archive", str(archive), "--format", "json", expect=1).report
+    dup = [f for f in report["findings"] if f["rule"] == "DUP001"]
+    assert {p for f in dup for p in (f["path"], *f["related_paths"])} >= {
+        f"/{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3",
+        f"/{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3",
+    }
+    ghost = hostile_finding(report, "IMG002", "libghost.so")
+    assert "none.so" in ghost["message"] and ghost["data"]["layer"] == 0 and ghost["data"]["offset"] > 0
+    assert [f["path"] for f in report["findings"] if f["rule"] == "IMG002"] == [ghost["path"]]
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions())
+    extract_archive(str(archive), str(work), state)
+    lib = Path(state.root, SP, "_rocm_sdk_core/lib")
+    assert (lib / "libamd_comgr.so.3").read_bytes() == libs["comgr"]
+    assert os.path.samefile(lib / "libamd_comgr.so.3", lib / "libamd_comgr.so")
+    assert not (lib / "libghost.so").exists()
+    assert not Path(state.root, "opt/stage/libamd_comgr.so.3").exists()  # streamed past, as before
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["default", "full"])
+def test_libraries_outside_the_extracted_directories_still_resolve(tmp_path, run_cli, full):
+    # A site-packages library with RUNPATH /opt/vendor/lib: the default mode does not write /opt,
+    # but the loader model knows what the image holds there (a link and the file it names), so
+    # only the library the image really lacks is POST002, and a whiteout takes one away again.
+    build = tmp_path / "build"
+    vendor = build_library(build, "vendor", "libvendor.so.1")
+    other = build_library(build, "other", "libother.so.2")
+    build_library(build, "missing", "libmissing.so.7")
+    user = build_library(
+        build / "user",
+        "user",
+        "libuser.so",
+        needed=("libvendor.so.1", "libother.so.2", "libmissing.so.7"),
+        runpath="/opt/vendor/lib",
+        link_dir=build,
+    )
+    lower = layer(
+        ("opt/vendor/lib/libvendor.so.1.0.0", vendor.read_bytes()),
+        member("opt/vendor/lib/libvendor.so.1", kind=tarfile.SYMTYPE, link="libvendor.so.1.0.0"),
+        ("opt/vendor/lib/libother.so.2", other.read_bytes()),
+        (f"{SP}/pkg/libuser.so", user.read_bytes()),
+    )
+    upper = layer(("opt/vendor/lib/.wh.libother.so.2", b""))
+    for name, layers in (("two", [lower]), ("whited-out", [lower, upper])):
+        archive = docker_save(tmp_path / f"{name}.tar", layers)
+        args = ["image", "--archive", str(archive), "--format", "json", *(["--full"] if full else [])]
+        report = run_cli(*args, expect=0).report  # POST002 is a warning
+        # The image has no libc either: the loader model says so, as for any other library.
+        missing = [f["data"]["missing_sonames"] for f in report["findings"] if f["rule"] == "POST002"]
+        if name == "two":
+            assert missing == [["libmissing.so.7", "libc.so.6"]]
+        else:
+            assert missing == [["libother.so.2", "libmissing.so.7", "libc.so.6"]]
+
+
 def test_same_layer_duplicates_say_dedup_belongs_in_that_step(tmp_path, run_cli, libs):
     one = layer(
         (f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", libs["comgr"]),
@@ -190,29 +258,38 @@ def test_unsafe_entries_are_refused_with_layer_and_offset(tmp_path, run_cli):
         member("ok/fifo", kind=tarfile.FIFOTYPE),
         member("link-to-outside", kind=tarfile.SYMTYPE, link=str(outside)),
     )
-    through = layer(("link-to-outside/planted.txt", b"must not be written"))
+    through = layer(("link-to-outside/planted.txt", b"written in the image, never outside it"))
     archive = docker_save(tmp_path / "save.tar", [evil, through])
     report = run_cli("image", "--archive", str(archive), "--format", "json").report
-    for needle in ("abs.txt", "escape.txt", "ok/up", "ok/hard", "planted.txt"):
+    # What the engine refuses (a relative name or hardlink that climbs above the root) is refused.
+    for needle in ("escape.txt", "ok/hard"):
         finding = hostile_finding(report, "IMG002", needle)
         assert isinstance(finding["data"].get("offset", 0), int)
+    # What it accepts is placed as it places it, inside the root.
+    for needle in ("abs.txt", "ok/up", "planted.txt"):
+        assert not [f for f in report["findings"] if f["rule"] == "IMG002" and needle in f["path"]]
     devices = hostile_finding(report, "IMG003", "ok/dev")["data"]
     assert devices["paths"] == ["/ok/dev", "/ok/fifo"] and devices["type"] == "3"
     assert list(outside.iterdir()) == []
     state, root = merged(tmp_path, archive)
+    real_root = os.path.realpath(root)
+    assert (root / str(outside).lstrip("/") / "abs.txt").read_bytes() == b"x"  # a rooted name: from the root
     assert os.readlink(root / "ok" / "abs-link") == "../usr/lib"  # absolute: made relative to the root
-    assert not (root / "link-to-outside").exists() or os.path.realpath(root / "link-to-outside").startswith(
-        os.path.realpath(root)
-    )
+    assert os.path.realpath(root / "ok" / "up") == real_root  # the kernel stops '..' at the root
+    # The second layer's entry below the first layer's link makes that path a directory (overlay2).
+    assert (root / "link-to-outside").is_dir() and not (root / "link-to-outside").is_symlink()
+    assert (root / "link-to-outside" / "planted.txt").read_bytes().startswith(b"written in the image")
 
 
-def test_symlink_chain_that_climbs_out_is_removed(tmp_path):
-    # Each link alone stays inside; together the kernel would leave the root
-    # (a/s -> "..", a/l -> "s/../..").
+def test_symlink_chain_that_climbs_out_is_aimed_at_the_root(tmp_path):
+    # Each link alone stays inside; together the host would leave the root (a/s -> "..",
+    # a/l -> "s/../.."). In the container '..' is taken after each link and stops at the root,
+    # so a/l is the root there: the merged view says so, and nothing points outside it.
     evil = layer(
         ("a/", None),
         member("a/s", kind=tarfile.SYMTYPE, link=".."),
         member("a/l", kind=tarfile.SYMTYPE, link="s/../.."),
+        member("a/m", kind=tarfile.SYMTYPE, link="s/a/s/a/.."),
     )
     state, root = merged(tmp_path, docker_save(tmp_path / "save.tar", [evil]))
     real_root = os.path.realpath(root)
@@ -220,8 +297,10 @@ def test_symlink_chain_that_climbs_out_is_removed(tmp_path):
         for name in dirs + files:
             resolved = os.path.realpath(os.path.join(directory, name))
             assert resolved == real_root or resolved.startswith(real_root + os.sep)
-    escaping = [f for f in state.findings if f.rule == "IMG002" and f.path.endswith(":/a/l")]
-    assert escaping and escaping[0].data["offset"] > 0 and escaping[0].data["layer"] == 0
+    assert os.path.realpath(root / "a" / "l") == real_root
+    assert os.path.realpath(root / "a" / "m") == real_root  # s/a/s/a -> a (physical), its '..' the root
+    assert os.readlink(root / "a" / "s") == ".."  # already resolves as in the container: untouched
+    assert not [f for f in state.findings if f.rule == "IMG002"]
 
 
 def test_huge_pax_header_is_refused_without_reading_it(tmp_path, run_cli):

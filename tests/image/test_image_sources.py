@@ -4,6 +4,7 @@ archives written by `docker save`, `skopeo copy` and `umoci` (with a whiteout an
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tarfile
 
@@ -178,12 +179,14 @@ def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path
     top_stats = report["image"]["layers"][-1]
     assert (top_stats["whiteouts"], top_stats["opaque_dirs"]) == (1, 1)
     assert "IMG006" in rules(report)
-    evil = next(f for f in report["findings"] if f["rule"] == "IMG002")
-    assert "evil" in evil["path"] and isinstance(evil["data"]["offset"], int)
+    # A link climbing above the root is accepted, as the engine and umoci accept it: in the
+    # container its '..' stops at the root (the merged view re-aims it there; test_image_archive).
+    assert not [f for f in report["findings"] if f["rule"] == "IMG002"]
     # umoci's own unpack agrees on the merged view.
     bundle = tmp_path / "bundle"
     run_checked([umoci, "unpack", "--rootless", "--image", f"{layout}:patched", str(bundle)], timeout=600)
     rootfs = bundle / "rootfs" / sp
     assert not (rootfs / "_rocm_sdk_devel/lib/llvm/lib/libclang-cpp.so.15").exists()
     assert sorted(p.name for p in (rootfs / "_rocm_sdk_devel/include").iterdir()) == ["new.h"]
+    assert os.readlink(rootfs / "_rocm_sdk_devel/evil") == "../../../../../../../../.."
     json.dumps(report)

@@ -33,6 +33,9 @@ class CheckOptions:
     recorded_targets: tuple[TargetCandidate, ...] = ()
     prune_by_file: bool = False  # image: device-code bytes per file, for its per-layer weight
     sysroot: str = "/"  # the system the audited files run on (an unpacked image root)
+    # Files of that system the sysroot does not hold (paths inside it): an image's libraries
+    # outside the directories its default mode extracts. The loader model finds them, unread.
+    unextracted: frozenset[str] = frozenset()
     probe: bool = False
     probe_timeout_s: float | None = None
     skip: frozenset[str] = frozenset()  # any of CHECKS
@@ -159,7 +162,9 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
     if "llvm" not in options.skip:
         from rocm_audit.llvm import clashes as llvm_clashes
 
-        llvm_options = llvm_clashes.LlvmOptions(probe=options.probe, sysroot=options.sysroot)
+        llvm_options = llvm_clashes.LlvmOptions(
+            probe=options.probe, sysroot=options.sysroot, unextracted=options.unextracted
+        )
         if options.probe_timeout_s is not None:
             llvm_options.probe_timeout_s = options.probe_timeout_s
         analysis = llvm_clashes.analyse(inventory, llvm_options)
@@ -184,7 +189,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
     if "post-build" not in options.skip:
         from rocm_audit.postbuild.checks import post_build_findings
 
-        host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys())
+        host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys(), unextracted=options.unextracted)
         findings.extend(post_build_findings(inventory, LoaderModel(sysroot=options.sysroot, host=host)))
         ran.append("post-build")
 

@@ -8,11 +8,13 @@ directories (or the whole root when there are none). Paths in the report are ima
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,7 @@ from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.verify import TargetCandidate
 from rocm_audit.image import merge, tarstream, waste
-from rocm_audit.image.archive import ImageLayout, iter_layer_streams, open_store, read_layout
+from rocm_audit.image.archive import ImageLayout, Store, iter_layer_streams, open_store, read_layout
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
 
@@ -114,7 +116,14 @@ def extract_archive(archive: str, workdir: str, state: merge.MergeState, ref: st
     for index, layer, blob in iter_layer_streams(store, layout):
         where = f"{archive}:{layer.member}"
         try:
-            merge.apply_layer(state, tarstream.decompressed(blob), index, layer.digest or layer.member, where)
+            merge.apply_layer(
+                state,
+                tarstream.decompressed(blob),
+                index,
+                layer.digest or layer.member,
+                where,
+                again=functools.partial(_layer_again, store, layer.member),
+            )
             blob.drain()
         except FormatError as exc:
             state.findings.append(
@@ -144,12 +153,42 @@ def extract_archive(archive: str, workdir: str, state: merge.MergeState, ref: st
     return layout
 
 
-def audit_stream(chunks: Iterable[bytes], label: str, options: ImageOptions, source: dict[str, Any]) -> CommandOutcome:
-    """Audit one flattened filesystem tar (a container export) as a single layer."""
+@contextlib.contextmanager
+def _layer_again(store: Store, member: str) -> Iterator[tarstream.Readable]:
+    """A layer's tar stream read once more from its start (merge.apply_layer's ``again``)."""
+    raw = store.open(member)
+    try:
+        yield tarstream.decompressed(raw)
+    finally:
+        raw.close()
+
+
+@contextlib.contextmanager
+def _stream_again(again: Callable[[], Iterable[bytes]]) -> Iterator[tarstream.Readable]:
+    yield tarstream.decompressed(_ChunkReader(again()))
+
+
+def audit_stream(
+    chunks: Iterable[bytes],
+    label: str,
+    options: ImageOptions,
+    source: dict[str, Any],
+    again: Callable[[], Iterable[bytes]] | None = None,
+) -> CommandOutcome:
+    """Audit one flattened filesystem tar (a container export) as a single layer; ``again``
+    streams it once more, when a kept hardlink's bytes were stored under a path not written."""
+
     with _Workdir(options.workdir_parent) as workdir:
         state = new_state(workdir, options)
         try:
-            merge.apply_layer(state, tarstream.decompressed(_ChunkReader(chunks)), 0, label, label)
+            merge.apply_layer(
+                state,
+                tarstream.decompressed(_ChunkReader(chunks)),
+                0,
+                label,
+                label,
+                again=functools.partial(_stream_again, again) if again is not None else None,
+            )
         except FormatError as exc:
             return _failed(label, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
         except merge.LimitExceeded as exc:
@@ -188,7 +227,12 @@ def _audit_merged(
             )
         )
     check_options = dataclasses.replace(
-        options.check, sysroot=state.root, probe=False, recorded_targets=options.recorded, prune_by_file=layer_aware
+        options.check,
+        sysroot=state.root,
+        unextracted=frozenset(state.streamed_past),
+        probe=False,
+        recorded_targets=options.recorded,
+        prune_by_file=layer_aware,
     )
     outcome = run_check(package_dirs or [state.root], check_options)
     section: dict[str, Any] = {

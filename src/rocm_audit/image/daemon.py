@@ -78,7 +78,13 @@ def audit_daemon_image(ref: str, options: ImageOptions, layers: bool = False) ->
             "tags": sorted(image.tags),
         }
         chunks = client.api.export(container_id, chunk_size=STREAM_CHUNK)
-        outcome = audit_stream(chunks, f"{ref} (container export)", options, source)
+        outcome = audit_stream(
+            chunks,
+            f"{ref} (container export)",
+            options,
+            source,
+            again=lambda: client.api.export(container_id, chunk_size=STREAM_CHUNK),
+        )
     finally:
         try:
             client.api.remove_container(container_id, force=True, v=True)

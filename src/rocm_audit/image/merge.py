@@ -1,20 +1,28 @@
 """Apply image layers in order into a private directory: whiteouts, opaque dirs, and no escapes.
 
-Layer semantics follow the OCI image spec (image-spec layer.md; peers.md 5): ``.wh.<name>``
-deletes ``<name>`` of the layers below, ``.wh..wh..opq`` hides everything the layers below put in
-its directory; both act on lower layers only, so an entry of the same layer survives its own
-layer's whiteout whatever the order inside the tar. A type change (file over directory) drops the
-children, as stereoscope's merge does.
+Layer semantics follow the OCI image spec (image-spec layer.md; peers.md 5) as Docker's overlay2
+driver applies it (each layer unpacked into an empty directory of its own, overlayfs on top;
+checked against ``docker export`` of the same images): ``.wh.<name>`` deletes ``<name>`` of the
+layers below, ``.wh..wh..opq`` hides everything the layers below put in its directory (at the
+layer's root it hides nothing: overlayfs ignores the root's opaque mark); both act on lower layers
+only, so an entry of the same layer survives its own layer's whiteout whatever the order inside
+the tar. A type change (file over directory) drops the children. A layer's entry below a path
+that a lower layer made a file or a symbolic link replaces that path by a directory (the layer's
+own parents are directories: the shape ``COPY --link`` and independently built layers have).
 
-Safety (hostile input): names are normalised and refused when absolute, when they climb with
-``..``, or when a parent component on disk is a symbolic link (we never write through a link);
-hardlinks must name a regular file already extracted; device nodes and FIFOs are never created;
+Names are cleaned as the engine cleans them (Go's ``filepath.Clean``): a rooted name
+(``/usr/lib/x``) is taken from the image root, ``..`` inside a name is applied lexically, and a
+relative name that climbs above the root is refused, as the engine refuses it.
+
+Safety (hostile input): nothing is written through a symbolic link this layer made; hardlinks
+must name a regular file of the image; device nodes and FIFOs are never created;
 setuid/setgid/sticky bits are dropped; every byte written and every entry counts against limits.
-Symbolic links are stored with absolute targets rewritten relative to the root and, after the
-last layer, any link whose resolution by the host kernel would leave the root is removed: nothing
-in the merged view points outside it. Every refusal is a finding naming the layer and the offset
-of the tar header; nothing here raises on bad input except FormatError for an unreadable stream
-and LimitExceeded.
+Symbolic links are stored relative (an absolute target is taken from the image root) and, after
+the last layer, every link is re-aimed at what the container's kernel would resolve it to, inside
+the root: ``..`` stops at the root and is taken after each link it passes, as the kernel does, so
+nothing in the merged view points outside it. Every refusal is a finding naming the layer and the
+offset of the tar header; nothing here raises on bad input except FormatError for an unreadable
+stream and LimitExceeded.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import posixpath
 import shutil
 import stat
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from rocm_audit.errors import FormatError, RocmAuditError
@@ -40,6 +49,7 @@ OPAQUE_MARKER = ".wh..wh..opq"
 DEFAULT_MAX_BYTES = 64 << 30  # a ROCm SDK image unpacks to tens of GB; override with --max-bytes
 DEFAULT_MAX_ENTRIES = 4_000_000
 HASH_MIN_BYTES = 4096  # files smaller than this are not hashed for the waste analysis
+_LIBRARY_NAME = ".so"  # in every soname a DT_NEEDED search opens ("libx.so.1", "ld-linux-x86-64.so.2")
 
 
 class LimitExceeded(RocmAuditError):
@@ -96,22 +106,46 @@ class MergeState:
     hardlinked: dict[str, int] = field(default_factory=dict)
     # image path -> the layer that wrote the regular file (or hardlink) the merged view shows there
     layer_of: dict[str, int] = field(default_factory=dict)
-    # relative symlink path -> (layer member, layer index, header offset), for findings in finish()
-    link_origin: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    # Image paths of the shared libraries ("*.so*" names) the merged view holds but ``keep`` did
+    # not write: the loader model finds them there and knows it cannot read them.
+    streamed_past: set[str] = field(default_factory=set)
 
 
 def normalise(name: str) -> str | None:
-    """A member name as a root-relative path ("usr/lib/x"), "" for the root, None when unsafe."""
-    if "\0" in name or name.startswith("/"):
+    """A member name as a root-relative path ("usr/lib/x"), "" for the root, None when unsafe.
+
+    As the engine cleans it (``filepath.Clean``, then its breakout check): ``.`` and empty parts
+    go, ``..`` removes the part before it, a rooted name cannot climb above the root, and a
+    relative name that does is refused."""
+    if "\0" in name:
         return None
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        return None
+    rooted = name.startswith("/")
+    parts: list[str] = []
+    for part in name.split("/"):
+        if part in ("", "."):
+            continue
+        if part != "..":
+            parts.append(part)
+        elif parts:
+            parts.pop()
+        elif not rooted:
+            return None
     return "/".join(parts)
 
 
-def apply_layer(state: MergeState, stream: tarstream.Readable, index: int, name: str, where: str) -> LayerStats:
+def apply_layer(
+    state: MergeState,
+    stream: tarstream.Readable,
+    index: int,
+    name: str,
+    where: str,
+    again: Callable[[], AbstractContextManager[tarstream.Readable]] | None = None,
+) -> LayerStats:
     """Extract one layer's tar stream over the merged root. ``where`` names the layer in findings.
+
+    ``again`` reads the layer once more from its start: it is used only when a hardlink the audit
+    keeps shares its bytes with a file it does not (stored first under ``/opt/...``, say), whose
+    bytes were streamed past unwritten.
 
     Raises FormatError (unreadable tar: the caller reports it) and LimitExceeded.
     """
@@ -121,6 +155,7 @@ def apply_layer(state: MergeState, stream: tarstream.Readable, index: int, name:
     hidden_by_whiteout: list[tuple[str, int]] = []  # applied after the layer: lower layers only
     opaque: list[tuple[str, int]] = []
     devices: list[tuple[int, str, str]] = []  # (offset, path, type): one finding per layer
+    pending: dict[str, _Pending] = {}  # unwritten source -> the kept hardlinks waiting for its bytes
     for entry, data in tarstream.iter_entries(_Budget(stream, state.limits)):
         state.limits.entries += 1
         stats.entries += 1
@@ -130,36 +165,23 @@ def apply_layer(state: MergeState, stream: tarstream.Readable, index: int, name:
             )
         rel = normalise(entry.name)
         if rel is None:
-            _refuse(state, stats, where, entry, f"unsafe member name {entry.name!r} (absolute or '..')")
+            _refuse(state, stats, where, entry, f"unsafe member name {entry.name!r} (climbs above the root)")
             continue
         if rel == "":
             continue  # "./": the root itself
         parent, base = posixpath.split(rel)
-        if base.startswith(WHITEOUT_PREFIX):
-            if base == OPAQUE_MARKER:
-                stats.opaque_dirs += 1
-                opaque.append((parent, entry.offset))
-            elif base.startswith(WHITEOUT_PREFIX + WHITEOUT_PREFIX):
-                state.findings.append(
-                    make_finding(
-                        "IMG006",
-                        f"{where}:/{rel}",
-                        f"unknown whiteout marker {base!r} ignored (the opaque marker is {OPAQUE_MARKER!r})",
-                        data={"layer": index, "offset": entry.offset},
-                    )
-                )
-            else:
-                stats.whiteouts += 1
-                hidden_by_whiteout.append((posixpath.join(parent, base[len(WHITEOUT_PREFIX) :]), entry.offset))
-            continue
         try:
-            problem = _prepare_parent(state, parent)
+            if base.startswith(WHITEOUT_PREFIX):
+                _whiteout(state, stats, where, entry, parent, base, created, hidden_by_whiteout, opaque)
+                continue
+            problem = _prepare_parent(state, parent, created)
             if problem:
                 _refuse(state, stats, where, entry, problem)
                 continue
             target = os.path.join(state.root, rel)
             _mark_created(created, parent)
             if entry.kind == tarstream.DIRECTORY:
+                state.streamed_past.discard("/" + rel)
                 if _lexists(target) and not _is_real_dir(target):
                     _drop(state, rel, target)
                 if not _lexists(target):
@@ -174,23 +196,16 @@ def apply_layer(state: MergeState, stream: tarstream.Readable, index: int, name:
                 _refuse(state, stats, where, entry, f"unsupported tar member type {entry.kind!r}")
                 continue
             if entry.kind == tarstream.HARDLINK:
-                _hardlink(state, stats, where, entry, rel, target, index)
+                _hardlink(state, stats, where, entry, rel, target, index, pending)
                 created.add(rel)
                 continue
             _drop(state, rel, target)
             if entry.kind == tarstream.SYMLINK:
-                link_text = _in_root_link_text(rel, entry.linkname)
+                link_text = _stored_link_text(rel, entry.linkname)
                 if link_text is None:
-                    _refuse(
-                        state,
-                        stats,
-                        where,
-                        entry,
-                        f"symbolic link to {entry.linkname!r} leaves the image root",
-                    )
+                    _refuse(state, stats, where, entry, f"symbolic link with an empty or NUL target {entry.linkname!r}")
                     continue
                 os.symlink(link_text, target)
-                state.link_origin[rel] = (where, index, entry.offset)
                 created.add(rel)
                 continue
             stats.files += 1
@@ -202,6 +217,8 @@ def apply_layer(state: MergeState, stream: tarstream.Readable, index: int, name:
                 raise ExtractionError(f"{where}: cannot write the merged view: {exc.strerror}") from None
             # ENAMETOOLONG, ELOOP, EEXIST from a hostile layout: this entry only.
             _refuse(state, stats, where, entry, f"could not be extracted: {exc.strerror}")
+    if pending:
+        _fill_pending(state, stats, where, pending, again)
     if devices:
         state.findings.append(
             make_finding(
@@ -229,6 +246,48 @@ def apply_layer(state: MergeState, stream: tarstream.Readable, index: int, name:
     return stats
 
 
+def _whiteout(
+    state: MergeState,
+    stats: LayerStats,
+    where: str,
+    entry: tarstream.TarEntry,
+    parent: str,
+    base: str,
+    created: set[str],
+    hidden_by_whiteout: list[tuple[str, int]],
+    opaque: list[tuple[str, int]],
+) -> None:
+    """Note a whiteout or opaque marker, applied after the layer; its parent directories are the
+    layer's own (the engine makes them in the layer's directory, hiding a lower non-directory)."""
+    hidden = base[len(WHITEOUT_PREFIX) :]
+    if base != OPAQUE_MARKER and hidden.startswith(WHITEOUT_PREFIX):
+        state.findings.append(
+            make_finding(
+                "IMG006",
+                f"{where}:/{posixpath.join(parent, base)}",
+                f"unknown whiteout marker {base!r} ignored (the opaque marker is {OPAQUE_MARKER!r})",
+                data={"layer": stats.index, "offset": entry.offset},
+            )
+        )
+        return
+    if base != OPAQUE_MARKER and hidden in ("", ".", ".."):
+        # overlay2 would make a whiteout device at the parent itself: the engine fails the layer.
+        _refuse(state, stats, where, entry, f"whiteout {base!r} names no entry (it would hide its own directory)")
+        return
+    problem = _prepare_parent(state, parent, created)
+    if problem:
+        _refuse(state, stats, where, entry, problem)
+        return
+    _mark_created(created, parent)
+    if base == OPAQUE_MARKER:
+        stats.opaque_dirs += 1
+        if parent:  # overlayfs ignores the opaque mark of a layer's root
+            opaque.append((parent, entry.offset))
+        return
+    stats.whiteouts += 1
+    hidden_by_whiteout.append((posixpath.join(parent, hidden), entry.offset))
+
+
 def _mark_created(created: set[str], parent: str) -> None:
     """A member implies its parent directories in the same layer (overlayfs keeps them)."""
     while parent and parent not in created:
@@ -237,32 +296,78 @@ def _mark_created(created: set[str], parent: str) -> None:
 
 
 def finish(state: MergeState) -> None:
-    """After the last layer: remove every link the host kernel would resolve outside the root."""
-    root_real = os.path.realpath(state.root)
-    for _ in range(8):  # removing a link can only shorten other resolutions; a few passes settle it
-        removed = 0
-        for directory, dirnames, filenames in os.walk(state.root):
-            for name in dirnames + filenames:
-                path = os.path.join(directory, name)
-                if not os.path.islink(path):
+    """After the last layer: aim every symbolic link at what the container's kernel resolves it to.
+
+    The kernel resolves a link inside the container's root: ``..`` at the root stays there, and
+    ``..`` after a link is taken from where that link led. On the host, inside the private
+    directory, the same text could climb out of it or, after a link, land elsewhere. So each link
+    is resolved as the container would (``_resolve_in_root``) and, where the host would resolve it
+    differently, its text is replaced by the relative path to that place: the merged view then
+    resolves as the container does, and nothing in it points outside the root. A link the kernel
+    could not resolve (a loop) is made to point at itself, which fails the same way."""
+    root = state.root
+    for directory, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                continue
+            rel = os.path.relpath(path, root)
+            resolved = _resolve_in_root(root, posixpath.dirname(rel), os.readlink(path))
+            if resolved is None:
+                text = name
+            else:
+                place = os.path.join(root, resolved) if resolved else root
+                if os.path.realpath(path) == place:
                     continue
-                resolved = os.path.realpath(path)
-                if resolved != root_real and not resolved.startswith(root_real + os.sep):
-                    rel = os.path.relpath(path, state.root)
-                    where, layer, offset = state.link_origin.get(rel, ("", -1, -1))
-                    state.findings.append(
-                        make_finding(
-                            "IMG002",
-                            f"{where}:/{rel}" if where else "/" + rel,
-                            f"symbolic link resolves outside the image root "
-                            f"({os.readlink(path)!r}); removed from the audited view",
-                            data={"reason": "escaping-link", "layer": layer, "offset": offset},
-                        )
-                    )
-                    os.unlink(path)
-                    removed += 1
-        if not removed:
-            return
+                text = os.path.relpath(place, directory)
+            os.unlink(path)
+            os.symlink(text, path)
+
+
+MAX_LINKS_FOLLOWED = 40  # the kernel's limit on links in one resolution (fs/namei.c MAXSYMLINKS)
+
+
+def _resolve_in_root(root: str, directory: str, text: str) -> str | None:
+    """Where a link at ``directory`` (root-relative, real directories) with ``text`` leads in the
+    container: the root-relative path, "" for the root, None for a loop. Past the first part that
+    does not exist (or is no directory) the rest is taken lexically: the link dangles there."""
+    stack = [] if text.startswith("/") or not directory else directory.split("/")
+    parts = [p for p in reversed(text.split("/")) if p not in ("", ".")]
+    followed = 0
+    while parts:
+        part = parts.pop()
+        if part == "..":
+            if stack:
+                stack.pop()
+            continue
+        stack.append(part)
+        try:
+            mode = os.lstat(os.path.join(root, *stack)).st_mode
+        except OSError:  # missing, a file on the way, a name too long: the link dangles here
+            return _lexical(stack, parts)
+        if stat.S_ISLNK(mode):
+            followed += 1
+            if followed > MAX_LINKS_FOLLOWED:
+                return None
+            inner = os.readlink(os.path.join(root, *stack))
+            stack.pop()
+            if inner.startswith("/"):
+                stack = []
+            parts.extend(p for p in reversed(inner.split("/")) if p not in ("", "."))
+        elif not stat.S_ISDIR(mode) and parts:
+            return _lexical(stack, parts)
+    return "/".join(stack)
+
+
+def _lexical(stack: list[str], parts: list[str]) -> str:
+    """The rest of a resolution that left the existing tree (``parts`` reversed), ``..`` applied
+    to the names before it."""
+    for part in reversed(parts):
+        if part != "..":
+            stack.append(part)
+        elif stack:
+            stack.pop()
+    return "/".join(stack)
 
 
 class _Budget:
@@ -314,10 +419,26 @@ def _regular(
             out.close()
     if out is not None:
         os.chmod(target, (entry.mode & 0o777) | 0o600)
+    elif _LIBRARY_NAME in posixpath.basename(rel):
+        state.streamed_past.add("/" + rel)
     state.layer_of["/" + rel] = index
     if hasher is not None:
         state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=hasher.digest()))
         state.visible["/" + rel] = len(state.copies) - 1
+
+
+@dataclass(slots=True)
+class _Pending:
+    """Kept hardlinks whose bytes the layer stored under a path the audit does not write: an empty
+    placeholder (one inode, every such link) is filled when the layer is read again."""
+
+    paths: list[str]  # root-relative paths of the links, the placeholder first
+    inode: tuple[int, int]
+    entry: tarstream.TarEntry  # the first link's header, for findings
+
+    @property
+    def placeholder(self) -> str:
+        return self.paths[0]
 
 
 def _hardlink(
@@ -328,7 +449,9 @@ def _hardlink(
     rel: str,
     target: str,
     index: int,
+    pending: dict[str, _Pending],
 ) -> None:
+    # The engine joins the link name onto the layer's directory: cleaned like a member name.
     source_rel = normalise(entry.linkname)
     if not source_rel:
         _refuse(state, stats, where, entry, f"hardlink to unsafe name {entry.linkname!r}")
@@ -340,58 +463,128 @@ def _hardlink(
         state.hardlinked["/" + rel] = copy_index
     if "/" + source_rel in state.layer_of:
         state.layer_of["/" + rel] = state.layer_of["/" + source_rel]
-    if not _parent_is_safe(state.root, source_rel) or not os.path.isfile(source) or os.path.islink(source):
-        if state.keep("/" + rel) and state.keep("/" + source_rel):
-            _refuse(
-                state,
-                stats,
-                where,
-                entry,
-                f"hardlink to {entry.linkname!r}, which is not a regular file of the image",
-            )
+    safe = _parent_is_safe(state.root, source_rel)
+    if safe and _is_regular(source):
+        os.link(source, target, follow_symlinks=False)
         return
-    os.link(source, target, follow_symlinks=False)
+    if safe and _lexists(source) or not state.keep("/" + rel):
+        if _is_real_dir(source) or state.keep("/" + rel):
+            _refuse(
+                state, stats, where, entry, f"hardlink to {entry.linkname!r}, which is not a regular file of the image"
+            )
+        elif _LIBRARY_NAME in posixpath.basename(rel):
+            state.streamed_past.add("/" + rel)  # shares the bytes of a file streamed past
+        return
+    # Nothing at the source: a file of this layer the audit did not write (its bytes were streamed
+    # past), or no file at all; the second reading of the layer tells which.
+    waiting = pending.get(source_rel)
+    if waiting is not None and _same_inode(os.path.join(state.root, waiting.placeholder), waiting.inode):
+        os.link(os.path.join(state.root, waiting.placeholder), target, follow_symlinks=False)
+        waiting.paths.append(rel)
+        return
+    with open(target, "xb"):
+        pass
+    info = os.lstat(target)
+    pending[source_rel] = _Pending([rel], (info.st_dev, info.st_ino), entry)
 
 
-def _in_root_link_text(rel: str, link_text: str) -> str | None:
-    """The link text to store: absolute targets made relative to the root; None if it climbs out."""
+def _fill_pending(
+    state: MergeState,
+    stats: LayerStats,
+    where: str,
+    pending: dict[str, _Pending],
+    again: Callable[[], AbstractContextManager[tarstream.Readable]] | None,
+) -> None:
+    """Read the layer again for the bytes of the files its kept hardlinks share, write them into
+    the placeholders, and refuse (leaving nothing behind) the links no regular file serves."""
+    if again is not None:
+        try:
+            with again() as stream:
+                for entry, data in tarstream.iter_entries(stream):
+                    source_rel = normalise(entry.name) if entry.kind == tarstream.REGULAR else None
+                    waiting = pending.get(source_rel) if source_rel else None
+                    if source_rel is None or waiting is None:
+                        continue
+                    place = os.path.join(state.root, waiting.placeholder)
+                    if _same_inode(place, waiting.inode):
+                        descriptor = os.open(place, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+                        with open(descriptor, "wb") as out:
+                            for chunk in data:
+                                out.write(chunk)
+                        os.chmod(place, (entry.mode & 0o777) | 0o600)
+                    del pending[source_rel]
+                    if not pending:
+                        break
+        except FormatError:
+            pass  # the first reading already reported what is wrong with this layer
+    for source_rel, waiting in pending.items():
+        reason = (
+            "which the layer holds no regular file at"
+            if again is not None
+            else "whose bytes lie outside the extracted directories (use --full, or --layers for a daemon image)"
+        )
+        _refuse(state, stats, where, waiting.entry, f"hardlink to {'/' + source_rel!r}, {reason}")
+        _drop_links(state, waiting)
+
+
+def _same_inode(path: str, inode: tuple[int, int]) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == inode
+
+
+def _drop_links(state: MergeState, waiting: _Pending) -> None:
+    """Remove an unfilled placeholder and the links of this layer made to it."""
+    for rel in waiting.paths:
+        place = os.path.join(state.root, rel)
+        if _same_inode(place, waiting.inode):
+            _drop(state, rel, place)
+
+
+def _is_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _stored_link_text(rel: str, link_text: str) -> str | None:
+    """The link text to store: an absolute target is taken from the image root (``../`` once per
+    directory above the link, then the text unchanged: its ``..`` must stay physical); None for an
+    empty text or one holding NUL. ``finish`` re-aims what would resolve otherwise on the host."""
     if not link_text or "\0" in link_text:
         return None
-    directory = posixpath.dirname(rel)
-    if link_text.startswith("/"):
-        resolved = posixpath.normpath(link_text).lstrip("/")
-        relative = (
-            posixpath.relpath("/" + resolved, "/" + directory) if resolved else posixpath.relpath("/", "/" + directory)
-        )
-        return relative
-    depth = len(directory.split("/")) if directory else 0
-    for part in link_text.split("/"):
-        if part == "..":
-            depth -= 1
-            if depth < 0:
-                return None
-        elif part not in ("", "."):
-            depth += 1
-    return link_text
+    if not link_text.startswith("/"):
+        return link_text
+    depth = rel.count("/")
+    rest = link_text.lstrip("/")
+    return ("../" * depth + rest) or "."
 
 
-def _prepare_parent(state: MergeState, parent: str) -> str | None:
-    """Create the parent directories of an entry; refuse to go through a symbolic link."""
+def _prepare_parent(state: MergeState, parent: str, created: set[str]) -> str | None:
+    """Create the parent directories of an entry. A parent a lower layer made a file or a link is
+    replaced by a directory, as overlay2 makes it (the layer's own directory holds a real one,
+    which hides the lower entry). A link this layer made is never written through: refused."""
     root = state.root
     current = root
+    so_far = ""
     for part in parent.split("/") if parent else []:
         current = os.path.join(current, part)
+        so_far = posixpath.join(so_far, part) if so_far else part
         try:
             mode = os.lstat(current).st_mode
         except FileNotFoundError:
+            state.streamed_past.discard("/" + so_far)  # a lower file not written: now a directory
             os.mkdir(current, 0o755)
             continue
-        if stat.S_ISLNK(mode):
-            relative = os.path.relpath(current, root)
-            return f"parent {relative!r} is a symbolic link; not written through it"
-        if not stat.S_ISDIR(mode):  # a file replaced by a directory in a later layer
-            _drop(state, os.path.relpath(current, root), current)
-            os.mkdir(current, 0o755)
+        if stat.S_ISDIR(mode):
+            continue
+        if stat.S_ISLNK(mode) and so_far in created:
+            return f"parent {so_far!r} is a symbolic link of the same layer; not written through it"
+        _drop(state, so_far, current)
+        os.mkdir(current, 0o755)
     return None
 
 
@@ -414,6 +607,9 @@ def _clear_lower(state: MergeState, directory: str, created: set[str]) -> None:
     base = os.path.join(state.root, directory) if directory else state.root
     if not _is_real_dir(base):
         return
+    below = "/" + directory + "/"
+    for path in [p for p in state.streamed_past if p.startswith(below) and p[1:] not in created]:
+        state.streamed_past.discard(path)
     for name in sorted(os.listdir(base)):
         rel = posixpath.join(directory, name) if directory else name
         path = os.path.join(base, name)
@@ -432,6 +628,7 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
         return
     state.visible.pop("/" + rel, None)
     state.hardlinked.pop("/" + rel, None)
+    state.streamed_past.discard("/" + rel)
     if _lexists(target):
         os.unlink(target)
 
@@ -441,6 +638,8 @@ def _forget(state: MergeState, rel: str) -> None:
     for table in (state.visible, state.hardlinked):
         for key in [k for k in table if k == prefix or k.startswith(prefix + "/")]:
             del table[key]
+    for path in [p for p in state.streamed_past if p.startswith(prefix + "/")]:
+        state.streamed_past.discard(path)
 
 
 def _lexists(path: str) -> bool:

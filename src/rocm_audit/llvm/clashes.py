@@ -233,6 +233,7 @@ class LlvmOptions:
     preload_rocm_sdk: bool = False  # add what rocm_sdk.preload_libraries would load
     closure_paths: tuple[str, ...] = ()
     sysroot: str = "/"
+    unextracted: frozenset[str] = frozenset()  # as CheckOptions.unextracted
     ld_library_path: tuple[str, ...] = ()
 
 
@@ -621,7 +622,7 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
     """Roles, clashes and requested closures for an inventory (probes not run)."""
     findings: list[Finding] = []
     facts = _Facts(inventory, findings)
-    host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys())
+    host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys(), unextracted=options.unextracted)
     loader = LoaderModel(sysroot=options.sysroot, ld_library_path=options.ld_library_path, host=host)
 
     def process() -> ProcessModel:

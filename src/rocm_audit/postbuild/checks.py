@@ -133,6 +133,8 @@ def _resolve_needed(
     missing: list[str] = []
     for name in dynamic.needed:
         resolution = loader.resolve(name, record.path, dynamic)
+        if resolution.via == "not-extracted":
+            continue  # the image holds it where glibc looks; its versions are not read
         if resolution.path is None:
             missing.append(name)
         else:

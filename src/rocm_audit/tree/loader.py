@@ -32,11 +32,14 @@ _DST = re.compile(r"\$(ORIGIN|LIB|PLATFORM)\b|\$\{(ORIGIN|LIB|PLATFORM)\}")
 class Resolution:
     name: str
     path: str | None  # the path glibc would open (under sysroot), None when not found
-    via: str  # "rpath", "ld_library_path", "runpath", "ld.so.conf", "default", "path", "not-found"
+    # "rpath", "ld_library_path", "runpath", "ld.so.conf", "default", "path", "not-found", or
+    # "not-extracted": glibc would open a file the modelled system holds but the view does not
+    via: str
     detail: str = ""  # why nothing was found ("not found", "not an ELF file: ...")
 
 
 RELATIVE_NEEDED = "not found: a relative path is opened from the process's working directory"
+NOT_EXTRACTED = "not extracted from the image: "
 
 
 @dataclass(slots=True)
@@ -47,6 +50,9 @@ class HostView:
     # (EI_CLASS, e_machine) of files already classified (the inventory's walk), by (st_dev, st_ino):
     # looked up instead of opening the file again.
     known_elf_keys: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    # Paths inside sysroot ("/opt/rocm/lib/libx.so.1") of regular files the system holds but the
+    # view does not: an image audited without --full streams them past unwritten.
+    unextracted: frozenset[str] = frozenset()
     _listing: dict[str, frozenset[str]] = field(default_factory=dict)
     _real: dict[str, str | None] = field(default_factory=dict)
     _elf_key: dict[str, tuple[int, int] | None] = field(default_factory=dict)
@@ -57,7 +63,24 @@ class HostView:
             self._real[path] = self._resolve(path)
         return self._real[path]
 
-    def _resolve(self, path: str) -> str | None:
+    def not_extracted(self, directory: str, name: str) -> str | None:
+        """The sysroot path of the unextracted file ``directory/name`` is (or, through a link the
+        view holds, leads to), or None."""
+        if not self.unextracted or self.sysroot in ("", "/"):
+            return None
+        if name in self.names_in(directory):
+            located = self._resolve(os.path.join(directory, name), partial=True)
+        else:  # the common miss: one cached lookup of the directory
+            real = self.realpath(directory)
+            located = os.path.join(real, name) if real else None
+        if located is None:
+            return None
+        inside = "/" + os.path.relpath(located, os.path.realpath(self.sysroot))
+        return inside if inside in self.unextracted else None
+
+    def _resolve(self, path: str, partial: bool = False) -> str | None:
+        """The real path, or None when absent; ``partial``: where an absent path would be (the
+        part that exists resolved, the rest appended)."""
         if self.sysroot in ("", "/"):
             real = os.path.realpath(path)
             return real if os.path.exists(real) else None
@@ -77,7 +100,7 @@ class HostView:
             try:
                 st = os.lstat(candidate)
             except OSError:
-                return None
+                return os.path.join(candidate, *pending) if partial and ".." not in pending else None
             if stat.S_ISLNK(st.st_mode):
                 followed += 1
                 if followed > MAX_LINKS:
@@ -271,12 +294,17 @@ class LoaderModel:
             candidate = self.needed_path(name, path_used)
             if candidate is None:
                 return RELATIVE_NEEDED
-            return (candidate, "path") if view.identity(candidate) else "not found"
+            if view.identity(candidate):
+                return candidate, "path"
+            absent = view.not_extracted(os.path.dirname(candidate), os.path.basename(candidate))
+            return NOT_EXTRACTED + absent if absent else "not found"
         for directory, source in self.search_order(path_used, dynamic, loader_chain):
-            if name not in view.names_in(directory):
-                continue
             candidate = os.path.join(directory, name)
-            if view.identity(candidate) is None:
+            if name not in view.names_in(directory) or view.identity(candidate) is None:
+                # glibc would stop at a file the image holds there; its class is not known here.
+                absent = view.not_extracted(directory, name)
+                if absent:
+                    return NOT_EXTRACTED + absent
                 continue
             key = view.elf_key(candidate)
             if key is None:
@@ -296,7 +324,7 @@ class LoaderModel:
         """Which file a DT_NEEDED ``name`` of the object loaded as path_used resolves to."""
         found = self.find(name, path_used, dynamic, loader_chain, self.view.elf_key(path_used))
         if isinstance(found, str):
-            return Resolution(name, None, "not-found", found)
+            return Resolution(name, None, "not-extracted" if found.startswith(NOT_EXTRACTED) else "not-found", found)
         return Resolution(name, found[0], found[1])
 
     def resolve_all(self, path_used: str, dynamic: elfread.DynamicInfo) -> dict[str, Resolution]:
