@@ -163,6 +163,33 @@ def test_same_layer_duplicates_say_dedup_belongs_in_that_step(tmp_path, run_cli,
     assert report["image"]["waste"]["same_layer_bytes"] == len(libs["comgr"])
 
 
+def test_group_in_two_layers_with_two_copies_in_one_says_which_part_a_step_frees(tmp_path, run_cli, libs):
+    # A staging copy in layer 0, core and devel copies in layer 1: dedup in layer 1's step frees one
+    # copy (IMG007 for that layer), the staging copy is a cross-layer copy no step frees (IMG008).
+    size = len(libs["comgr"])
+    staging = layer(("tmp/stage/libamd_comgr.so.3", libs["comgr"]))
+    install = layer(
+        (f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", libs["comgr"]),
+        (f"{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3", libs["comgr"]),
+    )
+    archive = docker_save(tmp_path / "save.tar", [staging, install])
+    report = run_cli("image", "--archive", str(archive), "--format", "json", expect=1).report
+    within = [f for f in report["findings"] if f["rule"] == "IMG007"]
+    across = [f for f in report["findings"] if f["rule"] == "IMG008"]
+    assert len(within) == 1 and within[0]["data"]["layers"] == [1] and within[0]["data"]["wasted_bytes"] == size
+    assert {within[0]["path"], *within[0]["related_paths"]} == {
+        f"/{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3",
+        f"/{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3",
+    }
+    assert len(across) == 1 and across[0]["data"]["layers"] == [0, 1] and across[0]["data"]["wasted_bytes"] == size
+    waste = report["image"]["waste"]
+    assert (waste["same_layer_bytes"], waste["cross_layer_bytes"]) == (size, size)
+    group = next(g for g in waste["groups"] if g["size"] == size)
+    assert group["wasted_bytes"] == 2 * size and group["fix"].startswith(
+        "run rocm-audit dedup in the step that writes layer 1"
+    )
+
+
 def test_whiteout_deletes_lower_copy_but_its_bytes_still_count(tmp_path, run_cli, libs):
     layers = sdk_layers(libs) + [layer((f"{SP}/_rocm_sdk_devel/lib/.wh.libamd_comgr.so.3", b""))]
     archive = docker_save(tmp_path / "save.tar", layers)

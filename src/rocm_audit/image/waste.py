@@ -6,6 +6,8 @@ for each group of identical copies is where they were written:
 - all copies in one layer: running `dedup` in the step that wrote that layer frees the bytes;
 - copies in different layers: no single step can free them; the trees must be written in one
   step (the install, or one `COPY --from` of their common parent) with `dedup` in it.
+A group can be both (a staging copy in one layer, the core and devel copies in the next): each
+layer's extra copies are that layer's step to free (IMG007), one copy per further layer is not.
 Copies a later layer deleted or replaced still count: they are still in the image.
 
 Identity is BLAKE2b-256 of the content plus its size, computed while streaming each layer. This is
@@ -39,6 +41,19 @@ class WasteGroup:
     @property
     def same_layer(self) -> bool:
         return len(self.layers) == 1
+
+    def copies_in(self, layer: int) -> list[dict[str, Any]]:
+        return [c for c in self.copies if c["layer"] == layer]
+
+    @property
+    def same_layer_wasted(self) -> int:
+        """What `dedup` in the steps that wrote the layers frees: every copy but one per layer."""
+        return self.wasted_bytes - self.cross_layer_wasted
+
+    @property
+    def cross_layer_wasted(self) -> int:
+        """One copy for each layer beyond the first: no single step can free these."""
+        return self.size * (len(self.layers) - 1)
 
 
 def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
@@ -85,38 +100,48 @@ def waste_findings(groups: list[WasteGroup], layer_names: list[str]) -> list[Fin
             continue
         paths = [c["path"] for c in group.copies]
         where = ", ".join(f"{c['path']} (layer {c['layer']}{'' if c['visible'] else ', hidden'})" for c in group.copies)
-        data = {
-            "size": group.size,
-            "wasted_bytes": group.wasted_bytes,
-            "layers": list(group.layers),
-            "later_run_dedup_shrinks_image": False,
-        }
-        if group.same_layer:
-            layer = group.layers[0]
+        for layer in group.layers:
+            here = group.copies_in(layer)
+            if len(here) < 2:
+                continue
+            layer_paths = [c["path"] for c in here]
+            freed = group.size * (len(here) - 1)
+            where_here = ", ".join(f"{c['path']}{'' if c['visible'] else ' (hidden)'}" for c in here)
             findings.append(
                 make_finding(
                     "IMG007",
-                    paths[0],
-                    f"{len(paths)} identical copies of {group.size:,} bytes in layer {layer} "
-                    f"({_short(layer_names, layer)}): {where}; run `rocm-audit dedup` in the step "
-                    f"that writes this layer to free {group.wasted_bytes:,} bytes "
+                    layer_paths[0],
+                    f"{len(here)} identical copies of {group.size:,} bytes in layer {layer} "
+                    f"({_short(layer_names, layer)}): {where_here}; run `rocm-audit dedup` in the step "
+                    f"that writes this layer to free {freed:,} bytes "
                     f"(a later RUN frees nothing)",
-                    related=paths[1:],
-                    data=data,
+                    related=layer_paths[1:],
+                    data={
+                        "size": group.size,
+                        "wasted_bytes": freed,
+                        "layers": [layer],
+                        "later_run_dedup_shrinks_image": False,
+                    },
                 )
             )
-        else:
+        if not group.same_layer:
+            mixed = f" ({group.same_layer_wasted:,} more within layers: IMG007)" if group.same_layer_wasted else ""
             findings.append(
                 make_finding(
                     "IMG008",
                     paths[0],
                     f"{len(paths)} identical copies of {group.size:,} bytes spread over layers "
-                    f"{', '.join(map(str, group.layers))}: {where}; {group.wasted_bytes:,} bytes "
-                    f"no later step can free: write the trees in one step (one install RUN, "
+                    f"{', '.join(map(str, group.layers))}: {where}; {group.cross_layer_wasted:,} bytes "
+                    f"no later step can free{mixed}: write the trees in one step (one install RUN, "
                     f"or one COPY of their "
                     f"common parent) and run `rocm-audit dedup` there",
                     related=paths[1:],
-                    data=data,
+                    data={
+                        "size": group.size,
+                        "wasted_bytes": group.cross_layer_wasted,
+                        "layers": list(group.layers),
+                        "later_run_dedup_shrinks_image": False,
+                    },
                 )
             )
     return findings
@@ -128,8 +153,8 @@ def waste_section(groups: list[WasteGroup], total: int) -> dict[str, Any]:
         "wasted_bytes": total,
         "listed_min_size_bytes": REPORT_MIN_BYTES,
         "later_run_dedup_shrinks_image": False,
-        "same_layer_bytes": sum(g.wasted_bytes for g in groups if g.same_layer),
-        "cross_layer_bytes": sum(g.wasted_bytes for g in groups if not g.same_layer),
+        "same_layer_bytes": sum(g.same_layer_wasted for g in groups),
+        "cross_layer_bytes": sum(g.cross_layer_wasted for g in groups),
         "groups": [
             {
                 "size": g.size,
@@ -137,17 +162,21 @@ def waste_section(groups: list[WasteGroup], total: int) -> dict[str, Any]:
                 "wasted_bytes": g.wasted_bytes,
                 "scope": "same-layer" if g.same_layer else "cross-layer",
                 "layers": list(g.layers),
-                "fix": (
-                    f"run rocm-audit dedup in the step that writes layer {g.layers[0]}"
-                    if g.same_layer
-                    else "write the copies in one step (install RUN or one COPY of the parent) and "
-                    "run rocm-audit dedup there"
-                ),
+                "fix": _fix(g),
                 "copies": [dict(c) for c in g.copies],
             }
             for g in listed
         ],
     }
+
+
+def _fix(group: WasteGroup) -> str:
+    within = [layer for layer in group.layers if len(group.copies_in(layer)) > 1]
+    steps = f"run rocm-audit dedup in the step that writes layer {', '.join(map(str, within))}" if within else ""
+    if group.same_layer:
+        return steps
+    across = "write the copies in one step (install RUN or one COPY of the parent) and run rocm-audit dedup there"
+    return f"{steps}; for the rest, {across}" if steps else across
 
 
 def _short(names: list[str], index: int) -> str:
