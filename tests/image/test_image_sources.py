@@ -70,6 +70,29 @@ def test_daemon_layers_show_the_copies_in_two_layers(run_cli, docker_env, images
     assert "no later step can free" in finding["message"]
 
 
+def test_daemon_hardlink_into_the_sdk_from_a_file_not_extracted(run_cli, docker, docker_env, base_image, tmp_path):
+    # A RUN stages a library outside the extracted directories and hardlinks the SDK's name to it;
+    # the export lists /aaa before /opt, so its bytes stream past before the link: the audit reads
+    # the export again for them, and the devel copy beside the link is found.
+    core, devel = f"{SITE}/_rocm_sdk_core/lib/libz.so.1", f"{SITE}/_rocm_sdk_devel/lib/libz.so.1"
+    (tmp_path / "Dockerfile").write_text(
+        "ARG BASE_IMAGE\n"
+        "FROM ${BASE_IMAGE}\n"
+        f"RUN mkdir -p /aaa/stage {SITE}/_rocm_sdk_core/lib {SITE}/_rocm_sdk_devel/lib"
+        " && cp -L /usr/lib/x86_64-linux-gnu/libz.so.1 /aaa/stage/libz.so.1"
+        f" && ln /aaa/stage/libz.so.1 {core} && cp /aaa/stage/libz.so.1 {devel}\n"
+    )
+    tag = "rocm-audit-test/staged-hardlink:1"
+    docker.build(tmp_path, tag, tmp_path / "Dockerfile", {"BASE_IMAGE": base_image})
+    try:
+        report = run_cli("image", tag, "--format", "json", expect=1).report
+    finally:
+        docker.run("rmi", tag)
+    assert {core, devel} <= dup_paths(report)
+    assert not [f for f in report["findings"] if f["rule"] == "IMG002"]
+    assert leftover_containers(docker) == []
+
+
 def test_missing_image_is_a_usage_error(run_cli, docker_env):
     result = run_cli("image", "rocm-audit-test/does-not-exist:1")
     assert result.exit_code == 2
