@@ -19,6 +19,9 @@ interpreter start and peak RSS from ``wait4`` (rss_exec.c):
 * both commands on the onnxruntime provider;
 * ``check gfx942 gfx950`` over the site-packages.
 
+Each rocm-audit figure is also taken with ``ROCM_AUDIT_NO_ZSTD_INDEX=1`` ("current, streamed"): the
+same code with every CCOB streamed through libzstd, as without the zstd frame index.
+
 ``--baseline REV`` runs the same commands with rocm-audit's sources at git revision REV (``git
 archive`` into the work dir, the same interpreter and dependencies), interleaved with the current
 code, for before/after figures.
@@ -206,6 +209,8 @@ def bench_vendor(args, ra: list[str], work: Path, log, timed) -> dict:
     site_bytes = unpack(wheels, site, log)
     plugin, provider = site / PLUGIN, site / PROVIDER
     commands = {"current": ra}
+    # The same code reading every CCOB by streaming (no zstd index): the index's share of a figure.
+    commands["current, streamed"] = ["env", "ROCM_AUDIT_NO_ZSTD_INDEX=1", *ra]
     if args.baseline:
         commands[f"baseline {args.baseline}"] = baseline_command(args.baseline, work)
     out = work / "out"

@@ -240,6 +240,36 @@ def built(tmp_path_factory, tools) -> dict[str, Path]:
     return made
 
 
+# Ten GPUs, as a vendor build lists them: each TU's bundle inflates to about 7 MB, so its CCOB
+# is read through the zstd index (payloads over 1 MiB), as real vendor bundles are.
+MANY_ARCHES = ("gfx900", "gfx906", "gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx1030", "gfx1100", "gfx1200")
+MANY_KERNEL = """\
+extern "C" __attribute__((global)) void k%(n)d(float* a, const float* b, int n) {
+  int t = __builtin_amdgcn_workitem_id_x();
+  float acc = %(n)d.0f;
+#pragma unroll 16
+  for (int j = 0; j < n; ++j) acc = acc * b[(t + j * %(m)d) %% 1024] + a[j %% 512] * %(k)d.5f;
+  a[t] = acc;
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def many_arch_libs(tmp_path_factory, tools) -> Path:
+    """Real clang++-19 --offload-compress libraries for ten GPUs: one TU of 200 kernels (CCOB v2,
+    zstd, about 7 MB inflated from 56 KB)."""
+    out = tmp_path_factory.mktemp("many-arch")
+    source = HIP_TU_1 % ("k_base", 0) + "".join(MANY_KERNEL % {"n": n, "m": n + 1, "k": n % 7 + 1} for n in range(200))
+    (out / "many.hip").write_text(source)
+    arches = [f"--offload-arch={arch}" for arch in MANY_ARCHES]
+    run_checked(
+        [tools["clang++-19"], *HIP_FLAGS, "-shared", "--offload-compress", *arches, "many.hip", "-o", "libmanyc.so"],
+        out,
+    )
+    (out / "many.hip").unlink()
+    return out
+
+
 @pytest.fixture(scope="session")
 def jax_plugin(cache_dir) -> Path:
     """The real vendor wheel jax-rocm7-plugin 0.12.0 (CCOB v3, zstd, 27 targets), unpacked once."""

@@ -17,6 +17,7 @@ import pytest
 from arch_writers import amdgpu_header, bundle, ccob
 
 from rocm_audit.formats import ccob as ccob_format
+from rocm_audit.formats import zstd_index
 from rocm_audit.gpu import verify
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory
@@ -53,7 +54,9 @@ def _written_samples(into: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sample_dirs(built, embedded_libs, jax_plugin, bitsandbytes_libs, tmp_path_factory) -> dict[str, Path]:
+def sample_dirs(
+    built, embedded_libs, jax_plugin, bitsandbytes_libs, many_arch_libs, tmp_path_factory
+) -> dict[str, Path]:
     clang = tmp_path_factory.mktemp("lazy-clang")
     for name, path in built.items():
         shutil.copy(path, clang / name)
@@ -67,6 +70,7 @@ def sample_dirs(built, embedded_libs, jax_plugin, bitsandbytes_libs, tmp_path_fa
         "embedded": embedded,
         "vendor": jax_plugin,
         "bitsandbytes": bitsandbytes_libs,
+        "many": many_arch_libs,
         "written": written,
     }
 
@@ -117,7 +121,7 @@ def _keyed(findings) -> list[tuple]:
 
 
 @pytest.mark.parametrize("targets", TARGET_SETS, ids=lambda t: "+".join(t))
-@pytest.mark.parametrize("sample", ["clang", "embedded", "vendor", "bitsandbytes", "written"])
+@pytest.mark.parametrize("sample", ["clang", "embedded", "vendor", "bitsandbytes", "many", "written"])
 def test_lazy_and_full_paths_give_one_verdict(sample_dirs, sample, targets):
     root = sample_dirs[sample]
     full_carriers, full_findings, required = _full_judgement(root, targets)
@@ -135,6 +139,40 @@ def test_lazy_and_full_paths_give_one_verdict(sample_dirs, sample, targets):
         assert lazy == full
     else:
         assert _keyed(lazy_findings) == _keyed(full_findings)
+
+
+def _scans(root: Path, selection) -> list:
+    roots, _ = resolve_roots([str(root)])
+    return verify.scan_inventory(build_inventory(roots), selection)
+
+
+# CCOBs over 1 MiB inflated are read through the zstd index: jax's _linalg.so, bitsandbytes'
+# ROCm builds (v2 and v3) and the ten-GPU clang build.
+INDEXED_SAMPLES = ("vendor", "bitsandbytes", "many")
+
+
+@pytest.mark.skipif(not zstd_index.available(), reason="the _zstdindex extension is not built")
+@pytest.mark.parametrize("sample", ["clang", "embedded", "vendor", "bitsandbytes", "many", "written"])
+def test_the_index_and_libzstds_stream_give_one_scan(sample_dirs, sample, monkeypatch):
+    """One scan whichever way a CCOB is read: through the zstd index (entry table and heads read
+    at random, no window) or inflated by libzstd's streaming decoder, for the full scan and for
+    each selection: the same code objects with the same ELF facts, and the same findings."""
+    root = sample_dirs[sample]
+    selections = [None] + [verify.selection_for([verify.resolve_required(t) for t in ts]) for ts in TARGET_SETS]
+    indexed_frames = []
+    real_index_frame = zstd_index.index_frame
+
+    def counting(data, base, fmt=zstd_index.FMT):
+        index = real_index_frame(data, base, fmt)
+        indexed_frames.append(base)
+        return index
+
+    monkeypatch.setattr(zstd_index, "index_frame", counting)
+    indexed = [_scans(root, selection) for selection in selections]
+    monkeypatch.setenv("ROCM_AUDIT_NO_ZSTD_INDEX", "1")
+    streamed = [_scans(root, selection) for selection in selections]
+    assert indexed == streamed
+    assert bool(indexed_frames) == (sample in INDEXED_SAMPLES)
 
 
 def test_an_entry_the_runtime_picks_by_id_but_the_loader_refuses_serves_nothing(sample_dirs):

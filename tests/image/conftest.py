@@ -267,9 +267,15 @@ def index_url(tmp_path_factory, sdk_wheels, audit_dependency_wheels):
 def build_context(tmp_path_factory) -> Path:
     """What Dockerfile.rocm needs from a rocm-audit clone (not .git, not .venv)."""
     context = tmp_path_factory.mktemp("context")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(REPO / name, context / name)
-    shutil.copytree(REPO / "src", context / "src", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # What a clone holds: not the artefacts of this checkout's editable install (the built
+    # extension for this interpreter, setuptools' egg-info).
+    shutil.copytree(
+        REPO / "src",
+        context / "src",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.egg-info"),
+    )
     return context
 
 
@@ -282,6 +288,7 @@ def dockerfile_args(base_image, index_url) -> dict[str, str]:
         "ROCM_INDEX_URL": index_url,
         "PIP_INDEX_URL": index_url,
         "APT_PACKAGES": "",
+        "AUDIT_BUILD_PACKAGES": "",  # the offline test base has no apt source: the auditor streams CCOBs
         "GPU_ARCH": "gfx942",
         "VENV": VENV,
     }

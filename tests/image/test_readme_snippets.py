@@ -17,6 +17,7 @@ wheelhouse this session serves on 127.0.0.1 (PIP_INDEX_URL, as a CI job would se
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -122,14 +123,16 @@ def sudo_image(docker, base_image, tmp_path_factory) -> str:
 def test_setup_command_runs_as_written(docker, base_image, sudo_image, clone, index_url, as_user, tmp_path):
     work = tmp_path / "clone"
     shutil.copytree(clone, work)
-    work.chmod(0o777)
+    for folder, _, _ in os.walk(work):  # the user's own clone: the build writes its egg-info in src/
+        os.chmod(folder, 0o777)
     image = base_image if as_user == "root" else sudo_image
     if as_user == "root":
         assert _container(docker, image, "command -v sudo", mounts={}, env={}).returncode == 1, "fresh: no sudo"
     done = _container(
         docker,
         image,
-        f"cd /clone && {setup_command()}",
+        # ... and the zstd frame index was built (the command installs a compiler and headers)
+        f"cd /clone && {setup_command()} && .venv/bin/python -c 'import rocm_audit.formats._zstdindex'",
         mounts={work: "/clone"},
         env={"PIP_INDEX_URL": index_url},
         user="" if as_user == "root" else "builder",

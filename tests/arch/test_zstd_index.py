@@ -1,0 +1,267 @@
+"""The zstd frame index (formats/zstd_index.py, _zstdindex.c) against libzstd, the reference.
+
+Frames come from the real encoders: libzstd through python-zstandard at several levels, with
+long-distance matching and wide windows (as clang's offload bundler writes them), with and without
+checksums and declared sizes, raw and RLE blocks; clang-offload-bundler-19 --compress over real
+clang-built code objects; and the CCOBs of the pinned vendor wheels. Every byte the index serves
+must be libzstd's byte; every frame libzstd refuses must be refused; and no input, however cut or
+flipped, may raise anything but FormatError or IndexTooLarge.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from rocm_audit.errors import FormatError
+from rocm_audit.formats import zstd_index
+
+pytestmark = pytest.mark.skipif(not zstd_index.available(), reason="the _zstdindex extension is not built")
+
+
+def _codeish(size: int, seed: int, *, noise: bool = True) -> bytes:
+    """Bytes shaped like a bundle of code objects for many GPUs: blocks of random words that
+    recur with small edits far apart (what long-distance matching finds across entries); with
+    ``noise``, also stretches of random bytes (raw blocks) and more edits."""
+    rng = random.Random(seed)
+    words = [rng.randbytes(rng.randint(2, 12)) for _ in range(400)]
+    unique = size // (7 if noise else 40)  # what the entries share: real bundles inflate 40-100x
+    base = b"".join(rng.choice(words) for _ in range(unique // 7 + 1))[:unique]
+    out = bytearray()
+    while len(out) < size:
+        cut = rng.randrange(len(base))
+        piece = bytearray(base[cut : cut + rng.randint(1000, 60000)])
+        for _ in range(len(piece) // (500 if noise else 5000)):
+            piece[rng.randrange(len(piece))] = rng.randrange(256)
+        out += piece
+        if rng.random() < 0.1:
+            out += b"\0" * rng.randint(1, 5000)  # alignment padding: RLE blocks and offset-1 runs
+        if noise and rng.random() < 0.05:
+            out += rng.randbytes(rng.randint(100, 200000))  # incompressible: raw blocks
+    return bytes(out[:size])
+
+
+def _check(frame: bytes, content: bytes, rng: random.Random, reads: int = 60) -> zstd_index.FrameIndex:
+    index = zstd_index.index_frame(frame, 0)
+    assert index.size == len(content)
+    assert index.consumed <= len(frame)
+    assert index.read(0, len(content)) == content
+    for _ in range(reads):
+        start = rng.randrange(len(content) + 10)
+        length = rng.choice([1, 7, 64, 4096, 70000, 10**9])
+        assert index.read(start, length) == content[start : start + length]
+    return index
+
+
+ENCODINGS = {
+    "level1": {"level": 1},
+    "level3-checksum": {"level": 3, "write_checksum": True},
+    "level9-no-size": {"level": 9, "write_content_size": False},
+    "level19": {"level": 19},
+    "ldm-window27": {
+        "compression_params": zstandard.ZstdCompressionParameters.from_level(
+            3, enable_ldm=True, window_log=27, write_content_size=True
+        )
+    },
+    "ldm-level19": {
+        "compression_params": zstandard.ZstdCompressionParameters.from_level(
+            19, enable_ldm=True, window_log=25, write_content_size=True
+        )
+    },
+}
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("size", [0, 1, 100, 131072, 131073, 3 << 20])
+def test_every_byte_is_libzstds(encoding, size):
+    rng = random.Random(size)
+    content = _codeish(size, size) if size > 200 else rng.randbytes(size)
+    compressor = zstandard.ZstdCompressor(**ENCODINGS[encoding])
+    if encoding == "level9-no-size":
+        # a streamed frame: no content size, a window below the content
+        writer = compressor.compressobj()
+        frame = writer.compress(content) + writer.flush()
+    else:
+        frame = compressor.compress(content)
+    _check(frame, content, rng)
+
+
+def test_block_types_and_table_modes_seen_in_real_frames():
+    """Raw, RLE and compressed blocks, 1- and 4-stream Huffman literals, treeless literals, and
+    every FSE table mode (predefined, RLE, compressed, repeat) come up in these frames."""
+    rng = random.Random(7)
+    samples = [
+        b"\0" * (1 << 20),  # RLE blocks
+        rng.randbytes(300000),  # raw blocks
+        b"ab" * 200000,  # offset-2 runs across blocks
+        _codeish(2 << 20, 11),
+        bytes(range(256)) * 4000,
+    ]
+    for content in samples:
+        for level in (1, 3, 12, 22):
+            _check(zstandard.ZstdCompressor(level=level).compress(content), content, rng, reads=10)
+
+
+def test_index_memory_is_the_sequences_not_the_window():
+    """A 96 MiB frame with a 128 MiB window (long-distance matches across all of it) is indexed in
+    a small fraction of its size: no window is held, and the index is a few bytes per input byte
+    (jax's PJRT plugin: 8.6 MB for a 1.1 MB frame of 113 MB)."""
+    content = _codeish(96 << 20, 3, noise=False)
+    params = zstandard.ZstdCompressionParameters.from_level(3, enable_ldm=True, window_log=27)
+    frame = zstandard.ZstdCompressor(compression_params=params).compress(content)
+    assert zstandard.get_frame_parameters(frame).window_size >= len(content) // 2
+    index = zstd_index.index_frame(frame, 0)
+    assert index.nbytes < len(content) // 8, (index.nbytes, len(content))
+    assert index.nbytes < 12 * len(frame), (index.nbytes, len(frame))
+    rng = random.Random(5)
+    for _ in range(40):
+        start = rng.randrange(len(content))
+        assert index.read(start, 65536) == content[start : start + 65536]
+
+
+def test_every_truncation_is_a_finding_at_an_offset_inside_the_input():
+    rng = random.Random(1)
+    content = _codeish(600000, 1)
+    frame = zstandard.ZstdCompressor(level=6, write_checksum=False).compress(content)
+    cuts = sorted({*range(0, 40), *rng.sample(range(len(frame)), 300)})
+    for cut in cuts:
+        with pytest.raises(FormatError) as caught:
+            zstd_index.index_frame(frame[:cut], 1000)
+        assert 1000 <= caught.value.offset <= 1000 + cut, (cut, caught.value)
+        assert caught.value.fmt == "zstd"
+
+
+def test_flipped_bits_are_refused_as_libzstd_refuses_them_or_decode_as_it_does():
+    """libzstd's one-shot decoder (what LLVM's bundler and comgr call) is the oracle: where it
+    refuses a damaged frame the index refuses it (FormatError), where it decodes one the index
+    serves the same bytes. Frames without a checksum, as the bundler writes them."""
+    rng = random.Random(2)
+    content = _codeish(200000, 2, noise=False)
+    frame = bytearray(zstandard.ZstdCompressor(level=3).compress(content))
+    oracle = zstandard.ZstdDecompressor()
+    agreed = refused = 0
+    for _ in range(600):
+        damaged = bytearray(frame)
+        for _ in range(rng.choice([1, 1, 2, 8])):
+            damaged[rng.randrange(6, len(damaged))] ^= 1 << rng.randrange(8)
+        try:
+            expected = oracle.decompress(bytes(damaged), max_output_size=len(content) * 2)
+        except zstandard.ZstdError:
+            expected = None
+        try:
+            index = zstd_index.index_frame(bytes(damaged), 0)
+        except FormatError:
+            assert expected is None, "the index refused a frame libzstd decodes"
+            refused += 1
+            continue
+        assert expected is not None, "the index accepted a frame libzstd refuses"
+        assert index.read(0, index.size) == expected
+        agreed += 1
+    assert refused > 100 and agreed > 10, (refused, agreed)  # both outcomes were exercised
+
+
+def test_limits_raise_index_too_large_not_a_finding(monkeypatch):
+    content = _codeish(1 << 20, 4)
+    frame = zstandard.ZstdCompressor(level=3).compress(content)
+    monkeypatch.setattr(zstd_index, "MAX_RECORDS", 100)
+    with pytest.raises(zstd_index.IndexTooLarge):
+        zstd_index.index_frame(frame, 0)
+    monkeypatch.undo()
+    monkeypatch.setattr(zstd_index, "STEP_BUDGET", 2)
+    monkeypatch.setattr(zstd_index, "STEPS_PER_BYTE", 0)
+    index = zstd_index.index_frame(frame, 0)
+    assert zstd_index.read(index, 0, 1) == content[:1]  # a literal: one step
+    with pytest.raises(zstd_index.IndexTooLarge):
+        zstd_index.read(index, len(content) - 70000, 65536)
+
+
+def test_a_frame_that_needs_a_dictionary_is_refused():
+    content = _codeish(50000, 9)
+    dictionary = zstandard.train_dictionary(4096, [content[i : i + 2000] for i in range(0, 48000, 2000)])
+    frame = zstandard.ZstdCompressor(dict_data=dictionary).compress(content)
+    with pytest.raises(FormatError, match="dictionary"):
+        zstd_index.index_frame(frame, 0)
+
+
+def _ccob_frames(data: bytes) -> list[bytes]:
+    """The zstd frames of every CCOB v2/v3 in ``data``."""
+    frames = []
+    at = data.find(b"CCOB")
+    while at >= 0:
+        version, method = struct.unpack_from("<HH", data, at + 4)
+        if version in (2, 3) and method == 1:
+            total = struct.unpack_from("<I" if version == 2 else "<Q", data, at + 8)[0]
+            frames.append(data[at + {2: 24, 3: 32}[version] : at + total])
+        at = data.find(b"CCOB", at + 4)
+    return frames
+
+
+def test_frames_clang_writes(many_arch_libs):
+    """clang++-19 --offload-compress (its offload bundler compresses the TU's bundle, ten GPUs)."""
+    (frame,) = _ccob_frames((many_arch_libs / "libmanyc.so").read_bytes())
+    content = zstandard.ZstdDecompressor().decompress(frame)
+    assert len(content) > 4 << 20
+    _check(frame, content, random.Random(3))
+
+
+def test_real_vendor_ccobs(jax_plugin, bitsandbytes_libs):
+    """Every CCOB of the pinned vendor wheels: the index serves libzstd's bytes throughout."""
+    frames = 0
+    for library in [*sorted(jax_plugin.glob("*.so")), *sorted(bitsandbytes_libs.glob("*.so"))]:
+        for frame in _ccob_frames(Path(library).read_bytes()):
+            content = zstandard.ZstdDecompressor().decompress(frame)
+            _check(frame, content, random.Random(len(frame)), reads=30)
+            frames += 1
+    assert frames >= 8
+
+
+def test_judging_the_last_entry_of_a_wide_window_bundle_holds_no_window(tmp_path, monkeypatch):
+    """A CCOB shaped like jax's: one zstd frame with a 128 MiB window over 96 MiB of entries that
+    share long stretches, gfx950 last. Judged through the index, peak memory grows by the index
+    (a few MB); streamed, by the window libzstd must hold to reach the last entry."""
+    import gc
+
+    from arch_writers import amdgpu_header, bundle, ccob
+
+    from rocm_audit.gpu import verify
+    from rocm_audit.gpu.codeobjects import scan_file
+    from rocm_audit.tree.discovery import resolve_roots
+    from rocm_audit.tree.inventory import build_inventory
+    from support.memory import peak_rss_kib, reset_peak_rss
+
+    share = _codeish(96 << 20, 8, noise=False)
+    step = len(share) // 3
+    entries = [("host-x86_64-unknown-linux--", b"")] + [
+        (f"hipv4-amdgcn-amd-amdhsa--{arch}", amdgpu_header(flags) + share[k * step : (k + 1) * step])
+        for k, (arch, flags) in enumerate((("gfx90a", 0x53F), ("gfx942", 0x54C), ("gfx950", 0x54F)))
+    ]
+    payload = bundle(entries)
+    del share, entries
+    params = zstandard.ZstdCompressionParameters.from_level(3, enable_ldm=True, window_log=27)
+    frame = zstandard.ZstdCompressor(compression_params=params).compress(payload)
+    blob = ccob(payload, version=3)
+    blob = blob[:32] + frame
+    blob = blob[:8] + struct.pack("<Q", len(blob)) + blob[16:]
+    (tmp_path / "wide.co").write_bytes(blob)
+    del payload, frame, blob
+    gc.collect()
+    selection = verify.selection_for([verify.resolve_required("gfx950")])
+    roots, _ = resolve_roots([str(tmp_path / "wide.co")])
+    (record,) = build_inventory(roots).files
+
+    def judged() -> tuple[int, list]:
+        before = reset_peak_rss()
+        scan = scan_file(record, None, selection)
+        return peak_rss_kib() - before, [(o.bundle_target, o.target) for o in scan.code_objects]
+
+    indexed_kib, indexed = judged()
+    monkeypatch.setenv("ROCM_AUDIT_NO_ZSTD_INDEX", "1")
+    streamed_kib, streamed = judged()
+    assert indexed == streamed
+    assert ("gfx950", "gfx950") in indexed
+    assert streamed_kib > 60 * 1024, streamed_kib  # the window: most of the 96 MiB
+    assert indexed_kib < 20 * 1024, indexed_kib
