@@ -14,40 +14,70 @@ static PyObject *TooLargeError;  /* args: (reason,) */
 
 typedef struct {
     PyObject_HEAD
-    Index ix;
-    uint64_t content;
-    size_t consumed;
+    Frame fr;
+    Py_buffer view;  /* the compressed input, held while blocks remain to decode */
+    int has_view;
     Py_ssize_t step_budget;
     Py_ssize_t steps_per_byte;
 } FrameIndexObject;
 
+static void release_input(FrameIndexObject *self) {
+    if (self->has_view) {
+        PyBuffer_Release(&self->view);
+        self->has_view = 0;
+    }
+}
+
 static void FrameIndex_dealloc(FrameIndexObject *self) {
-    PyMem_RawFree(self->ix.coarse);
-    PyMem_RawFree(self->ix.rec);
-    PyMem_RawFree(self->ix.lits);
+    release_input(self);
+    PyMem_RawFree(self->fr.ix.sample);
+    PyMem_RawFree(self->fr.ix.rec);
+    PyMem_RawFree(self->fr.ix.lits);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The frame's failure as the exception it is (raised again by every later call). */
+static PyObject *raise_failed(const Frame *fr) {
+    if (fr->failed.too_large)
+        PyErr_SetObject(TooLargeError, Py_BuildValue("(s)", fr->failed.reason));
+    else
+        PyErr_SetObject(CorruptError, Py_BuildValue("(ns)", (Py_ssize_t)fr->failed.offset, fr->failed.reason));
+    return NULL;
+}
+
+/* Decode until `upto` bytes are indexed (or the frame ends); the input is let go once it has. */
+static int extend(FrameIndexObject *self, uint64_t upto) {
+    if (!self->fr.done && self->fr.out < upto && zi_extend(&self->fr, upto) < 0) {
+        release_input(self);
+        raise_failed(&self->fr);
+        return -1;
+    }
+    if (self->fr.done)
+        release_input(self);
+    return 0;
 }
 
 static PyObject *FrameIndex_read(FrameIndexObject *self, PyObject *args) {
     unsigned long long pos, length;
     if (!PyArg_ParseTuple(args, "KK", &pos, &length))
         return NULL;
-    if (pos >= self->content)
+    if (self->fr.has_failed)
+        return raise_failed(&self->fr);
+    uint64_t end = length > UINT64_MAX - pos ? UINT64_MAX : pos + length;
+    if (extend(self, end) < 0)
+        return NULL;
+    if (pos >= self->fr.out)
         return PyBytes_FromStringAndSize(NULL, 0);
-    if (length > self->content - pos)
-        length = self->content - pos;
+    if (length > self->fr.out - pos)
+        length = self->fr.out - pos;
     if (length > (unsigned long long)PY_SSIZE_T_MAX)
         return PyErr_NoMemory();
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
     if (!out)
         return NULL;
     const char *why = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = resolve(&self->ix, (uint8_t *)PyBytes_AS_STRING(out), pos, length,
-                 self->step_budget + self->steps_per_byte * (int64_t)length, &why);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    if (resolve(&self->fr.ix, (uint8_t *)PyBytes_AS_STRING(out), pos, length,
+                self->step_budget + self->steps_per_byte * (int64_t)length, &why) < 0) {
         Py_DECREF(out);
         PyErr_SetObject(TooLargeError, Py_BuildValue("(s)", why));
         return NULL;
@@ -55,36 +85,49 @@ static PyObject *FrameIndex_read(FrameIndexObject *self, PyObject *args) {
     return out;
 }
 
-static PyObject *FrameIndex_get_size(FrameIndexObject *self, void *closure) {
-    (void)closure;
-    return PyLong_FromUnsignedLongLong(self->content);
+static PyObject *FrameIndex_decode_all(FrameIndexObject *self, PyObject *unused) {
+    (void)unused;
+    if (self->fr.has_failed)
+        return raise_failed(&self->fr);
+    if (extend(self, UINT64_MAX) < 0)
+        return NULL;
+    return PyLong_FromSize_t(self->fr.pos);
 }
 
-static PyObject *FrameIndex_get_consumed(FrameIndexObject *self, void *closure) {
+static PyObject *FrameIndex_get_size(FrameIndexObject *self, void *closure) {
     (void)closure;
-    return PyLong_FromSize_t(self->consumed);
+    if (self->fr.has_failed)
+        return raise_failed(&self->fr);
+    if (self->fr.has_fcs)
+        return PyLong_FromUnsignedLongLong(self->fr.fcs);  /* decoding checks the frame holds it */
+    if (extend(self, UINT64_MAX) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(self->fr.out);
 }
 
 static PyObject *FrameIndex_get_records(FrameIndexObject *self, void *closure) {
     (void)closure;
-    return PyLong_FromSize_t(self->ix.n);
+    return PyLong_FromSize_t(self->fr.ix.n);
 }
 
 static PyObject *FrameIndex_get_nbytes(FrameIndexObject *self, void *closure) {
     (void)closure;
-    return PyLong_FromSize_t(self->ix.cap * sizeof(Record) + self->ix.litcap + self->ix.ncoarse * sizeof(uint32_t));
+    const Index *ix = &self->fr.ix;
+    return PyLong_FromSize_t(ix->cap * sizeof(Record) + ix->samplecap * sizeof(uint64_t) + ix->litcap);
 }
 
 static PyMethodDef FrameIndex_methods[] = {
     {"read", (PyCFunction)FrameIndex_read, METH_VARARGS,
-     "read(offset, length) -> bytes: the frame's content at [offset, offset+length), shorter at its end."},
+     "read(offset, length) -> bytes: the frame's content at [offset, offset+length), shorter at its end;\n"
+     "blocks up to it are decoded first."},
+    {"decode_all", (PyCFunction)FrameIndex_decode_all, METH_NOARGS,
+     "decode_all() -> int: decode every block; returns the input bytes the frame takes."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef FrameIndex_getset[] = {
     {"size", (getter)FrameIndex_get_size, NULL, "bytes the frame regenerates", NULL},
-    {"consumed", (getter)FrameIndex_get_consumed, NULL, "input bytes the frame takes", NULL},
-    {"records", (getter)FrameIndex_get_records, NULL, "records kept (sequences, raw and RLE blocks)", NULL},
-    {"nbytes", (getter)FrameIndex_get_nbytes, NULL, "memory the index holds", NULL},
+    {"records", (getter)FrameIndex_get_records, NULL, "records kept so far (sequences, raw and RLE blocks)", NULL},
+    {"nbytes", (getter)FrameIndex_get_nbytes, NULL, "memory the index holds now", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject FrameIndexType = {
@@ -92,7 +135,7 @@ static PyTypeObject FrameIndexType = {
     .tp_basicsize = sizeof(FrameIndexObject),
     .tp_dealloc = (destructor)FrameIndex_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Random access into one zstd frame, built by index_frame().",
+    .tp_doc = "Random access into one zstd frame, made by index_frame().",
     .tp_methods = FrameIndex_methods,
     .tp_getset = FrameIndex_getset,
 };
@@ -115,45 +158,19 @@ static PyObject *py_index_frame(PyObject *module, PyObject *args, PyObject *kwar
         PyBuffer_Release(&view);
         return NULL;
     }
-    memset(&self->ix, 0, sizeof self->ix);
-    self->ix.max = max_records > 0 ? (size_t)max_records : 0;
-    self->ix.maxlits = max_literals > 0 ? (size_t)max_literals : 0;
-    if (self->ix.maxlits > LIT_RLE_FLAG - 1)
-        self->ix.maxlits = LIT_RLE_FLAG - 1;
+    memset(&self->fr, 0, sizeof self->fr);
+    self->view = view;
+    self->has_view = 1;
+    self->fr.ix.max = max_records > 0 ? (size_t)max_records : 0;
+    self->fr.ix.maxlits = max_literals > 0 ? (size_t)max_literals : 0;
+    if (self->fr.ix.maxlits > LIT_RLE_FLAG - 1)
+        self->fr.ix.maxlits = LIT_RLE_FLAG - 1;
     self->step_budget = step_budget;
     self->steps_per_byte = steps_per_byte;
-    Fail f = {0, NULL, 0};
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = index_frame(&self->ix, &f, view.buf, (size_t)view.len, &self->content, &self->consumed);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    if (rc < 0) {
+    if (zi_open(&self->fr, view.buf, (size_t)view.len) < 0) {
+        raise_failed(&self->fr);
         Py_DECREF(self);
-        if (f.too_large)
-            PyErr_SetObject(TooLargeError, Py_BuildValue("(s)", f.reason));
-        else
-            PyErr_SetObject(CorruptError, Py_BuildValue("(ns)", (Py_ssize_t)f.offset, f.reason));
         return NULL;
-    }
-    if (build_coarse(&self->ix, self->content) < 0) {
-        Py_DECREF(self);
-        PyErr_SetObject(TooLargeError, Py_BuildValue("(s)", "out of memory for the index"));
-        return NULL;
-    }
-    if (self->ix.cap > self->ix.n && self->ix.n) {  /* give back the doubling slack */
-        Record *r = PyMem_RawRealloc(self->ix.rec, self->ix.n * sizeof(Record));
-        if (r) {
-            self->ix.rec = r;
-            self->ix.cap = self->ix.n;
-        }
-    }
-    if (self->ix.litcap > self->ix.nlits && self->ix.nlits) {
-        uint8_t *p = PyMem_RawRealloc(self->ix.lits, self->ix.nlits);
-        if (p) {
-            self->ix.lits = p;
-            self->ix.litcap = self->ix.nlits;
-        }
     }
     return (PyObject *)self;
 }
@@ -161,7 +178,8 @@ static PyObject *py_index_frame(PyObject *module, PyObject *args, PyObject *kwar
 static PyMethodDef module_methods[] = {
     {"index_frame", (PyCFunction)(void (*)(void))py_index_frame, METH_VARARGS | METH_KEYWORDS,
      "index_frame(data, max_records, max_literals, step_budget, steps_per_byte) -> FrameIndex of the zstd\n"
-     "frame at data[0]; a read may take step_budget + steps_per_byte * length resolution steps."},
+     "frame at data[0] (its header read; blocks are decoded as reads need them). A read may take\n"
+     "step_budget + steps_per_byte * length resolution steps."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_zstdindex",

@@ -56,13 +56,13 @@ typedef struct {
     uint32_t lit;        /* index into lits, or LIT_RLE_FLAG | index of the repeated byte */
 } Record;
 
-#define COARSE_SHIFT 12  /* one coarse slot per 4 KiB of output */
+#define SAMPLE_SHIFT 4  /* every 16th record's start is kept apart, for find_record() */
 
 typedef struct {
     Record *rec;
     size_t n, cap, max;
-    uint32_t *coarse;  /* coarse[k]: the record holding output position k << COARSE_SHIFT */
-    size_t ncoarse;
+    uint64_t *sample;  /* sample[k] = rec[k << SAMPLE_SHIFT].start: a small array to search first */
+    size_t nsample, samplecap;
     uint8_t *lits;
     size_t nlits, litcap, maxlits;
 } Index;
@@ -75,6 +75,19 @@ static inline int push_record(Index *ix, Fail *f, size_t at, uint64_t start, uin
         return 0;
     if (ix->n == ix->cap && grow_records(ix, f, at) < 0)
         return -1;
+    if (!(ix->n & ((1u << SAMPLE_SHIFT) - 1))) {
+        if (ix->nsample == ix->samplecap) {
+            size_t cap = ix->samplecap ? ix->samplecap * 2 : 1024;
+            uint64_t *grown = ZI_REALLOC(ix->sample, cap * sizeof(uint64_t));
+            if (!grown) {
+                f->too_large = 1;
+                FAIL(f, at, "out of memory for the index");
+            }
+            ix->sample = grown;
+            ix->samplecap = cap;
+        }
+        ix->sample[ix->nsample++] = start;
+    }
     Record *r = &ix->rec[ix->n++];
     r->start = start;
     r->lit_len = ll;
@@ -709,7 +722,46 @@ static int64_t compressed_block(Index *ix, FrameState *st, Fail *f, const uint8_
 
 /* ---------------------------------------------------------------- frames (RFC 3.1.1) */
 
-static int index_frame(Index *ix, Fail *f, const uint8_t *src, size_t len, uint64_t *content, size_t *consumed) {
+/* Give back the slack of doubling once no record or literal will be added. */
+static void zi_trim(Index *ix) {
+    if (ix->cap > ix->n && ix->n) {
+        Record *r = ZI_REALLOC(ix->rec, ix->n * sizeof(Record));
+        if (r) {
+            ix->rec = r;
+            ix->cap = ix->n;
+        }
+    }
+    if (ix->litcap > ix->nlits && ix->nlits) {
+        uint8_t *p = ZI_REALLOC(ix->lits, ix->nlits);
+        if (p) {
+            ix->lits = p;
+            ix->litcap = ix->nlits;
+        }
+    }
+}
+
+/* A frame being indexed: decoding goes as far as reads need (zi_extend), as a stream stops early;
+ * what no read reaches is never decoded. */
+typedef struct {
+    Index ix;
+    const uint8_t *src;
+    size_t len;
+    size_t pos;          /* input bytes decoded so far */
+    uint64_t out;        /* output bytes indexed so far */
+    uint64_t fcs;        /* Frame_Content_Size, when has_fcs */
+    uint64_t block_max;
+    int has_fcs, checksum, done;
+    FrameState st;
+    Fail failed;         /* set once decoding failed: every later call fails the same way */
+    int has_failed;
+} Frame;
+
+/* The frame header (RFC 8878 3.1.1.1). */
+static int zi_open(Frame *fr, const uint8_t *src, size_t len) {
+    Fail *f = &fr->failed;
+    fr->src = src;
+    fr->len = len;
+    fr->has_failed = 1;  /* until the header holds */
     if (len < 6)
         FAIL(f, len, "input ends inside the zstd frame header");
     if (!(src[0] == 0x28 && src[1] == 0xB5 && src[2] == 0x2F && src[3] == 0xFD))
@@ -758,14 +810,34 @@ static int index_frame(Index *ix, Fail *f, const uint8_t *src, size_t len, uint6
     pos += fcs_len;
     if (single)
         window = fcs;
-    uint64_t block_max = window < BLOCK_MAX ? window : BLOCK_MAX;
-    FrameState st;
-    memset(&st, 0, sizeof st);
-    st.rep[0] = 1;
-    st.rep[1] = 4;
-    st.rep[2] = 8;
-    uint64_t out = 0;
-    for (;;) {
+    fr->block_max = window < BLOCK_MAX ? window : BLOCK_MAX;
+    fr->fcs = fcs;
+    fr->has_fcs = has_fcs;
+    fr->checksum = checksum;
+    fr->pos = pos;
+    fr->out = 0;
+    fr->done = 0;
+    memset(&fr->st, 0, sizeof fr->st);
+    fr->st.rep[0] = 1;
+    fr->st.rep[1] = 4;
+    fr->st.rep[2] = 8;
+    fr->has_failed = 0;
+    return 0;
+}
+
+/* Decode blocks until `upto` output bytes are indexed or the frame ends. */
+static int zi_extend(Frame *fr, uint64_t upto) {
+    if (fr->has_failed)
+        return -1;
+    Fail *f = &fr->failed;
+    Index *ix = &fr->ix;
+    const uint8_t *src = fr->src;
+    size_t len = fr->len, pos = fr->pos;
+    uint64_t out = fr->out, fcs = fr->fcs, block_max = fr->block_max;
+    int has_fcs = fr->has_fcs;
+    FrameState *st = &fr->st;
+    fr->has_failed = 1;  /* cleared on the way out when nothing failed */
+    while (!fr->done && out < upto) {
         if (pos + 3 > len)
             FAIL(f, pos, "input ends inside a block header");
         uint32_t bh = src[pos] | (uint32_t)src[pos + 1] << 8 | (uint32_t)src[pos + 2] << 16;
@@ -805,7 +877,7 @@ static int index_frame(Index *ix, Fail *f, const uint8_t *src, size_t len, uint6
         } else {
             if (pos + size > len)
                 FAIL(f, pos, "input ends inside a compressed block");
-            int64_t got = compressed_block(ix, &st, f, src + pos, size, pos, out, block_max);
+            int64_t got = compressed_block(ix, st, f, src + pos, size, pos, out, block_max);
             if (got < 0)
                 return -1;
             pos += size;
@@ -817,27 +889,48 @@ static int index_frame(Index *ix, Fail *f, const uint8_t *src, size_t len, uint6
         }
         if (has_fcs && out > fcs)
             FAIL(f, at, "frame regenerates more than its header declares");
-        if (last)
-            break;
+        fr->pos = pos;
+        fr->out = out;
+        if (last) {
+            if (has_fcs && out != fcs)
+                FAIL(f, pos, "frame regenerates less than its header declares");
+            if (fr->checksum) {
+                if (pos + 4 > len)
+                    FAIL(f, pos, "input ends inside the content checksum");
+                pos += 4;
+            }
+            fr->pos = pos;
+            fr->done = 1;
+            zi_trim(ix);
+        }
     }
-    if (has_fcs && out != fcs)
-        FAIL(f, pos, "frame regenerates less than its header declares");
-    if (checksum) {
-        if (pos + 4 > len)
-            FAIL(f, pos, "input ends inside the content checksum");
-        pos += 4;
-    }
-    *content = out;
-    *consumed = pos;
+    fr->has_failed = 0;
+    return 0;
+}
+
+/* The whole frame at once (fuzzers and tests): open, then every block. */
+static inline int index_frame(Frame *fr, const uint8_t *src, size_t len, uint64_t *content, size_t *consumed) {
+    if (zi_open(fr, src, len) < 0 || zi_extend(fr, UINT64_MAX) < 0)
+        return -1;
+    *content = fr->out;
+    *consumed = fr->pos;
     return 0;
 }
 
 /* ---------------------------------------------------------------- reads */
 
 static size_t find_record(const Index *ix, uint64_t pos) {
-    /* last record with start <= pos, searched between two coarse slots */
-    size_t slot = (size_t)(pos >> COARSE_SHIFT);
-    size_t lo = ix->coarse[slot], hi = slot + 1 < ix->ncoarse ? (size_t)ix->coarse[slot + 1] + 1 : ix->n;
+    /* the last record with start <= pos: first among every 16th record, then within its 16 */
+    size_t lo = 0, hi = ix->nsample;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ix->sample[mid] <= pos)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    lo <<= SAMPLE_SHIFT;
+    hi = lo + (1u << SAMPLE_SHIFT) < ix->n ? lo + (1u << SAMPLE_SHIFT) : ix->n;
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
         if (ix->rec[mid].start <= pos)
@@ -846,27 +939,6 @@ static size_t find_record(const Index *ix, uint64_t pos) {
             hi = mid;
     }
     return lo;
-}
-
-/* The coarse table; also checks that records tile the output (they do by construction). */
-static int build_coarse(Index *ix, uint64_t content) {
-    if (ix->n > UINT32_MAX)
-        return -1;
-    size_t slots = (size_t)((content + (1u << COARSE_SHIFT) - 1) >> COARSE_SHIFT);
-    if (!slots)
-        return 0;
-    ix->coarse = ZI_MALLOC(slots * sizeof(uint32_t));
-    if (!ix->coarse)
-        return -1;
-    ix->ncoarse = slots;
-    size_t r = 0;
-    for (size_t k = 0; k < slots; k++) {
-        uint64_t pos = (uint64_t)k << COARSE_SHIFT;
-        while (r + 1 < ix->n && ix->rec[r + 1].start <= pos)
-            r++;
-        ix->coarse[k] = (uint32_t)r;
-    }
-    return 0;
 }
 
 typedef struct {
@@ -906,17 +978,17 @@ static int push(Stack *s, Task t) {
  * The request itself is walked front to back by `top` tasks, each pushed first (so run last) by
  * the one before it: when one runs, the stack is otherwise empty and dst[0, filled) is final. A
  * match whose source lies in that prefix is copied from dst instead of being followed back
- * through the frame: without this, reading a whole frame whose bytes descend from few literals
- * through long chains of short-offset matches (zstd's output for low-entropy data) costs
- * ~content/window steps per byte, and runs out of budget on frames plain decoding reads in a
- * blink. The prefix is never a pending task's target (those all lie at or after `filled`). */
+ * through the frame. Without this, a read costs steps in proportion to how far back each byte's
+ * literal lies, counted in matches: 1 MiB of two-letter text from zstd -3 (few literals, long
+ * chains of short-offset matches) took 138 M steps to read whole, over budget; now 0.25 M.
+ * The prefix is never a pending task's target (those all lie at or after `filled`). */
 static int resolve(const Index *ix, uint8_t *dst, uint64_t pos, uint64_t length, int64_t budget,
                    const char **why) {
     *why = "read past the end of the frame";
     if (length == 0)
         return 0;
-    /* find_record() needs a position inside the records (their coarse slots, their tiling) */
-    if (!ix->n || !ix->coarse)
+    /* find_record() needs a position inside the records (their samples, their tiling) */
+    if (!ix->n || !ix->nsample)
         return -1;
     const Record *last = &ix->rec[ix->n - 1];
     uint64_t end = last->start + last->lit_len + last->match_len;

@@ -14,7 +14,8 @@ The extension is optional (setup.py): without it ``available()`` is False and ca
 from __future__ import annotations
 
 import os
-from typing import Protocol
+from collections.abc import Callable
+from typing import TypeVar
 
 from rocm_audit.errors import FormatError
 
@@ -32,23 +33,7 @@ STEPS_PER_BYTE = 64
 # Compressed input read whole to build an index; a larger frame is streamed.
 MAX_INPUT = 256 << 20
 
-
-class FrameIndex(Protocol):
-    """What ``index_frame`` returns (the extension's type)."""
-
-    @property
-    def size(self) -> int: ...  # bytes the frame regenerates
-
-    @property
-    def consumed(self) -> int: ...  # input bytes the frame takes
-
-    @property
-    def records(self) -> int: ...
-
-    @property
-    def nbytes(self) -> int: ...  # memory the index holds
-
-    def read(self, offset: int, length: int, /) -> bytes: ...
+T = TypeVar("T")
 
 
 def available() -> bool:
@@ -66,35 +51,63 @@ class IndexTooLarge(Exception):
     """The frame needs more records, literals or resolution steps than an index may take."""
 
 
-def index_frame(data: bytes, base: int, fmt: str = FMT) -> FrameIndex:
-    """Index the zstd frame at ``data[0]`` (``base``: its file offset, ``fmt``: the container's
-    name, both for findings).
+class FrameCorrupt(FormatError):
+    """The frame does not decode; the offset names the input byte where decoding stopped."""
 
-    Raises FormatError for a frame that does not decode (the offset names the input byte where
-    decoding stopped), IndexTooLarge when it needs more than the limits above."""
-    from rocm_audit.formats import _zstdindex  # noqa: PLC0415 - optional, compiled
 
-    try:
-        index: FrameIndex = _zstdindex.index_frame(
+class FrameIndex:
+    """One zstd frame, indexed as far as reads have needed (a read past what is indexed decodes
+    the blocks up to it; what no read reaches is never decoded, as a stream stops early)."""
+
+    def __init__(self, data: bytes, base: int, fmt: str = FMT) -> None:
+        """``base``: the frame's file offset and ``fmt`` the container's name, for findings.
+        Raises FrameCorrupt when the frame header does not hold, IndexTooLarge when the limits
+        above are too small for it."""
+        from rocm_audit.formats import _zstdindex  # noqa: PLC0415 - optional, compiled
+
+        self._module = _zstdindex
+        self._base, self._fmt = base, fmt
+        self._index = self._call(
+            _zstdindex.index_frame,
             data,
             max_records=MAX_RECORDS,
             max_literals=max(len(data), 1) * LITERALS_PER_INPUT_BYTE,
             step_budget=STEP_BUDGET,
             steps_per_byte=STEPS_PER_BYTE,
         )
-    except _zstdindex.Corrupt as exc:
-        offset, reason = exc.args
-        raise FormatError(fmt, base + offset, f"zstd stream is corrupt: {reason}") from None
-    except _zstdindex.TooLarge as exc:
-        raise IndexTooLarge(exc.args[0]) from None
-    return index
+
+    def _call(self, function: Callable[..., T], *args: object, **kwargs: object) -> T:
+        try:
+            return function(*args, **kwargs)
+        except self._module.Corrupt as exc:
+            offset, reason = exc.args
+            raise FrameCorrupt(self._fmt, self._base + offset, f"zstd stream is corrupt: {reason}") from None
+        except self._module.TooLarge as exc:
+            raise IndexTooLarge(exc.args[0]) from None
+
+    @property
+    def size(self) -> int:
+        """Bytes the frame regenerates (its header's content size, or all blocks decoded)."""
+        return self._call(lambda: self._index.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the index holds now."""
+        return self._index.nbytes
+
+    @property
+    def records(self) -> int:
+        return self._index.records
+
+    def read(self, offset: int, length: int) -> bytes:
+        """The frame's bytes at [offset, offset+length); shorter only at its end."""
+        return self._call(self._index.read, offset, length)
+
+    def decode_all(self) -> int:
+        """Decode every block (a frame's damage anywhere is then found); returns input bytes used."""
+        return self._call(self._index.decode_all)
 
 
-def read(index: FrameIndex, offset: int, length: int) -> bytes:
-    """``index.read``, with a resolution that runs out of steps raised as IndexTooLarge."""
-    from rocm_audit.formats import _zstdindex  # noqa: PLC0415 - optional, compiled
-
-    try:
-        return index.read(offset, length)
-    except _zstdindex.TooLarge as exc:
-        raise IndexTooLarge(exc.args[0]) from None
+def index_frame(data: bytes, base: int, fmt: str = FMT) -> FrameIndex:
+    """``FrameIndex(data, base, fmt)``."""
+    return FrameIndex(data, base, fmt)

@@ -395,12 +395,14 @@ def _ccob_objects(
     # anyway and small (the HIP runtime never checks it; LLVM's bundler only with -verbose).
     check_hash = selection is None and header.uncompressed_size <= CCOB_HASH_CHECK_BYTES
     if _indexable(header, compressed):
-        # Listed apart and merged only when whole: a frame past the index's limits is streamed.
+        # Listed apart and merged only when whole. A frame past the index's limits is streamed, and
+        # so is one that does not decode: the stream lists what precedes the damage and says where
+        # it is, as it always has, so a broken CCOB reads the same with or without the index.
         listed = FileCodeObjects(result.path, result.sdk_tree, result.file_kind)
         try:
             payload: _Payload = _IndexedPayload(fh.read(payload_start, compressed), payload_start, limit)
             _ccob_entries(listed, payload, header, start, tu, place, selection)
-        except zstd_index.IndexTooLarge:
+        except (zstd_index.IndexTooLarge, zstd_index.FrameCorrupt):
             pass
         else:
             result.code_objects.extend(listed.code_objects)
@@ -486,7 +488,7 @@ class _IndexedPayload:
     def _read(self, offset: int, length: int) -> bytes:
         if offset >= self._size or length <= 0:
             return b""
-        return zstd_index.read(self._index, offset, min(length, self._size - offset))
+        return self._index.read(offset, min(length, self._size - offset))
 
     def first(self, length: int) -> bytes:
         return self._read(0, length)
