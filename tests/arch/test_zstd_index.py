@@ -270,3 +270,45 @@ def test_judging_the_last_entry_of_a_wide_window_bundle_holds_no_window(tmp_path
     assert ("gfx950", "gfx950") in indexed
     assert streamed_kib > 60 * 1024, streamed_kib  # the window: most of the 96 MiB
     assert indexed_kib < 20 * 1024, indexed_kib
+
+
+def test_a_damaged_bundle_reads_as_the_stream_reads_it(tmp_path, monkeypatch):
+    """A CCOB over 1 MiB whose frame breaks before its last entry: the index meets the damage,
+    and the CCOB is read by the stream instead, so the findings are the ones the stream gives
+    (what precedes the damage listed, the damage named), with the index or without."""
+    from arch_writers import amdgpu_header, bundle, ccob
+
+    from rocm_audit.gpu import verify
+    from rocm_audit.gpu.codeobjects import scan_file
+    from rocm_audit.tree.discovery import resolve_roots
+    from rocm_audit.tree.inventory import build_inventory
+
+    share = _codeish(3 << 20, 12, noise=False)
+    step = len(share) // 3
+    entries = [("host-x86_64-unknown-linux--", b"")] + [
+        (f"hipv4-amdgcn-amd-amdhsa--{arch}", amdgpu_header(flags) + share[k * step : (k + 1) * step])
+        for k, (arch, flags) in enumerate((("gfx90a", 0x53F), ("gfx942", 0x54C), ("gfx950", 0x54F)))
+    ]
+    blob = bytearray(ccob(bundle(entries), version=3))
+    blob[len(blob) // 3] ^= 0x5A  # before the gfx942 and gfx950 entries
+    (tmp_path / "damaged.co").write_bytes(bytes(blob))
+    roots, _ = resolve_roots([str(tmp_path / "damaged.co")])
+    (record,) = build_inventory(roots).files
+    failures = []
+    real = zstd_index.FrameIndex.read
+
+    def watched(self, offset, length):
+        try:
+            return real(self, offset, length)
+        except FormatError as exc:
+            failures.append(exc)
+            raise
+
+    monkeypatch.setattr(zstd_index.FrameIndex, "read", watched)
+    selections = [None, verify.selection_for([verify.resolve_required("gfx950")])]
+    indexed = [scan_file(record, None, selection) for selection in selections]
+    assert failures, "the index never met the damage"
+    monkeypatch.setenv("ROCM_AUDIT_NO_ZSTD_INDEX", "1")
+    streamed = [scan_file(record, None, selection) for selection in selections]
+    assert indexed == streamed
+    assert any(f.rule == "ARCH004" for f in indexed[1].findings)
