@@ -69,6 +69,21 @@ typedef struct {
 
 static int grow_records(Index *ix, Fail *f, size_t at);
 
+/* Double an array's room (`first` elements the first time, never past `max`); -1 when out of memory. */
+static int grow_array(void **array, size_t *cap, size_t size, size_t first, size_t max) {
+    size_t want = *cap ? *cap * 2 : first;
+    if (want > max)
+        want = max;
+    if (want <= *cap || want > SIZE_MAX / size)
+        return -1;
+    void *grown = ZI_REALLOC(*array, want * size);
+    if (!grown)
+        return -1;
+    *array = grown;
+    *cap = want;
+    return 0;
+}
+
 static inline int push_record(Index *ix, Fail *f, size_t at, uint64_t start, uint32_t ll, uint32_t ml,
                        uint32_t off, uint32_t lit) {
     if (ll == 0 && ml == 0)
@@ -76,15 +91,10 @@ static inline int push_record(Index *ix, Fail *f, size_t at, uint64_t start, uin
     if (ix->n == ix->cap && grow_records(ix, f, at) < 0)
         return -1;
     if (!(ix->n & ((1u << SAMPLE_SHIFT) - 1))) {
-        if (ix->nsample == ix->samplecap) {
-            size_t cap = ix->samplecap ? ix->samplecap * 2 : 1024;
-            uint64_t *grown = ZI_REALLOC(ix->sample, cap * sizeof(uint64_t));
-            if (!grown) {
-                f->too_large = 1;
-                FAIL(f, at, "out of memory for the index");
-            }
-            ix->sample = grown;
-            ix->samplecap = cap;
+        if (ix->nsample == ix->samplecap &&
+            grow_array((void **)&ix->sample, &ix->samplecap, sizeof(uint64_t), 1024, SIZE_MAX) < 0) {
+            f->too_large = 1;
+            FAIL(f, at, "out of memory for the index");
         }
         ix->sample[ix->nsample++] = start;
     }
@@ -102,16 +112,10 @@ static int grow_records(Index *ix, Fail *f, size_t at) {
         f->too_large = 1;
         FAIL(f, at, "more sequences than the index may hold");
     }
-    size_t cap = ix->cap ? ix->cap * 2 : 4096;
-    if (cap > ix->max)
-        cap = ix->max;
-    Record *r = ZI_REALLOC(ix->rec, cap * sizeof(Record));
-    if (!r) {
+    if (grow_array((void **)&ix->rec, &ix->cap, sizeof(Record), 4096, ix->max) < 0) {
         f->too_large = 1;
         FAIL(f, at, "out of memory for the index");
     }
-    ix->rec = r;
-    ix->cap = cap;
     return 0;
 }
 
@@ -955,14 +959,8 @@ typedef struct {
 } Stack;
 
 static int push(Stack *s, Task t) {
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 64;
-        Task *grown = ZI_REALLOC(s->task, cap * sizeof(Task));
-        if (!grown)
-            return -1;
-        s->task = grown;
-        s->cap = cap;
-    }
+    if (s->n == s->cap && grow_array((void **)&s->task, &s->cap, sizeof(Task), 64, SIZE_MAX) < 0)
+        return -1;
     s->task[s->n++] = t;
     return 0;
 }
