@@ -13,7 +13,8 @@ setup(
             "rocm_audit.formats._zstdindex",
             ["src/rocm_audit/formats/_zstdindex.c"],
             depends=["src/rocm_audit/formats/_zstdindex_core.h"],
-            extra_compile_args=["-O2", "-std=c99", "-fno-strict-aliasing"],
+            # The compiler's own C standard, not -std=c99: CPython 3.11+ is C11 (PEP 7).
+            extra_compile_args=["-O2", "-fno-strict-aliasing"],
             optional=True,
         )
     ]
