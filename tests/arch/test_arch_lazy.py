@@ -160,14 +160,13 @@ def test_the_index_and_libzstds_stream_give_one_scan(sample_dirs, sample, monkey
     root = sample_dirs[sample]
     selections = [None] + [verify.selection_for([verify.resolve_required(t) for t in ts]) for ts in TARGET_SETS]
     indexed_frames = []
-    real_index_frame = zstd_index.index_frame
 
-    def counting(data, base, fmt=zstd_index.FMT):
-        index = real_index_frame(data, base, fmt)
-        indexed_frames.append(base)
-        return index
+    class Counting(zstd_index.FrameIndex):
+        def __init__(self, data, base, fmt=zstd_index.FMT):
+            super().__init__(data, base, fmt)
+            indexed_frames.append(base)
 
-    monkeypatch.setattr(zstd_index, "index_frame", counting)
+    monkeypatch.setattr(zstd_index, "FrameIndex", Counting)
     indexed = [_scans(root, selection) for selection in selections]
     monkeypatch.setenv("ROCM_AUDIT_NO_ZSTD_INDEX", "1")
     streamed = [_scans(root, selection) for selection in selections]

@@ -46,7 +46,7 @@ def _codeish(size: int, seed: int, *, noise: bool = True) -> bytes:
 
 
 def _check(frame: bytes, content: bytes, rng: random.Random, reads: int = 60) -> zstd_index.FrameIndex:
-    index = zstd_index.index_frame(frame, 0)
+    index = zstd_index.FrameIndex(frame, 0)
     assert index.size == len(content)
     for _ in range(reads // 3):  # reads before every block is decoded
         start = rng.randrange(len(content) + 10)
@@ -117,7 +117,7 @@ def test_index_memory_is_the_sequences_not_the_window():
     params = zstandard.ZstdCompressionParameters.from_level(3, enable_ldm=True, window_log=27)
     frame = zstandard.ZstdCompressor(compression_params=params).compress(content)
     assert zstandard.get_frame_parameters(frame).window_size >= len(content) // 2
-    index = zstd_index.index_frame(frame, 0)
+    index = zstd_index.FrameIndex(frame, 0)
     index.decode_all()
     assert index.nbytes < len(content) // 8, (index.nbytes, len(content))
     assert index.nbytes < 12 * len(frame), (index.nbytes, len(frame))
@@ -134,7 +134,7 @@ def test_every_truncation_is_a_finding_at_an_offset_inside_the_input():
     cuts = sorted({*range(0, 40), *rng.sample(range(len(frame)), 300)})
     for cut in cuts:
         with pytest.raises(FormatError) as caught:
-            zstd_index.index_frame(frame[:cut], 1000).decode_all()
+            zstd_index.FrameIndex(frame[:cut], 1000).decode_all()
         assert 1000 <= caught.value.offset <= 1000 + cut, (cut, caught.value)
         assert caught.value.fmt == "zstd"
 
@@ -157,7 +157,7 @@ def test_flipped_bits_are_refused_as_libzstd_refuses_them_or_decode_as_it_does()
         except zstandard.ZstdError:
             expected = None
         try:
-            index = zstd_index.index_frame(bytes(damaged), 0)
+            index = zstd_index.FrameIndex(bytes(damaged), 0)
             index.decode_all()
         except FormatError:
             assert expected is None, "the index refused a frame libzstd decodes"
@@ -174,11 +174,11 @@ def test_limits_raise_index_too_large_not_a_finding(monkeypatch):
     frame = zstandard.ZstdCompressor(level=3).compress(content)
     monkeypatch.setattr(zstd_index, "MAX_RECORDS", 100)
     with pytest.raises(zstd_index.IndexTooLarge):
-        zstd_index.index_frame(frame, 0).decode_all()
+        zstd_index.FrameIndex(frame, 0).decode_all()
     monkeypatch.undo()
     monkeypatch.setattr(zstd_index, "STEP_BUDGET", 2)
     monkeypatch.setattr(zstd_index, "STEPS_PER_BYTE", 0)
-    index = zstd_index.index_frame(frame, 0)
+    index = zstd_index.FrameIndex(frame, 0)
     assert index.read(0, 1) == content[:1]  # a literal: one step
     with pytest.raises(zstd_index.IndexTooLarge):
         index.read(len(content) - 70000, 65536)
@@ -189,7 +189,7 @@ def test_a_frame_that_needs_a_dictionary_is_refused():
     dictionary = zstandard.train_dictionary(4096, [content[i : i + 2000] for i in range(0, 48000, 2000)])
     frame = zstandard.ZstdCompressor(dict_data=dictionary).compress(content)
     with pytest.raises(FormatError, match="dictionary"):
-        zstd_index.index_frame(frame, 0).decode_all()
+        zstd_index.FrameIndex(frame, 0).decode_all()
 
 
 def _ccob_frames(data: bytes) -> list[bytes]:

@@ -105,11 +105,6 @@ static PyObject *FrameIndex_get_size(FrameIndexObject *self, void *closure) {
     return PyLong_FromUnsignedLongLong(self->fr.out);
 }
 
-static PyObject *FrameIndex_get_records(FrameIndexObject *self, void *closure) {
-    (void)closure;
-    return PyLong_FromSize_t(self->fr.ix.n);
-}
-
 static PyObject *FrameIndex_get_nbytes(FrameIndexObject *self, void *closure) {
     (void)closure;
     const Index *ix = &self->fr.ix;
@@ -126,7 +121,6 @@ static PyMethodDef FrameIndex_methods[] = {
 
 static PyGetSetDef FrameIndex_getset[] = {
     {"size", (getter)FrameIndex_get_size, NULL, "bytes the frame regenerates", NULL},
-    {"records", (getter)FrameIndex_get_records, NULL, "records kept so far (sequences, raw and RLE blocks)", NULL},
     {"nbytes", (getter)FrameIndex_get_nbytes, NULL, "memory the index holds now", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 

@@ -16,7 +16,8 @@
  * Written from RFC 8878; every length, offset and table read from the input is checked against
  * what the input and the format allow. Two limits come from the caller: records (sequences can
  * cost no input bits at all, so their number is not bounded by the input) and resolution steps
- * per read. Past either, TooLarge is raised and the caller reads the frame another way.
+ * per read. Past either, the failure says so (Fail.too_large) and the caller reads the frame
+ * another way.
  */
 #ifndef ROCM_AUDIT_ZSTDINDEX_CORE_H
 #define ROCM_AUDIT_ZSTDINDEX_CORE_H

@@ -95,10 +95,6 @@ class FrameIndex:
         """Memory the index holds now."""
         return self._index.nbytes
 
-    @property
-    def records(self) -> int:
-        return self._index.records
-
     def read(self, offset: int, length: int) -> bytes:
         """The frame's bytes at [offset, offset+length); shorter only at its end."""
         return self._call(self._index.read, offset, length)
@@ -106,8 +102,3 @@ class FrameIndex:
     def decode_all(self) -> int:
         """Decode every block (a frame's damage anywhere is then found); returns input bytes used."""
         return self._call(self._index.decode_all)
-
-
-def index_frame(data: bytes, base: int, fmt: str = FMT) -> FrameIndex:
-    """``FrameIndex(data, base, fmt)``."""
-    return FrameIndex(data, base, fmt)

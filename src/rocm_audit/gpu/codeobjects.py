@@ -482,7 +482,7 @@ class _IndexedPayload:
     table_window = 4 << 10  # an entry table of 28 entries takes about 2 KiB
 
     def __init__(self, compressed: bytes, base: int, limit: int) -> None:
-        self._index = zstd_index.index_frame(compressed, base, ccob.FMT)
+        self._index = zstd_index.FrameIndex(compressed, base, ccob.FMT)
         self._size = min(self._index.size, limit)  # never past what the header declares
 
     def _read(self, offset: int, length: int) -> bytes:
