@@ -20,6 +20,7 @@ from rocm_audit.prune.weigh import Weight, weigh
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import TargetSelection, kept_target
+from rocm_audit.units import size_text
 
 MODES = ("apply", "dry-run", "check")
 
@@ -51,15 +52,6 @@ def device_code_of(inventory: Inventory, selection: TargetSelection | None = Non
     return read
 
 
-def _human(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{count} B"
-        value /= 1024
-    return f"{count} B"
-
-
 def weight_finding(plan: PrunePlan, weight: Weight, looked: str) -> Finding | None:
     """PRUNE001 with the totals; None when every byte of device code serves a kept target."""
     totals = weight.totals()
@@ -69,8 +61,8 @@ def weight_finding(plan: PrunePlan, weight: Weight, looked: str) -> Finding | No
     return make_finding(
         "PRUNE001",
         looked,
-        f"{_human(totals['unused_bytes'])} of {_human(totals['device_bytes'])} device code is for GPUs no kept "
-        f"target ({kept}) loads; {_human(totals['removable_bytes'])} of it can be removed by `rocm-audit prune` "
+        f"{size_text(totals['unused_bytes'])} of {size_text(totals['device_bytes'])} device code is for GPUs no kept "
+        f"target ({kept}) loads; {size_text(totals['removable_bytes'])} of it can be removed by `rocm-audit prune` "
         f"({len(plan.removals)} unit(s)), the rest sits in fat binaries of host libraries",
         data={**totals, "removals": len(plan.removals), "targets": [k.spelled for k in plan.kept]},
     )
@@ -190,12 +182,12 @@ def run_prune(
     if mode == "apply":
         summary = (
             f"prune: {result.removed if result else 0} of {len(plan.removals)} unit(s) removed, "
-            f"{_human(result.bytes_freed if result else 0)} freed; kept {', '.join(k.spelled for k in kept)}"
+            f"{size_text(result.bytes_freed if result else 0)} freed; kept {', '.join(k.spelled for k in kept)}"
         )
     else:
         summary = (
-            f"prune ({mode}): {len(plan.removals)} unit(s), {_human(totals['removable_bytes'])} removable of "
-            f"{_human(totals['unused_bytes'])} unused device code ({_human(totals['device_bytes'])} in all)"
+            f"prune ({mode}): {len(plan.removals)} unit(s), {size_text(totals['removable_bytes'])} removable of "
+            f"{size_text(totals['unused_bytes'])} unused device code ({size_text(totals['device_bytes'])} in all)"
         )
     return CommandOutcome(
         command="prune",

@@ -46,14 +46,6 @@ def shell_preview(groups: list[DedupGroup]) -> list[str]:
     return lines
 
 
-def human_bytes(count: int) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if count < 1000 or unit == "TB":
-            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
-        count /= 1000  # type: ignore[assignment]
-    raise AssertionError("unreachable")
-
-
 def dedup_section(plan: DedupPlan, mode: str, result: ApplyResult, elapsed_s: float) -> dict[str, Any]:
     """The `dedup` section of the JSON report."""
     planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)

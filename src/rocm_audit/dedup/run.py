@@ -8,11 +8,12 @@ from typing import Any
 
 from rocm_audit.dedup.apply import ApplyResult, apply_plan
 from rocm_audit.dedup.plan import hardlinked, make_plan
-from rocm_audit.dedup.report import check_mode_findings, dedup_section, human_bytes
+from rocm_audit.dedup.report import check_mode_findings, dedup_section
 from rocm_audit.findings import make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import ProgressCallback, build_inventory
+from rocm_audit.units import size_text
 
 
 def run_dedup(
@@ -48,7 +49,7 @@ def run_dedup(
     freed = result.bytes_freed if mode == "apply" else planned_freed
     summary = (
         f"dedup ({mode}): {len(plan.groups)} group(s), {replaced_or_planned} file(s) {verb} by links, "
-        f"{human_bytes(freed)} {'freed' if mode == 'apply' else 'to free'}, "
+        f"{size_text(freed)} {'freed' if mode == 'apply' else 'to free'}, "
         f"{len(inventory.files)} files scanned in {elapsed:.2f} s"
     )
     if plan.intact:

@@ -1,0 +1,21 @@
+"""Sizes as people read them: one unit style for every report, message and progress line.
+
+Binary units (KiB, MiB, GiB, TiB), as `du -h`, `ls -lh` and the kernel print them, so a size in a
+report can be compared with what those tools show for the same file. JSON keeps exact byte counts.
+"""
+
+from __future__ import annotations
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def size_text(nbytes: int) -> str:
+    """``nbytes`` as ``"512 B"``, ``"1.5 KiB"``, ``"628.9 MiB"`` or ``"3.2 GiB"`` (one decimal)."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    value = float(nbytes)
+    for unit in _UNITS:
+        value /= 1024
+        if value < 1024 or unit == _UNITS[-1]:
+            return f"{value:,.1f} {unit}"
+    raise AssertionError("unreachable")
