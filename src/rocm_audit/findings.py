@@ -9,12 +9,25 @@ from typing import Any
 from rocm_audit.rulebook.catalogue import default_severity
 from rocm_audit.severity import Severity
 
-__all__ = ["Finding", "Severity", "make_finding", "sorted_findings"]
+__all__ = ["Finding", "Severity", "ShippedBy", "cause_groups", "cause_key", "make_finding", "sorted_findings"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShippedBy:
+    """The installed distribution whose RECORD lists a file with a hash: the file came from its
+    wheel, so a problem in it is fixed by that project, not by the user who installed it."""
+
+    name: str  # as its METADATA spells it
+    version: str
+    report_to: str  # its issue tracker or home page (METADATA Project-URL / Home-page); "" if none
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One problem (or notable fact) about one file, under one rule."""
+    """One problem (or notable fact) about one file, under one rule.
+
+    ``message`` is one line saying what is wrong; ``detail`` (optional) says how it comes about and
+    what to do, shown by ``-v`` and in machine reports."""
 
     rule: str
     severity: Severity
@@ -22,6 +35,8 @@ class Finding:
     message: str
     related_paths: tuple[str, ...] = ()
     data: Mapping[str, Any] = field(default_factory=dict)
+    detail: str = ""
+    shipped_by: ShippedBy | None = None
 
     def sort_key(self) -> tuple[str, str, str, tuple[str, ...]]:
         return (self.path, self.rule, self.message, self.related_paths)
@@ -35,6 +50,7 @@ def make_finding(
     related: Iterable[object] = (),
     data: Mapping[str, Any] | None = None,
     severity: Severity | None = None,
+    detail: str = "",
 ) -> Finding:
     """Build a finding whose severity defaults to the rule's default in the shipped catalogue."""
     if severity is None:
@@ -46,6 +62,7 @@ def make_finding(
         message=message,
         related_paths=tuple(sorted(str(p) for p in related)),
         data=dict(data or {}),
+        detail=detail,
     )
 
 
@@ -53,44 +70,18 @@ def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(findings, key=Finding.sort_key)
 
 
-GROUPED_LIST_LIMIT = 20
+def cause_key(one: Finding) -> tuple[str, str, str, tuple[str, ...]]:
+    """Findings with one rule and one cause share this key: the same rule, severity and message
+    (a message never names the finding's own file). A finding that names other files (a duplicate
+    group, a clash pair) is about its own set of files and is a group of its own."""
+    own = (one.path, *one.related_paths) if one.related_paths else ()
+    return (one.rule, one.severity.value, one.message, own)
 
 
-def group_per_file(findings: Iterable[Finding]) -> list[Finding]:
-    """One finding per (file, rule): people read one line per library. Findings that name other
-    files (``related_paths``: a duplicate group, a clash pair) stay as they are, since each is
-    about its own set of files. The merged finding keeps the first one's data (the schema-v1
-    fields) and lists every original message and data under ``data["grouped"]``."""
-    ordered = sorted_findings(findings)
-    buckets: dict[tuple[str, str], list[Finding]] = {}
-    kept: list[Finding | tuple[str, str]] = []
-    for one in ordered:
-        if one.related_paths:
-            kept.append(one)
-            continue
-        key = (one.path, one.rule)
-        if key not in buckets:
-            buckets[key] = []
-            kept.append(key)
-        buckets[key].append(one)
-    result: list[Finding] = []
-    for entry in kept:
-        if isinstance(entry, Finding):
-            result.append(entry)
-            continue
-        same = buckets[entry]
-        if len(same) == 1:
-            result.append(same[0])
-            continue
-        shown = "; ".join(f.message for f in same[:GROUPED_LIST_LIMIT])
-        more = f"; ... and {len(same) - GROUPED_LIST_LIMIT} more" if len(same) > GROUPED_LIST_LIMIT else ""
-        result.append(
-            Finding(
-                rule=same[0].rule,
-                severity=max((f.severity for f in same), key=lambda s: s.rank),
-                path=same[0].path,
-                message=f"{len(same)} problems: {shown}{more}",
-                data={**same[0].data, "grouped": [{"message": f.message, "data": dict(f.data)} for f in same]},
-            )
-        )
-    return result
+def cause_groups(findings: Iterable[Finding]) -> list[list[Finding]]:
+    """The findings grouped by ``cause_key``: errors first, then warnings, then info; within a
+    severity by rule, then by the first path; members sorted by path."""
+    groups: dict[tuple[str, str, str, tuple[str, ...]], list[Finding]] = {}
+    for one in sorted_findings(findings):
+        groups.setdefault(cause_key(one), []).append(one)
+    return sorted(groups.values(), key=lambda g: (-g[0].severity.rank, g[0].rule, g[0].path, g[0].message))

@@ -170,7 +170,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         analysis = llvm_clashes.analyse(inventory, llvm_options)
         if options.probe:
             llvm_clashes.probe_analysis(analysis, llvm_options)
-        findings.extend(analysis.findings)
+        findings.extend(analysis.reported_findings())
         sections["libraries"] = [
             llvm_clashes.library_to_dict(
                 one,

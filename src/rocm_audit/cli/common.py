@@ -242,11 +242,9 @@ def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on
 
     When the report is machine-readable or goes to a file, the one-line summary goes to stderr
     (unless quiet), so a person watching the build still sees what happened."""
-    from rocm_audit.findings import group_per_file
     from rocm_audit.rulebook.policy import active_policy
 
     outcome.findings, outcome.suppressed = active_policy().apply(outcome.findings)
-    outcome.findings = group_per_file(outcome.findings)
     if not outcome.roots:  # the audited directories as the findings spell them (resolved)
         import os
 

@@ -29,6 +29,7 @@ from rocm_audit.llvm import fixes
 from rocm_audit.llvm.closure import Closure, HostView, ProcessModel
 from rocm_audit.llvm.linkage import EMPTY as EMPTY_LINKAGE
 from rocm_audit.llvm.linkage import Linkage, read_linkage
+from rocm_audit.llvm.optin import opt_in_libraries, soften_opt_in
 from rocm_audit.llvm.pairs import PairJudge, PairVerdicts
 from rocm_audit.llvm.probes import (
     CLOSURE_MODES,
@@ -282,6 +283,12 @@ class LlvmAnalysis:
     pair_findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
     pair_probes: dict[tuple[str, str], tuple[list[ProbeResult], list[Verdict]]] = field(default_factory=dict)
     facts: _Facts | None = None
+    # Test and instrumentation libraries nothing loads unless asked (llvm/optin.py).
+    opt_in: set[str] = field(default_factory=set)
+
+    def reported_findings(self) -> list[Finding]:
+        """The findings as reported: a clash confined to a test library is a warning that says so."""
+        return soften_opt_in(self.findings, self.opt_in)
 
     def linkage_of(self, path: str) -> Linkage | None:
         """The linkage facts of a listed exporter, registrant or private copy (None otherwise)."""
@@ -696,6 +703,10 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
     analysis.judged_pairs = judged_count
     analysis.facts = facts
     analysis.judge = judge
+    needed_names = {name for root in roots for name in (facts.dynamic(root) or elfread.EMPTY_DYNAMIC).needed}
+    analysis.opt_in = opt_in_libraries(
+        ((r.path, (facts.dynamic(r.path) or elfread.EMPTY_DYNAMIC).soname) for r in libraries), needed_names
+    )
     return analysis
 
 
@@ -760,6 +771,29 @@ def _judge_pairs(
     return list(results.values()), len(results)
 
 
+# When a clash fires (Clash.mode), in words: the RTLD flags of the two dlopen calls.
+_WHEN = {
+    "any": "they are loaded together in any way",
+    "first-global": "the first one loaded is in the global scope (RTLD_GLOBAL, a preload or a DT_NEEDED "
+    "of the executable)",
+    "both-global": "both are loaded RTLD_GLOBAL",
+    "none": "(in no load mode)",
+}
+
+# What a verdict means for a person, in the one-line message of a finding.
+_OUTCOME_TEXT = {
+    Verdict.ABORT: "aborts ('Option ... registered more than once')",
+    Verdict.CRASH: "can crash (two LLVMs share one option registry)",
+    Verdict.HANG: "hangs",
+    Verdict.CLEAN: "is clean",
+}
+
+
+def _outcome(verdict: Verdict, how: str) -> str:
+    """``the process aborts (...) when they are loaded together, as a load probe confirmed``."""
+    return f"the process {_OUTCOME_TEXT[verdict]} when they are loaded together{how}"
+
+
 def _expect_of(verdict: Verdict) -> Expect:
     if verdict is Verdict.ABORT:
         return Expect.ABORT
@@ -793,14 +827,17 @@ def _pair_finding(pair: PairVerdicts, judge: PairJudge, probes: Sequence[ProbeRe
         return make_finding(
             rule,
             pair.paths[0],
-            f"probe: {decided.value} when loaded together{where}{host_text} (static: {worst.reason}); fix: {fix}",
+            _outcome(decided, ", as load probes confirmed"),
+            detail=f"probe: {decided.value} when loaded together{where}{host_text} (static: {worst.reason}); "
+            f"fix: {fix}",
             related=[pair.paths[1], *through],
             data=data,
         )
     return make_finding(
         rule,
         pair.paths[0],
-        f"{worst.verdict.value} when loaded together ({failing}){where}{host_text}: {worst.reason}; fix: {fix}",
+        _outcome(worst.verdict, ""),
+        detail=f"{worst.verdict.value} in {failing}{where}{host_text}: {worst.reason}; fix: {fix}",
         related=[pair.paths[1], *through],
         data=data,
     )
@@ -829,7 +866,8 @@ def _closure_finding(clash: Clash, what: str, data: dict[str, Any]) -> Finding:
     return make_finding(
         _RULE_OF_REASON[clash.reason],
         clash.paths[0],
-        f"{' '.join(what.split())}; {verdict.value}; fires: {clash.mode}; {reason}; fix: {clash.fix}",
+        f"{' '.join(what.split())}: {_outcome(verdict, '')}",
+        detail=f"{verdict.value} when {_WHEN[clash.mode]}; {reason}; fix: {clash.fix}",
         related=clash.paths[1:],
         data=data,
         severity=Severity.ERROR,
@@ -854,7 +892,8 @@ def _clash_finding(clash: Clash) -> Finding:
         return make_finding(
             _RULE_OF_REASON[clash.reason],
             clash.paths[0],
-            f"{' '.join(what.split())}; fires: {clash.mode}; fix: {clash.fix}",
+            " ".join(what.split()),
+            detail=f"fails when {_WHEN[clash.mode]}; fix: {clash.fix}",
             related=clash.paths[1:],
             data=data,
         )
@@ -876,7 +915,8 @@ def _clash_finding(clash: Clash) -> Finding:
         return make_finding(
             _RULE_OF_REASON[clash.reason],
             clash.paths[0],
-            f"{' '.join(what.split())}; probe: {decided.value} ({seen.mode}: {seen.detail}); fix: {clash.fix}",
+            f"{' '.join(what.split())}: {_outcome(decided, ', as load probes confirmed')}",
+            detail=f"probe: {decided.value} ({seen.mode}: {seen.detail}); fix: {clash.fix}",
             related=clash.paths[1:],
             data=data,
             severity=Severity.ERROR,
@@ -894,8 +934,9 @@ def _clash_finding(clash: Clash) -> Finding:
     return make_finding(
         _RULE_OF_REASON[clash.reason],
         clash.paths[0],
-        f"{' '.join(what.split())}; {judged.worst.verdict.value} in {failing}; fires: {clash.mode}; "
-        f"{judged.worst.reason}; fix: {clash.fix}",
+        f"{' '.join(what.split())}: {_outcome(judged.worst.verdict, '')}",
+        detail=f"{judged.worst.verdict.value} in {failing}, when {_WHEN[clash.mode]}; {judged.worst.reason}; "
+        f"fix: {clash.fix}",
         related=clash.paths[1:],
         data=data,
         severity=Severity.ERROR,
@@ -1318,7 +1359,7 @@ def run_llvm(
     analysis = analyse(inventory, options)
     if options.probe:
         probe_analysis(analysis, options)
-    findings = list(inventory.findings) + analysis.findings
+    findings = list(inventory.findings) + analysis.reported_findings()
     sections: dict[str, Any] = {
         "libraries": [
             library_to_dict(

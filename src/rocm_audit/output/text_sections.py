@@ -12,47 +12,39 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rocm_audit.output.escape import display
+from rocm_audit.output.layout import PathView, hold, plural
+from rocm_audit.units import size_text
 
 Sections = Mapping[str, Any]
 Shorten = Callable[[str], str]
-
-
-def _same(path: str) -> str:
-    return path
+_NO_ROOTS = PathView(())
 
 
 def relative_to_roots(roots: Sequence[str]) -> Shorten:
     """A function showing a path relative to the deepest of ``roots`` holding it (pure: strings only)."""
-    prefixes = sorted((r.rstrip("/") for r in roots if r and r != "/"), key=len, reverse=True)
-    if not prefixes:
-        return _same
-
-    def shorten(path: str) -> str:
-        for prefix in prefixes:
-            if path.startswith(prefix + "/"):
-                return path[len(prefix) + 1 :]
-        return path
-
-    return shorten
+    return PathView(roots).relative
 
 
 _LINK_MARK = {"planned": "would link", "replaced": "linked", "skipped": "SKIPPED", "failed": "FAILED"}
 
 
-def dedup_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
+def dedup_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
     section = sections["dedup"]
     lines = []
     for group in section["groups"]:
-        lines.append(f"keep {display(shorten(group['keeper']))}  ({group['size']:,} bytes, {display(group['reason'])})")
+        lines.append(f"keep {view.path(group['keeper'])}  ({size_text(group['size'])}, {display(group['reason'])})")
         for planned in group["duplicates"]:
             was = "  (was a hardlink)" if planned["hardlink"] else ""
             lines.append(
-                f"  {_LINK_MARK[planned['status']]:10} {display(shorten(planned['path']))} -> "
+                f"  {_LINK_MARK[planned['status']]:10} {view.path(planned['path'])} -> "
                 f"{display(planned['link_text'])}{was}"
             )
     if section["mode"] == "dry-run" and section["shell_preview"]:
-        lines.append("# equivalent shell (rocm-audit also re-checks each pair just before changing it):")
-        lines.extend(display(line) for line in section["shell_preview"])
+        if verbose:
+            lines.append("# equivalent shell (rocm-audit also re-checks each pair just before changing it):")
+            lines.extend(display(line) for line in section["shell_preview"])
+        else:
+            lines.append("(-v shows the equivalent shell commands)")
     if section["manifest"]:
         lines.append(f"revert manifest: {display(section['manifest'])}")
     if section["verified"] is False:
@@ -73,12 +65,37 @@ def _relative_to_package(path: str, package: str | None) -> str:
     return path
 
 
-def verify_arch_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
+def _carrier_line(carrier: Mapping[str, Any], view: PathView) -> str:
+    status = "MISSING" if carrier["missing"] else "ok"
+    tus = f", {carrier['tu_count']} TU" if carrier["tu_count"] else ""
+    images = len(carrier.get("embedded_images", []))
+    if images:  # the TU count includes them: the fat binary's TUs, then the images
+        fat = f"{carrier['tu_count'] - images} TU, " if carrier["tu_count"] > images else ""
+        tus = f", {fat}{images} embedded image{'s' if images > 1 else ''}"
+    members = f", {plural(len(carrier['members']), 'file')}" if carrier["members"] else ""
+    how = "; ".join(f"{display(m['target'])} {display(m['how'] or 'missing')}" for m in carrier["matches"])
+    containers = ", ".join(display(c) for c in carrier["containers"])
+    inside = _relative_to_package(carrier["path"], carrier["package"])
+    path = view.path(carrier["path"]) if inside == carrier["path"] else hold(display(inside))
+    return f"  {status:<7} {path}  [{containers}{tus}{members}]  {how}"
+
+
+def target_text(sections: Sections) -> str:
+    """``gfx942, gfx950 (from $GPU_ARCH)``, or what to do when no target was given."""
     targets = ", ".join(
         display(t["target"]) + (f" (as {display(t['agent'])})" if t["target"] != t["agent"] else "")
-        for t in sections["targets"]
+        for t in sections.get("targets", [])
     )
-    lines = [f"Targets: {targets}  [from {display(sections['targets_source'])}]"]
+    if not targets:
+        return "no GPU targets given (name them: rocm-audit check gfx942 gfx950, or set GPU_ARCH)"
+    source = sections.get("targets_source")
+    return f"{targets} (from {display(source)})" if source else targets
+
+
+def verify_arch_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
+    """Per package: how many carriers, how many miss a target; with ``verbose`` every carrier and
+    how each target is served (the missing ones are findings either way)."""
+    lines = [f"Targets: {target_text(sections)}"]
     carriers = sections["carriers"]
     if not carriers:
         lines.append("No device-code carriers found.")
@@ -88,25 +105,17 @@ def verify_arch_lines(sections: Sections, shorten: Shorten = _same) -> list[str]
     for package in sorted(by_package):
         group = by_package[package]
         bad = sum(1 for c in group if c["missing"])
-        lines.append("")
-        lines.append(f"{display(package)}: {len(group)} carrier(s), {bad} missing a target")
-        for carrier in group:
-            status = "MISSING" if carrier["missing"] else "ok"
-            tus = f", {carrier['tu_count']} TU" if carrier["tu_count"] else ""
-            images = len(carrier.get("embedded_images", []))
-            if images:  # the TU count includes them: the fat binary's TUs, then the images
-                fat = f"{carrier['tu_count'] - images} TU, " if carrier["tu_count"] > images else ""
-                tus = f", {fat}{images} embedded image{'s' if images > 1 else ''}"
-            members = f", {len(carrier['members'])} file(s)" if carrier["members"] else ""
-            how = "; ".join(f"{display(m['target'])} {display(m['how'] or 'missing')}" for m in carrier["matches"])
-            containers = ", ".join(display(c) for c in carrier["containers"])
-            inside = _relative_to_package(carrier["path"], carrier["package"])
-            path = display(inside if inside != carrier["path"] else shorten(inside))
-            lines.append(f"  {status:<7} {path}  [{containers}{tus}{members}]  {how}")
+        if verbose:
+            lines.append("")
+        lines.append(f"{display(package)}: {plural(len(group), 'carrier')}, {bad} missing a target")
+        if verbose:
+            lines.extend(_carrier_line(carrier, view) for carrier in group)
     return lines
 
 
-def code_object_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
+def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
+    """One line per file (its containers, translation units, code objects and their targets);
+    with ``verbose`` a line per code object."""
     lines: list[str] = []
     by_path: dict[str, list[Mapping[str, Any]]] = {}
     for code_object in sections["code_objects"]:
@@ -114,8 +123,16 @@ def code_object_lines(sections: Sections, shorten: Shorten = _same) -> list[str]
     for info in sections["code_object_files"]:
         tus = f", {info['tu_count']} TU" if info["tu_count"] else ""
         containers = ", ".join(display(c) for c in info["containers"])
-        lines.append(f"{display(shorten(info['path']))}  [{containers}{tus}]")
-        for code_object in by_path.get(info["path"], []):
+        objects = by_path.get(info["path"], [])
+        targets = sorted({display(o["target"]) for o in objects if o["target"]}, key=_target_order)
+        shown = " ".join(targets)
+        lines.append(
+            f"{view.path(info['path'])}  [{containers}{tus}]  {plural(len(objects), 'code object')}"
+            + (f" for {plural(len(targets), 'target')}: {shown}" if targets else "")
+        )
+        if not verbose:
+            continue
+        for code_object in objects:
             version = code_object["code_object_version"]
             cov = f"cov{version}" if version else ""
             ident = display(code_object["entry_id"] or code_object["target"] or "?")
@@ -126,7 +143,19 @@ def code_object_lines(sections: Sections, shorten: Shorten = _same) -> list[str]
             )
     if not lines:
         lines.append("No GPU code objects found.")
+    else:
+        lines.append(
+            f"{plural(len(sections['code_object_files']), 'file')}, "
+            f"{plural(len(sections['code_objects']), 'code object')}"
+        )
     return lines
+
+
+def _target_order(target: str) -> tuple[int, str]:
+    """gfx90a before gfx942 before gfx1100: by the processor's family number, then its name."""
+    digits = target[3:].split(":", 1)[0] if target.startswith("gfx") else ""
+    major = digits[:-2] if len(digits) > 2 else digits[:1]
+    return (int(major) if major.isdigit() else 999, target)
 
 
 def file_kind_lines(sections: Sections) -> list[str]:
@@ -141,16 +170,52 @@ def _probe_text(probe: Mapping[str, Any]) -> str:
     return f"{display(probe['mode'])} {display(seen)}{contradicts}"
 
 
-def _order_lines(orders: Sequence[Mapping[str, Any]], shorten: Shorten) -> list[str]:
-    """One line per ordered pair: the verdict of each mode (issue 16: both orders are judged)."""
+def _order_lines(orders: Sequence[Mapping[str, Any]], view: PathView) -> list[str]:
+    """One line per ordered pair: the verdict of each mode (both orders are judged)."""
     lines = []
     for order in orders:
         verdicts = ", ".join(f"{display(mode)} {display(p['verdict'])}" for mode, p in order["modes"].items())
-        lines.append(f"    {display(shorten(order['first']))} then {display(shorten(order['second']))}: {verdicts}")
+        lines.append(f"    {view.path(order['first'])} then {view.path(order['second'])}: {verdicts}")
     return lines
 
 
-def llvm_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
+def _role_counts(libraries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    count: dict[str, int] = {}
+    for library in libraries:
+        count[library["role"]] = count.get(library["role"], 0) + 1
+    return count
+
+
+def llvm_summary(sections: Sections) -> str:
+    """``LLVM: 11 libraries carry LLVM (...); 1 clash aborts or crashes, 1 is harmless``."""
+    count = _role_counts(sections["libraries"])
+    carrying = sum(n for role, n in count.items() if role not in ("none", "unknown"))
+    kinds = [
+        f"{count[role]} {verbs[0] if count[role] == 1 else verbs[1]}"
+        for role, verbs in (
+            ("exporter", ("exports its option registry", "export its option registry")),
+            ("registrant", ("registers options", "register options")),
+            ("private-copy", ("keeps it private", "keep it private")),
+        )
+        if count.get(role)
+    ]
+    harmful = sum(1 for c in sections["clashes"] if c.get("verdict", "abort") != "clean" and c["severity"] != "info")
+    harmless = len(sections["clashes"]) - harmful
+    clash_text = f"{plural(harmful, 'clash', 'clashes')} that can abort or crash a process"
+    if harmless:
+        clash_text += f", {harmless} harmless"
+    unreadable = f", {count['unknown']} unreadable" if count.get("unknown") else ""
+    return (
+        f"LLVM: {plural(carrying, 'library', 'libraries')} carry LLVM"
+        + (f" ({', '.join(kinds)})" if kinds else "")
+        + f"{unreadable}; {clash_text}"
+    )
+
+
+def llvm_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
+    """The summary line; with ``verbose`` every LLVM library, clash, judged pair and closure."""
+    if not verbose:
+        return [llvm_summary(sections)]
     libraries = sections["libraries"]
     count: dict[str, int] = {}
     for library in libraries:
@@ -167,7 +232,7 @@ def llvm_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
         details = ", ".join(display(x) for x in (library["soname"], library["version_node"]) if x)
         scope = "" if library["in_scan"] else " [reached by a closure]"
         lines.append(
-            f"  {display(library['role']):<13}{display(shorten(library['path']))}"
+            f"  {display(library['role']):<13}{view.path(library['path'])}"
             + (f"  ({details})" if details else "")
             + scope
         )
@@ -184,7 +249,7 @@ def llvm_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
             f"  {display(clash['severity']).upper()} {display(clash['reason'])}, "
             f"fires: {display(clash['mode'])}, {status}"
         )
-        lines.extend(f"      {display(shorten(path))}" for path in clash["paths"])
+        lines.extend(f"      {view.path(path)}" for path in clash["paths"])
         if clash["via"]:
             shown = clash["via"][:3]
             hidden = clash["via_count"] - len(shown)
@@ -193,7 +258,7 @@ def llvm_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
         lines.append(f"    predicted: {prediction}")
         if "orders" in clash:
             lines.append(f"    verdict: {display(clash['verdict'])} (decided by {display(clash['decided_by'])})")
-            lines.extend(_order_lines(clash["orders"], shorten))
+            lines.extend(_order_lines(clash["orders"], view))
         if clash["probes"]:
             lines.append("    probed:    " + ", ".join(_probe_text(p) for p in clash["probes"]))
         lines.append(f"    fix: {display(clash['fix'])}")
@@ -207,10 +272,10 @@ def llvm_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
         through = pair["arrives_through"]
         lines.append(
             f"  {display(pair['verdict']).upper()} (decided by {display(pair['decided_by'])})"
-            + (f", arrives through {', '.join(display(shorten(t)) for t in through)}" if through else "")
+            + (f", arrives through {', '.join(view.path(t) for t in through)}" if through else "")
         )
-        lines.extend(f"      {display(shorten(path))}" for path in pair["paths"])
-        lines.extend(_order_lines(pair["orders"], shorten))
+        lines.extend(f"      {view.path(path)}" for path in pair["paths"])
+        lines.extend(_order_lines(pair["orders"], view))
     for closure in sections.get("closures", []):
         lines.append(f"Closure of {display(closure['root'])}: {len(closure['objects'])} object(s)")
         for loaded in closure["objects"]:
@@ -228,67 +293,64 @@ def llvm_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
 
 
 def check_lines(sections: Sections) -> list[str]:
+    """One line per check: what it looked at and what it concluded."""
     lines = []
     dedup = sections.get("dedup")
     if dedup is not None:
         lines.append(
-            f"dedup: {len(dedup['groups'])} group(s) of identical SDK libraries"
-            + (f", {dedup['bytes_freed']:,} bytes to free" if dedup["groups"] else "")
+            f"dedup: {plural(len(dedup['groups']), 'group')} of identical SDK libraries"
+            + (f", {size_text(dedup['bytes_freed'])} to free (rocm-audit dedup)" if dedup["groups"] else "")
         )
     if "carriers" in sections:
         carriers = sections["carriers"]
         missing = [c for c in carriers if c.get("missing")]
-        targets = ", ".join(display(t["target"]) for t in sections.get("targets", [])) or "unknown"
-        source = f"  [from {display(sections['targets_source'])}]" if sections.get("targets_source") else ""
-        lines.append(f"verify-arch: {len(carriers)} carrier(s), {len(missing)} missing a target of {targets}{source}")
+        if sections.get("targets"):
+            lines.append(
+                f"verify-arch: {plural(len(carriers), 'file')} with GPU code, {len(missing)} missing a target; "
+                f"targets {target_text(sections)}"
+            )
+        else:
+            lines.append(f"verify-arch: {plural(len(carriers), 'file')} with GPU code; {target_text(sections)}")
     if "prune" in sections:
         totals = sections["prune"]["totals"]
         lines.append(
-            f"prune: {totals['unused_bytes']:,} of {totals['device_bytes']:,} device-code bytes for no kept target, "
-            f"{totals['removable_bytes']:,} removable by rocm-audit prune"
+            f"prune: {size_text(totals['unused_bytes'])} of {size_text(totals['device_bytes'])} device code is for "
+            f"no kept target; {size_text(totals['removable_bytes'])} removable by rocm-audit prune"
         )
     if "clashes" in sections:
-        with_roles = [lib for lib in sections["libraries"] if lib.get("role") not in ("none", None)]
-        lines.append(
-            f"llvm: {len(with_roles)} LLVM exporter(s)/registrant(s)/private copies, "
-            f"{len(sections['clashes'])} clash(es)"
-        )
+        lines.append(llvm_summary(sections).replace("LLVM: ", "llvm: ", 1))
     return lines
 
 
-def image_lines(sections: Sections, shorten: Shorten = _same) -> list[str]:
+def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
     section = sections.get("image", {})
     source = section.get("source", {})
     audited = ", ".join(display(p) for p in section.get("audited_paths", []))
     lines = [
         f"image: {display(source.get('ref') or source.get('path'))} "
-        f"({display(source.get('format', source.get('kind')))}), {len(section.get('layers', []))} layer(s); "
+        f"({display(source.get('format', source.get('kind')))}), {plural(len(section.get('layers', [])), 'layer')}; "
         f"audited {audited}"
     ]
     waste = section.get("waste")
     if waste is not None:
         lines.append(
-            f"image: {waste['wasted_bytes']:,} bytes in identical copies "
-            f"({waste['same_layer_bytes']:,} within single layers, "
-            f"{waste['cross_layer_bytes']:,} across layers); a later RUN frees none of it"
+            f"image: {size_text(waste['wasted_bytes'])} in identical copies "
+            f"({size_text(waste['same_layer_bytes'])} within single layers, "
+            f"{size_text(waste['cross_layer_bytes'])} across layers); a later RUN frees none of it"
         )
-        for group in waste["groups"][:10]:
+        for group in waste["groups"][: 10 if verbose else 3]:
             copies = "; ".join(
-                f"{display(shorten(c['path']))} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
+                f"{view.path(c['path'])} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
                 for c in group["copies"]
             )
-            lines.append(f"  {group['size']:,} bytes x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
+            lines.append(f"  {size_text(group['size'])} x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
     for row in section.get("prune_layers", []):
         lines.append(
-            f"image: layer {row['layer']} holds {row['device_bytes']:,} bytes of device code, "
-            f"{row['unused_bytes']:,} for no kept target, {row['removable_bytes']:,} removable by prune "
-            "in the RUN that wrote it"
+            f"image: layer {row['layer']} holds {size_text(row['device_bytes'])} of device code, "
+            f"{size_text(row['unused_bytes'])} for no kept target, {size_text(row['removable_bytes'])} "
+            "removable by prune in the RUN that wrote it"
         )
     return lines + check_lines(sections)
-
-
-def _mib(count: int) -> str:
-    return f"{count / (1 << 20):,.1f}"
 
 
 def weight_by_distribution(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -315,54 +377,63 @@ def weight_by_distribution(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]
 _REMOVAL_MARK = {"planned": "would remove", "removed": "removed", "skipped": "SKIPPED", "failed": "FAILED"}
 
 
-def prune_lines(sections: Sections, shorten: Shorten = _same, *, limit: int = 40) -> list[str]:
+def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int = 0, limit: int = 40) -> list[str]:
+    """Totals, a table per distribution, the removals; with ``verbose`` a row per distribution
+    and target too."""
     section = sections["prune"]
     totals = section["totals"]
     lines = [
         f"Keep: {', '.join(display(t) for t in section['targets'])}  [from {display(section['targets_source'])}]",
-        f"device code {_mib(totals['device_bytes'])} MiB on disk ({_mib(totals['compressed_bytes'])} MiB in compressed"
-        f" bundles, {_mib(totals['inflated_bytes'])} MiB inflated); for no kept target: "
-        f"{_mib(totals['unused_bytes'])} MiB, removable: {_mib(totals['removable_bytes'])} MiB",
+        f"device code {size_text(totals['device_bytes'])} on disk ({size_text(totals['compressed_bytes'])} in "
+        f"compressed bundles, {size_text(totals['inflated_bytes'])} inflated); for no kept target: "
+        f"{size_text(totals['unused_bytes'])}, removable: {size_text(totals['removable_bytes'])}",
         "",
-        f"{'distribution':40} {'targets':>7} {'MiB':>10} {'compressed':>10} {'unused':>10} {'removable':>10}",
+        f"{'distribution':32} {'targets':>7} {'on disk':>11} {'compressed':>11} {'unused':>11} {'removable':>11}",
     ]
     for one in weight_by_distribution(section["weight"]):
         lines.append(
-            f"{display(one['distribution']):40} {one['targets']:>7} {_mib(one['bytes']):>10} "
-            f"{_mib(one['compressed_bytes']):>10} {_mib(one['unused_bytes']):>10} {_mib(one['removable_bytes']):>10}"
+            f"{display(one['distribution']):32} {one['targets']:>7} {size_text(one['bytes']):>11} "
+            f"{size_text(one['compressed_bytes']):>11} {size_text(one['unused_bytes']):>11} "
+            f"{size_text(one['removable_bytes']):>11}"
         )
-    lines += [
-        "",
-        f"{'distribution':40} {'target':24} {'MiB':>10} {'compressed':>10} {'kept':>4} {'removable':>10}",
-    ]
-    rows = section["weight"]
-    for row in rows[:limit]:
-        lines.append(
-            f"{display(row['distribution']):40} {display(row['target']):24} {_mib(row['bytes']):>10} "
-            f"{_mib(row['compressed_bytes']):>10} {'yes' if row['needed'] else 'no':>4} "
-            f"{_mib(row['removable_bytes']):>10}"
-        )
-    if len(rows) > limit:
-        lines.append(f"... {len(rows) - limit} more row(s) in the JSON report")
+    if verbose:
+        lines += [
+            "",
+            f"{'distribution':32} {'target':24} {'on disk':>11} {'compressed':>11} {'kept':>4} {'removable':>11}",
+        ]
+        rows = section["weight"]
+        for row in rows if verbose > 1 else rows[:limit]:
+            lines.append(
+                f"{display(row['distribution']):32} {display(row['target']):24} {size_text(row['bytes']):>11} "
+                f"{size_text(row['compressed_bytes']):>11} {'yes' if row['needed'] else 'no':>4} "
+                f"{size_text(row['removable_bytes']):>11}"
+            )
+        if len(rows) > limit and verbose < 2:
+            lines.append(f"... {len(rows) - limit} more rows (-vv shows them all; so does --format json)")
     if section["removals"]:
         lines.append("")
     for removal in section["removals"]:
         what = (
             display(removal["distribution"]) + " (pip uninstall)"
             if removal["distribution"]
-            else display(removal["path"])
+            else view.path(removal["path"])
         )
-        devel = f", {len(removal['devel_links'])} devel link(s)" if removal["devel_links"] else ""
+        devel = f", {plural(len(removal['devel_links']), 'devel link')}" if removal["devel_links"] else ""
         why = f": {display(removal['reason'])}" if removal["reason"] else ""
         lines.append(
             f"{_REMOVAL_MARK[removal['status']]:12} {what}  [{display(removal['kind'])}, "
-            f"{', '.join(display(a) for a in removal['arches'])}, {_mib(removal['bytes'])} MiB{devel}]{why}"
+            f"{', '.join(display(a) for a in removal['arches'])}, {size_text(removal['bytes'])}{devel}]{why}"
         )
     for kept in section["kept_units"]:
-        lines.append(f"{'kept':12} {display(shorten(kept['path']))}: {display(kept['reason'])}")
+        lines.append(f"{'kept':12} {view.path(kept['path'])}: {display(kept['reason'])}")
     if section["mode"] == "dry-run" and section["shell_preview"]:
-        lines.append("# equivalent shell (rocm-audit also journals and re-checks each file just before removing it):")
-        lines.extend(display(line) for line in section["shell_preview"])
+        if verbose:
+            lines.append(
+                "# equivalent shell (rocm-audit also journals and re-checks each file just before removing it):"
+            )
+            lines.extend(display(line) for line in section["shell_preview"])
+        else:
+            lines.append("(-v shows the equivalent shell commands)")
     if section["manifest"]:
         lines.append(f"revert manifest: {display(section['manifest'])}")
     return lines
@@ -399,28 +470,28 @@ def rules_lines(sections: Sections) -> list[str]:
     return lines
 
 
-def section_lines(command: str, sections: Sections, shorten: Shorten = _same) -> list[str]:
+def section_lines(command: str, sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
     """The lines of a command's own section; which renderer is chosen by the command and what it reported."""
     if command == "dedup":
         if "revert" in sections:
             return revert_lines(sections)
-        return dedup_lines(sections, shorten) if "dedup" in sections else []
+        return dedup_lines(sections, view, verbose) if "dedup" in sections else []
     if command == "verify-arch":
-        return verify_arch_lines(sections, shorten) if "carriers" in sections else []
+        return verify_arch_lines(sections, view, verbose) if "carriers" in sections else []
     if command == "scan":
         if "code_object_files" in sections:
-            return code_object_lines(sections, shorten)
+            return code_object_lines(sections, view, verbose)
         return file_kind_lines(sections) if "file_kinds" in sections else []
     if command == "llvm":
-        return llvm_lines(sections, shorten) if "libraries" in sections else []
+        return llvm_lines(sections, view, verbose) if "libraries" in sections else []
     if command == "prune":
         if "prune_revert" in sections:
             return prune_revert_lines(sections)
-        return prune_lines(sections, shorten) if "prune" in sections else []
+        return prune_lines(sections, view, verbose=verbose) if "prune" in sections else []
     if command == "check":
         return check_lines(sections)
     if command == "image":
-        return image_lines(sections, shorten) if "image" in sections else []
+        return image_lines(sections, view, verbose) if "image" in sections else []
     if command == "rules":
         return rules_lines(sections)
     return []

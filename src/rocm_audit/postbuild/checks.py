@@ -141,12 +141,17 @@ def _resolve_needed(
             providers[name] = resolution.path
     if missing:
         names = ", ".join(missing)
+        stack = software_stack(missing)
         findings.append(
             make_finding(
                 "POST002",
                 record.path,
-                (f"DT_NEEDED {names} is" if len(missing) == 1 else f"{len(missing)} DT_NEEDED libraries ({names}) are")
-                + " not found by its own RPATH/RUNPATH, ld.so.conf or the default directories",
+                # One message per stack, so that every file missing ROCm's libraries is one entry of
+                # the report (the names are in the detail, and counted on the entry).
+                f"needs {stack} libraries that no search path finds"
+                if stack
+                else f"needs {names}, which no search path finds",
+                detail=f"not found: {names} (searched its own RPATH/RUNPATH, ld.so.conf and the default directories)",
                 # "needed" (the first name) is the schema-v1 field; "missing_sonames" holds them all.
                 data={
                     "needed": missing[0],
@@ -157,6 +162,24 @@ def _resolve_needed(
             )
         )
     return providers
+
+
+# Library name stems (the SONAME before ".so") of the GPU software stacks whose absence explains
+# most unresolved DT_NEEDED entries of a ROCm image: a whole stack is missing, not one file. ROCm's
+# are the names TheRock's wheels and /opt/rocm install (HIP, the math libraries, HSA, SMI, tracer,
+# sysdeps) as the DT_NEEDED entries of jax-rocm7, cupy-rocm-7-0 and onnxruntime-rocm name them;
+# CUDA's and oneAPI's are those of bitsandbytes' other backends.
+_STACKS = (
+    ("ROCm", re.compile(r"lib(amdhip|hip|roc|rccl|hsa-|MIOpen|amd_smi|amd_comgr|rocm_|roctx|roctracer)")),
+    ("CUDA", re.compile(r"lib(cuda|cublas|cufft|curand|cusolver|cusparse|cudnn|nccl|nvrtc|nvJitLink|nvToolsExt)")),
+    ("Intel oneAPI", re.compile(r"lib(sycl|svml|irng|imf|intlc|mkl_|ur_loader|ze_loader)")),
+)
+
+
+def software_stack(sonames: list[str]) -> str | None:
+    """The one GPU software stack all of ``sonames`` belong to (ROCm, CUDA, Intel oneAPI), else None."""
+    stacks = {next((name for name, pattern in _STACKS if pattern.match(soname)), None) for soname in sonames}
+    return stacks.pop() if len(stacks) == 1 else None
 
 
 def _version_finding(path: str, lacking: list[tuple[str, str, list[str], VersionFacts]]) -> Finding:
