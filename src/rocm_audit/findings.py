@@ -37,6 +37,7 @@ class Finding:
     data: Mapping[str, Any] = field(default_factory=dict)
     detail: str = ""
     shipped_by: ShippedBy | None = None
+    fingerprint: str = ""  # the baseline key, filled in when the report is made (audit/attribution.py)
 
     def sort_key(self) -> tuple[str, str, str, tuple[str, ...]]:
         return (self.path, self.rule, self.message, self.related_paths)

@@ -161,6 +161,24 @@ RulesOption = Annotated[
 ]
 
 
+BaselineOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--baseline",
+        metavar="FILE",
+        help="Fail only on findings not in FILE (made by --write-baseline); the others are counted as suppressed.",
+    ),
+]
+WriteBaselineOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--write-baseline",
+        metavar="FILE",
+        help="Write this run's findings to FILE as a baseline (keys survive reinstalls and other roots).",
+    ),
+]
+
+
 class _State:
     debug = False
 
@@ -174,6 +192,8 @@ class Report:
     fail_on: FailOn = FailOn.error
     quiet: bool = False
     rules: tuple[str, ...] = ()
+    baseline: str | None = None
+    write_baseline: str | None = None
 
 
 # name -> (annotation with the typer option, default): the shared options, in --help order.
@@ -183,6 +203,8 @@ _SHARED_OPTIONS: dict[str, tuple[object, object]] = {
     "fail_on": (FailOnOption, FailOn.error),
     "quiet": (QuietOption, False),
     "rules": (RulesOption, None),
+    "baseline": (BaselineOption, None),
+    "write_baseline": (WriteBaselineOption, None),
 }
 
 
@@ -219,7 +241,15 @@ def reporting_command(
             settings.setdefault("fail_on", fail_on)
             report = Report(**settings)  # type: ignore[arg-type]
             run(
-                lambda: emit(produce(report, **given), report.fmt, report.output, report.fail_on, report.quiet),
+                lambda: emit(
+                    produce(report, **given),
+                    report.fmt,
+                    report.output,
+                    report.fail_on,
+                    report.quiet,
+                    baseline=report.baseline,
+                    write_baseline=report.write_baseline,
+                ),
                 list(report.rules),
             )
 
@@ -237,18 +267,50 @@ def fail_on_severity(fail_on: FailOn) -> Severity | None:
     return None if fail_on is FailOn.never else Severity(fail_on.value)
 
 
-def emit(outcome: CommandOutcome, fmt: OutputFormat, output: str | None, fail_on: FailOn, quiet: bool = False) -> int:
-    """Apply the policy, render the outcome, write it, and return the exit code.
+def emit(
+    outcome: CommandOutcome,
+    fmt: OutputFormat,
+    output: str | None,
+    fail_on: FailOn,
+    quiet: bool = False,
+    *,
+    baseline: str | None = None,
+    write_baseline: str | None = None,
+) -> int:
+    """Apply the policy and the baseline, render the outcome, write it, and return the exit code.
 
     When the report is machine-readable or goes to a file, the one-line summary goes to stderr
     (unless quiet), so a person watching the build still sees what happened."""
+    import dataclasses
+    import os
+
+    from rocm_audit.audit.attribution import fingerprints, with_shippers
     from rocm_audit.rulebook.policy import active_policy
 
-    outcome.findings, outcome.suppressed = active_policy().apply(outcome.findings)
     if not outcome.roots:  # the audited directories as the findings spell them (resolved)
-        import os
-
         outcome.roots = sorted({os.path.realpath(p) for p in outcome.inputs if os.path.isdir(p)})
+    shipped = with_shippers(outcome.findings)
+    outcome.findings, outcome.suppressed = active_policy().apply(shipped)
+    keys = fingerprints(outcome.findings, outcome.roots)
+    outcome.findings = [dataclasses.replace(f, fingerprint=k) for f, k in zip(outcome.findings, keys, strict=True)]
+    if write_baseline:
+        from rocm_audit.audit.baseline import baseline_document
+        from rocm_audit.output.report import to_json, write_atomic
+
+        write_atomic(write_baseline, to_json(baseline_document(outcome.findings, keys)))
+    if baseline:
+        from rocm_audit.audit.baseline import parse_baseline, split_by_baseline
+        from rocm_audit.errors import ConfigError
+        from rocm_audit.tree.smallfile import read_small
+
+        try:
+            text = read_small(baseline, 256 << 20).decode("utf-8", "replace")
+        except OSError as exc:
+            raise ConfigError(baseline, f"cannot read baseline: {exc.strerror}") from None
+        outcome.findings, known = split_by_baseline(
+            outcome.findings, [f.fingerprint for f in outcome.findings], parse_baseline(text, baseline), baseline
+        )
+        outcome.suppressed = sorted([*outcome.suppressed, *known], key=lambda s: (s["path"], s["rule"]))
     threshold = fail_on_severity(fail_on)
     if fmt is OutputFormat.json:
         from rocm_audit.output.report import build_report, to_json

@@ -14,7 +14,7 @@ from pathlib import PurePath
 from typing import Any
 
 from rocm_audit import __version__
-from rocm_audit.findings import Finding, sorted_findings
+from rocm_audit.findings import Finding, cause_groups, sorted_findings
 
 SCHEMA_VERSION = 1
 SCHEMA_RESOURCE = "schemas/report-v1.json"
@@ -73,8 +73,8 @@ def _compact(value: object) -> str:
     return json.dumps(value, default=_default, separators=(", ", ": "), ensure_ascii=False)
 
 
-def finding_to_dict(one: Finding) -> dict[str, Any]:
-    return {
+def finding_to_dict(one: Finding, group: int | None = None) -> dict[str, Any]:
+    document: dict[str, Any] = {
         "rule": one.rule,
         "severity": one.severity.value,
         "path": one.path,
@@ -82,6 +82,20 @@ def finding_to_dict(one: Finding) -> dict[str, Any]:
         "message": one.message,
         "data": dict(one.data),
     }
+    if one.detail:
+        document["detail"] = one.detail
+    if group is not None:
+        document["group"] = group
+    if one.fingerprint:
+        document["fingerprint"] = one.fingerprint
+    if one.shipped_by is not None:
+        document["shipped_by"] = dataclasses.asdict(one.shipped_by)
+    return document
+
+
+def group_numbers(findings: Iterable[Finding]) -> dict[int, int]:
+    """id(finding) -> its cause group's number, as text and Markdown number their entries."""
+    return {id(one): number for number, group in enumerate(cause_groups(findings), 1) for one in group}
 
 
 def build_report(
@@ -93,12 +107,14 @@ def build_report(
     suppressed: Iterable[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
     """The report document: fixed header, sorted findings, then command-specific sections."""
+    findings = list(findings)
+    groups = group_numbers(findings)
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "rocm-audit", "version": __version__},
         "command": command,
         "inputs": sorted(inputs),
-        "findings": [finding_to_dict(f) for f in sorted_findings(findings)],
+        "findings": [finding_to_dict(f, groups.get(id(f))) for f in sorted_findings(findings)],
     }
     suppressed = list(suppressed)
     if suppressed:

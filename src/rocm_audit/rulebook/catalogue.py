@@ -19,7 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-_RULE_KEYS = {"title", "severity", "rationale", "fix", "params"}
+_RULE_KEYS = {"title", "severity", "rationale", "fix", "params", "fingerprint"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,9 @@ class Rule:
     fix: str
     params: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    # Finding data fields that, with the rule and the file, say which problem a finding is: a
+    # baseline entry matches a later finding with the same values (audit/baseline.py).
+    fingerprint: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +62,11 @@ def _parse_rule(rule_id: str, table: object, source: str) -> Rule:
     params = table.get("params", {})
     if not isinstance(params, dict):
         raise ConfigError(source, "params must be a table", key=f"rules.{rule_id}.params")
+    fingerprint = table.get("fingerprint", [])
+    if not isinstance(fingerprint, list) or not all(isinstance(f, str) for f in fingerprint):
+        raise ConfigError(source, "fingerprint must be a list of data field names", key=f"rules.{rule_id}.fingerprint")
     return Rule(
+        fingerprint=tuple(fingerprint),
         id=rule_id,
         title=table["title"],
         severity=severity,

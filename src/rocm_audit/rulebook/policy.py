@@ -49,10 +49,32 @@ _KNOWN_POLICY: dict[str, dict[str, tuple[str, Any]]] = {
 
 @dataclass(frozen=True, slots=True)
 class Ignore:
-    rule: str
+    rule: str  # a rule id or a glob of them (LLVM0*)
     path_glob: str
     reason: str
     source: str
+    distribution: str = "*"  # a glob of the shipping distribution's normalised name (PEP 503)
+
+    def matches(self, one: Finding) -> bool:
+        if not fnmatch.fnmatchcase(one.rule, self.rule) or not _path_matches(one.path, self.path_glob):
+            return False
+        if self.distribution == "*":
+            return True
+        shipper = one.shipped_by
+        return shipper is not None and fnmatch.fnmatchcase(_normalized(shipper.name), self.distribution)
+
+
+def _path_matches(path: str, glob: str) -> bool:
+    """An absolute glob matches the whole path; a relative one (``triton/instrumentation/*``) matches
+    from any directory down, as the paths of a report are shown relative to the audited root."""
+    if glob.startswith(("/", "*")):
+        return fnmatch.fnmatchcase(path, glob)
+    return fnmatch.fnmatchcase(path, glob) or fnmatch.fnmatchcase(path, "*/" + glob)
+
+
+def _normalized(name: str) -> str:
+    """PEP 503 name normalisation (``Foo_Bar`` and ``foo-bar`` are one distribution)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass(slots=True)
@@ -73,9 +95,7 @@ class Policy:
         kept: list[Finding] = []
         suppressed: list[dict[str, str]] = []
         for one in findings:
-            ignore = next(
-                (i for i in self.ignores if i.rule == one.rule and fnmatch.fnmatchcase(one.path, i.path_glob)), None
-            )
+            ignore = next((i for i in self.ignores if i.matches(one)), None)
             if ignore is not None:
                 suppressed.append(
                     {"rule": one.rule, "path": one.path, "reason": ignore.reason, "source": ignore.source}
@@ -173,13 +193,20 @@ def _apply_file(active: Policy, path: str) -> None:
         where = f"ignore[{index}]"
         if not isinstance(entry, dict):
             raise ConfigError(path, "each ignore must be a table", key=where)
-        line = _line_of(text, str(entry.get("rule", "[[ignore]]")))
-        unknown = set(entry) - {"rule", "path", "reason"}
+        line = _line_of(text, str(entry.get("rule", entry.get("distribution", "[[ignore]]"))))
+        unknown = set(entry) - {"rule", "path", "reason", "distribution"}
         if unknown:
             raise ConfigError(path, f"unknown keys {sorted(unknown)}", line=line, key=where)
-        if entry.get("rule") not in active.rules:
+        rule_glob = entry.get("rule", "*")
+        if not isinstance(rule_glob, str) or not rule_glob:
+            raise ConfigError(path, "rule must be a rule id or a glob of them", line=line, key=f"{where}.rule")
+        rule_glob = rule_glob.upper()
+        if not any(fnmatch.fnmatchcase(known, rule_glob) for known in active.rules):
             raise ConfigError(
-                path, f"ignore names an unknown rule {entry.get('rule')!r}", line=line, key=f"{where}.rule"
+                path,
+                f"ignore names an unknown rule {entry.get('rule')!r} (no rule matches; see `rocm-audit rules`)",
+                line=line,
+                key=f"{where}.rule",
             )
         reason = entry.get("reason")
         if not isinstance(reason, str) or not reason.strip():
@@ -187,7 +214,16 @@ def _apply_file(active: Policy, path: str) -> None:
         glob = entry.get("path", "*")
         if not isinstance(glob, str) or not glob:
             raise ConfigError(path, "path must be a non-empty glob", line=line, key=f"{where}.path")
-        active.ignores.append(Ignore(entry["rule"], glob, reason.strip(), f"{path}:{line}" if line else path))
+        distribution = entry.get("distribution", "*")
+        if not isinstance(distribution, str) or not distribution:
+            raise ConfigError(
+                path, "distribution must be a non-empty name or glob", line=line, key=f"{where}.distribution"
+            )
+        if rule_glob == "*" and glob == "*" and distribution == "*":
+            raise ConfigError(path, "an ignore must name a rule, a path or a distribution", line=line, key=where)
+        active.ignores.append(
+            Ignore(rule_glob, glob, reason.strip(), f"{path}:{line}" if line else path, _normalized(distribution))
+        )
     for area, table in document.get("policy", {}).items():
         known = _KNOWN_POLICY.get(area)
         if known is None:

@@ -22,8 +22,10 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from email.message import Message
 from email.parser import HeaderParser
 
+from rocm_audit.findings import ShippedBy
 from rocm_audit.tree.discovery import is_sdk_tree_name
 from rocm_audit.tree.identical import CompareStats, ReadFailure, same_bytes
 from rocm_audit.tree.smallfile import read_small
@@ -233,6 +235,7 @@ class Distribution:
     dist_info: str  # absolute path of the .dist-info directory
     site_dir: str  # the directory RECORD paths are relative to
     files: dict[str, bool] = field(default_factory=dict)  # absolute path -> recorded with a hash
+    report_to: str = ""  # where its users report problems (METADATA Project-URL or Home-page)
 
     @property
     def normalized(self) -> str:
@@ -279,7 +282,7 @@ def _read_one(site_dir: str, dist_info: str) -> Distribution | None:
     name, version = headers.get("Name"), headers.get("Version")
     if not name or not version:
         return None
-    distribution = Distribution(str(name), str(version), dist_info, site_dir)
+    distribution = Distribution(str(name), str(version), dist_info, site_dir, report_to=_report_url(headers))
     try:
         rows = list(csv.reader(io.StringIO(record_text)))
     except csv.Error:
@@ -290,6 +293,71 @@ def _read_one(site_dir: str, dist_info: str) -> Distribution | None:
         path = os.path.normpath(os.path.join(site_dir, row[0]))
         distribution.files[path] = len(row) > 1 and bool(row[1])
     return distribution
+
+
+# Project-URL labels, most useful first for someone reporting a problem (PEP 753 well-known labels
+# and their common spellings), then the Home-page field.
+_URL_PREFERENCE = (
+    re.compile(r"issue|bug|tracker", re.IGNORECASE),
+    re.compile(r"source|repository|code|github", re.IGNORECASE),
+    re.compile(r"home", re.IGNORECASE),
+)
+
+
+def _report_url(headers: Message) -> str:
+    """The URL to report a problem to: an issue tracker, else the source, else the home page."""
+    labelled: list[tuple[str, str]] = []
+    for value in headers.get_all("Project-URL") or []:
+        label, _, url = str(value).partition(",")
+        if url.strip().startswith(("https://", "http://")):
+            labelled.append((label.strip(), url.strip()))
+    for preferred in _URL_PREFERENCE:
+        for label, url in labelled:
+            if preferred.search(label):
+                return url
+    home = str(headers.get("Home-page") or "").strip()
+    if home.startswith(("https://", "http://")):
+        return home
+    return labelled[0][1] if labelled else ""
+
+
+def shippers_of(paths: Iterable[str]) -> dict[str, ShippedBy]:
+    """For each of ``paths`` that an installed distribution's RECORD lists with a hash: who shipped it.
+
+    The site directory of a path is its nearest parent holding ``.dist-info`` directories; each is
+    read once. A file no RECORD lists with a hash is the user's own (built here, or edited)."""
+    site_of_dir: dict[str, str | None] = {}
+    owned_in_site: dict[str, dict[str, Distribution]] = {}
+    found: dict[str, ShippedBy] = {}
+    for path in sorted(set(paths)):
+        site = site_dir_of(os.path.dirname(path), site_of_dir)
+        if site is None:
+            continue
+        if site not in owned_in_site:
+            distributions = [d for d in (_read_one(site, os.path.join(site, n)) for n in _dist_info_names(site)) if d]
+            owned_in_site[site] = owners(distributions)
+        owner = owned_in_site[site].get(os.path.normpath(path))
+        if owner is not None and owner.files.get(os.path.normpath(path)):
+            found[path] = ShippedBy(owner.name, owner.version, owner.report_to)
+    return found
+
+
+def site_dir_of(directory: str, cache: dict[str, str | None]) -> str | None:
+    """The nearest of ``directory`` and its parents that holds a ``.dist-info`` directory."""
+    walked = []
+    while directory not in cache:
+        walked.append(directory)
+        if _dist_info_names(directory):
+            cache[directory] = directory
+            break
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            cache[directory] = None
+            break
+        directory = parent
+    for one in walked:
+        cache[one] = cache[directory]
+    return cache[directory]
 
 
 def owners(distributions: list[Distribution]) -> dict[str, Distribution]:

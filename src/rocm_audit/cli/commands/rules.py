@@ -29,7 +29,11 @@ def command(report: Report) -> CommandOutcome:
         for area, table in sorted(policy.settings.items())
         for key, value in sorted(table.items())
     ]
-    ignores = [{"rule": i.rule, "path": i.path_glob, "reason": i.reason, "source": i.source} for i in policy.ignores]
+    ignores = [
+        {"rule": i.rule, "path": i.path_glob, "reason": i.reason, "source": i.source}
+        | ({"distribution": i.distribution} if i.distribution != "*" else {})
+        for i in policy.ignores
+    ]
     return CommandOutcome(
         command="rules",
         findings=[],
