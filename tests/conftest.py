@@ -13,13 +13,15 @@ from support.sdk_tree import SdkTree, build_sdk_tree
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked slow (whole sweeps, big downloads) are deselected unless ROCM_AUDIT_SLOW=1."""
-    if os.environ.get("ROCM_AUDIT_SLOW") == "1":
-        return
-    slow = [item for item in items if item.get_closest_marker("slow")]
+    """Tests marked slow (whole sweeps, big downloads) are deselected unless ROCM_AUDIT_SLOW=1;
+    the first-contact journey (marked journey) unless ROCM_AUDIT_JOURNEY=1 (scripts/test sets it in CI)."""
+    wanted = {"slow": os.environ.get("ROCM_AUDIT_SLOW") == "1", "journey": os.environ.get("ROCM_AUDIT_JOURNEY") == "1"}
+    if config.getoption("-m"):
+        return  # an explicit marker expression decides
+    slow = [item for item in items if any(item.get_closest_marker(m) for m, on in wanted.items() if not on)]
     if slow:
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+        items[:] = [item for item in items if item not in slow]
 
 
 @pytest.fixture(scope="session")

@@ -59,6 +59,11 @@ def _pinned_wheel(cache_dir: str, spec: str, name: str, sha256: str, options: li
     return wheel
 
 
+def pinned_wheel(cache_dir: str, spec: str, name: str, sha256: str, options: list[str]) -> Path:
+    """The wheel ``name`` of ``spec`` in the test cache, downloaded when missing, checked by sha256."""
+    return _pinned_wheel(cache_dir, spec, name, sha256, options)
+
+
 def jax_plugin_wheel(cache_dir: str) -> Path:
     """jax-rocm7-plugin 0.12.0 (CCOB v3 zstd fat binaries, 27 GPU targets), checked against its pin."""
     options = ["--python-version", "3.12", "--platform", "manylinux_2_27_x86_64"]

@@ -820,7 +820,8 @@ def _pair_finding(pair: PairVerdicts, judge: PairJudge, probes: Sequence[ProbeRe
             return make_finding(
                 "LLVM014",
                 pair.paths[0],
-                f"predicted {worst.verdict.value} ({failing}), but {len(probes)} probe loads were clean",
+                f"loading them together is harmless ({len(probes)} probe loads were clean)",
+                detail=f"predicted {worst.verdict.value} ({failing}), but every probe load was clean",
                 related=[pair.paths[1], *through],
                 data=data,
             )
@@ -857,8 +858,8 @@ def _closure_finding(clash: Clash, what: str, data: dict[str, Any]) -> Finding:
         return make_finding(
             "LLVM014",
             clash.paths[0],
-            f"{' '.join(what.split())}, yet clean when its root is loaded GLOBAL or LOCAL"
-            + (" (probed)" if decided is not None else ""),
+            f"{' '.join(what.split())}, but loading it is harmless (RTLD_GLOBAL or RTLD_LOCAL)"
+            + (", as probes confirmed" if decided is not None else ""),
             related=clash.paths[1:],
             data=data,
         )
@@ -875,12 +876,12 @@ def _closure_finding(clash: Clash, what: str, data: dict[str, Any]) -> Finding:
 
 
 def _clash_finding(clash: Clash) -> Finding:
-    copies = f"{len(clash.paths)} distinct inodes of"
+    copies = f"{len(clash.paths)} copies (different files) of {clash.soname or 'one library'}"
     example = f" (e.g. {clash.via[0]})" if clash.via else ""
     what = {
-        Reason.DUPLICATE_EXPORTER: f"{copies} LLVM exporter {clash.soname or ''}",
-        Reason.DUPLICATE_REGISTRANT: f"{copies} cl::opt registrant {clash.soname or ''}",
-        Reason.INTERPOSABLE_EXPORTERS: "LLVM exporters bind each other's command-line registry",
+        Reason.DUPLICATE_EXPORTER: f"{copies}, which exports LLVM's option registry",
+        Reason.DUPLICATE_REGISTRANT: f"{copies}, which registers LLVM options",
+        Reason.INTERPOSABLE_EXPORTERS: "two libraries export LLVM's option registry and bind each other's",
         Reason.CLOSURE_INTERPOSITION: f"one load closure maps two LLVMs that bind each other's state{example}",
         Reason.CLOSURE_TWO_LLVMS: f"one load closure maps two different LLVMs{example}",
     }[clash.reason]
@@ -906,8 +907,8 @@ def _clash_finding(clash: Clash) -> Finding:
             return make_finding(
                 "LLVM014",
                 clash.paths[0],
-                f"{' '.join(what.split())}, yet {loads} probe loads (both orders, every mode) were clean "
-                f"(static verdict: {judged.worst.verdict.value})",
+                f"{' '.join(what.split())}, but loading them together is harmless ({loads} probe loads were clean)",
+                detail=f"static verdict: {judged.worst.verdict.value}; every probe (both orders, every mode) was clean",
                 related=clash.paths[1:],
                 data=data,
             )
@@ -926,7 +927,8 @@ def _clash_finding(clash: Clash) -> Finding:
         return make_finding(
             "LLVM014",
             clash.paths[0],
-            f"{' '.join(what.split())}, yet clean in both orders and every mode: {judged.worst.reason}",
+            f"{' '.join(what.split())}, but loading them together is harmless",
+            detail=f"clean in both orders and every RTLD mode: {judged.worst.reason}",
             related=clash.paths[1:],
             data=data,
         )

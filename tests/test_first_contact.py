@@ -1,0 +1,207 @@
+"""A new user's first five minutes, on a real application venv.
+
+rocm-audit runs under this suite's interpreter (its own venv, as the README installs it); the
+application is a Python 3.12 venv of real PyPI wheels pinned by sha256 (jax-rocm7 plugin and pjrt,
+cupy-rocm-7-0, onnxruntime-rocm, triton 3.9.0, bitsandbytes, flydsl: 2.8 GB, 5,600 files). The
+journey is the one the README walks: check, verify-arch (with mistyped targets), dedup --dry-run,
+prune --dry-run, llvm --probe, scan --targets, image on an archive, a baseline. Each step asserts
+what a person reads: exit codes, width, order, counts that agree, words, suggestions.
+
+Marked ``journey`` (a 700 MB download once, a 2.8 GB venv per run): scripts/test runs it in CI and
+with ROCM_AUDIT_JOURNEY=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.interpreters import python312
+from support.vendor import pinned_wheel
+
+pytestmark = pytest.mark.journey
+
+# (pip spec, wheel file, sha256): the application's wheels, for CPython 3.12 on x86-64 Linux.
+APP_WHEELS = [
+    (
+        "jax-rocm7-plugin==0.12.0",
+        "jax_rocm7_plugin-0.12.0-cp312-cp312-manylinux_2_27_x86_64.whl",
+        "56ea9cb8b20b2155307da1c7f81941d6811954d8ce3431ffe8d56aa251b725de",
+    ),
+    (
+        "jax-rocm7-pjrt==0.12.0",
+        "jax_rocm7_pjrt-0.12.0-py3-none-manylinux_2_27_x86_64.whl",
+        "4551d0714523355f2946ca1958c3f584e95661e467a641d36b726f718a1c7934",
+    ),
+    (
+        "cupy-rocm-7-0==14.2.0",
+        "cupy_rocm_7_0-14.2.0-cp312-cp312-manylinux2014_x86_64.whl",
+        "4912fcd48491adc332ebc7ed6f1d7487545ee2b9cf6fcc906b7827dbe182fe7f",
+    ),
+    (
+        "onnxruntime-rocm==1.22.2.post3",
+        "onnxruntime_rocm-1.22.2.post3-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "ccd3b2dba26fe73687f3a29d10fcc154c73b23d5b9ecc938b8c045471743fe52",
+    ),
+    (
+        "triton==3.9.0",
+        "triton-3.9.0-cp312-abi3-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "5e52ab4e2f1d64f0ac494c9aa723697b793f81a91c4cae4c36608ca0bc4267bf",
+    ),
+    (
+        "bitsandbytes==0.50.2",
+        "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl",
+        "55348a9a4a21bfd99cf8c7b32fe67b4030ae5c2a05738e03c1747f65fa6ec283",
+    ),
+    (
+        "flydsl==0.5.0",
+        "flydsl-0.5.0-cp312-cp312-manylinux_2_27_x86_64.whl",
+        "32725cab43e62929e61c034389fb44e97f036cd989bd0c105c69cdcb14d211b1",
+    ),
+]
+PIP_TARGET = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none"]
+PIP_TARGET += [
+    f"--platform={tag}"
+    for tag in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64")
+    + ("manylinux2014_x86_64", "manylinux_2_17_x86_64")
+]
+WIDTH = 100
+SEVERITY_ORDER = {"ERROR": 0, "WARNING": 1, "INFO": 2}
+JARGON = ("fires:", "global-local", "global-global", "decided by", "first-global", "registrant")
+
+
+@pytest.fixture(scope="module")
+def app_venv(tmp_path_factory, cache_dir) -> Path:
+    """The application venv: Python 3.12 with the pinned wheels, installed by its own pip."""
+    interpreter = python312()
+    if interpreter is None:
+        pytest.skip("no working CPython 3.12 on this machine (the journey audits a 3.12 venv)")
+    wheels = [pinned_wheel(cache_dir, spec, name, digest, PIP_TARGET) for spec, name, digest in APP_WHEELS]
+    venv = tmp_path_factory.mktemp("journey") / "app"
+    subprocess.run([interpreter, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    # This suite's pip installs into the 3.12 venv: the venv needs no pip of its own.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps"]
+        + ["--no-index", "--no-compile", *map(str, wheels)],
+        check=True,
+        timeout=900,
+    )
+    return venv
+
+
+def _rocm_audit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it (not a terminal: no progress, no colour)."""
+    script = Path(sys.executable).with_name("rocm-audit")
+    env = {k: v for k, v in os.environ.items() if k not in ("GPU_ARCH", "GITHUB_WORKSPACE")}
+    return subprocess.run(
+        [str(script), *args], capture_output=True, text=True, timeout=900, check=False, env=env, cwd=cwd
+    )
+
+
+def _site(venv: Path) -> Path:
+    (site,) = venv.glob("lib/python3.12/site-packages")
+    return site
+
+
+def _assert_readable(text: str) -> None:
+    """Every line fits 100 columns (a lone long path may not), errors come before warnings and
+    warnings before info, and nothing internal leaks."""
+    for line in text.splitlines():
+        assert len(line) <= WIDTH or " " not in line.strip(), f"{len(line)} columns: {line!r}"
+    ranks = [SEVERITY_ORDER[m.group(1)] for m in re.finditer(r"^(ERROR|WARNING|INFO) ", text, re.MULTILINE)]
+    assert ranks == sorted(ranks), "findings are not ordered errors, warnings, info"
+    for word in JARGON:
+        assert word not in text, f"internal word {word!r} in default output"
+
+
+def test_first_check_passes_and_reads_well(app_venv):
+    python = str(app_venv / "bin" / "python")
+    text_run = _rocm_audit("check", "--python", python)
+    json_run = _rocm_audit("check", "--python", python, "--format", "json")
+    # Nothing here is the user's error to fix: triton's test-library clash is a warning.
+    assert text_run.returncode == 0, text_run.stdout + text_run.stderr
+    text = text_run.stdout
+    _assert_readable(text)
+    site = os.path.realpath(_site(app_venv))
+    assert text.splitlines()[0] == f"paths relative to {site}"
+    assert site + "/" not in text, "a path under the audited root is shown absolute"
+    report = json.loads(json_run.stdout)
+    counts = {s: sum(1 for f in report["findings"] if f["severity"] == s) for s in ("error", "warning", "info")}
+    last = text.rstrip("\n").splitlines()[-1]
+    assert last == (
+        f"check: {counts['error']} errors, {counts['warning']} warnings, {counts['info']} info".replace(
+            " 1 errors", " 1 error"
+        ).replace(" 1 warnings", " 1 warning")
+    )
+    # One entry per cause: far fewer entries than findings, and every finding in one group.
+    entries = re.findall(r"^(?:ERROR|WARNING|INFO) ", text, re.MULTILINE)
+    groups = {f["group"] for f in report["findings"]}
+    assert len(entries) == len(groups) < len(report["findings"])
+    # The ROCm conclusion is one entry naming the library most files miss.
+    rocm = [line for line in text.splitlines() if "needs ROCm libraries" in line]
+    assert len(rocm) == 1 and "libamdhip64.so.7" in text
+    # A test library's clash names who ships it and where to report it.
+    clash = next(f for f in report["findings"] if f["rule"] == "LLVM002")
+    assert clash["severity"] == "warning" and clash["data"]["opt_in_library"]
+    assert clash["shipped_by"]["name"] == "triton" and clash["shipped_by"]["report_to"].startswith("https://")
+    assert "shipped by triton 3.9.0" in text
+
+
+def test_verbose_shows_the_detail(app_venv):
+    text = _rocm_audit("check", "--python", str(app_venv / "bin" / "python"), "-v").stdout
+    assert "fix:" in text and "libbitsandbytes_rocm64.so" in text
+    for line in text.splitlines():
+        assert len(line) <= WIDTH or " " not in line.strip()
+
+
+def test_a_baseline_turns_todays_findings_green_and_a_new_one_red(app_venv, tmp_path):
+    python = str(app_venv / "bin" / "python")
+    baseline = tmp_path / "baseline.json"
+    first = _rocm_audit("check", "--python", python, "--fail-on", "warning", "--write-baseline", str(baseline))
+    assert first.returncode == 1  # warnings fail at --fail-on warning
+    again = _rocm_audit("check", "--python", python, "--fail-on", "warning", "--baseline", str(baseline))
+    assert again.returncode == 0, again.stdout
+    assert re.search(r"^\d+ findings suppressed: \d+ by .*baseline\.json$", again.stdout, re.MULTILINE)
+    # A new problem: an extension module built for another interpreter (POST003, an error).
+    site = _site(app_venv)
+    stray = site / "cupy" / "stray.cpython-311-x86_64-linux-gnu.so"
+    shutil.copy2(next((site / "cupy" / "cuda").glob("cub.*.so")), stray)
+    try:
+        new = _rocm_audit("check", "--python", python, "--fail-on", "warning", "--baseline", str(baseline))
+    finally:
+        stray.unlink()
+    assert new.returncode == 1
+    findings = [line for line in new.stdout.splitlines() if re.match(r"(ERROR|WARNING|INFO) ", line)]
+    assert len(findings) == 1 and findings[0].startswith("ERROR POST003 cupy/stray.cpython-311")
+
+
+def test_dry_runs_change_nothing_and_fit(app_venv):
+    python = str(app_venv / "bin" / "python")
+    site = _site(app_venv)
+    before = {p: p.lstat().st_ino for p in site.rglob("*.so*")}
+    for args in (["dedup", "--dry-run"], ["prune", "--dry-run", "gfx942", "gfx950"]):
+        run = _rocm_audit(*args, "--python", python)
+        assert run.returncode == 0, run.stdout + run.stderr
+        _assert_readable(run.stdout)
+    assert {p: p.lstat().st_ino for p in site.rglob("*.so*")} == before
+    prune = _rocm_audit("prune", "--dry-run", "gfx942", "gfx950", "--python", python).stdout
+    assert re.search(r"device code [\d.,]+ [KMG]iB on disk", prune)
+
+
+def test_scan_targets_is_one_line_per_file_with_a_count(app_venv):
+    plugin = _site(app_venv) / "jax_plugins" / "xla_rocm7" / "xla_rocm_plugin.so"
+    run = _rocm_audit("scan", "--targets", "-p", str(plugin))
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) < 12, run.stdout
+    _assert_readable(run.stdout)
+    objects = int(re.search(r"([\d,]+) code objects for", run.stdout).group(1).replace(",", ""))
+    assert objects > 1000
+    assert re.search(rf"1 file, {objects:,} code objects$", run.stdout, re.MULTILINE)
