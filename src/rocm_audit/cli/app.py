@@ -1,7 +1,8 @@
 """The typer CLI: parse, call one library function, render, exit. The only layer that prints.
 
-Exit codes, the same on every command: 0 no finding at or above --fail-on; 1 findings at or above
-it (or `dedup --check` found work); 2 usage or configuration error; 3 internal error.
+Exit codes, the same on every command (common.EXIT_CODES_HELP, shown once in `rocm-audit --help`):
+0 clean; 1 findings at or above --fail-on (dedup/prune --check: work to do); 2 usage or
+configuration error; 3 internal error; 130 interrupted.
 Heavy modules (pyelftools, lief, msgpack, zstandard, docker) are imported inside command bodies so
 `rocm-audit --help` stays fast.
 """
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from rocm_audit import __version__
-from rocm_audit.cli.common import EPILOG, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, _State
+from rocm_audit.cli.common import EXIT_CODES_HELP, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, _State, start_logging
 from rocm_audit.output.escape import display
 
 
@@ -30,20 +31,19 @@ def _version_callback(value: bool) -> None:
 
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")] = False,
-    verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More log output on stderr.")] = 0,
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "-v", "--verbose", count=True, show_default=False, help="Same as -v after the command: log to stderr."
+        ),
+    ] = 0,
     version: Annotated[
         bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
     _State.debug = debug
-    if verbose:
-        import logging
-
-        logging.basicConfig(
-            level=logging.DEBUG if verbose > 1 else logging.INFO,
-            format="rocm-audit: %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+    _State.verbose = verbose  # a reporting command adds it to its own -v count
+    start_logging(verbose)
 
 
 # command name -> (module in rocm_audit.cli.commands, extra settings); each module imports only typer
@@ -57,6 +57,7 @@ _COMMANDS: dict[str, tuple[str, dict[str, Any]]] = {
     "image": ("image", {"no_args_is_help": True}),
     "scan": ("scan", {}),
     "rules": ("rules", {}),
+    "explain": ("explain", {"no_args_is_help": True}),
 }
 
 
@@ -64,20 +65,24 @@ def _new_app(names: Iterable[str]) -> typer.Typer:
     """The rocm-audit command group with the named commands."""
     import importlib
 
+    from rocm_audit.cli.help import HELP_WIDTH, PanelledCommand, summary_of
+
     group = typer.Typer(
         name="rocm-audit",
         help="Audit ROCm wheel-SDK trees and images: duplicate SDK libraries, GPU targets, LLVM option clashes.",
-        epilog=EPILOG,
+        epilog=EXIT_CODES_HELP,
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
+        context_settings={"max_content_width": HELP_WIDTH},
     )
     group.callback()(_root)
     for name in names:
         module, settings = _COMMANDS[name]
         command = importlib.import_module(f"rocm_audit.cli.commands.{module}").command
-        group.command(name, epilog=EPILOG, **settings)(command)
+        # The first docstring paragraph, whole, in the command list (click would cut it at ~45 columns).
+        group.command(name, cls=PanelledCommand, short_help=summary_of(command), **settings)(command)
     return group
 
 

@@ -24,10 +24,20 @@ from rocm_audit.severity import Severity
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
-EPILOG = (
-    "Exit codes: 0 clean; 1 findings at or above --fail-on (dedup --check: work to do); "
-    "2 usage or configuration error; 3 internal error."
-)
+# The exit-code table: shown once, at the end of `rocm-audit --help` (and in README "Exit codes").
+# "\b" keeps click from re-wrapping the lines of the table into one paragraph.
+EXIT_CODES_HELP = """\b
+Exit codes, the same for every command:
+  0    clean
+  1    findings at or above --fail-on (dedup/prune --check: work to do)
+  2    usage or configuration error
+  3    internal error
+  130  interrupted"""
+
+# Help panels: the options of each command's --help, grouped (cli/help.py prints them).
+AUDIT_PANEL = "What to audit"
+ACTION_PANEL = "What to do"
+REPORT_PANEL = "Report"
 
 
 class OutputFormat(str, enum.Enum):
@@ -52,6 +62,7 @@ PathsOption = Annotated[
         "-p",
         "--path",
         metavar="PATH",
+        rich_help_panel=AUDIT_PANEL,
         help="site-packages dir, _rocm_sdk_* tree, any dir or a single file; repeatable. "
         "Default: every site-packages dir of this interpreter, or of --python.",
     ),
@@ -61,6 +72,7 @@ PythonOption = Annotated[
     typer.Option(
         "--python",
         metavar="PATH",
+        rich_help_panel=AUDIT_PANEL,
         help="Audit the site-packages dirs of this interpreter (a venv's bin/python too) instead of "
         "rocm-audit's own, so rocm-audit can live in its own venv.",
     ),
@@ -69,7 +81,12 @@ PythonOption = Annotated[
 
 SkipOption = Annotated[
     Optional[list[str]],  # noqa: UP045
-    typer.Option("--skip", metavar="CHECK", help="Leave out dedup, verify-arch, llvm or post-build; repeatable."),
+    typer.Option(
+        "--skip",
+        metavar="CHECK",
+        help="Leave out dedup, verify-arch, llvm or post-build; repeatable.",
+        rich_help_panel=ACTION_PANEL,
+    ),
 ]
 
 # Options several commands take with a help of their own (what is kept, what --check gates): each
@@ -79,12 +96,12 @@ SkipOption = Annotated[
 
 def targets_argument(help: str, metavar: str = "TARGET") -> Any:
     """The GPU targets given as arguments (annotate ``list[str] | None``, default None)."""
-    return typer.Argument(metavar=metavar, help=help)
+    return typer.Argument(metavar=metavar, help=help, rich_help_panel=AUDIT_PANEL)
 
 
 def sysroot_option(help: str) -> Any:
     """--sysroot DIR, the root of the system the files run on (annotate ``str``, default "/")."""
-    return typer.Option("--sysroot", metavar="DIR", help=help)
+    return typer.Option("--sysroot", metavar="DIR", help=help, rich_help_panel=AUDIT_PANEL)
 
 
 # The modes of a command that changes the trees (dedup, prune): apply, --dry-run, --check, --revert.
@@ -92,22 +109,22 @@ def sysroot_option(help: str) -> Any:
 
 def dry_run_option(help: str) -> Any:
     """--dry-run (annotate ``bool``, default False)."""
-    return typer.Option("--dry-run", help=help)
+    return typer.Option("--dry-run", help=help, rich_help_panel=ACTION_PANEL)
 
 
 def check_option(help: str) -> Any:
     """--check, the CI gate (annotate ``bool``, default False)."""
-    return typer.Option("--check", help=help)
+    return typer.Option("--check", help=help, rich_help_panel=ACTION_PANEL)
 
 
 def manifest_option(help: str) -> Any:
     """--manifest FILE, the revert manifest to append to (annotate ``str | None``, default None)."""
-    return typer.Option("--manifest", metavar="FILE", help=help)
+    return typer.Option("--manifest", metavar="FILE", help=help, rich_help_panel=ACTION_PANEL)
 
 
 def revert_option(help: str) -> Any:
     """--revert MANIFEST, repeatable (annotate ``list[str] | None``, default None)."""
-    return typer.Option("--revert", metavar="MANIFEST", help=help)
+    return typer.Option("--revert", metavar="MANIFEST", help=help, rich_help_panel=ACTION_PANEL)
 
 
 def change_mode(dry_run: bool, check: bool, revert: list[str] | None) -> str:
@@ -141,22 +158,53 @@ FormatOption = Annotated[
     OutputFormat,
     typer.Option(
         "--format",
+        metavar="FORMAT",
         help="text, json (versioned schema), sarif (2.1.0), junit (XML), github (Actions annotations) "
         "or markdown (a job summary: append it to $GITHUB_STEP_SUMMARY).",
+        rich_help_panel=REPORT_PANEL,
     ),
 ]
 OutputOption = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically) instead of stdout."),
+    typer.Option(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="Write the report to FILE (atomically) instead of stdout.",
+        rich_help_panel=REPORT_PANEL,
+    ),
 ]
-FailOnOption = Annotated[FailOn, typer.Option("--fail-on", help="Lowest severity that makes the exit code 1.")]
-QuietOption = Annotated[bool, typer.Option("-q", "--quiet", help="No progress line and no summary on stderr.")]
+FailOnOption = Annotated[
+    FailOn,
+    typer.Option(
+        "--fail-on",
+        metavar="SEVERITY",
+        help="Lowest severity that makes the exit code 1: error, warning, info or never.",
+        rich_help_panel=REPORT_PANEL,
+    ),
+]
+QuietOption = Annotated[
+    bool,
+    typer.Option("-q", "--quiet", help="No progress line and no summary on stderr.", rich_help_panel=REPORT_PANEL),
+]
 RulesOption = Annotated[
     Optional[list[str]],  # noqa: UP045
     typer.Option(
         "--rules",
         metavar="FILE",
         help="TOML rules file: severity overrides, ignores (with a reason), policy settings; repeatable.",
+        rich_help_panel=REPORT_PANEL,
+    ),
+]
+VerboseOption = Annotated[
+    int,
+    typer.Option(
+        "-v",
+        "--verbose",
+        count=True,
+        show_default=False,
+        help="Log what the audit does to stderr; -vv for more detail.",
+        rich_help_panel=REPORT_PANEL,
     ),
 ]
 
@@ -167,6 +215,7 @@ BaselineOption = Annotated[
         "--baseline",
         metavar="FILE",
         help="Fail only on findings not in FILE (made by --write-baseline); the others are counted as suppressed.",
+        rich_help_panel=REPORT_PANEL,
     ),
 ]
 WriteBaselineOption = Annotated[
@@ -175,12 +224,33 @@ WriteBaselineOption = Annotated[
         "--write-baseline",
         metavar="FILE",
         help="Write this run's findings to FILE as a baseline (keys survive reinstalls and other roots).",
+        rich_help_panel=REPORT_PANEL,
     ),
 ]
 
 
 class _State:
     debug = False
+    verbose = 0  # -v given before the command (rocm-audit -v check): added to the command's own
+
+
+def start_logging(verbose: int) -> None:
+    """Log to stderr at INFO (-v) or DEBUG (-vv and more); nothing for 0. Library code logs through
+    logging.getLogger(__name__); logging is imported only when asked for (--help stays fast)."""
+    if verbose <= 0:
+        return
+    import logging
+
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if h.get_name() == "rocm-audit"), None)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.set_name("rocm-audit")
+        handler.setFormatter(logging.Formatter("rocm-audit: %(name)s: %(message)s"))
+        root.addHandler(handler)
+    elif isinstance(handler, logging.StreamHandler):  # a second run in one process (tests): today's stderr
+        handler.setStream(sys.stderr)
+    root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +264,7 @@ class Report:
     rules: tuple[str, ...] = ()
     baseline: str | None = None
     write_baseline: str | None = None
+    verbose: int = 0  # -v count, before and after the command together
 
 
 # name -> (annotation with the typer option, default): the shared options, in --help order.
@@ -205,6 +276,7 @@ _SHARED_OPTIONS: dict[str, tuple[object, object]] = {
     "rules": (RulesOption, None),
     "baseline": (BaselineOption, None),
     "write_baseline": (WriteBaselineOption, None),
+    "verbose": (VerboseOption, 0),
 }
 
 
@@ -213,7 +285,7 @@ def reporting_command(
 ) -> Callable[[Callable[..., CommandOutcome]], Callable[..., None]]:
     """Declare a command from a function ``produce(report: Report, **own_options) -> CommandOutcome``.
 
-    The shared options (``shared``, of --format, -o, --fail-on, -q, --rules) are added to the
+    The shared options (``shared``, of --format, -o, --fail-on, -q, --rules, -v) are added to the
     command's signature here, after its own; the command runs ``produce`` under the policy of
     --rules, renders the outcome and exits with its code. ``fail_on`` is used when --fail-on is
     not one of the command's options."""
@@ -239,7 +311,9 @@ def reporting_command(
             settings: dict[str, object] = {name: given.pop(name) for name in shared}
             settings["rules"] = tuple(typing.cast("list[str] | None", settings.get("rules")) or ())
             settings.setdefault("fail_on", fail_on)
+            settings["verbose"] = _State.verbose + typing.cast("int", settings.get("verbose", 0))
             report = Report(**settings)  # type: ignore[arg-type]
+            start_logging(report.verbose)
             run(
                 lambda: emit(
                     produce(report, **given),
@@ -249,6 +323,7 @@ def reporting_command(
                     report.quiet,
                     baseline=report.baseline,
                     write_baseline=report.write_baseline,
+                    verbose=report.verbose,
                 ),
                 list(report.rules),
             )
@@ -276,6 +351,7 @@ def emit(
     *,
     baseline: str | None = None,
     write_baseline: str | None = None,
+    verbose: int = 0,
 ) -> int:
     """Apply the policy and the baseline, render the outcome, write it, and return the exit code.
 
@@ -339,11 +415,11 @@ def emit(
     elif fmt is OutputFormat.markdown:
         from rocm_audit.output.markdown import render_markdown
 
-        text = render_markdown(outcome)
+        text = render_markdown(outcome, verbose=verbose)
     else:
         from rocm_audit.output.text import render_text
 
-        text = render_text(outcome)
+        text = render_text(outcome, verbose=verbose)
     if output:
         from rocm_audit.output.report import write_atomic
 

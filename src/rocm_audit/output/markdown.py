@@ -185,7 +185,8 @@ def context_lines(sections: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def render_markdown(outcome: CommandOutcome) -> str:
+def render_markdown(outcome: CommandOutcome, verbose: int = 0) -> str:
+    """The outcome as a Markdown job summary. ``verbose`` is the -v count (not used yet)."""
     shorten = relative_to_roots(outcome.roots)
     parts: list[list[str]] = [[f"### rocm-audit {markdown(outcome.command)}"]]
     if outcome.summary:

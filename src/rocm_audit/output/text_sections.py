@@ -453,6 +453,7 @@ def rules_lines(sections: Sections) -> list[str]:
             f"{display(rule['id']):8} {display(rule['severity']):8} {display(rule['severity_source']):34} "
             f"{display(rule['title'])}"
         )
+    lines.append("what a rule means, why it matters and how to fix it: rocm-audit explain RULE")
     lines.append("")
     lines.append("policy:")
     for setting in sections["policy"]:

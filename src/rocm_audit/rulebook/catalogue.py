@@ -1,7 +1,9 @@
 """The rule catalogue and default policy shipped in ``rocm_audit/rules/*.toml``.
 
-Each TOML file holds ``[rules.<ID>]`` tables (title, severity, rationale, fix, optional params) and
-optionally ``[policy.<area>]`` tables. Files are merged in name order; an id defined twice is an error.
+Each TOML file holds ``[rules.<ID>]`` tables (title, severity, rationale, fix, optional params and
+reported_by) and optionally ``[policy.<area>]`` tables; a top-level ``reported_by`` (the commands
+that report the file's rules) applies to every rule that does not set its own. Files are merged in
+name order; an id defined twice is an error.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-_RULE_KEYS = {"title", "severity", "rationale", "fix", "params", "fingerprint"}
+_RULE_KEYS = {"title", "severity", "rationale", "fix", "params", "fingerprint", "reported_by"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class Rule:
     # Finding data fields that, with the rule and the file, say which problem a finding is: a
     # baseline entry matches a later finding with the same values (audit/baseline.py).
     fingerprint: tuple[str, ...] = ()
+    reported_by: tuple[str, ...] = ()  # the commands that report it: "dedup", "llvm --probe"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +45,13 @@ class Catalogue:
     policy: dict[str, dict[str, Any]]
 
 
-def _parse_rule(rule_id: str, table: object, source: str) -> Rule:
+def _command_list(value: object, source: str, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+        raise ConfigError(source, "reported_by must be a non-empty array of command names", key=key)
+    return tuple(value)
+
+
+def _parse_rule(rule_id: str, table: object, source: str, reported_by: tuple[str, ...] = ()) -> Rule:
     if not isinstance(table, dict):
         raise ConfigError(source, "a rule must be a table", key=f"rules.{rule_id}")
     unknown = set(table) - _RULE_KEYS
@@ -74,6 +83,11 @@ def _parse_rule(rule_id: str, table: object, source: str) -> Rule:
         fix=table["fix"],
         params=dict(params),
         source=source,
+        reported_by=(
+            _command_list(table["reported_by"], source, f"rules.{rule_id}.reported_by")
+            if "reported_by" in table
+            else reported_by
+        ),
     )
 
 
@@ -105,10 +119,13 @@ def shipped_catalogue() -> Catalogue:
             document = tomllib.loads(entry.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(source, str(exc)) from None
+        file_reported_by = (
+            _command_list(document["reported_by"], source, "reported_by") if "reported_by" in document else ()
+        )
         for rule_id, table in document.get("rules", {}).items():
             if rule_id in rules:
                 raise ConfigError(source, "rule defined twice", key=f"rules.{rule_id}")
-            rules[rule_id] = _parse_rule(rule_id, table, source)
+            rules[rule_id] = _parse_rule(rule_id, table, source, file_reported_by)
         for area, table in document.get("policy", {}).items():
             policy.setdefault(area, {}).update(table)
     return Catalogue(rules=rules, policy=policy)

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from rocm_audit.cli.common import (
+    ACTION_PANEL,
     PathsOption,
     PythonOption,
     Report,
@@ -33,11 +34,24 @@ def command(
     ] = None,
     paths: PathsOption = None,
     python: PythonOption = None,
-    probe: Annotated[bool, typer.Option("--probe", help="Confirm LLVM clashes with sandboxed load probes.")] = False,
+    probe: Annotated[
+        bool,
+        typer.Option("--probe", help="Confirm LLVM clashes with sandboxed load probes.", rich_help_panel=ACTION_PANEL),
+    ] = False,
     sysroot: Annotated[str, sysroot_option("Root of the system the files run on (an unpacked image).")] = "/",
     skip: SkipOption = None,
 ) -> CommandOutcome:
-    """Run every check over one inventory: dedup (check mode), verify-arch, llvm and post-build checks."""
+    """Run every check in one pass: dedup (check mode), verify-arch, llvm and post-build.
+
+    One walk of the trees feeds every check; nothing is changed. --skip leaves a check out, and
+    prune's weight of device code for other GPUs is added when the targets are known.
+
+    \b
+    Examples:
+      rocm-audit check --python /opt/venv/bin/python gfx942 gfx950
+      rocm-audit check --skip llvm --fail-on warning gfx950
+      rocm-audit check --format sarif -o rocm-audit.sarif
+    """
 
     paths = audited_paths(paths, python)
 

@@ -39,10 +39,17 @@ def command(
         list[str] | None, revert_option("Turn the links recorded in MANIFEST back into regular files; repeatable.")
     ] = None,
 ) -> CommandOutcome:
-    """Replace byte-identical SDK shared libraries by relative symlinks to the runtime copy.
+    """Replace byte-identical SDK libraries by relative symlinks to the runtime copy.
 
     The copy in the runtime package (_rocm_sdk_core, then _rocm_sdk_libraries*) is kept; devel
     copies and hardlinks become symlinks, each made atomically after a fresh byte comparison.
+    Every change is recorded in a manifest that --revert undoes.
+
+    \b
+    Examples:
+      rocm-audit dedup --dry-run
+      rocm-audit dedup --check --python /opt/venv/bin/python
+      rocm-audit dedup --revert .rocm-audit/dedup-manifest.jsonl
     """
 
     paths = audited_paths(paths, python)

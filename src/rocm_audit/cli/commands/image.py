@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import Report, SkipOption, reporting_command
+from rocm_audit.cli.common import AUDIT_PANEL, Report, SkipOption, reporting_command
 from rocm_audit.outcome import CommandOutcome
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -32,6 +32,7 @@ def command(
         typer.Argument(  # noqa: UP045
             metavar="[REF]",
             help="Image in the Docker daemon (name:tag or id); with --archive, which image of a multi-image archive.",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = None,
     archive: Annotated[
@@ -41,6 +42,7 @@ def command(
             metavar="FILE",
             help="No daemon: a `docker save` tarball (legacy or OCI, optionally "
             "gzip/zstd) or an OCI image layout (directory or tar).",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = None,
     targets: Annotated[
@@ -53,6 +55,7 @@ def command(
             "repeatable. Default, the first that is set: $GPU_ARCH of this host; GPU_ARCH, then "
             "PYTORCH_ROCM_ARCH in the image's Env; the build args GPU_ARCH, PYTORCH_ROCM_ARCH, "
             "GPU_ARCHS, AMDGPU_TARGETS its history records; its dist_info.json.",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = None,
     layers: Annotated[
@@ -61,6 +64,7 @@ def command(
             "--layers",
             help="With REF: read the layers (docker save, streamed) instead of a container export, "
             "for the layer-aware waste analysis.",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = False,
     full: Annotated[
@@ -68,6 +72,7 @@ def command(
         typer.Option(
             "--full",
             help="Extract every file, not only site-packages and the loader's directories.",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = False,
     max_bytes: Annotated[
@@ -76,6 +81,7 @@ def command(
             "--max-bytes",
             metavar="SIZE",
             help="Refuse images whose layers hold more than SIZE bytes.",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = "64G",
     max_entries: Annotated[
@@ -85,16 +91,23 @@ def command(
             metavar="N",
             min=1,
             help="Refuse images whose layers hold more than N entries.",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = 4_000_000,
     skip: SkipOption = None,
 ) -> CommandOutcome:
-    """Audit an image without running it: merge its layers (whiteouts applied) in a private dir,
-    run every check of `rocm-audit check` on its site-packages, and show which layer holds each copy
-    of duplicated content.
+    """Audit a container image without running it, from a Docker daemon or an archive.
 
+    Merges its layers (whiteouts applied) in a private dir, runs every check of `rocm-audit check`
+    on its site-packages, and shows which layer holds each copy of duplicated content.
     REF: create a container without starting it, stream its files out, remove it (needs the
     `docker` extra). --archive FILE: no daemon at all.
+
+    \b
+    Examples:
+      rocm-audit image --target gfx942 rocm/jax:latest
+      rocm-audit image --archive img.tar --target gfx942
+      rocm-audit image --layers --format json -o image.json rocm/jax:latest
     """
 
     import os

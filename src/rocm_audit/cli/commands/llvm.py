@@ -6,7 +6,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command, sysroot_option
+from rocm_audit.cli.common import (
+    ACTION_PANEL,
+    AUDIT_PANEL,
+    PathsOption,
+    PythonOption,
+    Report,
+    audited_paths,
+    reporting_command,
+    sysroot_option,
+)
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -21,6 +30,7 @@ def command(
             "--probe",
             help="Confirm each clash by loading the libraries in a sandboxed child process "
             "(runs their constructors: probe only images you would run).",
+            rich_help_panel=ACTION_PANEL,
         ),
     ] = False,
     probe_timeout: Annotated[
@@ -30,6 +40,7 @@ def command(
             metavar="SECONDS",
             min=0.1,
             help="Kill a probe after this long: a hang, as conclusive as an abort.",
+            rich_help_panel=ACTION_PANEL,
         ),
     ] = 60.0,
     preload: Annotated[
@@ -39,6 +50,7 @@ def command(
             metavar="LIB",
             help="Treat LIB as preloaded RTLD_GLOBAL (as rocm_sdk.preload_libraries does): "
             "in the predictions and before each probe; repeatable.",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = None,
     preload_rocm_sdk: Annotated[
@@ -48,6 +60,7 @@ def command(
             help="Model and probe with rocm_sdk's own preloads (amd_comgr, amdhip64, hiprtc, "
             "rocm_kpack from _rocm_sdk_core/lib, RTLD_GLOBAL), as `rocm-sdk test` and "
             "rocm_sdk.initialize_process do.",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = False,
     closure: Annotated[
@@ -56,6 +69,7 @@ def command(
             "--closure",
             metavar="PATH",
             help="Show the load closure of PATH (what dlopen(PATH) maps); repeatable.",
+            rich_help_panel=ACTION_PANEL,
         ),
     ] = None,
     sysroot: Annotated[
@@ -67,15 +81,22 @@ def command(
             "--ld-library-path",
             metavar="DIRS",
             help="Colon-separated LD_LIBRARY_PATH to model (and probe with).",
+            rich_help_panel=AUDIT_PANEL,
         ),
     ] = None,
 ) -> CommandOutcome:
-    """Report every LLVM `cl::opt` double registration the scanned libraries can hit.
+    """Report the LLVM `cl::opt` double registrations the scanned libraries can hit.
 
     Each shared library gets a role from its ELF facts (exporter, registrant, private-copy, none);
     duplicated exporters/registrants, exporters that bind each other and load closures holding two
     LLVMs are reported with the load modes they fire in and a fix. Exit 1 on any high-risk or
     probe-confirmed clash.
+
+    \b
+    Examples:
+      rocm-audit llvm --python /opt/venv/bin/python
+      rocm-audit llvm --probe --preload-rocm-sdk
+      rocm-audit llvm --format json -o llvm.json
     """
 
     paths = audited_paths(paths, python)

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from rocm_audit.cli.common import (
+    ACTION_PANEL,
     PathsOption,
     PythonOption,
     Report,
@@ -48,6 +49,7 @@ def command(
             "--backup",
             metavar="DIR",
             help="Move removed files into DIR (outside the audited trees) instead of deleting.",
+            rich_help_panel=ACTION_PANEL,
         ),
     ] = None,
     revert: Annotated[
@@ -57,13 +59,19 @@ def command(
         ),
     ] = None,
 ) -> CommandOutcome:
-    """Weigh device code for GPUs outside the kept targets, and remove what can go safely.
+    """Weigh device code for GPUs outside the kept targets and remove what can go safely.
 
     Whole per-arch units only: kpack archives, Tensile/MIOpen/AOTriton per-arch files and folders,
     and device distributions (rocm-sdk-device-gfxNNN, uninstalled with pip). Never a file a kept
     target could load (native, generic or SPIR-V); fat binaries inside host libraries are weighed,
     not touched. A bare target (gfx942) keeps code for both xnack settings. Device distributions
     are uninstalled by the pip of --python, else of the interpreter that owns the site-packages.
+
+    \b
+    Examples:
+      rocm-audit prune --dry-run gfx942
+      rocm-audit prune --backup /var/tmp/pruned gfx942 gfx950
+      rocm-audit prune --check --python /opt/venv/bin/python gfx950
     """
     mode = change_mode(dry_run, check, revert)
     if revert:

@@ -6,9 +6,19 @@ from rocm_audit.cli.common import FailOn, Report, reporting_command
 from rocm_audit.outcome import CommandOutcome
 
 
-@reporting_command(shared=("rules", "fmt", "output"), fail_on=FailOn.never)
+@reporting_command(shared=("rules", "fmt", "output", "verbose"), fail_on=FailOn.never)
 def command(report: Report) -> CommandOutcome:
-    """List the rules in force (id, severity, title) and the policy settings, with their sources."""
+    """List the rules in force and the policy settings, with the file each came from.
+
+    Each rule shows its id, severity and title; `rocm-audit explain RULE` tells what one means,
+    why it matters and how to fix it. --rules applies your rules files first.
+
+    \b
+    Examples:
+      rocm-audit rules
+      rocm-audit rules --rules ci-rules.toml --format json
+      rocm-audit explain DUP001
+    """
     from rocm_audit.rulebook.policy import active_policy
 
     policy = active_policy()

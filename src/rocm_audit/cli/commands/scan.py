@@ -6,7 +6,14 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command
+from rocm_audit.cli.common import (
+    ACTION_PANEL,
+    PathsOption,
+    PythonOption,
+    Report,
+    audited_paths,
+    reporting_command,
+)
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -21,10 +28,18 @@ def command(
             "--targets",
             help="List every GPU code object per file (bundles, CCOBs, kpack, raw and embedded "
             "ELFs, kernel databases), like clang-offload-bundler --list for all containers.",
+            rich_help_panel=ACTION_PANEL,
         ),
     ] = False,
 ) -> CommandOutcome:
-    """Report what the trees hold: file kinds, or with --targets every GPU code object per file."""
+    """Report what the trees hold: file kinds, or with --targets every GPU code object.
+
+    \b
+    Examples:
+      rocm-audit scan --python /opt/venv/bin/python
+      rocm-audit scan --targets -p /opt/venv/lib/python3.12/site-packages/_rocm_sdk_core
+      rocm-audit scan --targets --format json -o code-objects.json
+    """
 
     paths = audited_paths(paths, python)
 

@@ -23,12 +23,18 @@ def command(
     paths: PathsOption = None,
     python: PythonOption = None,
 ) -> CommandOutcome:
-    """Check that every library, code-object file and kernel database carries code for each target.
+    """Check that every library and kernel database has code for each GPU target.
 
     Judged as the HIP runtime picks code objects: the exact processor with compatible xnack/sramecc
     settings, else the generic target (gfx9-4-generic for gfx942/gfx950), else SPIR-V (a warning).
     Every translation unit of a library must match. A bare processor name means its usual setting:
     sramecc+ and xnack- where the processor has those features.
+
+    \b
+    Examples:
+      rocm-audit verify-arch gfx942 gfx950
+      rocm-audit verify-arch --python /opt/venv/bin/python "gfx942;gfx950"
+      rocm-audit verify-arch --format sarif -o verify-arch.sarif gfx950
     """
 
     paths = audited_paths(paths, python)
