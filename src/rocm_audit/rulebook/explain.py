@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 
 from rocm_audit.errors import UsageError
 from rocm_audit.rulebook.catalogue import Rule, shipped_catalogue
@@ -15,6 +16,10 @@ def find_rule(rule_id: str) -> Rule:
     wanted = rule_id.strip().upper()
     if wanted in rules:
         return rules[wanted]
-    close = difflib.get_close_matches(wanted, sorted(rules), n=3, cutoff=0.6)
+    # The number without its padding (dup1, llvm02, arch0001) names one rule; difflib rates every
+    # DUP0xx alike for those, so it only answers for other typos (LVM002).
+    numbered = re.fullmatch(r"([A-Z]+)0*([0-9]+)", wanted)
+    padded = f"{numbered[1]}{int(numbered[2]):03d}" if numbered else ""
+    close = [padded] if padded in rules else difflib.get_close_matches(wanted, sorted(rules), n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise UsageError(f"no rule {rule_id!r}; {hint}`rocm-audit rules` lists them all")
