@@ -81,6 +81,7 @@ def test_command_help_has_summary_examples_panels_and_no_exit_code_footer(name):
     headings = [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")]
     if name == "explain":
         assert headings == ["Arguments", REPORT_PANEL]
+        assert lines[0] == "Usage: rocm-audit explain [OPTIONS] RULE"  # not typer's {RULE}
         return
     panels = [getattr(p, "rich_help_panel", None) for p in command.params]
     assert set(panels) <= {AUDIT_PANEL, ACTION_PANEL, REPORT_PANEL}, panels

@@ -27,6 +27,11 @@ def summary_of(command: Any) -> str:
 class PanelledCommand(TyperCommand):
     """A typer command whose --help lists its parameters by panel, --help itself last."""
 
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        # typer writes a required argument as {RULE}; the usage convention is RULE (optional: [REF]).
+        pieces: list[str] = super().collect_usage_pieces(ctx)
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in pieces]
+
     def format_options(self, ctx: Any, formatter: Any) -> None:
         rows_by_panel: dict[str, list[tuple[str, str]]] = {}
         help_rows: list[tuple[str, str]] = []

@@ -21,7 +21,8 @@ def command(
         str, typer.Argument(metavar="RULE", help="A rule id as findings show it, in any case: LLVM002, dup001.")
     ],
     fmt: Annotated[
-        ExplainFormat, typer.Option("--format", help="text, or json for tools.", rich_help_panel=REPORT_PANEL)
+        ExplainFormat,
+        typer.Option("--format", metavar="FORMAT", help="text, or json for tools.", rich_help_panel=REPORT_PANEL),
     ] = ExplainFormat.text,
 ) -> None:
     """Explain a rule: what it means, why it matters, how to fix it.

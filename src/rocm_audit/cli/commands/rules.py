@@ -11,7 +11,7 @@ def command(report: Report) -> CommandOutcome:
     """List the rules in force and the policy settings, with the file each came from.
 
     Each rule shows its id, severity and title; `rocm-audit explain RULE` tells what one means,
-    why it matters and how to fix it. --rules applies your rules files first.
+    why it matters and how to fix it. With --rules, the list is the one your rules files make.
 
     \b
     Examples:
