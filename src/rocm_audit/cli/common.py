@@ -203,7 +203,7 @@ VerboseOption = Annotated[
         "--verbose",
         count=True,
         show_default=False,
-        help="Log what the audit does to stderr; -vv for more detail.",
+        help="Show every file of a group and each finding's detail, and log to stderr; -vv: debug log.",
         rich_help_panel=REPORT_PANEL,
     ),
 ]
