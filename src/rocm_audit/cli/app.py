@@ -34,7 +34,11 @@ def _root(
     verbose: Annotated[
         int,
         typer.Option(
-            "-v", "--verbose", count=True, show_default=False, help="Same as -v after the command: log to stderr."
+            "-v",
+            "--verbose",
+            count=True,
+            show_default=False,
+            help="Same as -v after the command (more detail, a log on stderr).",
         ),
     ] = 0,
     version: Annotated[
