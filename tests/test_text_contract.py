@@ -96,8 +96,12 @@ def _assert_contract(result, expect_escaped: bool = True) -> None:
     ids=lambda a: " ".join(a),
 )
 def test_no_command_prints_a_line_a_file_name_chose(run_cli, hostile_site, argv, fmt):
-    result = run_cli(*argv, "-p", str(hostile_site), "--format", fmt)
+    # Text groups the findings of one cause and lists every file of a group with -v.
+    verbose = ["-v"] if fmt == "text" else []
+    result = run_cli(*argv, "-p", str(hostile_site), "--format", fmt, *verbose)
     assert result.exit_code in (0, 1), result.output
+    if verbose:  # the default text holds no forged line either
+        assert not _forged_lines(run_cli(*argv, "-p", str(hostile_site), "--format", fmt).stdout_bytes)
     # GitHub and JUnit output carry findings only; a dry run and a listing have none to carry.
     # Markdown escapes display()'s backslashes once more (tests/test_readable_reports.py).
     expect_escaped = fmt == "text" or (fmt != "markdown" and argv[-1] not in ("--dry-run", "--targets"))

@@ -238,18 +238,28 @@ def start_logging(verbose: int) -> None:
     """Log to stderr at INFO (-v) or DEBUG (-vv and more); nothing for 0. Library code logs through
     logging.getLogger(__name__); logging is imported only when asked for (--help stays fast)."""
     if verbose <= 0:
+        if "logging" in sys.modules:  # a quiet run after a -v run in one process (tests)
+            sys.modules["logging"].getLogger().setLevel(sys.modules["logging"].WARNING)
         return
     import logging
 
+    class _ToCurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+        """Writes to whatever sys.stderr is when a record is logged (a test runner swaps it)."""
+
+        @property  # type: ignore[override]
+        def stream(self) -> object:
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, value: object) -> None:
+            pass
+
     root = logging.getLogger()
-    handler = next((h for h in root.handlers if h.get_name() == "rocm-audit"), None)
-    if handler is None:
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(h.get_name() == "rocm-audit" for h in root.handlers):
+        handler = _ToCurrentStderr()
         handler.set_name("rocm-audit")
         handler.setFormatter(logging.Formatter("rocm-audit: %(name)s: %(message)s"))
         root.addHandler(handler)
-    elif isinstance(handler, logging.StreamHandler):  # a second run in one process (tests): today's stderr
-        handler.setStream(sys.stderr)
     root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
 
