@@ -149,5 +149,5 @@ def test_one_post002_per_library_names_every_missing_soname(site):
     assert finding.path == str(user)
     assert sorted(finding.data["missing_sonames"]) == sorted([*missing, "libbase.so.1"])
     assert finding.data["needed"] == finding.data["missing_sonames"][0]
-    assert "4 DT_NEEDED libraries" in finding.message
+    assert all(name in finding.message for name in finding.data["missing_sonames"])
     assert all(name in finding.message for name in [*missing, "libbase.so.1"])

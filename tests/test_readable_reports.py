@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.findings import Severity, group_per_file, make_finding
+from rocm_audit.findings import cause_groups, make_finding
 from rocm_audit.output.escape import markdown
 from support.toolchain import gfx942_code_object
 
@@ -98,23 +98,27 @@ def test_markdown_for_an_image_lists_the_largest_identical_copies(run_cli, tmp_p
     assert "(docker\\-save), 2 layer(s); audited /usr/lib/python3/dist\\-packages" in text
 
 
-def test_one_finding_per_file_and_rule():
-    many = [make_finding("ARCH006", "/a/lib.so", f"entry {n}: bad", data={"offset": n}) for n in range(3)]
-    pair = [make_finding("DUP001", "/a/lib.so", "copies", related=["/b/lib.so"])] * 1
-    other = [make_finding("ARCH006", "/a/other.so", "one")]
-    grouped = group_per_file(many + pair + other)
-    assert len(grouped) == 3
-    (merged,) = [f for f in grouped if f.rule == "ARCH006" and f.path == "/a/lib.so"]
-    assert merged.message.startswith("3 problems: entry 0: bad; entry 1: bad; entry 2: bad")
-    assert merged.data["offset"] == 0 and [g["data"]["offset"] for g in merged.data["grouped"]] == [0, 1, 2]
-    assert merged.severity is Severity.INFO
+def test_findings_of_one_rule_and_cause_are_one_group():
+    """Text and Markdown show a group as one entry; JSON keeps every finding with its group."""
+    same = [
+        make_finding("POST002", f"/a/lib{n}.so", "needs ROCm libraries that no search path finds") for n in range(3)
+    ]
+    other_cause = [make_finding("POST002", "/a/x.so", "needs libfoo.so, which no search path finds")]
+    pair = [make_finding("DUP001", "/a/lib0.so", "copies", related=["/b/lib0.so"])]
+    also_pair = [make_finding("DUP001", "/a/lib1.so", "copies", related=["/b/lib1.so"])]
+    error = [make_finding("POST003", "/a/z.so", "extension for another Python")]
+    groups = cause_groups(same + other_cause + pair + also_pair + error)
+    assert [len(g) for g in groups] == [1, 1, 1, 3, 1]  # errors first, then warnings; by rule, then path
+    assert [g[0].rule for g in groups] == ["DUP001", "DUP001", "POST003", "POST002", "POST002"]
+    assert [f.path for f in groups[3]] == ["/a/lib0.so", "/a/lib1.so", "/a/lib2.so"]
 
 
 def test_text_shows_paths_relative_to_the_audited_root(run_cli, carriers):
-    text = run_cli("verify-arch", "gfx950", "-p", str(carriers), expect=1).stdout
+    text = run_cli("verify-arch", "gfx950", "-p", str(carriers), "-v", expect=1).stdout
     assert text.splitlines()[0] == f"paths relative to {os.path.realpath(carriers)}"
-    finding_lines = [line for line in text.splitlines() if line.startswith("ERROR ARCH001")]
-    assert finding_lines and all(line.startswith("ERROR ARCH001 pkg/") for line in finding_lines)
+    entry = text[text.index("ERROR ARCH001") :]
+    listed = entry.split(":", 2)[2].split("\n", 2)[1]  # the files of the group, on the next line
+    assert listed.strip().startswith("pkg/")
     assert str(carriers) not in "\n".join(text.splitlines()[1:])
 
 

@@ -246,7 +246,7 @@ def start_logging(verbose: int) -> None:
     class _ToCurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
         """Writes to whatever sys.stderr is when a record is logged (a test runner swaps it)."""
 
-        @property  # type: ignore[override]
+        @property
         def stream(self) -> object:
             return sys.stderr
 
