@@ -195,3 +195,5 @@ def test_every_table_renders_as_a_table(site: Path):
     for html in site.rglob("*.html"):
         stray = re.findall(r"<p>\s*\|[^<]*\|", html.read_text(encoding="utf-8"))
         assert not stray, f"{html.relative_to(site)}: table rows rendered as text: {stray[:2]}"
+        shown = re.findall(r"<code>[^<]*\\\|[^<]*</code>", html.read_text(encoding="utf-8"))
+        assert not shown, f"{html.relative_to(site)}: an escaped | shows its backslash in code: {shown[:2]}"

@@ -34,19 +34,21 @@ def _escape(text: str) -> str:
             out.append(part)
         else:
             escaped = html.escape(part, quote=False)
-            out.append(re.sub(r"([\\*_\[\]#])", r"\\\1", escaped))
+            out.append(re.sub(r"([\\*_\[\]#|])", r"\\\1", escaped))
     return "".join(out)
 
 
 def _cell(text: str) -> str:
-    """One table cell: escaped, on one line, with no bare column separator."""
-    return _escape(" ".join(text.split())).replace("|", "\\|")
+    """One table cell: escaped, on one line, with no bare column separator (a `|` inside a code
+    span does not split a cell in Python-Markdown's tables, and an escaped one there would show
+    its backslash)."""
+    return _escape(" ".join(text.split()))
 
 
 def _code(text: str) -> str:
     """A code span holding text exactly (longer fences when the text holds backticks)."""
     fence = "``" if "`" in text else "`"
-    return f"{fence}{text}{fence}".replace("|", "\\|")
+    return f"{fence}{text}{fence}"
 
 
 def _paragraphs(text: str) -> str:
