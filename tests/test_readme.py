@@ -118,18 +118,46 @@ def test_no_link_leaves_the_repository(page: Path):
     assert not bad, f"{page.relative_to(REPO)} links to files outside the repository or missing: {bad}"
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))
-def test_no_private_notes_or_internal_issue_numbers(page: Path):
-    text = page.read_text(encoding="utf-8")
+def _unfollowable(text: str) -> tuple[list[str], list[str]]:
+    """(private notes cited, issue numbers of no project) in a page's text."""
     notes = [m.group(0) for m in _NOTES.finditer(text)]
-    assert not notes, f"{page.relative_to(REPO)} cites files that are not in the repository: {notes}"
     internal = []
     for match in _NUMBERED.finditer(text):
         before = text[max(0, match.start() - 40) : match.start()]
         if not _PROJECT_BEFORE.search(before):
             line = text.count("\n", 0, match.start()) + 1
             internal.append(f"line {line}: {match.group(0)!r}")
+    return notes, internal
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_private_notes_or_internal_issue_numbers(page: Path):
+    notes, internal = _unfollowable(page.read_text(encoding="utf-8"))
+    assert not notes, f"{page.relative_to(REPO)} cites files that are not in the repository: {notes}"
     assert not internal, f"{page.relative_to(REPO)} names issue numbers of no project: {internal}"
+
+
+def test_generated_references_cite_nothing_a_reader_cannot_follow():
+    """The reference pages come from the program's own texts (help, rules/*.toml, the schema's
+    descriptions): the same rules hold for them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_reference_hook", DOCS / "_hooks" / "reference.py")
+    assert spec and spec.loader
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    import rocm_audit
+
+    schema = Path(rocm_audit.__file__).parent / "schemas" / "report-v1.json"
+    generated = {
+        "reference/cli.md": hook.cli_reference(),
+        "reference/rules.md": hook.rule_reference(),
+        "reference/report.md": hook.report_reference(schema),
+    }
+    for name, text in generated.items():
+        notes, internal = _unfollowable(text)
+        assert not notes and not internal, (name, notes, internal)
+        assert "README" not in text, f"{name}: the README's sections moved to docs/; name the page"
 
 
 def test_the_scans_catch_what_they_are_for():
