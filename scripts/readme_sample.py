@@ -63,7 +63,7 @@ def build_tree(work: Path) -> Path:
     hip = _library(core / "libamdhip64.so.6", "hip", 6)
     devel.mkdir(parents=True)
     shutil.copy2(comgr, devel / comgr.name)  # a second inode with the same bytes and mode
-    os.link(hip, devel / hip.name)  # one inode: what `rocm-sdk init` makes
+    os.link(hip, devel / hip.name)  # one inode, which the next `cp -r` would split
     return site
 
 
