@@ -2,7 +2,7 @@
 
 Optional: where no C compiler or Python headers are at hand the install goes on without it, and
 rocm-audit reads compressed offload bundles by streaming them (same verdicts, more memory:
-README, "Dependencies"). Everything else is in pyproject.toml.
+docs/dependencies.md). Everything else is in pyproject.toml.
 """
 
 from setuptools import Extension, setup

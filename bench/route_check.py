@@ -10,8 +10,8 @@ table where LLVM 19 does not know the processor, gfx950), ``llvm-readelf-19`` th
 AMDGPU ELF is read as it is. Targets come from ``e_flags`` (formats.md 2.7) and each TU is judged
 by formats.md 2.9 for gfx942 and gfx950 as ``:sramecc+:xnack-`` agents. Prints OK or DIFF per file
 with what differs (entry ids, targets with their features, generic versions, TU count, verdicts)
-and exits 1 on any difference. Written for the vendor-shape survey in the README's benchmark
-section (bitsandbytes, cyllama/inferna, aiter, tensorflow-rocm, ...).
+and exits 1 on any difference. Written for the vendor-shape survey in docs/benchmarks.md
+(bitsandbytes, cyllama/inferna, aiter, tensorflow-rocm, ...).
 """
 
 from __future__ import annotations

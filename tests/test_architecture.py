@@ -1,7 +1,7 @@
 """The package's shape: imports flow one way, capabilities do not import each other, no cycles.
 
 Every import is counted, the ones inside functions too (a function-level import is still a
-dependency; it only moves its cost). README "Code map" describes the same layers.
+dependency; it only moves its cost). The code map in docs/development.md describes the same layers.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _layer_of(module: str) -> tuple[int, str]:
         for entry in entries:
             if (module == entry or module.startswith(entry + ".")) and (best is None or len(entry) > len(best[1])):
                 best = (index, entry)
-    assert best is not None, f"{module} is in no layer: add it to LAYERS and to README's code map"
+    assert best is not None, f"{module} is in no layer: add it to LAYERS and to the code map in docs/development.md"
     return best
 
 

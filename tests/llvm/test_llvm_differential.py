@@ -17,7 +17,7 @@ Asserted:
 The default run covers one pair per mechanism (132 loads); the whole sweep (every pair of
 the 40 libraries, 4446 loads; loads whose outcome depends on C++ class layout may disagree only
 as ``_layout_dependent`` says) runs with ROCM_AUDIT_SLOW=1 and writes its figures to
-``ROCM_AUDIT_TEST_CACHE/llvm-carriers/differential.json`` (README "LLVM option clashes").
+``ROCM_AUDIT_TEST_CACHE/llvm-carriers/differential.json`` (docs/llvm.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Seeds are real and made here: a gcc-built host library, a clang-19 gfx942 code object, a plain
 offload bundle of it, CCOB v1/v2/v3 with zlib and zstd, kpack archives in both schemes, and a host
 ELF carrying a .hip_fatbin. The default suite fuzzes for ROCM_AUDIT_FUZZ_SECONDS (default 15);
-README's reliability section records a longer run.
+docs/reliability.md records a longer run.
 """
 
 from __future__ import annotations

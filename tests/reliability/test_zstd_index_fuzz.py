@@ -4,8 +4,8 @@ libzstd's bytes, any memory error, any undefined behaviour aborts the run and fa
 
 Seeds are real frames made here: python-zstandard at several levels, with long-distance matching
 and a wide window, checksummed and streamed frames, raw and RLE blocks, and the zstd CLI's
---long mode. The default suite fuzzes for ROCM_AUDIT_FUZZ_SECONDS (default 15; README's
-reliability section records the long runs).
+--long mode. The default suite fuzzes for ROCM_AUDIT_FUZZ_SECONDS (default 15;
+docs/reliability.md records the long runs).
 """
 
 from __future__ import annotations
