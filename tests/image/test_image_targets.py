@@ -162,9 +162,11 @@ def test_a_word_that_is_no_target_stays_the_image_reference(tmp_path, run_cli, c
     # Two words that are no targets: a usage error naming both.
     two = run_cli("image", "--archive", str(archive), "img", "other", "gfx942", expect=2)
     assert two.stderr.splitlines() == [
-        "rocm-audit: error: image takes one image reference, not 2: 'img', 'other' (none is a GPU "
-        "target such as gfx942 or MI300X): name one image, then its targets"
+        "rocm-audit: error: image takes one image reference, not 'img' and 'other'; neither is a GPU "
+        "target (gfx942, MI300X)"
     ]
+    three = run_cli("image", "--archive", str(archive), "a", "b", "c", expect=2)
+    assert "not 3: 'a', 'b', 'c'; none is a GPU target" in three.stderr
     # A word that looks like a target but is none is reported as a target, not looked up as an image.
     near = run_cli("image", "--archive", str(archive), "gfx9500", expect=2)
     assert near.stderr.splitlines()[0] == "rocm-audit: error: unknown GPU target 'gfx9500'; did you mean gfx950?"

@@ -127,9 +127,11 @@ def command(
 
     word_targets, refs = separate_targets(list(words or []))
     if len(refs) > 1:
+        named = " and ".join(repr(r) for r in refs) if len(refs) == 2 else f"{len(refs)}: " + ", ".join(map(repr, refs))
         raise UsageError(
-            f"image takes one image reference, not {len(refs)}: {', '.join(repr(r) for r in refs)} "
-            "(none is a GPU target such as gfx942 or MI300X): name one image, then its targets"
+            f"image takes one image reference, not {named}; "
+            + ("neither" if len(refs) == 2 else "none")
+            + " is a GPU target (gfx942, MI300X)"
         )
     ref = refs[0] if refs else None
     targets = [*(targets or []), *word_targets]
