@@ -294,4 +294,4 @@ def test_list_targets_is_sorted_and_fits_the_screen(run_cli):
     assert rows == sorted(KNOWN_PROCESSORS, key=processor_sort_key)
     (gfx942,) = [line for line in lines if line.startswith("gfx942 ")]
     assert gfx942.split(None, 3)[1:] == ["sramecc", "xnack", "MI325X, MI300X, MI300A"]
-    assert "Product names from: ROCm documentation" in result.stdout
+    assert "Product names from: ROCm GPU hardware specifications" in result.stdout

@@ -15,16 +15,13 @@ from dataclasses import dataclass
 ROCM_SPECS = "rocm-gpu-specs"
 LLVM_USAGE = "llvm-amdgpu-usage"
 
+# Read for this table: the ROCm page's source docs/reference/gpu-arch-specs.rst (ROCm/ROCm; the
+# copy in ROCm/legacy-rocm-build at 089d7513, whose Instinct rows the page of 2026-02 repeats),
+# columns "Model" and "LLVM target name"; llvm/docs/AMDGPUUsage.rst (llvm/llvm-project at
+# 001388cf), table "AMDGPU Processors", columns "Processor" and "Example Products".
 PRODUCT_SOURCES: dict[str, str] = {
-    ROCM_SPECS: (
-        "ROCm documentation, GPU hardware specifications, column 'LLVM target name' "
-        "(https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html, "
-        "ROCm/ROCm docs/reference/gpu-arch-specs.rst, 2025-2026)"
-    ),
-    LLVM_USAGE: (
-        "LLVM, User Guide for AMDGPU Backend, table 'AMDGPU Processors', column 'Example Products' "
-        "(llvm/llvm-project llvm/docs/AMDGPUUsage.rst)"
-    ),
+    ROCM_SPECS: ("ROCm GPU hardware specifications, https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html"),
+    LLVM_USAGE: "LLVM AMDGPU Processors table, https://llvm.org/docs/AMDGPUUsage.html#processors",
 }
 
 
