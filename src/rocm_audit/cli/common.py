@@ -148,6 +148,7 @@ ListTargetsOption = Annotated[
         expose_value=True,
         callback=_list_targets,
         help="List every GPU processor and product name a target may be, and exit.",
+        rich_help_panel=AUDIT_PANEL,
     ),
 ]
 
