@@ -114,7 +114,7 @@ def command(
     \b
     Examples:
       rocm-audit image --target gfx942 rocm/jax:latest
-      rocm-audit image --archive img.tar --target gfx942
+      rocm-audit image --archive img.tar gfx942
       rocm-audit image --layers --format json -o image.json rocm/jax:latest
     """
 
