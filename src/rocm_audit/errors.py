@@ -4,13 +4,15 @@ from __future__ import annotations
 
 
 class RocmAuditError(Exception):
-    """Base of every error rocm-audit reports to a user (never a traceback)."""
+    """Base of every error rocm-audit reports to a user (never a traceback). ``hint``: one more
+    line saying where to look or what to try, printed after the message."""
 
     exit_code = 3
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.hint = hint
 
 
 class UsageError(RocmAuditError):

@@ -129,6 +129,49 @@ def test_no_recorded_target_is_still_chk001(tmp_path, run_cli, carrier, monkeypa
     assert "targets" not in report
 
 
+def test_positional_words_that_are_targets_are_targets(tmp_path, run_cli, carrier, monkeypatch):
+    """`image --archive A gfx942`: the word is a target (not an image name), as with -t; a product
+    name is its processor; the rest of the words is the image reference."""
+    monkeypatch.delenv("GPU_ARCH", raising=False)
+    archive = docker_save(tmp_path / "save.tar", _layers(carrier), tag="test/image:1")
+    passing = _image(run_cli, archive, "gfx942", expect=0)
+    assert passing["targets_origin"] == {"kind": "command-line", "value": "gfx942"}
+    failing = _image(run_cli, archive, "GFX950", expect=1)  # the carrier is gfx942-only
+    assert [t["target"] for t in failing["targets"]] == ["gfx950"]
+    assert any(f["rule"] == "ARCH001" for f in failing["findings"])
+    product = run_cli("image", "--archive", str(archive), "MI355X", "--format", "json", expect=1)
+    assert product.stderr.splitlines()[0] == "MI355X is gfx950"
+    assert [t["target"] for t in product.report["targets"]] == ["gfx950"]
+    # Words and -t add up; the image reference may come before or after the targets.
+    both = _image(run_cli, archive, "gfx942", "test/image:1", "-t", "gfx950", expect=1)
+    assert [t["target"] for t in both["targets"]] == ["gfx950", "gfx942"]
+    assert both["image"]["source"]["tags"] == ["test/image:1"]
+    assert not any(f["rule"] == "IMG001" for f in both["findings"])  # the reference was found
+
+
+def test_a_word_that_is_no_target_stays_the_image_reference(tmp_path, run_cli, carrier, monkeypatch):
+    monkeypatch.delenv("GPU_ARCH", raising=False)
+    archive = docker_save(tmp_path / "save.tar", _layers(carrier), tag="rocm/pytorch:latest")
+    named = _image(run_cli, archive, "rocm/pytorch:latest", "gfx942", expect=0)
+    assert named["targets_origin"]["kind"] == "command-line"
+    # `img` is a reference this archive does not hold: said once, as the image's, without "image: image:".
+    missing = run_cli("image", "--archive", str(archive), "img", "gfx942", "--format", "json", expect=1)
+    (finding,) = [f for f in missing.report["findings"] if f["rule"] == "IMG001"]
+    assert "no image tagged 'img'" in finding["message"]
+    assert missing.stderr.startswith("image: not audited: ") and "image: image:" not in missing.stderr
+    # Two words that are no targets: a usage error naming both.
+    two = run_cli("image", "--archive", str(archive), "img", "other", "gfx942", expect=2)
+    assert two.stderr.splitlines() == [
+        "rocm-audit: error: image takes one image reference, not 'img' and 'other'; neither is a GPU "
+        "target (gfx942, MI300X)"
+    ]
+    three = run_cli("image", "--archive", str(archive), "a", "b", "c", expect=2)
+    assert "not 3: 'a', 'b', 'c'; none is a GPU target" in three.stderr
+    # A word that looks like a target but is none is reported as a target, not looked up as an image.
+    near = run_cli("image", "--archive", str(archive), "gfx9500", expect=2)
+    assert near.stderr.splitlines()[0] == "rocm-audit: error: unknown GPU target 'gfx9500'; did you mean gfx950?"
+
+
 # ---------------------------------------------------------------------------------------------
 # Real builds: ARG GPU_ARCH and no ENV, classic builder and BuildKit.
 

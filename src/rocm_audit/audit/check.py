@@ -29,6 +29,7 @@ class CheckOptions:
     targets: list[str] = field(default_factory=list)  # as on the verify-arch command line
     environ: dict[str, str] | None = None  # for $GPU_ARCH; None = os.environ
     environ_label: str = "$GPU_ARCH"  # how the report names that variable's origin
+    targets_example: str = "rocm-audit check gfx942 gfx950"  # how to name targets, for CHK001
     # Target lists the audited system records (an image's Env and build history), most trusted first.
     recorded_targets: tuple[TargetCandidate, ...] = ()
     prune_by_file: bool = False  # image: device-code bytes per file, for its per-layer weight
@@ -150,7 +151,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
                 make_finding(
                     "CHK001",
                     looked[0] if looked else "",
-                    "no GPU targets to verify: pass them (rocm-audit check gfx942 gfx950), set GPU_ARCH, "
+                    f"no GPU targets to verify: name them ({options.targets_example}), set GPU_ARCH, "
                     "or install _rocm_sdk_core with share/therock/dist_info.json",
                 )
             )

@@ -94,9 +94,63 @@ SkipOption = Annotated[
 # ``dry_run: Annotated[bool, dry_run_option("Print the plan; change nothing.")] = False``.
 
 
-def targets_argument(help: str, metavar: str = "TARGET") -> Any:
+def targets_argument(help: str, metavar: str = "[TARGET]...") -> Any:
     """The GPU targets given as arguments (annotate ``list[str] | None``, default None)."""
     return typer.Argument(metavar=metavar, help=help, rich_help_panel=AUDIT_PANEL)
+
+
+def announce_products(targets: list[str], quiet: bool) -> None:
+    """Say once on stderr which processor each product name among the targets is (MI300X is gfx942)."""
+    if quiet or not targets:
+        return
+    from rocm_audit.tree.targets import named_products
+
+    for _, product in named_products(targets):
+        typer.echo(f"{display(product.name)} is {product.processor}", err=True)
+
+
+def _list_targets(value: bool) -> None:
+    """--list-targets: every known processor with its features and product names, then exit 0."""
+    if not value:
+        return
+    import textwrap
+
+    from rocm_audit.tree.products import PRODUCT_SOURCES
+    from rocm_audit.tree.targets import known_targets
+
+    typer.echo(f"{'processor':<16}{'features':<16}products")
+    for processor, features, products in known_targets():
+        line = f"{processor:<16}{' '.join(features) or '-':<16}"
+        for index, name in enumerate(products):  # wrapped between names, never inside one
+            piece = name + ("," if index < len(products) - 1 else "")
+            if index and len(line) + 1 + len(piece) > 100:
+                typer.echo(line)
+                line = " " * 31
+            line += (" " if index else "") + piece
+        typer.echo(line.rstrip())
+    notes = [
+        "Features follow a colon with + or -: gfx942:xnack+, gfx950:sramecc+:xnack-. A bare name "
+        "means the usual setting (sramecc+ and xnack- where the processor has them).",
+        "Names are read in any case; a product name with or without its brand and spaces "
+        "(MI300X, Instinct MI300X, rx7900xtx).",
+        "Product names from: " + "; ".join(PRODUCT_SOURCES.values()),
+    ]
+    for note in notes:
+        typer.echo("\n" + "\n".join(textwrap.wrap(note, 100, break_on_hyphens=False)))
+    raise typer.Exit(EXIT_OK)
+
+
+ListTargetsOption = Annotated[
+    bool,
+    typer.Option(
+        "--list-targets",
+        is_eager=True,
+        expose_value=True,
+        callback=_list_targets,
+        help="List every GPU processor and product name a target may be, and exit.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
 
 
 def sysroot_option(help: str) -> Any:
@@ -457,6 +511,8 @@ def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
             code = body()
     except RocmAuditError as exc:
         typer.echo(f"rocm-audit: error: {display(exc.message)}", err=True)
+        if exc.hint:
+            typer.echo(f"hint: {display(exc.hint)}", err=True)
         raise typer.Exit(exc.exit_code) from None
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise

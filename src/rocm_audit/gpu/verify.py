@@ -93,7 +93,7 @@ def requested_targets(
 ) -> tuple[list[RequiredTarget], str]:
     """(targets, source) of :func:`choose_targets` for prune (never narrowed to the installed
     device wheels). Raises UsageError."""
-    choice = choose_targets(args, roots, environ, narrow_to_device_wheels=False)
+    choice = choose_targets(args, roots, environ, narrow_to_device_wheels=False, command="prune")
     return choice.targets, choice.source
 
 
@@ -105,6 +105,7 @@ def choose_targets(
     environ_label: str = "$GPU_ARCH",
     *,
     narrow_to_device_wheels: bool = True,
+    command: str = "verify-arch",
 ) -> TargetChoice:
     """The first of: arguments; $GPU_ARCH; the policy's ``targets``; ``recorded`` (what an image
     says, in order); ``dist_amdgpu_targets`` of dist_info.json; plus the policy's
@@ -115,7 +116,8 @@ def choose_targets(
     ``narrow_to_device_wheels`` and at least one ``rocm-sdk-device-<gfx>`` installed beside the core
     tree, only the listed targets with an installed device wheel are judged. With none installed
     every listed target is (the libraries then have no kernels at all). prune passes False: what
-    it keeps is never narrower than the build."""
+    it keeps is never narrower than the build. ``command`` is named in the error when no target
+    is given, as an example of passing them."""
     from rocm_audit.rulebook.policy import policy
 
     settings = policy("verify-arch")
@@ -148,11 +150,16 @@ def choose_targets(
         origin["extra_targets"] = extra
     if not names:
         raise UsageError(
-            'no GPU target given: pass targets (verify-arch gfx942 gfx950, or "gfx942;gfx950"), '
+            f'no GPU target given: name them (rocm-audit {command} gfx942 gfx950, or "gfx942;gfx950"), '
             f"set GPU_ARCH, or audit a tree with {DIST_INFO}"
         )
     origin["value"] = ";".join(names)
-    return TargetChoice([resolve_required(name) for name in names], source, origin)
+    required: list[RequiredTarget] = []
+    for name in names:  # MI300X and gfx942 are one target
+        target = resolve_required(name)
+        if all(target.spelled != seen.spelled for seen in required):
+            required.append(target)
+    return TargetChoice(required, source, origin)
 
 
 def dist_info_candidates(roots: Iterable[str]) -> list[str]:

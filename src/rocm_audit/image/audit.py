@@ -347,7 +347,9 @@ def _to_image_paths(outcome: CommandOutcome, root: str) -> CommandOutcome:
 
 def _failed(label: str, state: merge.MergeState, rule: str, message: str, data: dict[str, Any]) -> CommandOutcome:
     findings: list[Finding] = [*state.findings, make_finding(rule, label, message, data=data)]
-    return CommandOutcome(command="image", findings=findings, inputs=[label], summary=f"image: not audited: {message}")
+    # A FormatError of the image format itself reads "image: ...": said once, not "image: image:".
+    said = message.removeprefix("image: ")
+    return CommandOutcome(command="image", findings=findings, inputs=[label], summary=f"image: not audited: {said}")
 
 
 class _Workdir:

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rocm_audit.errors import UsageError
 from rocm_audit.formats.amdgpu_elf import EF_AMDGPU_MACH_NAMES, FEATURES, supported_features
+from rocm_audit.tree.products import GPU_PRODUCTS, PRODUCTS_BY_KEY, GpuProduct, find_product, product_key
 
 GENERIC_PROCESSORS = frozenset(name for name in EF_AMDGPU_MACH_NAMES.values() if name.endswith("-generic"))
 KNOWN_PROCESSORS = frozenset(name for name in EF_AMDGPU_MACH_NAMES.values() if name not in GENERIC_PROCESSORS)
@@ -92,54 +96,249 @@ def parse_target_id(text: str) -> TargetId | None:
 
 
 @dataclass(frozen=True, slots=True)
+class UserTarget:
+    """A target as a user typed it, read: ``text`` is its spelling with the processor's name in
+    lower case (a product name replaced by its processor) and the features as given; ``target``
+    leaves a feature the user did not spell unspecified; ``product`` is the product named, if any."""
+
+    text: str
+    target: TargetId
+    product: GpuProduct | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RequiredTarget:
-    """A target the user asked for: as spelled, and as the agent the runtime would see."""
+    """A target the user asked for: as spelled (lower case, a product name as its processor), and
+    as the agent the runtime would see."""
 
     spelled: str
     agent: TargetId
+    product: GpuProduct | None = None
+
+
+LIST_TARGETS_HINT = "all: rocm-audit verify-arch --list-targets"
+ERROR_PREFIX, HINT_PREFIX = "rocm-audit: error: ", "hint: "  # how the CLI starts both lines (cli/common.py run)
+
+
+def read_user_target(spelled: str) -> UserTarget:
+    """Read a target a user typed: ``gfx942``, ``GFX942:SRAMECC+``, ``gfx942:xnack-``, or a product
+    name (``MI300X``, ``Instinct MI300X``, ``rx7900xtx``, ``MI300X:xnack+``). Raises UsageError,
+    naming what is wrong and the nearest known names, for anything else."""
+    text = spelled.strip()
+    head, *features = text.split(":")
+    processor, product = head.lower(), None
+    if processor in GENERIC_PROCESSORS:
+        served = sorted((p for p, g in GENERIC_OF.items() if g == processor), key=processor_sort_key)
+        raise UsageError(
+            f"{text!r} is a generic code-object target, not a GPU: name the GPUs instead "
+            f"({', '.join(served) or 'none is mapped to it'}); "
+            f"code for {processor} counts for each GPU it serves"
+        )
+    if processor not in KNOWN_PROCESSORS:
+        product = find_product(head)
+        if product is None:
+            raise _unknown_target(text, head)
+        processor = product.processor
+    values: dict[str, bool] = {}
+    for raw in features:
+        part = raw.strip().lower()
+        name, sign = (part[:-1], part[-1]) if part[-1:] in ("+", "-") else (part, "")
+        if name not in FEATURES:
+            raise UsageError(
+                f"GPU target {text!r}: {raw.strip() or 'an empty name'} is not a feature; "
+                f"the features are sramecc and xnack, each with + or - ({processor}:sramecc+:xnack-)"
+            )
+        if not sign:
+            raise UsageError(f"GPU target {text!r}: a feature needs + or -: {processor}:{name}+ or {processor}:{name}-")
+        if name not in supported_features(processor):
+            has = supported_features(processor)
+            raise UsageError(
+                f"GPU target {text!r}: {processor} has no {name} feature; "
+                + (f"its features: {', '.join(has)}" if has else f"write {processor} alone")
+            )
+        if values.get(name, sign == "+") != (sign == "+"):
+            raise UsageError(f"GPU target {text!r}: {name} is given both + and -")
+        values[name] = sign == "+"
+    canonical = ":".join([processor, *(f.strip().lower() for f in features)])
+    return UserTarget(canonical, TargetId(processor, values.get("sramecc"), values.get("xnack")), product)
 
 
 def resolve_required(spelled: str) -> RequiredTarget:
-    """Turn a user's target into a concrete agent. Raises UsageError for unknown names."""
-    parsed = parse_target_id(spelled.strip())
-    if parsed is not None and parsed.processor in GENERIC_PROCESSORS:
-        served = sorted((p for p, g in GENERIC_OF.items() if g == parsed.processor), key=_processor_sort_key)
-        raise UsageError(
-            f"{spelled.strip()!r} is a generic code-object target, not a GPU: name the GPUs instead "
-            f"({', '.join(served) or 'none is mapped to it'}); "
-            f"code for {parsed.processor} counts for each GPU it serves"
-        )
-    if parsed is None or parsed.processor not in KNOWN_PROCESSORS:
-        known = ", ".join(sorted(KNOWN_PROCESSORS, key=_processor_sort_key))
-        raise UsageError(
-            f"unknown GPU target {spelled!r}; known processors: {known} (features as gfx942:sramecc+:xnack-)"
-        )
+    """Turn a user's target into a concrete agent: a feature left unspelled takes the usual device
+    setting. Raises UsageError for unknown names (read_user_target)."""
+    read = read_user_target(spelled)
     values: dict[str, bool | None] = {}
     for name in FEATURES:
-        given = parsed.feature(name)
-        if name not in supported_features(parsed.processor):
-            if given is not None:
-                raise UsageError(f"target {spelled!r}: {parsed.processor} has no {name} feature")
+        given = read.target.feature(name)
+        if name not in supported_features(read.target.processor):
             values[name] = None
         else:
             values[name] = _USUAL_FEATURES[name] if given is None else given
-    agent = TargetId(parsed.processor, values["sramecc"], values["xnack"])
-    return RequiredTarget(spelled.strip(), agent)
+    agent = TargetId(read.target.processor, values["sramecc"], values["xnack"])
+    return RequiredTarget(read.text, agent, read.product)
+
+
+# A product name may hold spaces (Radeon RX 7900 XTX): the longest run of words naming a product
+# is one target, whether it came as one quoted argument or as several.
+_MAX_PRODUCT_WORDS = 5
 
 
 def split_target_args(args: list[str]) -> list[str]:
-    """Split arguments and semicolon/comma/space lists (``"gfx942;gfx950"``) into target names."""
+    """Split arguments and semicolon/comma/space lists (``"gfx942;gfx950"``) into target names;
+    words that together name a product (``RX 7900 XTX``) stay one name."""
     names: list[str] = []
-    for arg in args:
-        for part in re.split(r"[;,\s]+", arg):
-            if part and part not in names:
-                names.append(part)
+    for chunk in re.split(r"[;,]+", " ".join(args)):
+        for name in _joined_product_words(chunk.split()):
+            if name not in names:
+                names.append(name)
     return names
 
 
-def _processor_sort_key(name: str) -> tuple[int, str]:
-    digits = re.sub(r"\D", "", name)
-    return (len(digits), name)
+def _joined_product_words(words: list[str]) -> list[str]:
+    joined: list[str] = []
+    index = 0
+    while index < len(words):
+        for span in range(min(_MAX_PRODUCT_WORDS, len(words) - index), 1, -1):
+            candidate = " ".join(words[index : index + span])
+            if find_product(candidate.split(":")[0]) is not None:
+                joined.append(candidate)
+                index += span
+                break
+        else:
+            joined.append(words[index])
+            index += 1
+    return joined
+
+
+def named_products(args: list[str]) -> list[tuple[str, GpuProduct]]:
+    """(name as given, product) for each product name among the targets ``args`` give, in order,
+    once each; a name that is no target at all is left to resolve_required to report."""
+    found: list[tuple[str, GpuProduct]] = []
+    for name in split_target_args(args):
+        head = name.split(":")[0]
+        product = None if head.lower() in KNOWN_PROCESSORS else find_product(head)
+        if product is not None and all(product != seen for _, seen in found):
+            found.append((head.strip(), product))
+    return found
+
+
+_TARGET_HEAD = re.compile(r"^gfx[0-9][0-9a-z]*(?:-[0-9a-z]+)*$", re.IGNORECASE)
+_FEATURE_PART = re.compile(r"^[a-z]+[+-]$", re.IGNORECASE)
+
+
+def looks_like_target(word: str) -> bool:
+    """Whether a command-line word is meant as GPU targets rather than, say, an image name: each of
+    its ``;``/``,`` parts is a gfx name or a product name, with ``:`` features (a part without + or
+    - counts only when it is sramecc or xnack). ``gfx9500`` and ``gfx942:xnack`` look like targets
+    (and are then reported as wrong ones); ``rocm/pytorch:latest`` and ``img`` do not."""
+    parts = [p for p in re.split(r"[;,]+", word) if p.strip()]
+    if not parts:
+        return False
+    for part in parts:
+        head, *features = part.strip().split(":")
+        if not (_TARGET_HEAD.match(head) or head.lower() == SPIRV_PROCESSOR or find_product(head)):
+            return False
+        if not all(_FEATURE_PART.match(f) or f.lower() in FEATURES for f in features):
+            return False
+    return True
+
+
+def separate_targets(words: list[str]) -> tuple[list[str], list[str]]:
+    """(targets, other words) of command-line words, in order: words that look like targets
+    (``looks_like_target``; several words naming one product, ``RX 7900 XTX``, count as one)."""
+    targets: list[str] = []
+    others: list[str] = []
+    for word in _joined_product_words(words):
+        (targets if looks_like_target(word) else others).append(word)
+    return targets, others
+
+
+def processor_sort_key(name: str) -> tuple[int, int, int, str]:
+    """Numeric order of processor names: gfx803 < gfx900 < gfx90a < gfx942 < gfx1010 < gfx1100 <
+    gfx1250-strict (major version, then minor and stepping, each one hex digit: the gfx naming)."""
+    match = re.match(r"^gfx(\d+)([0-9a-f])([0-9a-f])(.*)$", name)
+    if match is not None:
+        return (int(match.group(1)), int(match.group(2), 16), int(match.group(3), 16), match.group(4))
+    numbers = [int(n) for n in re.findall(r"\d+", name)] + [0, 0, 0]  # gfx9-4-generic: 9, 4, 0
+    return (numbers[0] if numbers else 1 << 30, numbers[1], numbers[2], name)
+
+
+def known_targets() -> list[tuple[str, tuple[str, ...], list[str]]]:
+    """(processor, its features, the product names that are it) for every known processor, in
+    numeric order: what ``verify-arch --list-targets`` shows."""
+    return [
+        (
+            processor,
+            supported_features(processor),
+            [p.name for p in GPU_PRODUCTS if p.processor == processor],
+        )
+        for processor in sorted(KNOWN_PROCESSORS, key=processor_sort_key)
+    ]
+
+
+_CLOSE_ENOUGH = 0.75  # difflib ratio for "did you mean": gfx9500 -> gfx950 is 0.92, mi300 -> MI300X 0.91
+_NEARLY = 0.06  # ratios this close to the best are as good a guess
+_SOMEWHAT_CLOSE = 0.5  # below it nothing is near enough to list
+_NEAREST_SHOWN = 5
+
+
+def _ranked(query: str, pool: dict[str, str]) -> list[tuple[float, int, str]]:
+    """(ratio, length of the common prefix, shown name) for each (comparable form, shown name) of
+    ``pool``, best first; the prefix breaks ties (gfx9500 is nearer gfx950 than gfx900)."""
+    import difflib  # noqa: PLC0415 - only when a target is unknown
+
+    ranked: dict[str, tuple[float, int, str]] = {}
+    for form, shown in pool.items():
+        ratio = difflib.SequenceMatcher(None, query, form).ratio()
+        prefix = len(os.path.commonprefix([query, form]))
+        if shown not in ranked or (ratio, prefix) > ranked[shown][:2]:
+            ranked[shown] = (ratio, prefix, shown)
+    return sorted(ranked.values(), key=lambda r: (-r[0], -r[1], r[2]))
+
+
+def _unknown_target(text: str, head: str) -> UsageError:
+    query = head.strip().lower()
+    if query == SPIRV_PROCESSOR:
+        return UsageError(
+            f"{text!r} names SPIR-V code, compiled for the GPU at load time, not a GPU: name the GPUs "
+            "(gfx942, MI300X); SPIR-V code counts for each of them",
+            hint=LIST_TARGETS_HINT,
+        )
+    processors = {p: p for p in KNOWN_PROCESSORS}
+    products = {key: product.name for key, product in PRODUCTS_BY_KEY.items()}
+    by_processor, by_product = _ranked(query, processors), _ranked(product_key(head), products)
+    ranked = sorted(by_processor + by_product, key=lambda r: (-r[0], -r[1], r[2]))
+    # The best, and any nearly as close that shares as long a prefix (RX 7900 XTZ: XT and XTX; but
+    # gfx9500: gfx950, not gfx900, which is as similar by ratio).
+    top_ratio, top_prefix = ranked[0][:2]
+    best = [r for r in ranked if r[0] >= max(_CLOSE_ENOUGH, top_ratio - _NEARLY) and r[1] >= top_prefix][:3]
+    message = f"unknown GPU target {text!r}"
+    guesses = [r[2] for r in best]
+    while guesses:  # as many guesses as fit on one line of 100 columns
+        said = " or ".join([", ".join(guesses[:-1]), guesses[-1]] if len(guesses) > 1 else guesses)
+        if len(guesses) == 1 or len(f"{ERROR_PREFIX}{message}; did you mean {said}?") <= 100:
+            message += f"; did you mean {said}?"
+            break
+        guesses.pop()
+    if ranked[0][0] < _SOMEWHAT_CLOSE:  # nothing near: say what a target looks like
+        return UsageError(
+            message,
+            hint=f"targets are gfx names (gfx942) or products (MI300X); {LIST_TARGETS_HINT}",
+        )
+    if query.startswith("gfx") or ranked[0] in by_processor:
+        nearest = [r[2] for r in by_processor[:_NEAREST_SHOWN]]
+        sort_key: Callable[[str], Any] = processor_sort_key
+    else:
+        nearest, sort_key = [r[2] for r in by_product[:_NEAREST_SHOWN]], _natural_key
+    while True:  # as many of the nearest as fit on one line of 100 columns
+        hint = f"nearest: {', '.join(sorted(nearest, key=sort_key))}; {LIST_TARGETS_HINT}"
+        if len(nearest) == 1 or len(HINT_PREFIX + hint) <= 100:
+            return UsageError(message, hint=hint)
+        nearest.pop()
+
+
+def _natural_key(text: str) -> list[tuple[int, str]]:
+    return [(int(part), "") if part.isdigit() else (0, part) for part in re.split(r"(\d+)", text.lower()) if part]
 
 
 class MatchKind(str, enum.Enum):
@@ -236,10 +435,7 @@ def kept_target(spelled: str) -> TargetId:
     verify-arch reads a bare ``gfx942`` as the usual device (sramecc+, xnack-); prune must not
     remove what another setting of that device loads (``HSA_XNACK=1`` selects xnack+ code), so a
     bare name keeps code for both settings. Raises UsageError for unknown names."""
-    agent = resolve_required(spelled).agent  # validates the name and its features
-    parsed = parse_target_id(spelled.strip())
-    assert parsed is not None
-    return TargetId(agent.processor, parsed.sramecc, parsed.xnack)
+    return read_user_target(spelled).target
 
 
 def serves_kept(

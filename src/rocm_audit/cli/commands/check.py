@@ -12,6 +12,7 @@ from rocm_audit.cli.common import (
     PythonOption,
     Report,
     SkipOption,
+    announce_products,
     audited_paths,
     reporting_command,
     sysroot_option,
@@ -26,10 +27,9 @@ def command(
     targets: Annotated[
         list[str] | None,
         targets_argument(
-            'GPU targets (gfx950, gfx942:sramecc+:xnack-, or "gfx942;gfx950"). '
+            'GPU targets (gfx950, gfx942:sramecc+:xnack-, a product such as MI300X, or "gfx942;gfx950"). '
             "Default: $GPU_ARCH, else dist_info.json of _rocm_sdk_core (narrowed to the "
             "installed rocm-sdk-device-<gfx> wheels when there are any).",
-            metavar="[TARGET]...",
         ),
     ] = None,
     paths: PathsOption = None,
@@ -54,6 +54,7 @@ def command(
     """
 
     paths = audited_paths(paths, python)
+    announce_products(list(targets or []), report.quiet)
 
     from rocm_audit.audit.check import CheckOptions, checks_to_skip, run_check
     from rocm_audit.cli.progress import progress_line

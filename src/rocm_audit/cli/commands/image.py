@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from rocm_audit.cli.common import AUDIT_PANEL, Report, SkipOption, reporting_command
+from rocm_audit.cli.common import (
+    AUDIT_PANEL,
+    Report,
+    SkipOption,
+    announce_products,
+    reporting_command,
+    targets_argument,
+)
 from rocm_audit.outcome import CommandOutcome
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -27,12 +34,13 @@ def parse_size(text: str) -> int:
 @reporting_command()
 def command(
     report: Report,
-    ref: Annotated[
-        str | None,
-        typer.Argument(  # noqa: UP045
-            metavar="[REF]",
-            help="Image in the Docker daemon (name:tag or id); with --archive, which image of a multi-image archive.",
-            rich_help_panel=AUDIT_PANEL,
+    words: Annotated[
+        list[str] | None,
+        targets_argument(
+            "The image (REF): in the Docker daemon (name:tag or id); with --archive, which image of a "
+            "multi-image archive. Words that are GPU targets (gfx942, gfx942:xnack+, MI300X) are "
+            "targets, as with -t; every other word is REF, and there is at most one.",
+            metavar="[REF] [TARGET]...",
         ),
     ] = None,
     archive: Annotated[
@@ -51,7 +59,7 @@ def command(
             "--target",
             "-t",
             metavar="TARGET",
-            help='GPU targets for verify-arch (gfx950 or "gfx942;gfx950"); '
+            help='GPU targets for verify-arch (gfx950, MI300X or "gfx942;gfx950"), as the words after REF; '
             "repeatable. Default, the first that is set: $GPU_ARCH of this host; GPU_ARCH, then "
             "PYTORCH_ROCM_ARCH in the image's Env; the build args GPU_ARCH, PYTORCH_ROCM_ARCH, "
             "GPU_ARCHS, AMDGPU_TARGETS its history records; its dist_info.json.",
@@ -106,7 +114,7 @@ def command(
     \b
     Examples:
       rocm-audit image --target gfx942 rocm/jax:latest
-      rocm-audit image --archive img.tar --target gfx942
+      rocm-audit image --archive img.tar gfx942
       rocm-audit image --layers --format json -o image.json rocm/jax:latest
     """
 
@@ -115,14 +123,27 @@ def command(
     from rocm_audit.audit.check import CheckOptions, checks_to_skip
     from rocm_audit.errors import UsageError
     from rocm_audit.image.audit import ImageOptions, audit_archive
+    from rocm_audit.tree.targets import separate_targets
 
+    word_targets, refs = separate_targets(list(words or []))
+    if len(refs) > 1:
+        named = " and ".join(repr(r) for r in refs) if len(refs) == 2 else f"{len(refs)}: " + ", ".join(map(repr, refs))
+        raise UsageError(
+            f"image takes one image reference, not {named}; "
+            + ("neither" if len(refs) == 2 else "none")
+            + " is a GPU target (gfx942, MI300X)"
+        )
+    ref = refs[0] if refs else None
+    targets = [*(targets or []), *word_targets]
+    announce_products(targets, report.quiet)
     if archive is None and ref is None:
         raise UsageError("name an image (rocm-audit image REF) or an archive (rocm-audit image --archive FILE)")
     if layers and archive is not None:
         raise UsageError("--layers is for REF (an archive is always read layer by layer)")
     options = ImageOptions(
         check=CheckOptions(
-            targets=list(targets or []),
+            targets=targets,
+            targets_example="rocm-audit image REF gfx942 gfx950",
             # Only GPU_ARCH of this host: nothing else of its environment describes the image.
             environ={k: v for k, v in os.environ.items() if k == "GPU_ARCH"},
             environ_label="$GPU_ARCH of the auditing host",

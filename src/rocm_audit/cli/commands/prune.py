@@ -11,6 +11,7 @@ from rocm_audit.cli.common import (
     PathsOption,
     PythonOption,
     Report,
+    announce_products,
     audited_paths,
     change_mode,
     check_option,
@@ -29,8 +30,8 @@ def command(
     targets: Annotated[
         list[str] | None,
         targets_argument(
-            'GPU targets to keep: gfx950, gfx942:xnack+, or one list "gfx942;gfx950". Default: $GPU_ARCH, '
-            "else dist_amdgpu_targets of _rocm_sdk_core/share/therock/dist_info.json."
+            'GPU targets to keep: gfx950, gfx942:xnack+, a product (MI300X), or one list "gfx942;gfx950". '
+            "Default: $GPU_ARCH, else dist_amdgpu_targets of _rocm_sdk_core/share/therock/dist_info.json."
         ),
     ] = None,
     paths: PathsOption = None,
@@ -82,6 +83,7 @@ def command(
     from rocm_audit.cli.progress import progress_line
 
     paths = audited_paths(paths, python)  # --python: its site-packages, and its pip uninstalls
+    announce_products(list(targets or []), report.quiet)
     with progress_line("prune: scanning", report.quiet) as progress:
         return run_prune(
             paths,

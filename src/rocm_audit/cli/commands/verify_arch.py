@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from rocm_audit.cli.common import PathsOption, PythonOption, Report, audited_paths, reporting_command, targets_argument
+from rocm_audit.cli.common import (
+    ListTargetsOption,
+    PathsOption,
+    PythonOption,
+    Report,
+    announce_products,
+    audited_paths,
+    reporting_command,
+    targets_argument,
+)
 from rocm_audit.outcome import CommandOutcome
 
 
@@ -14,7 +23,7 @@ def command(
     targets: Annotated[
         list[str] | None,
         targets_argument(
-            'GPU targets: gfx950, gfx942:sramecc+:xnack-, or one list "gfx942;gfx950". '
+            'GPU targets: gfx950, gfx942:sramecc+:xnack-, a product (MI300X), or one list "gfx942;gfx950". '
             "Default: $GPU_ARCH, else dist_amdgpu_targets of "
             "_rocm_sdk_core/share/therock/dist_info.json, narrowed to the installed "
             "rocm-sdk-device-<gfx> wheels when there are any."
@@ -22,6 +31,7 @@ def command(
     ] = None,
     paths: PathsOption = None,
     python: PythonOption = None,
+    list_targets: ListTargetsOption = False,
 ) -> CommandOutcome:
     """Check that every library and kernel database has code for each GPU target.
 
@@ -37,7 +47,9 @@ def command(
       rocm-audit verify-arch --format sarif -o verify-arch.sarif gfx950
     """
 
+    del list_targets  # its callback lists and exits before the command runs
     paths = audited_paths(paths, python)
+    announce_products(list(targets or []), report.quiet)
 
     from rocm_audit.cli.progress import progress_line
     from rocm_audit.gpu.verify import verify_arch
