@@ -150,11 +150,13 @@ def test_github_workspace_given_through_a_symlink(tmp_path):
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
-    finding = make_finding("ARCH001", real / "a.so", "m")
+    finding = make_finding("DUP001", real / "a.so", "m", related=[real / "lib" / "c.so"])
     outside = make_finding("ARCH001", tmp_path / "realx" / "b.so", "m")
     text = render_github(CommandOutcome(command="x", findings=[finding, outside]), str(tmp_path / "link"))
-    files = [annotation_fields(line)[1]["file"] for line in text.splitlines()]
+    fields = [annotation_fields(line) for line in text.splitlines()]
+    files = [properties["file"] for _, properties, _ in fields]
     assert files == ["a.so", str(tmp_path / "realx" / "b.so")]  # a sibling with the same prefix stays absolute
+    assert fields[0][2] == "m\nrelated: lib/c.so"
 
 
 def test_summary_counts_severities_families_and_suppressions_by_source():

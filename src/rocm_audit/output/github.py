@@ -4,7 +4,8 @@ Escapes as the runner reads them back (actions/runner ActionCommand.cs, Unescape
 UnescapeProperty): data escapes %, CR and LF; a property also escapes ':' and ','. '%' goes first,
 so a name holding "%0A" stays those three characters. GitHub places an annotation on a file by its
 path relative to the repository, so a path under ``$GITHUB_WORKSPACE`` (the checkout) is written
-relative to it; any other path stays absolute (the annotation then shows without a file link).
+relative to it (the related paths in the message too); any other path stays absolute (the
+annotation then shows without a file link).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def render_github(outcome: CommandOutcome, workspace: str | None = None) -> str:
     for one in outcome.findings:
         message = display(one.message)
         if one.related_paths:
-            message += "\nrelated: " + ", ".join(display(p) for p in one.related_paths)
+            related = (display(workspace_relative(p, workspace)) for p in one.related_paths)
+            message += "\nrelated: " + ", ".join(related)
         where = display(workspace_relative(one.path, workspace))
         lines.append(
             f"::{_COMMAND[one.severity]} file={_escape_property(where)},"

@@ -183,7 +183,8 @@ def build_report(
         document["suppressed"] = [dict(s) for s in suppressed]
     for key, value in (sections or {}).items():
         if key == "summary" and isinstance(value, Mapping):  # a command's own summary (check: what ran)
-            document["summary"] = {**document["summary"], **value}
+            counts = document["summary"]
+            document["summary"] = {**counts, **{k: v for k, v in value.items() if k not in counts}}
         else:
             document[key] = value
     # Round-trip so the document holds plain JSON types only (what a consumer will see).
