@@ -212,3 +212,16 @@ def test_every_name_round_trips_through_to_json(names, layout):
     assert exact(back, "path") == names[:1]
     assert exact(back, "paths") == names
     assert [exact(r, "path")[0] for r in back["records"]] == names
+
+
+def test_summary_counts_what_a_baseline_suppressed(sdk, run_cli, tmp_path):
+    baseline = tmp_path / "baseline.json"
+    site = str(sdk.site)
+    first = run_cli("dedup", "--check", "-p", site, "--write-baseline", str(baseline), "--format", "json").report
+    assert first["findings"]
+    again = run_cli("dedup", "--check", "-p", site, "--baseline", str(baseline), "--format", "json").report
+    suppressed = again["summary"]["suppressed"]  # run_cli checked every count (check_summary)
+    assert again["findings"] == [] and suppressed["baseline"] == len(first["findings"]) == suppressed["total"]
+    assert suppressed["by_source"] == [
+        {"source": f"baseline:{baseline}", "kind": "baseline", "count": len(first["findings"])}
+    ]
