@@ -59,8 +59,8 @@ _ASCII_PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 def _kinds(char: str | None) -> frozenset[str]:
     """What a neighbour of a `_` may count as for CommonMark's flanking rules (spec 6.2):
     whitespace, punctuation or other. Unknown (the text's edge) and non-ASCII symbols may be either
-    (0.31 counts Unicode symbols as punctuation, 0.30 did not); whitespace at an edge is written as
-    a character reference, which the parser sees as punctuation."""
+    (0.31 counts Unicode symbols as punctuation, 0.30 did not); whitespace may count as punctuation
+    too, since at an edge it is written as a character reference."""
     if char is None:
         return frozenset({"space", "punct", "other"})
     if char.isspace():
@@ -73,7 +73,10 @@ def _kinds(char: str | None) -> frozenset[str]:
 
 
 def _underscore_may_close(before: str | None, after: str | None) -> bool:
-    """Whether a run of `_` between these neighbours may close emphasis (spec 6.2, rule 4)."""
+    """Whether a run of `_` between these neighbours may close emphasis (spec 6.2, rule 4).
+
+    Escaping every run that may close is enough: emphasis needs a closer, and the renderers' own
+    text never uses `_` (bold is `**`). Openers stay, so `_rocm_sdk_core` and `lib_x.so` read as is."""
     for b in _kinds(before):
         for a in _kinds(after):
             right = b != "space" and (b != "punct" or a in ("space", "punct"))
@@ -102,8 +105,8 @@ def markdown(text: object) -> str:
         after = shown[match.end()] if match.end() < len(shown) else None
         if _underscore_may_close(before, after):
             escape_at.update(range(match.start(), match.end()))
-    for pattern in (_ENTITY, _WWW_DOT):
-        escape_at.update(m.end() - 1 if pattern is _WWW_DOT else m.start() for m in pattern.finditer(shown))
+    escape_at.update(m.start() for m in _ENTITY.finditer(shown))
+    escape_at.update(m.end() - 1 for m in _WWW_DOT.finditer(shown))  # the dot
     escape_at.update(m.start() for m in re.finditer(r":(?=//)", shown))
     start = _LINE_START.match(shown)
     if start:
