@@ -29,4 +29,31 @@ def invoke_cli(validator: jsonschema.Draft202012Validator, args: Sequence[str], 
     if "--format" in args and args[args.index("--format") + 1] == "json" and "-o" not in args:
         result.report = json.loads(result.stdout)
         validator.validate(result.report)
+        check_summary(result.report)
     return result
+
+
+def check_summary(report: dict) -> None:
+    """The report's summary counts what it lists: findings per severity and per rule family, and
+    the suppressed entries per source (kind "baseline" for baseline:FILE, else "rules")."""
+    findings, summary = report["findings"], report["summary"]
+    for severity in ("error", "warning", "info"):
+        assert summary["findings"][severity] == sum(f["severity"] == severity for f in findings), severity
+    assert summary["findings"]["total"] == len(findings)
+    families = {f["rule"].rstrip("0123456789") for f in findings}
+    assert set(summary["by_family"]) == families
+    for family, counts in summary["by_family"].items():
+        mine = [f for f in findings if f["rule"].rstrip("0123456789") == family]
+        assert counts == {
+            "total": len(mine),
+            **{s: sum(f["severity"] == s for f in mine) for s in ("error", "warning", "info")},
+        }, family
+    suppressed = report.get("suppressed", [])
+    assert summary["suppressed"]["total"] == len(suppressed)
+    sources = sorted({s["source"] for s in suppressed})
+    assert [e["source"] for e in summary["suppressed"]["by_source"]] == sources
+    for entry in summary["suppressed"]["by_source"]:
+        assert entry["count"] == sum(s["source"] == entry["source"] for s in suppressed)
+        assert entry["kind"] == ("baseline" if entry["source"].startswith("baseline:") else "rules")
+    baseline = sum(s["source"].startswith("baseline:") for s in suppressed)
+    assert (summary["suppressed"]["baseline"], summary["suppressed"]["rules"]) == (baseline, len(suppressed) - baseline)

@@ -473,9 +473,11 @@ def emit(
 
         text = render_junit(outcome, threshold)
     elif fmt is OutputFormat.github:
+        import os
+
         from rocm_audit.output.github import render_github
 
-        text = render_github(outcome)
+        text = render_github(outcome, os.environ.get("GITHUB_WORKSPACE"))
     elif fmt is OutputFormat.markdown:
         from rocm_audit.output.markdown import render_markdown
 

@@ -1,6 +1,16 @@
-"""GitHub Actions workflow commands: one ``::error file=...::message`` line per finding."""
+"""GitHub Actions workflow commands: one ``::error file=...::message`` line per finding.
+
+Escapes as the runner reads them back (actions/runner ActionCommand.cs, UnescapeData and
+UnescapeProperty): data escapes %, CR and LF; a property also escapes ':' and ','. '%' goes first,
+so a name holding "%0A" stays those three characters. GitHub places an annotation on a file by its
+path relative to the repository, so a path under ``$GITHUB_WORKSPACE`` (the checkout) is written
+relative to it (the related paths in the message too); any other path stays absolute (the
+annotation then shows without a file link).
+"""
 
 from __future__ import annotations
+
+import os
 
 from rocm_audit.findings import Severity
 from rocm_audit.outcome import CommandOutcome
@@ -18,14 +28,27 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def render_github(outcome: CommandOutcome) -> str:
+def workspace_relative(path: str, workspace: str | None) -> str:
+    """``path`` relative to the workspace when it lies under it (as given or resolved), else as is."""
+    if not workspace or not os.path.isabs(path):
+        return path
+    for root in dict.fromkeys([os.path.normpath(workspace), os.path.realpath(workspace)]):
+        if root != "/" and path.startswith(root + "/"):
+            return path[len(root) + 1 :]
+    return path
+
+
+def render_github(outcome: CommandOutcome, workspace: str | None = None) -> str:
+    """One workflow command per finding; ``workspace`` is ``$GITHUB_WORKSPACE`` when set."""
     lines = []
     for one in outcome.findings:
         message = display(one.message)
         if one.related_paths:
-            message += "\nrelated: " + ", ".join(display(p) for p in one.related_paths)
+            related = (display(workspace_relative(p, workspace)) for p in one.related_paths)
+            message += "\nrelated: " + ", ".join(related)
+        where = display(workspace_relative(one.path, workspace))
         lines.append(
-            f"::{_COMMAND[one.severity]} file={_escape_property(display(one.path))},"
+            f"::{_COMMAND[one.severity]} file={_escape_property(where)},"
             f"title={_escape_property(one.rule)}::{_escape_data(message)}"
         )
     return "\n".join(lines) + ("\n" if lines else "")

@@ -19,3 +19,8 @@ RULE_PREFIXES_BY_COMMAND = {
 
 def rule_prefixes(command: str) -> tuple[str, ...]:
     return RULE_PREFIXES_BY_COMMAND.get(command, ("",))
+
+
+def rule_family(rule: str) -> str:
+    """The family of a rule id: its letters (``DUP`` of ``DUP001``), one per rules/*.toml area."""
+    return rule.rstrip("0123456789")

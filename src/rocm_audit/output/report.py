@@ -8,13 +8,14 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import PurePath
 from typing import Any
 
 from rocm_audit import __version__
-from rocm_audit.findings import Finding, cause_groups, sorted_findings
+from rocm_audit.findings import Finding, Severity, cause_groups, sorted_findings
+from rocm_audit.output.prefixes import rule_family
 
 SCHEMA_VERSION = 1
 SCHEMA_RESOURCE = "schemas/report-v1.json"
@@ -36,23 +37,82 @@ def _default(value: object) -> object:
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
+# Lone surrogates: os.fsdecode holds each byte of a file name that is not UTF-8 as U+DC80-U+DCFF.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# A member name that is a field name (not a path or a target used as a key of a map).
+_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+RAW_BYTES_SUFFIX = "_bytes_b64"
 
 
 def to_json(document: object, *, indent: int | None = 2, records_at: int = 2) -> str:
-    """JSON text that is always valid UTF-8: a file name's undecodable bytes (held as lone
-    surrogates by os.fsdecode) are written as \\udcXX escapes, which json.loads and os.fsencode
-    turn back into the exact bytes.
+    """JSON text that is always valid UTF-8, also for file names that are not (schema: "raw bytes").
+
+    A string holding undecodable bytes (lone surrogates from os.fsdecode) is written readable,
+    each such byte as the four characters ``\\xNN``; when it is the value of a field (or an item
+    of a list field) the exact bytes follow in a sibling field ``<field>_bytes_b64``: base64 of
+    os.fsencode(value), or a list of them with null for the items that are valid UTF-8. Object
+    keys that are data (a map keyed by a path) keep the readable form only. The common case (no
+    surrogate) costs one regex search of the encoded text.
 
     With ``indent``, objects and arrays are laid out one member per line above depth
     ``records_at``; a value at that depth (a finding, a code object, a dedup group: one record)
     is one line, written by the C encoder. json.dumps(indent=...) runs the pure-Python encoder
     over every value: 60 ms of a 0.2 s `scan --targets` of librocsparse (888 code objects)."""
+    text = _encoded(document, indent, records_at)
+    if _LONE_SURROGATE.search(text):
+        text = _encoded(_with_raw_bytes(json.loads(text)), indent, records_at)
+    return text + "\n"
+
+
+def _encoded(document: object, indent: int | None, records_at: int) -> str:
     if indent is None:
-        text = json.dumps(document, default=_default, sort_keys=False, ensure_ascii=False)
-    else:
-        text = _laid_out(document, 0, " " * indent, records_at)
-    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
+        return json.dumps(document, default=_default, ensure_ascii=False)
+    return _laid_out(document, 0, " " * indent, records_at)
+
+
+def readable(text: str) -> str:
+    """``text`` with each undecodable byte (a lone surrogate) as ``\\xNN``: valid UTF-8, one way."""
+
+    def one(match: re.Match[str]) -> str:
+        code = ord(match.group())
+        return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+    return _LONE_SURROGATE.sub(one, text)
+
+
+def _raw_b64(text: str) -> str | None:
+    """base64 of the bytes os.fsdecode read, or None when ``text`` is valid UTF-8 as it is."""
+    if not _LONE_SURROGATE.search(text):
+        return None
+    import base64
+
+    try:
+        return base64.b64encode(os.fsencode(text)).decode("ascii")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to: readable form only
+        return None
+
+
+def _with_raw_bytes(value: Any) -> Any:
+    """The plain JSON value with readable strings and a ``_bytes_b64`` sibling where bytes were lost."""
+    if isinstance(value, str):
+        return readable(value)
+    if isinstance(value, list):
+        return [_with_raw_bytes(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    result: dict[str, Any] = {}
+    for key, item in value.items():
+        result[readable(key)] = _with_raw_bytes(item)
+        sibling = key + RAW_BYTES_SUFFIX
+        if not _FIELD_NAME.match(key) or sibling in value:
+            continue
+        if isinstance(item, str):
+            raw = _raw_b64(item)
+            if raw is not None:
+                result[sibling] = raw
+        elif isinstance(item, list) and any(isinstance(i, str) and _LONE_SURROGATE.search(i) for i in item):
+            result[sibling] = [_raw_b64(i) if isinstance(i, str) else None for i in item]
+    return result
 
 
 def _laid_out(value: object, depth: int, step: str, records_at: int) -> str:
@@ -106,23 +166,65 @@ def build_report(
     sections: Mapping[str, object] | None = None,
     suppressed: Iterable[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
-    """The report document: fixed header, sorted findings, then command-specific sections."""
+    """The report document: fixed header, the summary, sorted findings, then command-specific sections."""
     findings = list(findings)
     groups = group_numbers(findings)
+    ordered = sorted_findings(findings)
+    suppressed = list(suppressed)
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "rocm-audit", "version": __version__},
         "command": command,
         "inputs": sorted(inputs),
-        "findings": [finding_to_dict(f, groups.get(id(f))) for f in sorted_findings(findings)],
+        "summary": summary_counts(ordered, suppressed),
+        "findings": [finding_to_dict(f, groups.get(id(f))) for f in ordered],
     }
-    suppressed = list(suppressed)
     if suppressed:
         document["suppressed"] = [dict(s) for s in suppressed]
     for key, value in (sections or {}).items():
-        document[key] = value
+        if key == "summary" and isinstance(value, Mapping):  # a command's own summary (check: what ran)
+            counts = document["summary"]
+            document["summary"] = {**counts, **{k: v for k, v in value.items() if k not in counts}}
+        else:
+            document[key] = value
     # Round-trip so the document holds plain JSON types only (what a consumer will see).
     return json.loads(to_json(document, indent=None))  # type: ignore[no-any-return]
+
+
+BASELINE_SOURCE_PREFIX = "baseline:"
+
+
+def summary_counts(findings: Sequence[Finding], suppressed: Sequence[Mapping[str, str]]) -> dict[str, Any]:
+    """Findings per severity and per rule family (the rule id's letters: DUP, ARCH, ...), and the
+    suppressed ones per source: a rules file's ``path:line`` (kind "rules") or ``baseline:FILE``."""
+    severities = [s.value for s in (Severity.ERROR, Severity.WARNING, Severity.INFO)]
+    by_family: dict[str, dict[str, int]] = {}
+    for one in findings:
+        per = by_family.setdefault(rule_family(one.rule), dict.fromkeys(["total", *severities], 0))
+        per[one.severity.value] += 1
+        per["total"] += 1
+    per_source: dict[str, int] = {}
+    for entry in suppressed:
+        per_source[entry["source"]] = per_source.get(entry["source"], 0) + 1
+    by_source = [
+        {"source": source, "kind": _source_kind(source), "count": count} for source, count in sorted(per_source.items())
+    ]
+    return {
+        "findings": {
+            "total": len(findings),
+            **{s: sum(1 for f in findings if f.severity.value == s) for s in severities},
+        },
+        "by_family": dict(sorted(by_family.items())),
+        "suppressed": {
+            "total": len(suppressed),
+            **{kind: sum(e["count"] for e in by_source if e["kind"] == kind) for kind in ("rules", "baseline")},
+            "by_source": by_source,
+        },
+    }
+
+
+def _source_kind(source: str) -> str:
+    return "baseline" if source.startswith(BASELINE_SOURCE_PREFIX) else "rules"
 
 
 def load_schema() -> dict[str, Any]:
