@@ -1,0 +1,48 @@
+"""Other Python interpreters on this machine, found at test time (pyenv's versions, PATH)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+
+
+def _answers_as(candidate: str, version: str) -> bool:
+    """True when ``candidate`` runs and is Python ``version`` ("3.12"); a pyenv shim that refuses
+    to run is not."""
+    try:
+        done = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.strip() == version
+
+
+def find_python(version: str) -> str | None:
+    """A Python ``version`` ("3.12") that actually runs: pyenv's versions directory, ``pyenv prefix``,
+    then ``python<version>`` on PATH. None when there is none."""
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates = sorted(
+        glob.glob(os.path.join(glob.escape(root), "versions", f"{version}*", "bin", f"python{version}"))
+    )
+    candidates.reverse()  # the newest patch release first
+    pyenv = shutil.which("pyenv")
+    if pyenv is not None:
+        try:
+            done = subprocess.run([pyenv, "prefix", version], capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            done = None
+        if done is not None and done.returncode == 0:
+            candidates += [
+                os.path.join(p, "bin", f"python{version}") for p in done.stdout.split(os.pathsep) if p.strip()
+            ]
+    on_path = shutil.which(f"python{version}")
+    if on_path is not None:
+        candidates.append(on_path)
+    return next((one for one in candidates if os.path.isfile(one) and _answers_as(one, version)), None)
