@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from llvm_builders import FAKE_LLVM, cc_shared
 
+from rocm_audit.errors import UsageError
 from rocm_audit.llvm.probes import _CHILD, LoadStep, ProbeVerdict, run_probe
+from rocm_audit.tree.discovery import PROBE_MINIMUM, ChosenBy, interpreter_for
 from support.pythons import find_python
 from support.vendor import triton39_wheel
 
@@ -82,16 +84,47 @@ def _no_owner_copy(source: Path, destination: Path) -> Path:
     return destination
 
 
-def test_the_probe_child_is_python_3_8_code():
-    # The child is sent with -c to whatever interpreter is audited.
-    ast.parse(_CHILD, feature_version=(3, 8))
+def test_the_probe_child_is_python_3_6_code():
+    # The child is sent with -c to whatever interpreter is audited (discovery.PROBE_MINIMUM).
+    assert PROBE_MINIMUM == (3, 6)
+    ast.parse(_CHILD, feature_version=PROBE_MINIMUM)
 
 
-@pytest.mark.skipif(find_python("3.8") is None, reason="no Python 3.8 that runs")
-def test_the_probe_child_runs_under_python_3_8(tmp_path):
+@pytest.mark.parametrize("version", ["3.6", "3.7", "3.8"])
+def test_the_probe_child_runs_under_old_pythons(tmp_path, version):
+    python = find_python(version)
+    if python is None:
+        pytest.skip(f"no Python {version} that runs")
     library = cc_shared(tmp_path / "libplain.so", "int rocm_audit_plain(void) { return 1; }\n")
-    result = run_probe("local", [LoadStep(str(library), False)], python=find_python("3.8"))
+    result = run_probe("local", [LoadStep(str(library), False)], python=python)
     assert result.verdict is ProbeVerdict.CLEAN, result.detail
+    assert result.instances == 1
+
+
+def test_a_python_too_old_for_the_probes_is_refused_or_passed_over(tmp_path):
+    python = find_python("2.7")
+    if python is None:
+        pytest.skip("no Python 2.7 that runs")
+    with pytest.raises(
+        UsageError,
+        match=r"^--python .*: Python 2\.7\.\d+ cannot run the load probes \(they need Python 3\.6 or newer\)$",
+    ):
+        interpreter_for(python, [])
+    # the owner of a 2.7 site-packages (found from the directory) is passed over, and the reason said
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import site; print(site.getsitepackages()[0])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+    )
+    if not site.is_dir():
+        pytest.skip(f"Python 2.7 at {python} has no site-packages directory")
+    fallback = interpreter_for(None, [str(site)])
+    assert fallback.chosen_by is ChosenBy.OWN and fallback.executable == sys.executable
+    assert "too old" in fallback.reason and "Python 2.7" in fallback.reason
 
 
 @needs_312

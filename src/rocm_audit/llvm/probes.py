@@ -36,7 +36,7 @@ _INCONSISTENT = "inconsistency in registered CommandLine options"
 # The child: no site, no user paths (-I -S); no core dump (a core of libLLVM is 100s of MB and a
 # piped core_pattern ignores RLIMIT_CORE, PR_SET_DUMPABLE=0 does not); then dlopen each step.
 # Results go to a private pipe (argv[1]), so a library flooding stdout cannot hide them. It runs
-# under the audited interpreter, whatever its version: Python 3.8 syntax at most (a test parses it so).
+# under the audited interpreter, whatever its version: Python 3.6 code (tests run it under 3.6-3.8).
 _CHILD = r"""
 import ctypes, os, resource, sys
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

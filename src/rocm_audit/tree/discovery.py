@@ -78,7 +78,7 @@ try:
 except AttributeError:
     pass
 dirs.extend(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
-if site.ENABLE_USER_SITE and sys.prefix == sys.base_prefix:
+if site.ENABLE_USER_SITE and sys.prefix == getattr(sys, "base_prefix", sys.prefix):
     dirs.append(site.getusersitepackages())
 version = ".".join(str(part) for part in sys.version_info[:3])
 answer = {"executable": sys.executable, "prefix": sys.prefix, "version": version, "site_dirs": dirs}
@@ -87,6 +87,9 @@ print("rocm-audit-interpreter " + json.dumps(answer))
 _ANSWER_MARKER = "rocm-audit-interpreter "
 # A shell's "cannot execute" and "command not found" (POSIX 2.8.2); a pyenv shim exits 127 too.
 _DID_NOT_RUN = (126, 127)
+
+
+PROBE_MINIMUM = (3, 6)  # the oldest the probe child (probes.py _CHILD) is tested under
 
 
 class ChosenBy(str, enum.Enum):
@@ -231,6 +234,13 @@ def owning_interpreter(directory: str) -> Interpreter | None:
     return None
 
 
+def _can_probe(interpreter: Interpreter) -> bool:
+    try:
+        return tuple(int(part) for part in interpreter.version.split(".")[:2]) >= PROBE_MINIMUM
+    except ValueError:
+        return False
+
+
 def own_interpreter(reason: str) -> Interpreter:
     """rocm-audit's own interpreter (sys.executable)."""
     version = ".".join(str(part) for part in sys.version_info[:3])
@@ -243,12 +253,22 @@ def interpreter_for(python: str | None, directories: Sequence[str]) -> Interpret
     reason it was chosen. Raises UsageError for a ``python`` that does not answer."""
     if python is not None:
         named = inspect_interpreter(python)
+        if not _can_probe(named):
+            raise UsageError(
+                f"--python {python}: Python {named.version} cannot run the load probes "
+                f"(they need Python {'.'.join(map(str, PROBE_MINIMUM))} or newer)"
+            )
         return dataclasses.replace(named, chosen_by=ChosenBy.OPTION, reason="named by --python")
     owners: dict[str, tuple[Interpreter, list[str]]] = {}
+    too_old: list[str] = []
     for directory in directories:
         owner = owning_interpreter(directory)
-        if owner is not None:
+        if owner is not None and not _can_probe(owner):
+            too_old.append(f"{owner.executable} is Python {owner.version}")
+        elif owner is not None:
             owners.setdefault(owner.executable, (owner, []))[1].append(directory)
+    if not owners and too_old:
+        return own_interpreter(f"rocm-audit's own: the owner of the audited directories is too old ({too_old[0]})")
     if not owners:
         return own_interpreter("rocm-audit's own: no interpreter found that owns the audited directories")
     first, owned = next(iter(owners.values()))
