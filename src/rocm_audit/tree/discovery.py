@@ -69,7 +69,7 @@ def default_site_packages() -> list[str]:
 
 # Run by the interpreter named with --python: the same candidates as default_site_packages, and
 # its version, as JSON after a marker (a banner a wrapper prints cannot pass for the answer). Old
-# syntax only: it must run under any Python 3.
+# syntax only: it runs under Python 2.7 too, so an old interpreter is named by its version.
 _SITE_DIRS_SCRIPT = """\
 import json, site, sys, sysconfig
 dirs = []
