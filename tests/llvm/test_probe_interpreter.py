@@ -21,8 +21,9 @@ from llvm_builders import FAKE_LLVM, cc_shared
 
 from rocm_audit.errors import UsageError
 from rocm_audit.llvm.probes import _CHILD, LoadStep, ProbeVerdict, run_probe
+from rocm_audit.output.text_sections import llvm_lines
 from rocm_audit.tree.discovery import PROBE_MINIMUM, ChosenBy, interpreter_for
-from support.pythons import find_python
+from support.interpreters import find_python
 from support.vendor import triton39_wheel
 
 PY312 = find_python("3.12")
@@ -165,9 +166,12 @@ def test_llvm_probe_runs_under_the_audited_interpreter(llvm_cli, venv_312_with_e
     assert {p["verdict"] for p in _probes(own)} == {"load-error"}
     inconclusive = [f for f in own["findings"] if f["rule"] == "LLVM008"]
     assert inconclusive and all("PyType_FromMetaclass" in f["message"] for f in inconclusive)
-    text = llvm_cli("-p", str(copy), "--probe").output
     version = ".".join(map(str, sys.version_info[:3]))
-    assert f"Probes ran under {sys.executable} (Python {version}): rocm-audit's own:" in text
+    said = f"Probes ran under {sys.executable} (Python {version}): rocm-audit's own:"
+    assert said in " ".join(llvm_cli("-p", str(copy), "--probe").output.split())  # lines wrap at 100
+    # the detailed text (verbose) of the same report: the clash line says its probes were inconclusive
+    text = "\n".join(llvm_lines(own, verbose=1))
+    assert said in text
     clash_lines = [line for line in text.splitlines() if "interposable-exporters, fires:" in line]
     assert clash_lines and all(line.endswith(", probes inconclusive") for line in clash_lines), clash_lines
     assert "not probed" not in text
