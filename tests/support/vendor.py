@@ -97,6 +97,20 @@ def triton_wheel(cache_dir: str) -> Path:
     return _pinned_wheel(str(shared), TRITON, TRITON_WHEEL, TRITON_WHEEL_SHA256, options)
 
 
+# triton 3.9.0 for CPython 3.12 (abi3, 285 MB): libtriton.so needs PyType_FromMetaclass, new in
+# 3.12, from the process that loads it, so a probe under 3.11 cannot load it (issue "First contact").
+TRITON39 = "triton==3.9.0"
+TRITON39_WHEEL = "triton-3.9.0-cp312-abi3-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
+TRITON39_WHEEL_SHA256 = "5e52ab4e2f1d64f0ac494c9aa723697b793f81a91c4cae4c36608ca0bc4267bf"
+
+
+def triton39_wheel(cache_dir: str) -> Path:
+    """triton 3.9.0 for CPython 3.12, checked against its pin."""
+    options = ["--python-version", "3.12", "--implementation", "cp", "--abi", "abi3"]
+    options += ["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_27_x86_64"]
+    return _pinned_wheel(cache_dir, TRITON39, TRITON39_WHEEL, TRITON39_WHEEL_SHA256, options)
+
+
 # pytorch-triton-rocm 2.1.0 ships a ROCm 5.6-era comgr (libamd_comgr.so + its libtinfo.so): the real
 # code-object lookup the HIP runtime calls, used as an oracle (tests/arch/test_arch_comgr.py, slow).
 TRITON_ROCM = "pytorch-triton-rocm==2.1.0"

@@ -39,6 +39,7 @@ class CheckOptions:
     unextracted: frozenset[str] = frozenset()
     probe: bool = False
     probe_timeout_s: float | None = None
+    python: str | None = None  # --python: the interpreter probes run under (else the audited one)
     skip: frozenset[str] = frozenset()  # any of CHECKS
 
 
@@ -164,7 +165,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         from rocm_audit.llvm import clashes as llvm_clashes
 
         llvm_options = llvm_clashes.LlvmOptions(
-            probe=options.probe, sysroot=options.sysroot, unextracted=options.unextracted
+            probe=options.probe, sysroot=options.sysroot, unextracted=options.unextracted, python=options.python
         )
         if options.probe_timeout_s is not None:
             llvm_options.probe_timeout_s = options.probe_timeout_s
@@ -184,6 +185,8 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         sections["clashes"] = [llvm_clashes.clash_to_dict(c) for c in analysis.clashes]
         sections["pairs"] = [llvm_clashes.pair_to_dict(p, analysis.pair_probes.get(p.paths)) for p in analysis.pairs]
         sections["judged_pairs"] = analysis.judged_pairs
+        if analysis.probe_interpreter is not None:
+            sections["probe_interpreter"] = llvm_clashes.interpreter_to_dict(analysis.probe_interpreter)
         ran.append("llvm")
         summaries.append(f"{len(analysis.clashes)} LLVM clash(es)")
 

@@ -46,7 +46,7 @@ from rocm_audit.llvm.probes import (
 from rocm_audit.llvm.roles import ClFacts, Role, classify
 from rocm_audit.llvm.verdicts import Prediction, Verdict
 from rocm_audit.outcome import CommandOutcome
-from rocm_audit.tree.discovery import is_tree_of, resolve_roots
+from rocm_audit.tree.discovery import Interpreter, interpreter_for, is_tree_of, resolve_roots
 from rocm_audit.tree.identical import Candidate, CompareStats, ReadFailure, partition_identical
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory, read_dynamic_info
 from rocm_audit.tree.keeper import KeeperRule
@@ -236,6 +236,7 @@ class LlvmOptions:
     sysroot: str = "/"
     unextracted: frozenset[str] = frozenset()  # as CheckOptions.unextracted
     ld_library_path: tuple[str, ...] = ()
+    python: str | None = None  # --python: the interpreter probes run under (else the audited one)
 
 
 # rocm_sdk.initialize_process preloads these (RTLD_GLOBAL) before anything else; `rocm-sdk test`
@@ -283,6 +284,7 @@ class LlvmAnalysis:
     pair_findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
     pair_probes: dict[tuple[str, str], tuple[list[ProbeResult], list[Verdict]]] = field(default_factory=dict)
     facts: _Facts | None = None
+    probe_interpreter: Interpreter | None = None  # what ran the probes, and why that one
     # Test and instrumentation libraries nothing loads unless asked (llvm/optin.py).
     opt_in: set[str] = field(default_factory=set)
 
@@ -949,13 +951,15 @@ def _clash_finding(clash: Clash) -> Finding:
 # Probing
 
 
-def probe_clashes(clashes: Sequence[Clash], options: LlvmOptions, judge: PairJudge | None = None) -> list[Finding]:
-    """Run every clash's probes (one child per mode; a judged pair in both orders, each library
-    after its hosts); return the findings they lead to."""
+def probe_clashes(
+    clashes: Sequence[Clash], options: LlvmOptions, judge: PairJudge | None = None, python: str | None = None
+) -> list[Finding]:
+    """Run every clash's probes under ``python`` (None: this interpreter; one child per mode; a
+    judged pair in both orders, each library after its hosts); return the findings they lead to."""
     findings: list[Finding] = []
     for clash in clashes:
         if clash.judged is not None and judge is not None:
-            clash.probes, clash.probe_expect = _probe_orders(clash.judged, judge, options)
+            clash.probes, clash.probe_expect = _probe_orders(clash.judged, judge, options, python)
             findings.extend(_judged_probe_findings(clash.paths, clash.probes, clash.probe_expect))
             continue
         for mode in clash.predictions:
@@ -963,6 +967,7 @@ def probe_clashes(clashes: Sequence[Clash], options: LlvmOptions, judge: PairJud
                 "timeout_s": options.probe_timeout_s,
                 "preload": options.preload,
                 "ld_library_path": options.ld_library_path,
+                "python": python,
             }
             if clash.kind == "closure":
                 root = clash.probe_root or clash.via[0]
@@ -976,7 +981,7 @@ def probe_clashes(clashes: Sequence[Clash], options: LlvmOptions, judge: PairJud
 
 
 def _probe_orders(
-    pair: PairVerdicts, judge: PairJudge, options: LlvmOptions
+    pair: PairVerdicts, judge: PairJudge, options: LlvmOptions, python: str | None = None
 ) -> tuple[list[ProbeResult], list[Verdict]]:
     """Both orders, three modes: what a real process loads (hosts first), and what was expected."""
     results: list[ProbeResult] = []
@@ -990,6 +995,7 @@ def _probe_orders(
                 timeout_s=options.probe_timeout_s,
                 preload=options.preload,
                 ld_library_path=options.ld_library_path,
+                python=python,
             )
             log.info("probe %s %s then %s: %s", mode, order.first, order.second, result.verdict.value)
             results.append(result)
@@ -1104,13 +1110,21 @@ def probe_decided(probes: Sequence[ProbeResult]) -> Verdict | None:
 def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions) -> None:
     """Probe every clash and every failing pair; the probe verdict overrides the static one (the
     clash's finding is rewritten: a clean probe downgrades it to LLVM014 with the evidence, a bad
-    one makes it an error) and the report says which decided."""
-    analysis.findings.extend(probe_clashes(analysis.clashes, options, analysis.judge))
+    one makes it an error) and the report says which decided.
+
+    The probes run under the audited interpreter (interpreter_for: --python, else the owner of the
+    audited directories, else this one), recorded in ``analysis.probe_interpreter``: an extension
+    module built for 3.12 does not load into 3.11. Raises UsageError for a --python that does not run."""
+    audited = [root.path for root in analysis.facts.inventory.roots] if analysis.facts is not None else []
+    interpreter = interpreter_for(options.python, audited)
+    analysis.probe_interpreter = interpreter
+    python = interpreter.executable
+    analysis.findings.extend(probe_clashes(analysis.clashes, options, analysis.judge, python))
     judge = analysis.judge
     for pair in analysis.pairs:
         if judge is None:
             break
-        probes, expected = _probe_orders(pair, judge, options)
+        probes, expected = _probe_orders(pair, judge, options, python)
         analysis.pair_probes[pair.paths] = (probes, expected)
         analysis.findings.extend(_judged_probe_findings(pair.paths, probes, expected))
     rewritten: dict[int, Finding] = {}
@@ -1223,6 +1237,16 @@ def library_to_dict(
         "in_scan": in_scan,
         "device": identity[0] if identity else None,
         "inode": identity[1] if identity else None,
+    }
+
+
+def interpreter_to_dict(interpreter: Interpreter) -> dict[str, Any]:
+    """The report's ``probe_interpreter``: which interpreter ran the probes, and why."""
+    return {
+        "executable": interpreter.executable,
+        "version": interpreter.version,
+        "chosen_by": interpreter.chosen_by.value,
+        "reason": interpreter.reason,
     }
 
 
@@ -1378,6 +1402,8 @@ def run_llvm(
     }
     if analysis.closures:
         sections["closures"] = [closure_to_dict(c, analysis.closure_roles) for c in analysis.closures]
+    if analysis.probe_interpreter is not None:
+        sections["probe_interpreter"] = interpreter_to_dict(analysis.probe_interpreter)
     high = sum(1 for c in analysis.clashes if c.risk is Risk.HIGH)
     confirmed = sum(1 for c in analysis.clashes if c.confirmed)
     summary = f"llvm: {len(analysis.libraries)} libraries, {len(analysis.clashes)} clash(es), {high} high" + (

@@ -35,7 +35,8 @@ _INCONSISTENT = "inconsistency in registered CommandLine options"
 
 # The child: no site, no user paths (-I -S); no core dump (a core of libLLVM is 100s of MB and a
 # piped core_pattern ignores RLIMIT_CORE, PR_SET_DUMPABLE=0 does not); then dlopen each step.
-# Results go to a private pipe (argv[1]), so a library flooding stdout cannot hide them.
+# Results go to a private pipe (argv[1]), so a library flooding stdout cannot hide them. It runs
+# under the audited interpreter, whatever its version: Python 3.6 code (tests run it under 3.6-3.8).
 _CHILD = r"""
 import ctypes, os, resource, sys
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -147,8 +148,9 @@ class _Finished:
     truncated: bool
 
 
-def _run_bounded(load_args: list[str], env: dict[str, str], timeout_s: float) -> _Finished:
-    """Run the child script on load_args in its own session; keep a bounded prefix of each stream.
+def _run_bounded(load_args: list[str], env: dict[str, str], timeout_s: float, python: str | None = None) -> _Finished:
+    """Run the child script on load_args under ``python`` (None: this interpreter) in its own
+    session; keep a bounded prefix of each stream.
 
     stdout is drained and dropped; stderr keeps OUTPUT_LIMIT_BYTES; the status pipe
     STATUS_LIMIT_BYTES. At the deadline the child's whole process group is killed.
@@ -156,7 +158,7 @@ def _run_bounded(load_args: list[str], env: dict[str, str], timeout_s: float) ->
     status_read, status_write = os.pipe()
     try:
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _CHILD, str(status_write), *load_args],
+            [python or sys.executable, "-I", "-S", "-c", _CHILD, str(status_write), *load_args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -334,8 +336,11 @@ def run_probe(
     preload: Sequence[str] = (),
     ld_library_path: Sequence[str] = (),
     watch: Sequence[str] = (),
+    python: str | None = None,
 ) -> ProbeResult:
-    """Load ``preload`` (RTLD_GLOBAL, like rocm_sdk.preload_libraries), then ``steps``, in a child.
+    """Load ``preload`` (RTLD_GLOBAL, like rocm_sdk.preload_libraries), then ``steps``, in a child
+    run by ``python`` (None: this interpreter). Python extension modules take the CPython API from
+    the process that loads them, so the child must be the audited interpreter (issue "First contact").
 
     ``instances`` in the result counts the distinct inodes mapped among the steps and ``watch``.
     """
@@ -351,7 +356,7 @@ def run_probe(
         except OSError:
             pass
     started = time.monotonic()
-    finished = _run_bounded(load_args, probe_environment(ld_library_path), timeout_s)
+    finished = _run_bounded(load_args, probe_environment(ld_library_path), timeout_s, python)
     elapsed = time.monotonic() - started
     outcome, option, detail = classify(finished.returncode, finished.status, finished.stderr, timeout_s)
     if finished.truncated:
@@ -406,6 +411,7 @@ def probe_pair(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     preload: Sequence[str] = (),
     ld_library_path: Sequence[str] = (),
+    python: str | None = None,
 ) -> ProbeResult:
     """Load first, then second, with the RTLD flags of mode (a key of PAIR_MODES)."""
     first_global, second_global = PAIR_MODES[mode]
@@ -415,6 +421,7 @@ def probe_pair(
         timeout_s=timeout_s,
         preload=preload,
         ld_library_path=ld_library_path,
+        python=python,
     )
 
 
@@ -426,6 +433,7 @@ def probe_closure(
     preload: Sequence[str] = (),
     ld_library_path: Sequence[str] = (),
     watch: Sequence[str] = (),
+    python: str | None = None,
 ) -> ProbeResult:
     """dlopen root alone ("global" or "local"); its DT_NEEDED closure comes with it."""
     return run_probe(
@@ -435,4 +443,5 @@ def probe_closure(
         preload=preload,
         ld_library_path=ld_library_path,
         watch=watch,
+        python=python,
     )

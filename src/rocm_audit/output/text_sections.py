@@ -179,6 +179,16 @@ def _order_lines(orders: Sequence[Mapping[str, Any]], view: PathView) -> list[st
     return lines
 
 
+def _interpreter_lines(sections: Sections) -> list[str]:
+    """Which interpreter ran the load probes, and why (when there were probes)."""
+    used = sections.get("probe_interpreter")
+    if used is None:
+        return []
+    return [
+        f"Probes ran under {display(used['executable'])} (Python {display(used['version'])}): {display(used['reason'])}"
+    ]
+
+
 def _role_counts(libraries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     count: dict[str, int] = {}
     for library in libraries:
@@ -215,7 +225,7 @@ def llvm_summary(sections: Sections) -> str:
 def llvm_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
     """The summary line; with ``verbose`` every LLVM library, clash, judged pair and closure."""
     if not verbose:
-        return [llvm_summary(sections)]
+        return [llvm_summary(sections), *_interpreter_lines(sections)]
     libraries = sections["libraries"]
     count: dict[str, int] = {}
     for library in libraries:
@@ -237,6 +247,7 @@ def llvm_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0)
             + scope
         )
     clashes = sections["clashes"]
+    lines.extend(_interpreter_lines(sections))
     if clashes:
         lines.append(f"Clashes: {len(clashes)}")
     for clash in clashes:
@@ -244,7 +255,9 @@ def llvm_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0)
             option = f" (option {display(repr(clash['option']))})" if clash["option"] else ""
             status = f"CONFIRMED{option}"
         else:
-            status = {False: "not reproduced", None: "not probed"}[clash["confirmed"]]
+            status = "not reproduced" if clash["confirmed"] is False else "not probed"
+            if clash["confirmed"] is None and clash["probes"]:
+                status = "probes inconclusive"  # they ran, but none could decide (load errors)
         lines.append(
             f"  {display(clash['severity']).upper()} {display(clash['reason'])}, "
             f"fires: {display(clash['mode'])}, {status}"
@@ -319,6 +332,7 @@ def check_lines(sections: Sections) -> list[str]:
         )
     if "clashes" in sections:
         lines.append(llvm_summary(sections).replace("LLVM: ", "llvm: ", 1))
+        lines.extend(_interpreter_lines(sections))
     return lines
 
 

@@ -33,7 +33,7 @@ from rocm_audit import __version__
 from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.prune.plan import PrunePlan, Removal
-from rocm_audit.tree.discovery import default_site_packages, site_packages_of
+from rocm_audit.tree.discovery import default_site_packages, owning_interpreter
 from rocm_audit.tree.inventory import TEMP_PREFIX, LinkRecord
 from rocm_audit.tree.journal import append_records, fsync_directory, read_records, tree_locks
 from rocm_audit.tree.ownership import Distribution
@@ -228,27 +228,18 @@ def _back_up(entry: dict[str, Any], backed_up: dict[str, str]) -> None:
 
 
 def _interpreter_for(site_dir: str, explicit: str | None) -> str:
-    """The Python whose site-packages is ``site_dir``: ``--python``, this one, or the
-    ``<prefix>/bin/python*`` that reports it (a venv's too). Raises UsageError."""
+    """The Python whose site-packages is ``site_dir``: ``--python``, this one, or the one that
+    owns it (discovery.owning_interpreter: a venv's bin/python, <prefix>/bin/pythonX.Y).
+    Raises UsageError."""
     if explicit:
         return explicit
     real = os.path.realpath(site_dir)
     if real in default_site_packages():
         return sys.executable
-    prefix = real
-    for _ in range(3):  # <prefix>/lib/pythonX.Y/site-packages
-        prefix = os.path.dirname(prefix)
-    version = os.path.basename(os.path.dirname(real)).removeprefix("python")
-    for name in (f"python{version}", "python3", "python"):
-        candidate = os.path.join(prefix, "bin", name)
-        if not os.access(candidate, os.X_OK):
-            continue
-        try:
-            if real in {os.path.realpath(d) for d in site_packages_of(candidate)}:
-                return candidate
-        except UsageError:
-            continue
-    raise UsageError(f"cannot find the Python interpreter of {site_dir}: pass --python")
+    owner = owning_interpreter(real)
+    if owner is None:
+        raise UsageError(f"cannot find the Python interpreter of {site_dir}: pass --python")
+    return owner.executable
 
 
 def pip_command(python: str) -> list[str]:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
 import os
+import re
 import site
 import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +67,9 @@ def default_site_packages() -> list[str]:
     return _existing(candidates)
 
 
-# Run by the interpreter named with --python: the same candidates as default_site_packages, as JSON.
+# Run by the interpreter named with --python: the same candidates as default_site_packages, and
+# its version, as JSON after a marker (a banner a wrapper prints cannot pass for the answer). Old
+# syntax only: it runs under Python 2.7 too, so an old interpreter is named by its version.
 _SITE_DIRS_SCRIPT = """\
 import json, site, sys, sysconfig
 dirs = []
@@ -71,44 +78,205 @@ try:
 except AttributeError:
     pass
 dirs.extend(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
-if site.ENABLE_USER_SITE and sys.prefix == sys.base_prefix:
+if site.ENABLE_USER_SITE and sys.prefix == getattr(sys, "base_prefix", sys.prefix):
     dirs.append(site.getusersitepackages())
-print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "site_dirs": dirs}))
+version = ".".join(str(part) for part in sys.version_info[:3])
+answer = {"executable": sys.executable, "prefix": sys.prefix, "version": version, "site_dirs": dirs}
+print("rocm-audit-interpreter " + json.dumps(answer))
 """
+_ANSWER_MARKER = "rocm-audit-interpreter "
+# A shell's "cannot execute" and "command not found" (POSIX 2.8.2); a pyenv shim exits 127 too.
+_DID_NOT_RUN = (126, 127)
 
 
-def site_packages_of(python: str, timeout_s: float = 60.0) -> list[str]:
-    """Every existing site-packages directory of another interpreter (a venv's python too), as that
-    interpreter reports them: run in a subprocess from ``/`` (so no module of the caller's working
-    directory shadows the stdlib), without PYTHONPATH/PYTHONHOME of this process. Raises UsageError."""
-    import json
+PROBE_MINIMUM = (3, 6)  # the oldest the probe child (probes.py _CHILD) is tested under
+
+
+class ChosenBy(str, enum.Enum):
+    """Why an interpreter runs the children that load audited code (load probes)."""
+
+    OPTION = "--python"  # named on the command line
+    OWNER = "owner"  # owns the audited site-packages (a venv's bin/python, <prefix>/bin/pythonX.Y)
+    OWN = "rocm-audit"  # rocm-audit's own: nothing better was found
+
+
+@dataclass(frozen=True, slots=True)
+class Interpreter:
+    """A Python interpreter that answered: ``executable`` as the user spelled it, made absolute but
+    not resolved (a venv's bin/python is a link to the base interpreter; resolving it would lose
+    the venv's site-packages)."""
+
+    executable: str
+    version: str  # "3.12.1"
+    site_dirs: tuple[str, ...]  # existing, resolved
+    chosen_by: ChosenBy = ChosenBy.OPTION
+    reason: str = ""  # for people: why this one
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = next((one.strip() for one in text.splitlines() if one.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _quotes_script(text: str) -> bool:
+    return any(len(line.strip()) > 6 and line.strip() in text for line in _SITE_DIRS_SCRIPT.splitlines())
+
+
+def _executable_of(python: str, option: str) -> str:
+    """The absolute path of ``python`` (a path, relative to the working directory, or a name on
+    PATH), links kept. Raises UsageError."""
     import shutil
+
+    if os.sep in python:
+        executable = os.path.abspath(python)
+        if not os.path.lexists(executable):
+            raise UsageError(f"{option} {python}: no such file")
+    else:
+        found = shutil.which(python)
+        if found is None:
+            raise UsageError(f"{option} {python}: no such command on PATH")
+        executable = os.path.abspath(found)
+    if not os.path.isfile(executable) or not os.access(executable, os.X_OK):
+        raise UsageError(f"{option} {python}: not an executable file")
+    return executable
+
+
+def inspect_interpreter(python: str, *, option: str = "--python", timeout_s: float = 60.0) -> Interpreter:
+    """Run ``python`` once and ask its version and site-packages directories; in a subprocess from
+    ``/`` (so no module of the caller's working directory shadows the stdlib), without
+    PYTHONPATH/PYTHONHOME of this process. Raises UsageError with one line that says what went
+    wrong (never the helper script: ``ls -c SCRIPT`` would print it back)."""
+    executable = _executable_of(python, option)
+    return _inspect(executable, python, option, timeout_s)
+
+
+@functools.lru_cache(maxsize=32)
+def _inspect(executable: str, python: str, option: str, timeout_s: float) -> Interpreter:
+    import json
     import subprocess
 
-    executable = python if os.sep in python else shutil.which(python)
-    if not executable or not os.path.isfile(executable) or not os.access(executable, os.X_OK):
-        raise UsageError(f"--python {python}: not an executable interpreter")
     environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
     try:
         done = subprocess.run(
             [executable, "-c", _SITE_DIRS_SCRIPT],
             capture_output=True,
             text=True,
+            errors="replace",
             timeout=timeout_s,
             cwd="/",
             env=environment,
             check=False,
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"--python {python}: cannot run it: {exc}") from None
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"{option} {python}: it did not answer within {timeout_s:g} s") from None
+    except OSError as exc:
+        raise UsageError(f"{option} {python}: it did not run ({exc.strerror or exc})") from None
+    answer = next((line for line in done.stdout.splitlines() if line.startswith(_ANSWER_MARKER)), None)
+    if done.returncode in _DID_NOT_RUN and answer is None:
+        said = _first_line(done.stderr) or _first_line(done.stdout)
+        if not said or _quotes_script(said):  # never show rocm-audit's own helper
+            said = f"exit {done.returncode}"
+        raise UsageError(f"{option} {python}: it did not run ({said})")
+    dirs: object = None
+    version: object = None
+    if answer is not None and done.returncode == 0:
+        try:
+            reported = json.loads(answer[len(_ANSWER_MARKER) :])
+        except ValueError:
+            reported = None
+        if isinstance(reported, dict):
+            dirs, version = reported.get("site_dirs"), reported.get("version")
+    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs) or not isinstance(version, str):
+        if "Traceback (most recent call last)" in done.stderr:
+            last = _first_line(done.stderr.strip().splitlines()[-1])
+            raise UsageError(f"{option} {python}: it failed to report its site directories ({last})")
+        raise UsageError(
+            f"{option} {python}: not a Python interpreter "
+            f"(it exited {done.returncode} without reporting a Python version)"
+        )
+    return Interpreter(executable, version, tuple(_existing(dirs)))
+
+
+def site_packages_of(python: str, timeout_s: float = 60.0) -> list[str]:
+    """Every existing site-packages directory of another interpreter (a venv's python too), as that
+    interpreter reports them (inspect_interpreter). Raises UsageError."""
+    return list(inspect_interpreter(python, timeout_s=timeout_s).site_dirs)
+
+
+_SITE_DIR = re.compile(r"^(?P<prefix>.*)/lib(?:64)?/python(?P<version>\d+\.\d+|3)t?/(?:site|dist)-packages$")
+
+
+def _owner_candidates(directory: str) -> list[str]:
+    """Interpreters that may own ``directory``, most likely first: a venv's bin/python (the nearest
+    ancestor with a pyvenv.cfg), then <prefix>/bin/pythonX.Y of a <prefix>/lib/pythonX.Y/site-packages."""
+    current = Path(directory)
+    ancestors = (current, *current.parents)
+    venv = next((one for one in ancestors if (one / "pyvenv.cfg").is_file()), None)
+    found = [str(venv / "bin" / name) for name in ("python", "python3")] if venv is not None else []
+    for ancestor in ancestors:
+        matched = _SITE_DIR.match(str(ancestor))
+        if matched:
+            prefix, version = matched.group("prefix"), matched.group("version")
+            found += [f"{prefix or ''}/bin/python{version}", f"{prefix or ''}/bin/python3"]
+    return [one for one in dict.fromkeys(found) if os.path.isfile(one) and os.access(one, os.X_OK)]
+
+
+def owning_interpreter(directory: str) -> Interpreter | None:
+    """The interpreter whose site-packages holds ``directory`` (asked by running it), or None."""
+    resolved = os.path.realpath(directory)
+    for candidate in _owner_candidates(resolved):
+        try:
+            found = inspect_interpreter(candidate)
+        except UsageError:
+            continue
+        if any(resolved == d or resolved.startswith(d.rstrip("/") + "/") for d in found.site_dirs):
+            return found
+    return None
+
+
+def _can_probe(interpreter: Interpreter) -> bool:
     try:
-        dirs = json.loads(done.stdout.strip().splitlines()[-1])["site_dirs"] if done.returncode == 0 else None
-    except (ValueError, IndexError, KeyError, TypeError):
-        dirs = None
-    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
-        detail = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-        raise UsageError(f"--python {python}: did not report its site directories ({detail[0]})")
-    return _existing(dirs)
+        return tuple(int(part) for part in interpreter.version.split(".")[:2]) >= PROBE_MINIMUM
+    except ValueError:
+        return False
+
+
+def own_interpreter(reason: str) -> Interpreter:
+    """rocm-audit's own interpreter (sys.executable)."""
+    version = ".".join(str(part) for part in sys.version_info[:3])
+    return Interpreter(sys.executable, version, tuple(default_site_packages()), ChosenBy.OWN, reason)
+
+
+def interpreter_for(python: str | None, directories: Sequence[str]) -> Interpreter:
+    """The interpreter the children that load audited code run under: ``python`` (--python) when
+    given; else the one that owns the audited directories; else rocm-audit's own. Each carries the
+    reason it was chosen. Raises UsageError for a ``python`` that does not answer."""
+    if python is not None:
+        named = inspect_interpreter(python)
+        if not _can_probe(named):
+            raise UsageError(
+                f"--python {python}: Python {named.version} cannot run the load probes "
+                f"(they need Python {'.'.join(map(str, PROBE_MINIMUM))} or newer)"
+            )
+        return dataclasses.replace(named, chosen_by=ChosenBy.OPTION, reason="named by --python")
+    owners: dict[str, tuple[Interpreter, list[str]]] = {}
+    too_old: list[str] = []
+    for directory in directories:
+        owner = owning_interpreter(directory)
+        if owner is not None and not _can_probe(owner):
+            too_old.append(f"{owner.executable} is Python {owner.version}")
+        elif owner is not None:
+            owners.setdefault(owner.executable, (owner, []))[1].append(directory)
+    if not owners and too_old:
+        return own_interpreter(f"rocm-audit's own: the owner of the audited directories is too old ({too_old[0]})")
+    if not owners:
+        return own_interpreter("rocm-audit's own: no interpreter found that owns the audited directories")
+    first, owned = next(iter(owners.values()))
+    reason = f"owns {owned[0]}" + (f" and {len(owned) - 1} more audited directories" if len(owned) > 1 else "")
+    others = [name for name in owners if name != first.executable]
+    if others:
+        reason += f"; other audited directories belong to {', '.join(others)}"
+    return dataclasses.replace(first, chosen_by=ChosenBy.OWNER, reason=reason)
 
 
 def _existing(candidates: list[str]) -> list[str]:

@@ -59,7 +59,9 @@ def command(
     from rocm_audit.audit.check import CheckOptions, checks_to_skip, run_check
     from rocm_audit.cli.progress import progress_line
 
-    options = CheckOptions(targets=list(targets or []), sysroot=sysroot, probe=probe, skip=checks_to_skip(skip or []))
+    options = CheckOptions(
+        targets=list(targets or []), sysroot=sysroot, probe=probe, python=python, skip=checks_to_skip(skip or [])
+    )
     with progress_line("check: scanning", report.quiet) as progress:
         outcome = run_check(paths, options, progress)
     return outcome

@@ -112,6 +112,7 @@ def command(
         closure_paths=tuple(closure or ()),
         sysroot=sysroot,
         ld_library_path=tuple(d for d in (ld_library_path or "").split(":") if d),
+        python=python,
     )
     with progress_line("llvm: scanning", report.quiet) as progress:
         outcome = run_llvm(paths, options, progress=progress)
