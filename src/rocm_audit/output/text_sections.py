@@ -222,10 +222,29 @@ def llvm_summary(sections: Sections) -> str:
     )
 
 
+def _closure_lines(sections: Sections) -> list[str]:
+    """What each --closure root maps, in load order (asked for by name: shown without -v too)."""
+    lines: list[str] = []
+    for closure in sections.get("closures", []):
+        lines.append(f"Closure of {display(closure['root'])}: {len(closure['objects'])} object(s)")
+        for loaded in closure["objects"]:
+            role = loaded.get("role")
+            tag = f" [{display(role)}]" if role and role != "none" else ""
+            lines.append(
+                f"  {'  ' * loaded['depth']}{display(loaded['path'])}  "
+                f"({display(loaded['via'])}: {display(loaded['request'])}){tag}"
+            )
+        lines.extend(
+            f"  missing: {display(m['name'])} (needed by {display(m['needed_by'])}): {display(m['detail'])}"
+            for m in closure["missing"]
+        )
+    return lines
+
+
 def llvm_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
     """The summary line; with ``verbose`` every LLVM library, clash, judged pair and closure."""
     if not verbose:
-        return [llvm_summary(sections), *_interpreter_lines(sections)]
+        return [llvm_summary(sections), *_interpreter_lines(sections), *_closure_lines(sections)]
     libraries = sections["libraries"]
     count: dict[str, int] = {}
     for library in libraries:
@@ -289,19 +308,7 @@ def llvm_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0)
         )
         lines.extend(f"      {view.path(path)}" for path in pair["paths"])
         lines.extend(_order_lines(pair["orders"], view))
-    for closure in sections.get("closures", []):
-        lines.append(f"Closure of {display(closure['root'])}: {len(closure['objects'])} object(s)")
-        for loaded in closure["objects"]:
-            role = loaded.get("role")
-            tag = f" [{display(role)}]" if role and role != "none" else ""
-            lines.append(
-                f"  {'  ' * loaded['depth']}{display(loaded['path'])}  "
-                f"({display(loaded['via'])}: {display(loaded['request'])}){tag}"
-            )
-        lines.extend(
-            f"  missing: {display(m['name'])} (needed by {display(m['needed_by'])}): {display(m['detail'])}"
-            for m in closure["missing"]
-        )
+    lines.extend(_closure_lines(sections))
     return lines
 
 
