@@ -130,7 +130,7 @@ def test_closure_on_request(llvm_cli, runpath_closures):
         (str(runpath_closures.paths["v15"]), "runpath", 1, "exporter"),
         (str(runpath_closures.paths["v16"]), "runpath", 1, "exporter"),
     ]
-    text = llvm_cli("-p", two, "--closure", two, expect=0).output
+    text = " ".join(llvm_cli("-p", two, "--closure", two, expect=0).output.split())
     assert f"Closure of {two}" in text and "(runpath: libLLVM-16.so.1) [exporter]" in text
     # The two LLVMs lie outside the scanned file; its closure still finds them.
     assert "closure-two-llvms" in text
