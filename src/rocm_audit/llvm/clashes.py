@@ -1011,7 +1011,7 @@ def _judged_probe_findings(
 
     def where(result: ProbeResult) -> str:
         loads = [step.split(":", 1)[1] for step in result.steps]
-        return f"{result.mode} ({' then '.join(loads)})"
+        return f"{probe_mode_text(result.mode)} ({' then '.join(loads)})"
 
     aborted = [p for p in probes if p.verdict is ProbeVerdict.ABORT]
     if aborted:
@@ -1021,7 +1021,8 @@ def _judged_probe_findings(
             make_finding(
                 "LLVM005",
                 subject,
-                f"probe confirmed double registration{named} ({'; '.join(where(p) for p in aborted[:3])})",
+                f"a load probe confirmed the double registration{named}: the process aborts",
+                detail="; ".join(where(p) for p in aborted[:3]),
                 related=related,
                 data={"option": option, "modes": sorted({p.mode for p in aborted})},
             )
@@ -1050,7 +1051,7 @@ def _judged_probe_findings(
             make_finding(
                 "LLVM015",
                 subject,
-                f"probe {result.mode}: {what}",
+                f"probe ({probe_mode_text(result.mode)}): {what}",
                 related=related,
                 data={
                     "mode": result.mode,
@@ -1091,6 +1092,12 @@ def _judged_probe_findings(
             )
         )
     return findings
+
+
+def probe_mode_text(mode: str) -> str:
+    """``global-local`` as a person reads it: ``loaded RTLD_GLOBAL, then RTLD_LOCAL``."""
+    flags = [f"RTLD_{part.upper()}" for part in mode.split("-") if part in ("global", "local")]
+    return "loaded " + ", then ".join(flags) if flags else mode
 
 
 def probe_decided(probes: Sequence[ProbeResult]) -> Verdict | None:
@@ -1151,7 +1158,8 @@ def _probe_findings(clash: Clash) -> list[Finding]:
             make_finding(
                 "LLVM005",
                 subject,
-                f"probe confirmed double registration{option} (modes: {', '.join(confirmed)})",
+                f"a load probe confirmed the double registration{option}: the process aborts",
+                detail="probes: " + "; ".join(probe_mode_text(m) for m in confirmed),
                 related=related,
                 data={"option": clash.option, "modes": confirmed},
             )
@@ -1174,7 +1182,7 @@ def _probe_findings(clash: Clash) -> list[Finding]:
                 make_finding(
                     "LLVM015",
                     subject,
-                    f"probe {result.mode}: {result.detail}",
+                    f"probe ({probe_mode_text(result.mode)}): {result.detail}",
                     related=related,
                     data={"mode": result.mode, "verdict": result.verdict.value, "signal": result.signal},
                 )
@@ -1184,7 +1192,7 @@ def _probe_findings(clash: Clash) -> list[Finding]:
                 make_finding(
                     "LLVM008",
                     subject,
-                    f"probe {result.mode} inconclusive: {result.detail}",
+                    f"probe ({probe_mode_text(result.mode)}) inconclusive: {result.detail}",
                     related=related,
                     data={"mode": result.mode},
                 )
@@ -1194,7 +1202,7 @@ def _probe_findings(clash: Clash) -> list[Finding]:
                 make_finding(
                     "LLVM007",
                     subject,
-                    f"probe {result.mode}: predicted {clash.predictions[result.mode].value}, "
+                    f"probe ({probe_mode_text(result.mode)}): predicted {clash.predictions[result.mode].value}, "
                     f"observed {result.outcome.value}",
                     related=related,
                     data={
