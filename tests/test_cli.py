@@ -92,46 +92,6 @@ def test_fail_on_sets_the_threshold(tmp_path, run_cli, fail_on, expected):
     assert "SCAN002" in result.output
 
 
-def _run_in_pty(argv: list[str]) -> str:
-    """Run argv with stdout and stderr on a pseudo-terminal; return what it printed."""
-    import pty
-    import select
-
-    leader, follower = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "NO_COLOR")}
-    env["TERM"] = "xterm"
-    proc = subprocess.Popen(argv, stdout=follower, stderr=follower, stdin=subprocess.DEVNULL, env=env)
-    os.close(follower)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([leader], [], [], 30)
-        if not ready:
-            proc.kill()
-            break
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO once the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    proc.wait(timeout=30)
-    os.close(leader)
-    return b"".join(chunks).decode(errors="replace")
-
-
-def test_progress_line_only_on_a_terminal_and_never_with_quiet(tmp_path):
-    tree = tmp_path / "_rocm_sdk_core" / "lib"
-    tree.mkdir(parents=True)
-    for index in range(5):
-        (tree / f"data{index}.bin").write_bytes(b"x" * 100)
-    argv = [sys.executable, "-m", "rocm_audit", "dedup", "--check", "-p", str(tmp_path)]
-    assert "dedup: scanning:" in _run_in_pty(argv)
-    assert "dedup: scanning:" not in _run_in_pty(argv + ["--quiet"])
-    piped = run(*argv)
-    assert "scanning" not in piped.stdout + piped.stderr
-
-
 @pytest.mark.parametrize(
     "argv",
     [["dedup", "--help"], ["--debug", "verify-arch", "--help"], ["image"], ["dedup", "--bogus"], ["dedpu"], ["--help"]],

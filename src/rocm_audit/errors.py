@@ -38,3 +38,15 @@ class FormatError(RocmAuditError):
     def __init__(self, fmt: str, offset: int, reason: str) -> None:
         super().__init__(f"{fmt}: {reason} (at offset {offset:#x})")
         self.fmt, self.offset, self.reason = fmt, offset, reason
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a command that changes files, between two of its changes (never inside one).
+
+    ``made`` of ``planned`` changes were made, each complete; ``manifest`` records them (None when
+    nothing was journalled). A KeyboardInterrupt still, so nothing on the way out swallows it; the
+    CLI says what was done and how to finish or undo it, and exits 130."""
+
+    def __init__(self, command: str, made: int, planned: int, manifest: str | None) -> None:
+        super().__init__(f"{command}: {made} of {planned} changes made")
+        self.command, self.made, self.planned, self.manifest = command, made, planned, manifest

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.discovery import AuditRoot, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.loader import HostView, LoaderModel
@@ -54,7 +55,9 @@ def checks_to_skip(names: list[str]) -> frozenset[str]:
     return frozenset(names)
 
 
-def read_facts(inventory: Inventory, skip: frozenset[str], selection: TargetSelection | None = None) -> None:
+def read_facts(
+    inventory: Inventory, skip: frozenset[str], selection: TargetSelection | None = None, progress: Progress = SILENT
+) -> None:
     """The fact pass: each file is opened once for every fact the checks not skipped will ask for
     (tree/facts.py). A fact that cannot be read is remembered; the check that asks reports it.
     ``selection``: the targets verify-arch will judge, so that code objects are read only as far
@@ -66,7 +69,14 @@ def read_facts(inventory: Inventory, skip: frozenset[str], selection: TargetSele
         return code_objects_of(inventory, record, selection)
 
     host_kinds = (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE)
-    for record in inventory.files:
+    code, elf = "verify-arch" not in skip, not {"llvm", "post-build"} <= skip
+    label = "GPU code and ELF facts" if code and elf else "GPU code objects" if code else "ELF facts"
+    if code or elf:
+        progress.phase(f"reading {label}", len(inventory.files), "files")
+    seen_bytes = 0
+    for done, record in enumerate(inventory.files, 1):
+        seen_bytes += record.size
+        progress.update(done, seen_bytes)
         readers: list[Callable[[Inventory, FileRecord], object]] = []
         if "verify-arch" not in skip and may_hold_code(record):
             readers.append(code_objects)
@@ -77,9 +87,9 @@ def read_facts(inventory: Inventory, skip: frozenset[str], selection: TargetSele
         if not readers:
             continue
         with inventory.facts.holding(record):
-            for read in readers:
+            for reader in readers:
                 try:
-                    read(inventory, record)
+                    reader(inventory, record)
                 except (OSError, FormatError):
                     pass
 
@@ -90,7 +100,9 @@ def _versions_if_needed(inventory: Inventory, record: FileRecord) -> object:
     return versions_of(inventory, record) if inventory.dynamic(record).needed else None
 
 
-def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptions) -> CommandOutcome:
+def audit_inventory(
+    inventory: Inventory, looked: list[str], options: CheckOptions, progress: Progress = SILENT
+) -> CommandOutcome:
     """Run every check over an inventory already built. Raises UsageError for bad targets."""
     started = time.monotonic()
     findings: list[Finding] = list(inventory.findings)
@@ -103,7 +115,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         from rocm_audit.dedup.plan import make_plan
         from rocm_audit.dedup.report import check_mode_findings, dedup_section
 
-        plan = make_plan(inventory)
+        plan = make_plan(inventory, progress=progress)
         findings.extend(plan.findings)
         findings.extend(check_mode_findings(plan))
         sections["dedup"] = dedup_section(plan, "check", ApplyResult(), time.monotonic() - started)
@@ -132,11 +144,12 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         # No targets: nothing is judged, and the carriers are listed from their entry tables alone.
         selection = archcheck.selection_for(required)
 
-    read_facts(inventory, options.skip, selection)
+    read_facts(inventory, options.skip, selection, progress)
 
     if "verify-arch" not in options.skip:
         from rocm_audit.gpu import verify as archcheck
 
+        progress.phase("judging GPU code objects")
         scans = archcheck.scan_inventory(inventory, selection)
         carriers = archcheck.build_carriers(scans)
         findings.extend(archcheck.scan_findings(scans))
@@ -169,9 +182,9 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         )
         if options.probe_timeout_s is not None:
             llvm_options.probe_timeout_s = options.probe_timeout_s
-        analysis = llvm_clashes.analyse(inventory, llvm_options)
+        analysis = llvm_clashes.analyse(inventory, llvm_options, progress)
         if options.probe:
-            llvm_clashes.probe_analysis(analysis, llvm_options)
+            llvm_clashes.probe_analysis(analysis, llvm_options, progress)
         findings.extend(analysis.reported_findings())
         sections["libraries"] = [
             llvm_clashes.library_to_dict(
@@ -193,6 +206,8 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
     if "post-build" not in options.skip:
         from rocm_audit.postbuild.checks import post_build_findings
 
+        progress.phase("post-build checks: symbol versions and DT_NEEDED")
+
         host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys(), unextracted=options.unextracted)
         findings.extend(post_build_findings(inventory, LoaderModel(sysroot=options.sysroot, host=host)))
         ran.append("post-build")
@@ -203,6 +218,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
         from rocm_audit.prune.plan import Kept
         from rocm_audit.tree.targets import kept_target
 
+        progress.phase("weighing device code for other GPUs")
         kept = [Kept(t.spelled, kept_target(t.spelled)) for t in prune_choice.targets]
         where = looked[0] if looked else ""
         finding, section = prune_for_check(
@@ -227,7 +243,7 @@ def audit_inventory(inventory: Inventory, looked: list[str], options: CheckOptio
 def run_check(
     paths: list[str] | None,
     options: CheckOptions,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress = SILENT,
     roots: list[AuditRoot] | None = None,
 ) -> CommandOutcome:
     """Resolve the paths (or take prepared roots), build one inventory, audit it."""
@@ -239,4 +255,4 @@ def run_check(
     else:
         looked = [r.given for r in roots]
     inventory = build_inventory(roots, progress)
-    return audit_inventory(inventory, looked, options)
+    return audit_inventory(inventory, looked, options, progress)

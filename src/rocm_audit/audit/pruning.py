@@ -6,14 +6,16 @@ targets the way verify-arch does and hands prune gpu's per-file code-object fact
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import time
-from collections.abc import Callable
 from typing import Any
 
+from rocm_audit.errors import FormatError, Interrupted
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune import apply as prune_apply
 from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, make_plan
 from rocm_audit.prune.weigh import Weight, weigh
@@ -158,15 +160,45 @@ def run_prune(
     backup_dir: str | None = None,
     python: str | None = None,
     environ: dict[str, str] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress = SILENT,
 ) -> CommandOutcome:
-    """Weigh, plan and (mode "apply") remove. Raises UsageError."""
+    """Weigh, plan and (mode "apply") remove. Raises UsageError, and Interrupted on Ctrl-C in
+    mode "apply" (nothing changed when it came before the first removal)."""
+    try:
+        return _run_prune(paths, target_args, mode, manifest_path, backup_dir, python, environ, progress)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        if mode != "apply":
+            raise
+        raise Interrupted("prune", 0, 0, None) from None
+
+
+def _run_prune(
+    paths: list[str] | None,
+    target_args: list[str],
+    mode: str,
+    manifest_path: str | None,
+    backup_dir: str | None,
+    python: str | None,
+    environ: dict[str, str] | None,
+    progress: Progress,
+) -> CommandOutcome:
     started = time.monotonic()
     roots, looked = resolve_roots(paths)
     environ = dict(os.environ) if environ is None else environ
     kept, source, selection = kept_targets(target_args, [r.path for r in roots], environ)
     inventory = build_inventory(roots, progress)
     reader = device_code_of(inventory, selection)
+    # The weight asks every file for its code objects: read them here, where the count shows.
+    progress.phase("reading GPU code objects", len(inventory.files), "files")
+    seen_bytes = 0
+    for done, record in enumerate(inventory.files, 1):
+        seen_bytes += record.size
+        progress.update(done, seen_bytes)
+        with contextlib.suppress(OSError, FormatError):  # the plan meets the same error and reports it
+            reader(record)
+    progress.phase("weighing device code for other GPUs")
     plan = make_plan(inventory, kept, reader)
     weight = weigh(plan, reader)
     where = looked[0] if len(looked) == 1 else ", ".join(looked)
@@ -176,7 +208,7 @@ def run_prune(
         findings.append(weight_note)
     result = None
     if mode == "apply":
-        result = prune_apply.apply_plan(plan, manifest_path, backup_dir, python, findings)
+        result = prune_apply.apply_plan(plan, manifest_path, backup_dir, python, findings, progress)
     section = prune_section(plan, weight, mode, source, result, time.monotonic() - started)
     totals = section["totals"]
     if mode == "apply":

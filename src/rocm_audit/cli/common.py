@@ -17,12 +17,13 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rocm_audit.errors import RocmAuditError
+from rocm_audit.errors import Interrupted, RocmAuditError
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import display
 from rocm_audit.severity import Severity
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 
 # The exit-code table: shown once, at the end of `rocm-audit --help` (and in README "Exit codes").
 # "\b" keeps click from re-wrapping the lines of the table into one paragraph.
@@ -504,6 +505,23 @@ def emit(
     return outcome.exit_code(threshold)
 
 
+def interrupted_message(stopped: Interrupted) -> str:
+    """What a Ctrl-C of a changing command did, and how to finish or undo it (lines of 100 columns
+    at most, but for the manifest's path)."""
+    import shlex
+
+    if not stopped.made:
+        return f"rocm-audit: {stopped.command} interrupted before its first change: nothing was changed."
+    done = (
+        f"rocm-audit: {stopped.command} interrupted: {stopped.made} of {stopped.planned} changes made, "
+        "each one complete;\nthe others are untouched. To finish, run the same command again."
+    )
+    if stopped.manifest is None:  # a revert: undoing it is running the command it undid
+        return done
+    revert = f"rocm-audit {stopped.command} --revert {shlex.quote(stopped.manifest)}"
+    return f"{done} To undo, run:\n  {display(revert)}"
+
+
 def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
     """Run a command body under the policy in force; map errors to exit codes (no traceback unless --debug)."""
     try:
@@ -516,6 +534,9 @@ def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
         if exc.hint:
             typer.echo(f"hint: {display(exc.hint)}", err=True)
         raise typer.Exit(exc.exit_code) from None
+    except Interrupted as stopped:
+        typer.echo(interrupted_message(stopped), err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the one place internal errors are turned into exit 3

@@ -1,13 +1,28 @@
-"""A progress line on stderr for long scans: only on a terminal, never in CI logs or with --quiet."""
+"""A progress line on stderr for long work: only on a terminal, never in CI logs or with --quiet.
+
+The library says which phase it is in and how far (rocm_audit.progress.Progress); this draws it
+as one line, ``check: reading GPU code objects: 840/3138 files``, cut to the terminal's width,
+redrawn at most 10 times a second, and cleared before the report is written.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
+
+from rocm_audit.output.escape import display
+from rocm_audit.progress import SILENT, Progress
+from rocm_audit.units import size_text
+
+REDRAW_S = 0.1  # at most 10 redraws a second
+# The tests' way to see every phase of a run over a small tree (each lasts milliseconds there):
+# a shorter interval (0: every call draws). Not for users; not in --help.
+_REDRAW_ENV = "ROCM_AUDIT_TEST_REDRAW_S"
 
 
 def progress_enabled(quiet: bool, stream: TextIO | None = None) -> bool:
@@ -18,36 +33,67 @@ def progress_enabled(quiet: bool, stream: TextIO | None = None) -> bool:
 
 
 class ProgressLine:
-    """Counts files and bytes; redraws at most 10 times a second."""
+    """Draws the phase and count the library reports; rate-limited, one terminal line."""
 
-    def __init__(self, label: str, stream: TextIO | None = None) -> None:
-        self.label = label
+    def __init__(self, command: str, stream: TextIO | None = None, redraw_s: float = REDRAW_S) -> None:
+        self.command = command
+        self.redraw_s = redraw_s
         self.stream = stream or sys.stderr
-        self.files = 0
-        self.bytes = 0
+        self.label = ""
+        self.total: int | None = None
+        self.unit = ""
+        self.done: int | None = None
+        self.size_bytes: int | None = None
         self._last_draw = 0.0
+        self._drawn = False
 
-    def __call__(self, files: int, size: int) -> None:
-        self.files = files
-        self.bytes += size
+    def phase(self, label: str, total: int | None = None, unit: str = "") -> None:
+        self.label, self.total, self.unit = label, total, unit
+        self.done = self.size_bytes = None
+        self._maybe_draw()
+
+    def update(self, done: int, size_bytes: int | None = None) -> None:
+        self.done, self.size_bytes = done, size_bytes
+        self._maybe_draw()
+
+    def text(self) -> str:
+        """The line as drawn, before it is cut to the terminal's width."""
+        shown = f"{self.command}: {self.label}" if self.label else self.command
+        counts = []
+        if self.total is not None:
+            counts.append(f"{self.done or 0}/{self.total}" + (f" {self.unit}" if self.unit else ""))
+        elif self.done is not None and self.unit:
+            counts.append(f"{self.done} {self.unit[:-1] if self.done == 1 and self.unit.endswith('s') else self.unit}")
+        if self.size_bytes is not None:
+            counts.append(size_text(self.size_bytes))
+        return display(shown + (": " + ", ".join(counts) if counts else ""))
+
+    def _maybe_draw(self) -> None:
         now = time.monotonic()
-        if now - self._last_draw >= 0.1:
-            self._last_draw = now
-            self.stream.write(f"\r{self.label}: {self.files} files, {self.bytes / 1e6:,.0f} MB ")
-            self.stream.flush()
+        if now - self._last_draw < self.redraw_s:
+            return
+        self._last_draw = now
+        # One column short of the width: a character in the last column makes some terminals wrap.
+        width = max(shutil.get_terminal_size((80, 24)).columns - 1, 1)
+        self.stream.write("\r" + self.text()[:width] + "\x1b[K")
+        self.stream.flush()
+        self._drawn = True
 
     def close(self) -> None:
-        if self._last_draw:
+        if self._drawn:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
 
 
 @contextmanager
-def progress_line(label: str, quiet: bool) -> Iterator[ProgressLine | None]:
-    """A ProgressLine when progress_enabled(quiet), cleared afterwards; else None."""
-    line = ProgressLine(label) if progress_enabled(quiet) else None
+def progress_line(command: str, quiet: bool) -> Iterator[Progress]:
+    """A ProgressLine when progress_enabled(quiet), cleared afterwards (on error and Ctrl-C too);
+    else SILENT."""
+    if not progress_enabled(quiet):
+        yield SILENT
+        return
+    line = ProgressLine(command, redraw_s=float(os.environ.get(_REDRAW_ENV) or REDRAW_S))
     try:
         yield line
     finally:
-        if line is not None:
-            line.close()
+        line.close()

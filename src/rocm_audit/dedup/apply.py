@@ -23,11 +23,13 @@ from rocm_audit.dedup.link import (
 from rocm_audit.dedup.manifest import default_manifest_path, journal_changes, list_in_record
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan, PlannedLink, regroup_differing
 from rocm_audit.dedup.verify import NeededBefore, needed_before, verify_applied
+from rocm_audit.errors import Interrupted
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.forkmap import fork_imap, worker_count
 from rocm_audit.tree.identical import pieces
 from rocm_audit.tree.inventory import TEMP_PREFIX, Inventory
-from rocm_audit.tree.journal import tree_locks
+from rocm_audit.tree.journal import one_change, tree_locks
 
 
 class _NoManifest(Exception):
@@ -61,11 +63,33 @@ class ApplyResult:
     manifest: str | None = None
 
 
-def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Finding]) -> ApplyResult:
-    """Carry out the plan; every skip or failure becomes a finding and the run goes on."""
+def apply_plan(
+    plan: DedupPlan, manifest_path: str | None, findings: list[Finding], progress: Progress = SILENT
+) -> ApplyResult:
+    """Carry out the plan; every skip or failure becomes a finding and the run goes on.
+
+    Raises Interrupted on Ctrl-C: each change is made whole or not at all (tree/journal.py
+    one_change), and the exception says how many were made."""
     result = ApplyResult()
     if not plan.groups:
         return result
+    planned = sum(len(g.duplicates) for g in plan.groups)
+    try:
+        return _apply_locked(plan, manifest_path, findings, progress, result, planned)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted("dedup", result.replaced, planned, result.manifest if result.replaced else None) from None
+
+
+def _apply_locked(
+    plan: DedupPlan,
+    manifest_path: str | None,
+    findings: list[Finding],
+    progress: Progress,
+    result: ApplyResult,
+    planned: int,
+) -> ApplyResult:
     trees = sorted(
         {r.sdk_tree for g in plan.groups for r in (g.keeper, *(d.record for d in g.duplicates)) if r.sdk_tree}
     )
@@ -90,9 +114,10 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
             _remove_leftovers(plan.inventory, findings)
 
         first = BeforeChanges(journal, [d.record.path for g in plan.groups for d in g.duplicates])
+        progress.phase("comparing and linking", planned, "files")
         try:
             pending = _regrouped(
-                _apply_groups(plan.groups, plan, result, findings, first), plan, result, findings, run_id
+                _apply_groups(plan.groups, plan, result, findings, first, progress), plan, result, findings, run_id
             )
         except _NoManifest as missing:  # no manifest, no way back (a read-only tree fails here too)
             findings.append(
@@ -102,8 +127,11 @@ def apply_plan(plan: DedupPlan, manifest_path: str | None, findings: list[Findin
             result.manifest = None
             return result
         while pending:
-            pending = _regrouped(_apply_groups(pending, plan, result, findings), plan, result, findings, run_id)
+            pending = _regrouped(
+                _apply_groups(pending, plan, result, findings, progress=progress), plan, result, findings, run_id
+            )
         plan.groups[:] = sorted((g for g in plan.groups if g.duplicates), key=lambda g: g.keeper.path)
+        progress.phase("checking what each changed library loads")
         result.verified = verify_applied(plan, first.snapshot, findings)
     return result
 
@@ -122,6 +150,7 @@ def _apply_groups(
     result: ApplyResult,
     findings: list[Finding],
     first: BeforeChanges | None = None,
+    progress: Progress = SILENT,
 ) -> list[tuple[DedupGroup, list[PlannedLink]]]:
     """Re-check and byte-compare every planned pair, and replace each duplicate as soon as its
     comparison is in: forked helpers share the reading while this process renames. ``first``
@@ -145,19 +174,21 @@ def _apply_groups(
         if problem == DIFFERS and not plan.exact:
             differing.setdefault(id(group), (group, []))[1].append(planned)
             return
-        try:
-            if problem == DIFFERS:
-                raise Skip("DUP003", "bytes differ from the keeper at apply time")
-            if problem is not None:
-                raise Skip("DUP005", problem)
-            replace_with_link(group, planned, before)
-        except Skip as skip:
-            _record_skip(group, planned, skip, result, findings)
-            return
-        group.status[planned.record.path] = "replaced"
-        result.replaced += 1
-        if not planned.hardlink:
-            result.bytes_freed += group.size
+        with one_change():  # a Ctrl-C waits until the link is in place and counted
+            try:
+                if problem == DIFFERS:
+                    raise Skip("DUP003", "bytes differ from the keeper at apply time")
+                if problem is not None:
+                    raise Skip("DUP005", problem)
+                replace_with_link(group, planned, before)
+            except Skip as skip:
+                _record_skip(group, planned, skip, result, findings)
+            else:
+                group.status[planned.record.path] = "replaced"
+                result.replaced += 1
+                if not planned.hardlink:
+                    result.bytes_freed += group.size
+        progress.update(result.replaced + result.skipped)
 
     # Pieces of about tuning.PIECE_BYTES each, so that processes share even one pair of 1 GB libraries.
     # Smallest pairs first, each pair's pieces one after another: pairs complete from the start,

@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import os
 import stat
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rocm_audit.dedup import tuning
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.rulebook.policy import policy
 from rocm_audit.tree.forkmap import fork_imap, worker_count
 from rocm_audit.tree.identical import (
@@ -116,7 +117,7 @@ def _kind_filter(kinds: set[FileKind], findings: list[Finding]) -> HeadFilter:
     return wanted
 
 
-def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
+def make_plan(inventory: Inventory, *, exact: bool = True, progress: Progress = SILENT) -> DedupPlan:
     """Group byte-identical (and hardlinked) SDK shared libraries and choose each group's keeper.
 
     ``exact=False`` is for a run that applies the plan at once: the apply step must byte-compare
@@ -142,7 +143,15 @@ def make_plan(inventory: Inventory, *, exact: bool = True) -> DedupPlan:
     intact: list[tuple[str, list[str]]] = []
     with keeping_open():  # a file compared in pieces is opened once, by all processes together
         groups = _groups_among(
-            paths_by_inode, inventory, findings, stats, exact=exact, kinds=kinds, ownership=ownership, intact=intact
+            paths_by_inode,
+            inventory,
+            findings,
+            stats,
+            exact=exact,
+            kinds=kinds,
+            ownership=ownership,
+            intact=intact,
+            progress=progress,
         )
         classed = {p for g in groups for p in (g.keeper.path, *(d.record.path for d in g.duplicates))}
         classed.update(p for _, paths in intact for p in paths)
@@ -199,6 +208,7 @@ def _groups_among(
     kinds: set[FileKind] | None,
     ownership: Ownership,
     intact: list[tuple[str, list[str]]],
+    progress: Progress = SILENT,
 ) -> list[DedupGroup]:
     """Groups of identical inodes (and of paths of one inode), each with its keeper chosen.
     ``kinds``: classify the files the inventory did not open, and keep only these kinds.
@@ -209,6 +219,8 @@ def _groups_among(
         first = records[0]
         inodes_by_size[(first.root, first.dev, first.size)].append(first)
     buckets = [sorted(reps, key=lambda r: r.ino) for _, reps in sorted(inodes_by_size.items()) if len(reps) > 1]
+    if buckets:
+        progress.phase(f"comparing {len(buckets)} candidate group{'s' if len(buckets) > 1 else ''}", len(buckets))
 
     def compare(item: list[FileRecord] | BucketPiece, *, full: bool = exact) -> _BucketOutcome:
         failures: list[ReadFailure] = []
@@ -295,11 +307,18 @@ def _groups_among(
             if not ranges:  # head and tail were all of it
                 group(number, [list(paths)])
     pieces_in: dict[int, list[list[list[Candidate]]]] = defaultdict(list)
+    items_left = Counter(item_buckets)  # a bucket is compared once its last item is in
+    buckets_done = len(buckets) - len(items_left)
+    progress.update(buckets_done)
     # Groups are built as answers come in, while helpers still compare the rest; heaviest first
     # keeps the end of the run balanced.
     for index, outcome in fork_imap(compare, items, item_weights, workers):
         item, number = items[index], item_buckets[index]
         take(number, outcome)
+        items_left[number] -= 1
+        if not items_left[number]:
+            buckets_done += 1
+            progress.update(buckets_done, bytes_read)
         if not isinstance(item, BucketPiece):
             if exact and not outcome.failures:  # compared in full: later checks need not read again
                 identity_of = {r.path: r.identity for r in buckets[number]}

@@ -9,9 +9,11 @@ from typing import Any
 
 from rocm_audit.dedup.link import Skip, remove_leftover, unlink_quietly
 from rocm_audit.dedup.manifest import read_manifest
+from rocm_audit.errors import Interrupted
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.tree.inventory import TEMP_PREFIX
+from rocm_audit.tree.journal import one_change
 
 _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]{12}")
 
@@ -86,6 +88,25 @@ def _copy_file(source: str, destination: str, entry: dict[str, Any]) -> None:
         raise OSError(5, "restored size differs from the recorded size")
 
 
+def _revert_entries(entries: list[dict[str, Any]], outcome_of: dict[str, str]) -> list[Finding]:
+    """Restore each path from its newest entry that finds it changed; fills ``outcome_of`` (path ->
+    "restored", "relinked", "failed" or "original") as it goes. Returns the findings."""
+    findings: list[Finding] = []
+    # A run killed between creating a temporary name and renaming it leaves it behind.
+    _remove_temporaries_in({os.path.dirname(e["path"]) for e in entries}, findings)
+    for entry in reversed(entries):
+        path = entry["path"]
+        if outcome_of.get(path, "original") != "original":
+            continue  # a newer entry of this path settled it
+        with one_change():  # a Ctrl-C waits until this file is back whole and counted
+            try:
+                outcome_of[path] = _restore_one(entry)
+            except Skip as skip:
+                findings.append(make_finding(skip.rule, path, skip.message, related=[entry["keeper"]]))
+                outcome_of[path] = "failed"
+    return findings
+
+
 def _remove_temporaries_in(directories: set[str], findings: list[Finding]) -> None:
     """Remove rocm-audit's own temporary names (TEMP_PREFIX + 12 hex digits) from directories."""
     for directory in sorted(directories):
@@ -99,27 +120,23 @@ def _remove_temporaries_in(directories: set[str], findings: list[Finding]) -> No
 
 
 def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
-    """Undo the replacements recorded in the manifests, newest first."""
-    findings: list[Finding] = []
-    restored: list[str] = []
-    relinked: list[str] = []
-    already = failed = 0
+    """Undo the replacements recorded in the manifests, newest first. Raises Interrupted on Ctrl-C
+    (each file is restored whole or not at all)."""
     entries = [e for path in manifest_paths for e in read_manifest(path)]
-    # A run killed between creating a temporary name and renaming it leaves it behind.
-    _remove_temporaries_in({os.path.dirname(e["path"]) for e in entries}, findings)
-    for entry in reversed(entries):
-        try:
-            outcome = _restore_one(entry)
-        except Skip as skip:
-            findings.append(make_finding(skip.rule, entry["path"], skip.message, related=[entry["keeper"]]))
-            failed += 1
-            continue
-        if outcome == "restored":
-            restored.append(entry["path"])
-        elif outcome == "relinked":
-            relinked.append(entry["path"])
-        else:
-            already += 1
+    paths = {e["path"] for e in entries}
+    outcome_of: dict[str, str] = {}
+    try:
+        findings = _revert_entries(entries, outcome_of)
+    except KeyboardInterrupt:
+        made = sum(1 for o in outcome_of.values() if o == "restored")
+        raise Interrupted("dedup --revert", made, len(paths), None) from None
+    # One count per path: a manifest holds a path once per run that planned it (an interrupted run
+    # and the run that finished its work; a member regrouped during a run), and the newest entry
+    # that finds the path changed decides what was done with it.
+    restored = sorted(p for p, o in outcome_of.items() if o == "restored")
+    relinked = sorted(p for p, o in outcome_of.items() if o == "relinked")
+    failed = sum(1 for o in outcome_of.values() if o == "failed")
+    already = len(paths) - len(restored) - len(relinked) - failed
     summary = (
         f"dedup --revert: {len(restored)} file(s) restored, {already} already original, {failed} could not be restored"
     )

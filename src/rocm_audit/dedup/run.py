@@ -9,17 +9,33 @@ from typing import Any
 from rocm_audit.dedup.apply import ApplyResult, apply_plan
 from rocm_audit.dedup.plan import hardlinked, make_plan
 from rocm_audit.dedup.report import check_mode_findings, dedup_section
+from rocm_audit.errors import Interrupted
 from rocm_audit.findings import make_finding
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.discovery import resolve_roots
-from rocm_audit.tree.inventory import ProgressCallback, build_inventory
+from rocm_audit.tree.inventory import build_inventory
 from rocm_audit.units import size_text
 
 
 def run_dedup(
-    paths: list[str] | None, *, mode: str, manifest_path: str | None = None, progress: ProgressCallback | None = None
+    paths: list[str] | None, *, mode: str, manifest_path: str | None = None, progress: Progress = SILENT
 ) -> CommandOutcome:
-    """Discover, plan, and (mode == "apply") apply. Returns the outcome for the CLI."""
+    """Discover, plan, and (mode == "apply") apply. Returns the outcome for the CLI.
+
+    Raises Interrupted on Ctrl-C in mode "apply" (with nothing changed when it came before the
+    first change)."""
+    try:
+        return _run_dedup(paths, mode=mode, manifest_path=manifest_path, progress=progress)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        if mode != "apply":
+            raise
+        raise Interrupted("dedup", 0, 0, None) from None
+
+
+def _run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None, progress: Progress) -> CommandOutcome:
     started = time.monotonic()
     roots, looked = resolve_roots(paths, for_dedup=True)
     inventory = build_inventory(roots, progress, worth_reading=hardlinked)
@@ -33,11 +49,11 @@ def run_dedup(
                 data={"looked_in": looked},
             )
         )
-    plan = make_plan(inventory, exact=mode != "apply")
+    plan = make_plan(inventory, exact=mode != "apply", progress=progress)
     findings.extend(plan.findings)
     result = ApplyResult()
     if mode == "apply":
-        result = apply_plan(plan, manifest_path, findings)
+        result = apply_plan(plan, manifest_path, findings, progress)
         findings = [f for f in findings if not (f.rule == "SCAN004" and not os.path.lexists(f.path))]
     else:  # what a plain run would change; a dry run says it too, never "0 error(s)" on a split tree
         findings.extend(check_mode_findings(plan))

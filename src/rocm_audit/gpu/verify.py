@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from rocm_audit.formats import triton_metadata
 from rocm_audit.formats.offload_bundle import DEVICE_KINDS, comgr_selectable, parse_entry_id
 from rocm_audit.gpu.codeobjects import CodeObject, FileCodeObjects, scan_file
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.archfiles import arch_folder_of, miopen_db_arch
 from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
@@ -292,12 +293,18 @@ def selection_for(required: list[RequiredTarget]) -> TargetSelection:
     return TargetSelection(tuple(dict.fromkeys(t.agent for t in required)))
 
 
-def scan_inventory(inventory: Inventory, selection: TargetSelection | None = None) -> list[FileCodeObjects]:
+def scan_inventory(
+    inventory: Inventory, selection: TargetSelection | None = None, progress: Progress = SILENT
+) -> list[FileCodeObjects]:
     """Code objects of every file that can hold some, in path order; kernel-database files too.
     With a selection, only what judging its agents needs is read (``scan_file``)."""
     results = []
     by_path = {record.path: record for record in inventory.files}
-    for record in sorted(inventory.files, key=lambda r: r.path):
+    progress.phase("reading GPU code objects", len(inventory.files), "files")
+    seen_bytes = 0
+    for done, record in enumerate(sorted(inventory.files, key=lambda r: r.path), 1):
+        seen_bytes += record.size
+        progress.update(done, seen_bytes)
         database = _database_root(record.path)
         if database is not None:
             kind, root, _judged = database
@@ -802,14 +809,15 @@ def verify_arch(
     target_args: list[str],
     *,
     environ: dict[str, str] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress = SILENT,
 ) -> CommandOutcome:
     """Judge every carrier under ``paths`` against the requested targets. Raises UsageError."""
     roots, looked = resolve_roots(paths)
     choice = choose_targets(target_args, [r.path for r in roots], dict(os.environ) if environ is None else environ)
     required = choice.targets
     inventory = build_inventory(roots, progress)
-    scans = scan_inventory(inventory, selection_for(required))
+    scans = scan_inventory(inventory, selection_for(required), progress)
+    progress.phase(f"judging GPU code against {len(required)} target(s)")
     carriers = build_carriers(scans)
     findings = list(inventory.findings) + scan_findings(scans)
     findings.extend(judge_all(carriers, required))
@@ -830,11 +838,11 @@ def verify_arch(
     return outcome
 
 
-def list_targets(paths: list[str] | None, *, progress: Callable[[int, int], None] | None = None) -> CommandOutcome:
+def list_targets(paths: list[str] | None, *, progress: Progress = SILENT) -> CommandOutcome:
     """Every code object in every file under ``paths`` (``scan --targets``)."""
     roots, looked = resolve_roots(paths)
     inventory = build_inventory(roots, progress)
-    scans = scan_inventory(inventory)
+    scans = scan_inventory(inventory, progress=progress)
     objects = [code_object_to_dict(s.path, obj) for s in scans for obj in s.code_objects]
     files = [
         {
@@ -857,7 +865,7 @@ def list_targets(paths: list[str] | None, *, progress: Callable[[int, int], None
     )
 
 
-def inventory_summary(paths: list[str] | None, *, progress: Callable[[int, int], None] | None = None) -> CommandOutcome:
+def inventory_summary(paths: list[str] | None, *, progress: Progress = SILENT) -> CommandOutcome:
     """Plain ``scan``: how many files of each kind, and the SDK trees, under ``paths``."""
     roots, looked = resolve_roots(paths)
     inventory = build_inventory(roots, progress)

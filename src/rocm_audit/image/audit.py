@@ -26,6 +26,7 @@ from rocm_audit.image import merge, tarstream, waste
 from rocm_audit.image.archive import ImageLayout, Store, iter_layer_streams, open_store, read_layout
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.progress import SILENT, Progress
 
 PACKAGE_DIRS = ("site-packages", "dist-packages")
 # What the checks read besides site-packages: the loader's search path (formats.md 4).
@@ -84,10 +85,10 @@ def wanted(full: bool) -> Callable[[str], bool]:
     return keep
 
 
-def audit_archive(archive: str, options: ImageOptions) -> CommandOutcome:
+def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILENT) -> CommandOutcome:
     """`rocm-audit image --archive FILE`: a docker save tarball or an OCI layout (dir or tar)."""
     with _Workdir(options.workdir_parent) as workdir:
-        state = new_state(workdir, options)
+        state = new_state(workdir, options, progress)
         try:
             layout = extract_archive(archive, workdir, state, options.ref)
         except FormatError as exc:
@@ -115,6 +116,7 @@ def extract_archive(archive: str, workdir: str, state: merge.MergeState, ref: st
     layout = read_layout(store, ref)
     for index, layer, blob in iter_layer_streams(store, layout):
         where = f"{archive}:{layer.member}"
+        state.progress.phase(f"reading layer {index + 1}/{len(layout.layers)}", unit="entries")
         try:
             merge.apply_layer(
                 state,
@@ -174,12 +176,14 @@ def audit_stream(
     options: ImageOptions,
     source: dict[str, Any],
     again: Callable[[], Iterable[bytes]] | None = None,
+    progress: Progress = SILENT,
 ) -> CommandOutcome:
     """Audit one flattened filesystem tar (a container export) as a single layer; ``again``
     streams it once more, when a kept hardlink's bytes were stored under a path not written."""
 
     with _Workdir(options.workdir_parent) as workdir:
-        state = new_state(workdir, options)
+        state = new_state(workdir, options, progress)
+        progress.phase("reading the container's files", unit="entries")
         try:
             merge.apply_layer(
                 state,
@@ -196,7 +200,7 @@ def audit_stream(
         return _audit_merged(state, options, source, [label], [label], layer_aware=False)
 
 
-def new_state(workdir: str, options: ImageOptions) -> merge.MergeState:
+def new_state(workdir: str, options: ImageOptions, progress: Progress = SILENT) -> merge.MergeState:
     # Resolved, so the paths the checks report (they resolve their roots) share this prefix.
     root = os.path.join(os.path.realpath(workdir), "rootfs")
     os.mkdir(root, 0o700)
@@ -204,6 +208,7 @@ def new_state(workdir: str, options: ImageOptions) -> merge.MergeState:
         root=root,
         limits=merge.Limits(options.max_bytes, options.max_entries),
         keep=wanted(options.full),
+        progress=progress,
     )
 
 
@@ -215,6 +220,7 @@ def _audit_merged(
     inputs: list[str],
     layer_aware: bool = True,
 ) -> CommandOutcome:
+    state.progress.phase("merging the layers")
     merge.finish(state)
     package_dirs = find_package_dirs(state.root)
     findings = list(state.findings)
@@ -234,7 +240,7 @@ def _audit_merged(
         recorded_targets=options.recorded,
         prune_by_file=layer_aware,
     )
-    outcome = run_check(package_dirs or [state.root], check_options)
+    outcome = run_check(package_dirs or [state.root], check_options, state.progress)
     section: dict[str, Any] = {
         "source": source,
         "layers": [
@@ -255,6 +261,7 @@ def _audit_merged(
         "bytes_read": state.limits.bytes_read,
     }
     if layer_aware:
+        state.progress.phase("placing identical copies in their layers")
         groups, total = waste.analyse(state)
         findings.extend(waste.waste_findings(groups, layer_names))
         section["waste"] = waste.waste_section(groups, total)

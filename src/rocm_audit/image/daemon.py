@@ -21,6 +21,7 @@ from typing import Any
 from rocm_audit.errors import UsageError
 from rocm_audit.image.audit import ImageOptions, audit_archive, audit_stream, image_targets
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.progress import SILENT, Progress
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,9 @@ def _client() -> Any:
     return client
 
 
-def audit_daemon_image(ref: str, options: ImageOptions, layers: bool = False) -> CommandOutcome:
+def audit_daemon_image(
+    ref: str, options: ImageOptions, layers: bool = False, progress: Progress = SILENT
+) -> CommandOutcome:
     """Audit image ``ref`` of the daemon. Raises UsageError without SDK, daemon or image."""
     client = _client()
     import docker  # noqa: PLC0415 - present: _client() imported it
@@ -57,7 +60,7 @@ def audit_daemon_image(ref: str, options: ImageOptions, layers: bool = False) ->
     except docker.errors.APIError as exc:
         raise UsageError(f"cannot inspect image {ref!r}: {exc}") from None
     if layers:
-        return _via_save(image, ref, options)
+        return _via_save(image, ref, options, progress)
     options = dataclasses.replace(
         options, recorded=image_targets({"Config": image.attrs.get("Config") or {}}, _history(image))
     )
@@ -84,6 +87,7 @@ def audit_daemon_image(ref: str, options: ImageOptions, layers: bool = False) ->
             options,
             source,
             again=lambda: client.api.export(container_id, chunk_size=STREAM_CHUNK),
+            progress=progress,
         )
     finally:
         try:
@@ -106,18 +110,20 @@ def _history(image: Any) -> list[str]:
     return [str(e.get("CreatedBy") or "") for e in reversed(entries) if isinstance(e, dict)]
 
 
-def _via_save(image: Any, ref: str, options: ImageOptions) -> CommandOutcome:
+def _via_save(image: Any, ref: str, options: ImageOptions, progress: Progress = SILENT) -> CommandOutcome:
     workdir = tempfile.mkdtemp(prefix="rocm-audit-save-", dir=options.workdir_parent)
     try:
         archive = os.path.join(workdir, "image.tar")
         written = 0
+        progress.phase("saving the image from the Docker daemon")
         with open(archive, "wb") as target:
             for chunk in image.save(chunk_size=STREAM_CHUNK, named=True):
                 written += len(chunk)
+                progress.update(0, written)
                 if written > options.max_bytes:
                     raise UsageError(f"image {ref!r} is larger than --max-bytes {options.max_bytes}")
                 target.write(chunk)
-        outcome = audit_archive(archive, options)
+        outcome = audit_archive(archive, options, progress)
         # Name the image, not the temporary file, in findings ("REF:<layer member>").
         outcome.findings = [dataclasses.replace(f, path=f.path.replace(archive, ref, 1)) for f in outcome.findings]
         source = outcome.sections.get("image", {}).get("source")

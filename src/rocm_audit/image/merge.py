@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from rocm_audit.errors import FormatError, RocmAuditError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image import tarstream
+from rocm_audit.progress import SILENT, Progress
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class MergeState:
     # Image paths of the shared libraries ("*.so*" names) the merged view holds but ``keep`` did
     # not write: the loader model finds them there and knows it cannot read them.
     streamed_past: set[str] = field(default_factory=set)
+    progress: Progress = SILENT  # told how far each layer's reading is (the caller names the phase)
 
 
 def normalise(name: str) -> str | None:
@@ -156,7 +158,7 @@ def apply_layer(
     opaque: list[tuple[str, int]] = []
     devices: list[tuple[int, str, str]] = []  # (offset, path, type): one finding per layer
     pending: dict[str, _Pending] = {}  # unwritten source -> the kept hardlinks waiting for its bytes
-    for entry, data in tarstream.iter_entries(_Budget(stream, state.limits)):
+    for entry, data in tarstream.iter_entries(_Budget(stream, state.limits, state.progress, stats)):
         state.limits.entries += 1
         stats.entries += 1
         if state.limits.entries > state.limits.max_entries:
@@ -373,13 +375,19 @@ def _lexical(stack: list[str], parts: list[str]) -> str:
 class _Budget:
     """Counts every uncompressed tar byte against the image limit."""
 
-    def __init__(self, raw: tarstream.Readable, limits: Limits) -> None:
+    def __init__(
+        self, raw: tarstream.Readable, limits: Limits, progress: Progress = SILENT, layer: LayerStats | None = None
+    ) -> None:
         self.raw = raw
         self.limits = limits
+        self.progress = progress
+        self.layer = layer
+        self.started_at = limits.bytes_read
 
     def read(self, size: int = -1, /) -> bytes:
         piece = self.raw.read(size)
         self.limits.bytes_read += len(piece)
+        self.progress.update(self.layer.entries if self.layer else 0, self.limits.bytes_read - self.started_at)
         if self.limits.bytes_read > self.limits.max_bytes:
             raise LimitExceeded(f"image is larger than the {self.limits.max_bytes} bytes allowed (raise --max-bytes)")
         return piece

@@ -46,6 +46,7 @@ from rocm_audit.llvm.probes import (
 from rocm_audit.llvm.roles import ClFacts, Role, classify
 from rocm_audit.llvm.verdicts import Prediction, Verdict
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.discovery import Interpreter, interpreter_for, is_tree_of, resolve_roots
 from rocm_audit.tree.identical import Candidate, CompareStats, ReadFailure, partition_identical
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory, read_dynamic_info
@@ -627,7 +628,7 @@ def _closure_clashes(
     return clashes
 
 
-def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
+def analyse(inventory: Inventory, options: LlvmOptions, progress: Progress = SILENT) -> LlvmAnalysis:
     """Roles, clashes and requested closures for an inventory (probes not run)."""
     findings: list[Finding] = []
     facts = _Facts(inventory, findings)
@@ -638,8 +639,10 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
         return ProcessModel(loader, facts.dynamic, host)
 
     libraries = inventory.by_kind(FileKind.SHARED_LIBRARY)
-    for record in libraries:
+    progress.phase("LLVM: reading roles", len(libraries), "libraries")
+    for done, record in enumerate(libraries, 1):
         facts.of(record.path, record.identity)
+        progress.update(done)
     preloaded = _identities(options.preload)
     clashes, group_of = _duplicate_clashes(inventory, facts, findings, preloaded)
     exporters: dict[tuple[int, int], tuple[tuple[int, int], str, ClFacts]] = {}
@@ -654,6 +657,7 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
         if facts.dynamic(r.path) is not None
     )
     executables = frozenset(r.path for r in inventory.by_kind(FileKind.EXECUTABLE))
+    progress.phase(f"LLVM: following the load closures of {len(roots)} files")
     clashes += _closure_clashes(roots, process, host, facts, executables)
     clashes.sort(key=Clash.sort_key)
     judge = PairJudge(
@@ -662,7 +666,7 @@ def analyse(inventory: Inventory, options: LlvmOptions) -> LlvmAnalysis:
         _by_soname(libraries, facts),
         preload=options.preload,
     )
-    pairs, judged_count = _judge_pairs(libraries, facts, judge, clashes)
+    pairs, judged_count = _judge_pairs(libraries, facts, judge, clashes, progress)
 
     closures = [process().dlopen(path) for path in options.closure_paths]
     closure_roles = {
@@ -727,27 +731,39 @@ def _by_soname(libraries: Sequence[FileRecord], facts: _Facts) -> dict[str, list
 
 
 def _judge_pairs(
-    libraries: Sequence[FileRecord], facts: _Facts, judge: PairJudge, clashes: list[Clash]
+    libraries: Sequence[FileRecord], facts: _Facts, judge: PairJudge, clashes: list[Clash], progress: Progress = SILENT
 ) -> tuple[list[PairVerdicts], int]:
     """Judge every pair of LLVM-carrying libraries (one path per inode) in both orders and three
     modes; attach each clash's worst pair; return the pairs and how many were judged."""
     candidates: list[tuple[str, tuple[int, int]]] = []
     seen: set[tuple[int, int]] = set()
-    for record in sorted(libraries, key=lambda r: r.path):
+    carriers = [
+        r
+        for r in sorted(libraries, key=lambda r: r.path)
+        # nothing of LLVM's registry in the others (roles.py read their .dynstr and .rodata)
+        if facts.by_identity[r.identity].role not in (Role.NONE, Role.UNKNOWN)
+    ]
+    if carriers:
+        progress.phase("LLVM: reading linkage", len(carriers), "libraries")
+    for done, record in enumerate(carriers, 1):
+        progress.update(done)
         if record.identity in seen:
             continue
         seen.add(record.identity)
-        if facts.by_identity[record.identity].role in (Role.NONE, Role.UNKNOWN):
-            continue  # nothing of LLVM's registry in it (roles.py read its .dynstr and .rodata)
         linkage = facts.linkage(record.path, record.identity)
         if linkage.exports or linkage.binds or linkage.defines_registry:
             candidates.append((record.path, record.identity))
     if len(candidates) > MAX_JUDGED_LIBRARIES:
         candidates = [c for c in candidates if facts.by_identity[c[1]].llvm_role][:MAX_JUDGED_LIBRARIES]
     results: dict[frozenset[str], PairVerdicts] = {}
+    if len(candidates) > 1:
+        progress.phase(
+            f"LLVM: judging {len(candidates)} libraries", len(candidates) * (len(candidates) - 1) // 2, "pairs"
+        )
     for index, (a, _) in enumerate(candidates):
         for b, _ in candidates[index + 1 :]:
             results[frozenset((a, b))] = judge.judge(a, b)
+            progress.update(len(results))
     for clash in clashes:
         if clash.reason is Reason.CLOSURE_INTERPOSITION:
             # The model judges the root's own dlopen too (LLVM004's separate LLVMs stay a warning).
@@ -952,12 +968,17 @@ def _clash_finding(clash: Clash) -> Finding:
 
 
 def probe_clashes(
-    clashes: Sequence[Clash], options: LlvmOptions, judge: PairJudge | None = None, python: str | None = None
+    clashes: Sequence[Clash],
+    options: LlvmOptions,
+    judge: PairJudge | None = None,
+    python: str | None = None,
+    progress: Progress = SILENT,
 ) -> list[Finding]:
     """Run every clash's probes under ``python`` (None: this interpreter; one child per mode; a
     judged pair in both orders, each library after its hosts); return the findings they lead to."""
     findings: list[Finding] = []
-    for clash in clashes:
+    for done, clash in enumerate(clashes, 1):
+        progress.update(done)
         if clash.judged is not None and judge is not None:
             clash.probes, clash.probe_expect = _probe_orders(clash.judged, judge, options, python)
             findings.extend(_judged_probe_findings(clash.paths, clash.probes, clash.probe_expect))
@@ -1114,7 +1135,7 @@ def probe_decided(probes: Sequence[ProbeResult]) -> Verdict | None:
     return Verdict.CLEAN
 
 
-def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions) -> None:
+def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions, progress: Progress = SILENT) -> None:
     """Probe every clash and every failing pair; the probe verdict overrides the static one (the
     clash's finding is rewritten: a clean probe downgrades it to LLVM014 with the evidence, a bad
     one makes it an error) and the report says which decided.
@@ -1126,11 +1147,13 @@ def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions) -> None:
     interpreter = interpreter_for(options.python, audited)
     analysis.probe_interpreter = interpreter
     python = interpreter.executable
-    analysis.findings.extend(probe_clashes(analysis.clashes, options, analysis.judge, python))
+    progress.phase("LLVM: probing clashes in child processes", len(analysis.clashes) + len(analysis.pairs))
+    analysis.findings.extend(probe_clashes(analysis.clashes, options, analysis.judge, python, progress))
     judge = analysis.judge
-    for pair in analysis.pairs:
+    for done, pair in enumerate(analysis.pairs, len(analysis.clashes) + 1):
         if judge is None:
             break
+        progress.update(done)
         probes, expected = _probe_orders(pair, judge, options, python)
         analysis.pair_probes[pair.paths] = (probes, expected)
         analysis.findings.extend(_judged_probe_findings(pair.paths, probes, expected))
@@ -1368,7 +1391,7 @@ def closure_to_dict(closure: Closure, roles: dict[str, Role]) -> dict[str, Any]:
 def run_llvm(
     paths: list[str] | None,
     options: LlvmOptions,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress = SILENT,
 ) -> CommandOutcome:
     """Scan, analyse, optionally probe; the outcome the CLI renders. Raises UsageError."""
     options = dataclasses.replace(options)  # filled in below; the caller's stays as it was
@@ -1390,9 +1413,9 @@ def run_llvm(
             )
         options.preload = (*options.preload, *found)
     options.closure_paths = tuple(os.path.abspath(p) for p in options.closure_paths)
-    analysis = analyse(inventory, options)
+    analysis = analyse(inventory, options, progress)
     if options.probe:
-        probe_analysis(analysis, options)
+        probe_analysis(analysis, options, progress)
     findings = list(inventory.findings) + analysis.reported_findings()
     sections: dict[str, Any] = {
         "libraries": [

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocm_audit import __version__
-from rocm_audit.errors import UsageError
+from rocm_audit.errors import Interrupted, UsageError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune.plan import PrunePlan, Removal
 from rocm_audit.tree.discovery import default_site_packages, owning_interpreter
 from rocm_audit.tree.inventory import TEMP_PREFIX, LinkRecord
-from rocm_audit.tree.journal import append_records, fsync_directory, read_records, tree_locks
+from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
 from rocm_audit.tree.ownership import Distribution
 
 MANIFEST_DIR = ".rocm-audit"
@@ -260,10 +261,32 @@ def apply_plan(
     backup_dir: str | None,
     python: str | None,
     findings: list[Finding],
+    progress: Progress = SILENT,
 ) -> ApplyResult:
+    """Journal, then carry out each removal. Raises UsageError, and Interrupted on Ctrl-C: a unit
+    is removed whole (its backups first, then its files, under tree/journal.py one_change) or
+    not at all."""
     result = ApplyResult(backup=backup_dir)
     if not plan.removals:
         return result
+    try:
+        return _apply_locked(plan, manifest_path, backup_dir, python, findings, progress, result)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        made = result.removed
+        raise Interrupted("prune", made, len(plan.removals), result.manifest if made else None) from None
+
+
+def _apply_locked(
+    plan: PrunePlan,
+    manifest_path: str | None,
+    backup_dir: str | None,
+    python: str | None,
+    findings: list[Finding],
+    progress: Progress,
+    result: ApplyResult,
+) -> ApplyResult:
     manifest = manifest_path or default_manifest_path(plan)
     result.manifest = manifest
     backup = os.path.abspath(backup_dir) if backup_dir else None
@@ -308,33 +331,55 @@ def apply_plan(
                 removal.status, removal.reason = "failed", "no manifest"
             return result
         backed_up: dict[str, str] = {}
-        for removal, lines in zip(plan.removals, journal, strict=True):
+        progress.phase("removing", len(plan.removals), "units")
+        for done, (removal, lines) in enumerate(zip(plan.removals, journal, strict=True)):
+            progress.update(done)
             try:
-                _apply_one(removal, lines, backed_up, pip, backup is not None)
+                entries = _prepare(lines, backed_up, backup is not None)
             except _Changed as exc:
-                removal.status, removal.reason = "skipped", str(exc)
-                findings.append(make_finding("PRUNE003", removal.path, f"skipped: {exc}"))
+                _record_failure(removal, findings, "skipped", exc)
                 continue
-            except (OSError, subprocess.SubprocessError) as exc:
-                removal.status, removal.reason = "failed", str(exc)
-                findings.append(make_finding("PRUNE004", removal.path, f"could not remove: {exc}"))
+            except OSError as exc:
+                _record_failure(removal, findings, "failed", exc)
                 continue
-            removal.status = "removed"
-            result.removed += 1
-            result.bytes_freed += removal.bytes_on_disk
+            with one_change():  # a Ctrl-C waits until the unit is gone and counted
+                try:
+                    _remove(removal, lines, entries, pip, backup is not None)
+                except _Changed as exc:
+                    _record_failure(removal, findings, "skipped", exc)
+                except (OSError, subprocess.SubprocessError) as exc:
+                    _record_failure(removal, findings, "failed", exc)
+                else:
+                    removal.status = "removed"
+                    result.removed += 1
+                    result.bytes_freed += removal.bytes_on_disk
     return result
 
 
-def _apply_one(
-    removal: Removal, lines: list[dict[str, Any]], backed_up: dict[str, str], pip: list[str] | None, backup: bool
-) -> None:
+def _record_failure(removal: Removal, findings: list[Finding], status: str, exc: Exception) -> None:
+    removal.status, removal.reason = status, str(exc)
+    if status == "skipped":
+        findings.append(make_finding("PRUNE003", removal.path, f"skipped: {exc}"))
+    else:
+        findings.append(make_finding("PRUNE004", removal.path, f"could not remove: {exc}"))
+
+
+def _prepare(lines: list[dict[str, Any]], backed_up: dict[str, str], backup: bool) -> list[dict[str, Any]]:
+    """Re-check a whole unit before any of it changes, and back its files up: nothing is removed
+    yet, so a Ctrl-C here leaves the unit as it was. Returns its file and link entries."""
     entries = [e for e in lines if e.get("type") in ("file", "link")]
-    for entry in entries:  # the re-check of the whole unit before any of it changes
+    for entry in entries:
         _unchanged(entry)
     if backup:
         for entry in entries:
             if entry["type"] == "file":
                 _back_up(entry, backed_up)
+    return entries
+
+
+def _remove(
+    removal: Removal, lines: list[dict[str, Any]], entries: list[dict[str, Any]], pip: list[str] | None, backup: bool
+) -> None:
     distribution = removal.distribution
     if distribution is not None:
         assert pip is not None
@@ -371,8 +416,14 @@ def _uninstall(distribution: Distribution, pip: list[str], files: list[dict[str,
             os.link(entry["path"], temporary)
             aside.append((temporary, entry["path"]))
     try:
+        # In a session of its own: a Ctrl-C at the terminal must not stop pip half-way through an
+        # uninstall (pip rolls back on errors, not on KeyboardInterrupt); rocm-audit stops after it.
         done = subprocess.run(
-            [*pip, "uninstall", "-y", distribution.name], capture_output=True, text=True, timeout=1800
+            [*pip, "uninstall", "-y", distribution.name],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            start_new_session=True,
         )
     finally:
         for temporary, path in aside:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from rocm_audit.elf import read as elfread
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.discovery import AuditRoot, enclosing_sdk_tree, is_sdk_tree_name
 from rocm_audit.tree.facts import FileFacts
 from rocm_audit.tree.identical import KnownClasses, head_digest
@@ -144,9 +145,6 @@ def classify(fd: int, head: bytes, size: int) -> tuple[FileKind, elfread.ElfHead
     return FileKind.SHARED_LIBRARY, header
 
 
-ProgressCallback = Callable[[int, int], None]
-
-
 def _walk(root: AuditRoot, findings: list[Finding]) -> Iterator[tuple[str, os.stat_result]]:
     """Yield (path, lstat) for every non-directory entry under root, in sorted order."""
     if root.single_file:
@@ -193,7 +191,7 @@ ReadSelector = Callable[[list[ListedFile]], Container[str]]
 
 
 def build_inventory(
-    roots: list[AuditRoot], progress: ProgressCallback | None = None, worth_reading: ReadSelector | None = None
+    roots: list[AuditRoot], progress: Progress = SILENT, worth_reading: ReadSelector | None = None
 ) -> Inventory:
     """Walk every root and classify its files. Problems become findings; the walk goes on.
 
@@ -203,6 +201,7 @@ def build_inventory(
     inventory = Inventory(roots=list(roots))
     trees: set[str] = set()
     listed: list[ListedFile] = []
+    progress.phase("listing files", unit="files")
     for root in roots:
         root_tree = enclosing_sdk_tree(root.path)
         tree_of_dir: dict[str, str | None] = {}  # the owning tree is a property of the directory
@@ -232,7 +231,10 @@ def build_inventory(
             if root.sdk_only and sdk_tree is None:
                 continue
             listed.append(ListedFile(path, root, sdk_tree, st))
+            progress.update(len(listed))
     selected = None if worth_reading is None else worth_reading(listed)
+    progress.phase("scanning", len(listed), "files")
+    seen_bytes = 0
     for seen_files, entry in enumerate(listed, 1):
         if selected is None or entry.path in selected:
             record = _file_record(entry, inventory.findings)
@@ -240,8 +242,8 @@ def build_inventory(
             record = _unread_record(entry)
         if record is not None:
             inventory.files.append(record)
-        if progress is not None:
-            progress(seen_files, entry.stat.st_size)
+        seen_bytes += entry.stat.st_size
+        progress.update(seen_files, seen_bytes)
     inventory.sdk_trees = sorted(trees)
     return inventory
 

@@ -12,11 +12,36 @@ import errno
 import fcntl
 import json
 import os
+import signal
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rocm_audit.errors import UsageError
 from rocm_audit.tree.smallfile import open_regular
+
+
+@contextlib.contextmanager
+def one_change() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) off until the change made inside is complete and counted: the
+    KeyboardInterrupt comes right after it, never between its rename and its bookkeeping.
+
+    Only the main thread can set a signal handler; elsewhere this does nothing. Costs two
+    ``signal.signal`` calls (microseconds) per change."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:  # now, as the handler in force before would have
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
 
 
 @contextlib.contextmanager

@@ -62,6 +62,6 @@ def command(
     options = CheckOptions(
         targets=list(targets or []), sysroot=sysroot, probe=probe, python=python, skip=checks_to_skip(skip or [])
     )
-    with progress_line("check: scanning", report.quiet) as progress:
+    with progress_line("check", report.quiet) as progress:
         outcome = run_check(paths, options, progress)
     return outcome

@@ -62,6 +62,6 @@ def command(
         from rocm_audit.cli.progress import progress_line
         from rocm_audit.dedup.run import run_dedup
 
-        with progress_line("dedup: scanning", report.quiet) as progress:
+        with progress_line("dedup", report.quiet) as progress:
             outcome = run_dedup(paths, mode=mode, manifest_path=manifest, progress=progress)
     return outcome

@@ -154,12 +154,15 @@ def command(
         max_entries=max_entries,
         full=full,
     )
-    if archive is not None:
-        if not os.path.exists(archive):
-            raise UsageError(f"archive does not exist: {archive}")
-        outcome = audit_archive(archive, options)
-    else:
-        from rocm_audit.image.daemon import audit_daemon_image
+    from rocm_audit.cli.progress import progress_line
 
-        outcome = audit_daemon_image(ref or "", options, layers=layers)
+    with progress_line("image", report.quiet) as progress:
+        if archive is not None:
+            if not os.path.exists(archive):
+                raise UsageError(f"archive does not exist: {archive}")
+            outcome = audit_archive(archive, options, progress)
+        else:
+            from rocm_audit.image.daemon import audit_daemon_image
+
+            outcome = audit_daemon_image(ref or "", options, layers=layers, progress=progress)
     return outcome

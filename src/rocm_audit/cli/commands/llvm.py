@@ -114,6 +114,6 @@ def command(
         ld_library_path=tuple(d for d in (ld_library_path or "").split(":") if d),
         python=python,
     )
-    with progress_line("llvm: scanning", report.quiet) as progress:
+    with progress_line("llvm", report.quiet) as progress:
         outcome = run_llvm(paths, options, progress=progress)
     return outcome

@@ -84,7 +84,7 @@ def command(
 
     paths = audited_paths(paths, python)  # --python: its site-packages, and its pip uninstalls
     announce_products(list(targets or []), report.quiet)
-    with progress_line("prune: scanning", report.quiet) as progress:
+    with progress_line("prune", report.quiet) as progress:
         return run_prune(
             paths,
             list(targets or []),

@@ -54,6 +54,6 @@ def command(
     from rocm_audit.cli.progress import progress_line
     from rocm_audit.gpu.verify import verify_arch
 
-    with progress_line("verify-arch: scanning", report.quiet) as progress:
+    with progress_line("verify-arch", report.quiet) as progress:
         outcome = verify_arch(paths, list(targets or []), progress=progress)
     return outcome
