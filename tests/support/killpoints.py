@@ -96,3 +96,13 @@ def state(site: Path) -> dict[str, tuple]:
             with open(path, "rb") as handle:  # follows links: what a loader would read
                 out[os.path.relpath(path, site)] = (kind, handle.read(), os.stat(path).st_mode)
     return out
+
+
+def interrupted(
+    args: tuple[str, ...] | list[str], syscalls: tuple[str, ...], nth: int
+) -> subprocess.CompletedProcess[str]:
+    """`rocm-audit ARGS -q` sent SIGINT, as Ctrl-C at a terminal would, on entry to the nth call of
+    any of ``syscalls`` (counted in the process that makes it; the call itself still runs)."""
+    names = ",".join(syscalls)
+    argv = _command(args, "-o", "/dev/null", "-e", f"trace={names}", "-e", f"inject={names}:signal=INT:when={nth}")
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
