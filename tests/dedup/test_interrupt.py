@@ -126,3 +126,22 @@ def test_ctrl_c_before_the_first_change_says_nothing_changed(sdk, syscalls, why)
     assert stopped.returncode == 130, (why, stopped.stderr)
     assert stopped.stderr == "rocm-audit: dedup interrupted before its first change: nothing was changed.\n", why
     assert state(site) == original and not _leftovers(site)
+
+
+def test_ctrl_c_during_revert_says_how_many_were_restored_and_a_rerun_finishes(sdk):
+    site = sdk.site
+    original = state(site)
+    assert rocm_audit("dedup", "-p", str(site)).returncode == 0
+    manifest = site / ".rocm-audit" / "dedup-manifest.jsonl"
+    files_before = _files(site)
+    stopped = interrupted(["dedup", "--revert", str(manifest)], RENAMES, 2)
+    assert stopped.returncode == 130, stopped.stderr
+    assert stopped.stderr == (
+        "rocm-audit: dedup --revert interrupted: 2 of 6 changes made, each one complete;\n"
+        "the others are untouched. To finish, run the same command again.\n"
+    )
+    assert len(_files(site)) - len(files_before) == 2  # two links are regular files again
+    assert {rel: v[1:] for rel, v in state(site).items()} == {rel: v[1:] for rel, v in original.items()}
+    assert not _leftovers(site)
+    assert "dedup --revert: 4 file(s) restored, 2 already original, 0 could not be restored" in _revert(manifest)
+    assert state(site) == original

@@ -77,3 +77,26 @@ def test_ctrl_c_before_the_first_removal_says_nothing_changed(pristine_units: Pa
     assert stopped.returncode == 130, stopped.stderr
     assert stopped.stderr == "rocm-audit: prune interrupted before its first change: nothing was changed.\n"
     assert tree_state(site) == original
+
+
+def test_ctrl_c_during_revert_says_how_many_were_restored_and_a_rerun_finishes(pristine_units: Path, tmp_path):
+    site = tmp_path / "site-packages"
+    shutil.copytree(pristine_units, site, symlinks=True)
+    original = tree_state(site)
+    pruned = rocm_audit("prune", "gfx942", "-p", str(site), "--backup", str(tmp_path / "backup"))
+    assert pruned.returncode == 0, pruned.stderr
+    manifest = site / ".rocm-audit" / "prune-manifest.jsonl"
+    stopped = interrupted(["prune", "--revert", str(manifest)], ("rename", "renameat", "renameat2"), 3)
+    assert stopped.returncode == 130, stopped.stderr
+    said = re.fullmatch(
+        r"rocm-audit: prune --revert interrupted: 3 of (\d+) changes made, each one complete;\n"
+        r"the others are untouched\. To finish, run the same command again\.\n",
+        stopped.stderr,
+    )
+    assert said and int(said.group(1)) == len(REMOVED), stopped.stderr
+    # one file per unit, each restored by one rename (a unit's folders are made again first)
+    back = [rel for rel in REMOVED if any(names for _, _, names in os.walk(site / rel)) or (site / rel).is_file()]
+    assert len(back) == 3
+    again = rocm_audit("prune", "--revert", str(manifest))
+    assert again.returncode == 0, again.stderr
+    assert tree_state(site) == original

@@ -231,8 +231,9 @@ def _run_prune(
     )
 
 
-def revert_prune(manifests: list[str]) -> CommandOutcome:
-    result = prune_apply.revert(manifests)
+def revert_prune(manifests: list[str], progress: Progress = SILENT) -> CommandOutcome:
+    """Restore what the manifests journalled. Raises UsageError, and Interrupted on Ctrl-C."""
+    result = prune_apply.revert(manifests, progress)
     return CommandOutcome(
         command="prune",
         findings=result.findings,

@@ -12,6 +12,7 @@ from rocm_audit.dedup.manifest import read_manifest
 from rocm_audit.errors import Interrupted
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import one_change
 
@@ -88,13 +89,17 @@ def _copy_file(source: str, destination: str, entry: dict[str, Any]) -> None:
         raise OSError(5, "restored size differs from the recorded size")
 
 
-def _revert_entries(entries: list[dict[str, Any]], outcome_of: dict[str, str]) -> list[Finding]:
+def _revert_entries(
+    entries: list[dict[str, Any]], outcome_of: dict[str, str], progress: Progress = SILENT
+) -> list[Finding]:
     """Restore each path from its newest entry that finds it changed; fills ``outcome_of`` (path ->
     "restored", "relinked", "failed" or "original") as it goes. Returns the findings."""
     findings: list[Finding] = []
     # A run killed between creating a temporary name and renaming it leaves it behind.
     _remove_temporaries_in({os.path.dirname(e["path"]) for e in entries}, findings)
+    progress.phase("restoring", len({e["path"] for e in entries}), "files")
     for entry in reversed(entries):
+        progress.update(len(outcome_of))
         path = entry["path"]
         if outcome_of.get(path, "original") != "original":
             continue  # a newer entry of this path settled it
@@ -119,14 +124,14 @@ def _remove_temporaries_in(directories: set[str], findings: list[Finding]) -> No
                 remove_leftover(os.path.join(directory, name), findings)
 
 
-def revert_manifests(manifest_paths: list[str]) -> CommandOutcome:
+def revert_manifests(manifest_paths: list[str], progress: Progress = SILENT) -> CommandOutcome:
     """Undo the replacements recorded in the manifests, newest first. Raises Interrupted on Ctrl-C
     (each file is restored whole or not at all)."""
     entries = [e for path in manifest_paths for e in read_manifest(path)]
     paths = {e["path"] for e in entries}
     outcome_of: dict[str, str] = {}
     try:
-        findings = _revert_entries(entries, outcome_of)
+        findings = _revert_entries(entries, outcome_of, progress)
     except KeyboardInterrupt:
         made = sum(1 for o in outcome_of.values() if o == "restored")
         raise Interrupted("dedup --revert", made, len(paths), None) from None

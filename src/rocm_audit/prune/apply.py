@@ -449,6 +449,7 @@ class RevertResult:
     original: list[str] = field(default_factory=list)
     reinstall: list[str] = field(default_factory=list)  # pip lines for what no backup holds
     findings: list[Finding] = field(default_factory=list)
+    planned: int = 0  # journalled paths (directories aside)
 
 
 def _is_original(entry: dict[str, Any]) -> bool:
@@ -460,10 +461,20 @@ def _is_original(entry: dict[str, Any]) -> bool:
     return os.path.isfile(path) and not os.path.islink(path) and sha256_of(path) == entry["sha256"]
 
 
-def revert(manifest_paths: list[str]) -> RevertResult:
+def revert(manifest_paths: list[str], progress: Progress = SILENT) -> RevertResult:
     """Restore every journalled path; a path several runs journalled is judged by its latest entry
-    and restored from whichever backup still holds its bytes."""
+    and restored from whichever backup still holds its bytes. Raises UsageError, and Interrupted
+    on Ctrl-C (each path is restored whole, or not at all)."""
     result = RevertResult()
+    try:
+        return _revert(manifest_paths, progress, result)
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted("prune --revert", len(result.restored), result.planned, None) from None
+
+
+def _revert(manifest_paths: list[str], progress: Progress, result: RevertResult) -> RevertResult:
     reinstall: dict[str, None] = {}
     by_path: dict[str, list[dict[str, Any]]] = {}
     for manifest in manifest_paths:
@@ -485,10 +496,13 @@ def revert(manifest_paths: list[str]) -> RevertResult:
             with contextlib.suppress(PermissionError, KeyError):
                 os.chown(path, entry["uid"], entry["gid"])
     restored_at: dict[str, str] = {}
+    result.planned = sum(1 for entries in by_path.values() if entries[-1]["type"] != "dir")
+    progress.phase("restoring", result.planned, "paths")
     for path, entries in by_path.items():
         latest = entries[-1]
         if latest["type"] == "dir":
             continue
+        progress.update(len(result.restored) + len(result.original))
         if os.path.lexists(path):
             if any(_is_original(e) for e in reversed(entries)):
                 result.original.append(path)
@@ -498,15 +512,18 @@ def revert(manifest_paths: list[str]) -> RevertResult:
                     make_finding("PRUNE006", path, "not restored: the path holds something else now")
                 )
             continue
-        try:
-            done = any(_restore(e, restored_at) for e in reversed(entries))
-        except OSError as exc:
-            result.findings.append(make_finding("PRUNE006", path, f"not restored: {exc.strerror or exc}"))
-            continue
+        with one_change():  # a Ctrl-C waits until this path is back whole and counted
+            try:
+                done = any(_restore(e, restored_at) for e in reversed(entries))
+            except OSError as exc:
+                result.findings.append(make_finding("PRUNE006", path, f"not restored: {exc.strerror or exc}"))
+                continue
+            if done:
+                result.restored.append(path)
+                restored_at[path] = path
         if done:
-            result.restored.append(path)
-            restored_at[path] = path
-        elif latest.get("owner"):
+            continue
+        if latest.get("owner"):
             reinstall[
                 f"python -m pip install --force-reinstall --no-deps {latest['owner']}=={latest['owner_version']}"
             ] = None

@@ -54,14 +54,15 @@ def command(
 
     paths = audited_paths(paths, python)
     mode = change_mode(dry_run, check, revert)
-    if revert:
-        from rocm_audit.dedup.revert import revert_manifests
+    from rocm_audit.cli.progress import progress_line
 
-        outcome = revert_manifests(revert)
-    else:
-        from rocm_audit.cli.progress import progress_line
-        from rocm_audit.dedup.run import run_dedup
+    with progress_line("dedup", report.quiet) as progress:
+        if revert:
+            from rocm_audit.dedup.revert import revert_manifests
 
-        with progress_line("dedup", report.quiet) as progress:
+            outcome = revert_manifests(revert, progress)
+        else:
+            from rocm_audit.dedup.run import run_dedup
+
             outcome = run_dedup(paths, mode=mode, manifest_path=manifest, progress=progress)
     return outcome

@@ -75,12 +75,14 @@ def command(
       rocm-audit prune --check --python /opt/venv/bin/python gfx950
     """
     mode = change_mode(dry_run, check, revert)
+    from rocm_audit.cli.progress import progress_line
+
     if revert:
         from rocm_audit.audit.pruning import revert_prune
 
-        return revert_prune(revert)
+        with progress_line("prune", report.quiet) as progress:
+            return revert_prune(revert, progress)
     from rocm_audit.audit.pruning import run_prune
-    from rocm_audit.cli.progress import progress_line
 
     paths = audited_paths(paths, python)  # --python: its site-packages, and its pip uninstalls
     announce_products(list(targets or []), report.quiet)
