@@ -89,7 +89,7 @@ def test_dedup_names_every_phase_including_linking(sdk):
         ["listing files", "scanning", "comparing", "comparing and linking", "checking what each changed library"],
         _labels(drawn, "dedup"),
     )
-    assert "dedup: comparing and linking: 6/6 files" in drawn
+    assert any(re.fullmatch(r"dedup: comparing and linking: 6/6 files, \d+\.\d (KiB|MiB)", line) for line in drawn)
     assert "6 file(s) replaced by links" in done.report()
 
 
@@ -173,3 +173,28 @@ def test_no_progress_when_stdout_or_stderr_is_not_a_terminal(sdk, command):
     )
     assert piped.returncode in (0, 1), piped.stderr
     assert "\r" not in piped.stdout + piped.stderr and "scanning" not in piped.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "command", "expected"),
+    [
+        (
+            ["verify-arch", "gfx942"],
+            "verify-arch",
+            ["scanning", "reading GPU code objects", "judging GPU code against 1"],
+        ),
+        (["scan", "--targets"], "scan", ["listing files", "scanning", "reading GPU code objects"]),
+        (["prune", "gfx942", "--dry-run"], "prune", ["scanning", "reading GPU code objects", "weighing device code"]),
+    ],
+)
+def test_verify_arch_scan_and_prune_name_their_phases(sdk, args, command, expected):
+    done = run_on_terminal(*args, "-p", str(sdk.site), env=EVERY_CALL)
+    assert done.returncode in (0, 1), done.output
+    _in_order(expected, _labels(done.drawn(), command))
+    files = sum(
+        1
+        for folder, _, names in os.walk(sdk.site)
+        for name in names
+        if stat.S_ISREG(os.lstat(f"{folder}/{name}").st_mode)
+    )
+    assert any(line.startswith(f"{command}: reading GPU code objects: {files}/{files} files") for line in done.drawn())

@@ -32,6 +32,11 @@ def progress_enabled(quiet: bool, stream: TextIO | None = None) -> bool:
     return stream.isatty() and sys.stdout.isatty()
 
 
+def _singular(unit: str) -> str:
+    """ "1 file", "1 entry": the units this line shows are plain English plurals."""
+    return unit[:-3] + "y" if unit.endswith("ies") else unit.removesuffix("s")
+
+
 class ProgressLine:
     """Draws the phase and count the library reports; rate-limited, one terminal line."""
 
@@ -63,7 +68,7 @@ class ProgressLine:
         if self.total is not None:
             counts.append(f"{self.done or 0}/{self.total}" + (f" {self.unit}" if self.unit else ""))
         elif self.done is not None and self.unit:
-            counts.append(f"{self.done} {self.unit[:-1] if self.done == 1 and self.unit.endswith('s') else self.unit}")
+            counts.append(f"{self.done} {_singular(self.unit) if self.done == 1 else self.unit}")
         if self.size_bytes is not None:
             counts.append(size_text(self.size_bytes))
         return display(shown + (": " + ", ".join(counts) if counts else ""))

@@ -188,7 +188,7 @@ def _apply_groups(
                 result.replaced += 1
                 if not planned.hardlink:
                     result.bytes_freed += group.size
-        progress.update(result.replaced + result.skipped)
+        progress.update(result.replaced + result.skipped, bytes_read)
 
     # Pieces of about tuning.PIECE_BYTES each, so that processes share even one pair of 1 GB libraries.
     # Smallest pairs first, each pair's pieces one after another: pairs complete from the start,
@@ -234,6 +234,7 @@ def _apply_groups(
             continue
         problem, count = answer
         bytes_read += count  # helpers count in their own copy of stats
+        progress.update(result.replaced + result.skipped, bytes_read)
         number = owners[index]
         if problem is not None:
             problems.setdefault(number, problem)

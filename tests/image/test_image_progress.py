@@ -1,0 +1,53 @@
+"""`rocm-audit image --archive` on a terminal: each layer is named with its number and the bytes
+read so far, then every phase of the audit of the merged view (tests/test_progress.py has the
+rules: terminal only, width, rate)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from layer_writers import docker_save, layer
+
+from support.sdk_tree import build_library
+from support.terminal import run_on_terminal
+
+SP = "usr/lib/python3/dist-packages"
+
+
+def test_image_names_each_layer_and_every_phase_after_it(tmp_path):
+    comgr = build_library(tmp_path / "libs", "comgr", "libamd_comgr.so.3", payload=os.urandom(80_000)).read_bytes()
+    layers = [
+        layer((f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", comgr)),
+        layer((f"{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3", comgr), (f"{SP}/_rocm_sdk_devel/include/a.h", b"a")),
+        layer((f"{SP}/_rocm_sdk_devel/include/b.h", b"b" * 5000)),
+    ]
+    archive = docker_save(tmp_path / "save.tar", layers, env=["GPU_ARCH=gfx942"])
+    done = run_on_terminal("image", "--archive", str(archive), env={"ROCM_AUDIT_TEST_REDRAW_S": "0"})
+    assert done.returncode in (0, 1), done.output
+    drawn = [line for line in done.drawn() if line]
+    assert all(line.startswith("image: ") for line in drawn), drawn
+    phases = []
+    for line in drawn:
+        phase = re.sub(r": \d+(/\d+)?(,? .*)?$", "", line.removeprefix("image: "))
+        if not phases or phases[-1] != phase:
+            phases.append(phase)
+    expected = [
+        "reading layer 1/3",
+        "reading layer 2/3",
+        "reading layer 3/3",
+        "merging the layers",
+        "listing files",
+        "scanning",
+        "comparing 1 candidate group",
+        "reading GPU code and ELF facts",
+        "post-build checks: symbol versions and DT_NEEDED",
+        "placing identical copies in their layers",
+    ]
+    at = 0
+    for label in expected:
+        assert label in phases[at:], (label, phases)
+        at = phases.index(label, at)
+    # how far into a layer: its entries and the bytes read (binary units)
+    assert any(re.fullmatch(r"image: reading layer 2/3: \d+ entr(y|ies), \d+\.\d KiB", line) for line in drawn), drawn
+    assert done.drawn()[-1] == ""  # cleared before the report
