@@ -164,14 +164,18 @@ def run_prune(
 ) -> CommandOutcome:
     """Weigh, plan and (mode "apply") remove. Raises UsageError, and Interrupted on Ctrl-C in
     mode "apply" (nothing changed when it came before the first removal)."""
+    applied: list[prune_apply.ApplyResult] = []
     try:
-        return _run_prune(paths, target_args, mode, manifest_path, backup_dir, python, environ, progress)
+        return _run_prune(paths, target_args, mode, manifest_path, backup_dir, python, environ, progress, applied)
     except Interrupted:
         raise
     except KeyboardInterrupt:
         if mode != "apply":
             raise
-        raise Interrupted("prune", 0, 0, None) from None
+        if not applied:
+            raise Interrupted("prune", 0, 0, None) from None
+        done = applied[0]  # every removal was carried out; the report was not built
+        raise Interrupted("prune", done.removed, done.planned, done.manifest if done.removed else None) from None
 
 
 def _run_prune(
@@ -183,6 +187,7 @@ def _run_prune(
     python: str | None,
     environ: dict[str, str] | None,
     progress: Progress,
+    applied: list[prune_apply.ApplyResult],
 ) -> CommandOutcome:
     started = time.monotonic()
     roots, looked = resolve_roots(paths)
@@ -209,6 +214,7 @@ def _run_prune(
     result = None
     if mode == "apply":
         result = prune_apply.apply_plan(plan, manifest_path, backup_dir, python, findings, progress)
+        applied.append(result)
     section = prune_section(plan, weight, mode, source, result, time.monotonic() - started)
     totals = section["totals"]
     if mode == "apply":

@@ -537,7 +537,10 @@ def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
     except Interrupted as stopped:
         typer.echo(interrupted_message(stopped), err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:  # a command that changes nothing, or the writing of a report
+        typer.echo("rocm-audit: interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - the one place internal errors are turned into exit 3
         if _State.debug:

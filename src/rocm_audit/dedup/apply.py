@@ -61,6 +61,7 @@ class ApplyResult:
     bytes_freed: int = 0
     verified: bool | None = None
     manifest: str | None = None
+    planned: int = 0  # changes the plan held when the run began
 
 
 def apply_plan(
@@ -73,7 +74,7 @@ def apply_plan(
     result = ApplyResult()
     if not plan.groups:
         return result
-    planned = sum(len(g.duplicates) for g in plan.groups)
+    planned = result.planned = sum(len(g.duplicates) for g in plan.groups)
     try:
         return _apply_locked(plan, manifest_path, findings, progress, result, planned)
     except Interrupted:

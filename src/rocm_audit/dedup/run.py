@@ -23,19 +23,30 @@ def run_dedup(
 ) -> CommandOutcome:
     """Discover, plan, and (mode == "apply") apply. Returns the outcome for the CLI.
 
-    Raises Interrupted on Ctrl-C in mode "apply" (with nothing changed when it came before the
-    first change)."""
+        Raises Interrupted on Ctrl-C in mode "apply": before the first change (nothing changed), during
+    the changes (apply_plan's count), or after them (all made, the report not built)."""
+    applied: list[ApplyResult] = []
     try:
-        return _run_dedup(paths, mode=mode, manifest_path=manifest_path, progress=progress)
+        return _run_dedup(paths, mode=mode, manifest_path=manifest_path, progress=progress, applied=applied)
     except Interrupted:
         raise
     except KeyboardInterrupt:
         if mode != "apply":
             raise
-        raise Interrupted("dedup", 0, 0, None) from None
+        if not applied:
+            raise Interrupted("dedup", 0, 0, None) from None
+        done = applied[0]
+        raise Interrupted("dedup", done.replaced, done.planned, done.manifest if done.replaced else None) from None
 
 
-def _run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None, progress: Progress) -> CommandOutcome:
+def _run_dedup(
+    paths: list[str] | None,
+    *,
+    mode: str,
+    manifest_path: str | None,
+    progress: Progress,
+    applied: list[ApplyResult],
+) -> CommandOutcome:
     started = time.monotonic()
     roots, looked = resolve_roots(paths, for_dedup=True)
     inventory = build_inventory(roots, progress, worth_reading=hardlinked)
@@ -54,6 +65,7 @@ def _run_dedup(paths: list[str] | None, *, mode: str, manifest_path: str | None,
     result = ApplyResult()
     if mode == "apply":
         result = apply_plan(plan, manifest_path, findings, progress)
+        applied.append(result)
         findings = [f for f in findings if not (f.rule == "SCAN004" and not os.path.lexists(f.path))]
     else:  # what a plain run would change; a dry run says it too, never "0 error(s)" on a split tree
         findings.extend(check_mode_findings(plan))

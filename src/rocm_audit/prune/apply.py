@@ -64,6 +64,7 @@ def sha256_of(path: str) -> str:
 @dataclass(slots=True)
 class ApplyResult:
     removed: int = 0  # removals carried out
+    planned: int = 0  # removals the plan held
     bytes_freed: int = 0
     manifest: str | None = None
     backup: str | None = None
@@ -266,7 +267,7 @@ def apply_plan(
     """Journal, then carry out each removal. Raises UsageError, and Interrupted on Ctrl-C: a unit
     is removed whole (its backups first, then its files, under tree/journal.py one_change) or
     not at all."""
-    result = ApplyResult(backup=backup_dir)
+    result = ApplyResult(backup=backup_dir, planned=len(plan.removals))
     if not plan.removals:
         return result
     try:
