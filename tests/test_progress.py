@@ -77,7 +77,7 @@ def test_check_names_every_phase_with_its_counts_and_clears_the_line_before_the_
     # cleared before the report is written: the report follows the clearing, whole
     assert drawn[-1] == ""
     report = done.report()
-    assert report.startswith("paths relative to ") and "check: 5 error(s)" in report
+    assert report.startswith("paths relative to ") and re.search(r"\ncheck: 5 errors?, ", report)
     assert "\r" not in report.replace("\r\n", "\n")  # no progress drawn over the report
 
 
