@@ -83,7 +83,7 @@ def run_sample(work: Path, arguments: list[str]) -> str:
     if done.returncode not in (0, 1):
         raise SystemExit(f"readme_sample: rocm-audit {' '.join(arguments)} exited {done.returncode}:\n{done.stderr}")
     output = done.stdout.replace(f"{os.path.realpath(work)}/", "").replace(f"{work}/", "")
-    output = re.sub(r"\bin \d+(\.\d+)? s\b", "in 0.01 s", output)
+    output = re.sub(r"\bin(\s+)\d+(\.\d+)? s\b", r"in\g<1>0.01 s", output)
     shown = f"$ rocm-audit {' '.join(arguments)}\n{output.rstrip()}\n"
     if done.returncode:
         shown += f"$ echo $?\n{done.returncode}\n"

@@ -207,7 +207,7 @@ def test_the_cli_reports_validate_and_the_text_counts_tus_and_images_apart(run_c
     assert carrier["embedded_images"] == [{"tu": 1, "place": ".rodata+0x0"}]
     (finding,) = result.report["findings"]
     assert finding["rule"] == "ARCH001" and finding["data"]["images_without"] == [".rodata+0x0"]
-    text = run_cli("verify-arch", "gfx942", "-p", gap, expect=1).output
+    text = run_cli("verify-arch", "gfx942", "-p", gap, "-v", expect=1).output
     assert "1 TU, 1 embedded image]" in text and "embedded images without it: .rodata+0x0 of 1" in text
     result = run_cli("scan", "--targets", "-p", str(embedded_libs["libembbroken.so"]), "--format", "json", expect=1)
     (broken,) = result.report["findings"]

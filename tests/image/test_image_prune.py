@@ -7,6 +7,7 @@ import os
 
 from layer_writers import docker_save, layer
 
+from rocm_audit.units import size_text
 from support.therock.artifacts import amdgpu_code_object, kpack_archive
 
 SP = "usr/lib/python3/dist-packages"
@@ -33,4 +34,4 @@ def test_device_code_is_weighed_per_layer(tmp_path, run_cli):
     assert "files" not in report["prune"]  # the per-file weight only feeds the per-layer one
     assert any(f["rule"] == "PRUNE001" for f in report["findings"])
     text = run_cli("image", "--archive", str(archive), "--skip", "llvm").stdout
-    assert f"layer 1 holds {len(images):,} bytes of device code" in text
+    assert f"layer 1 holds {size_text(len(images))} of device code" in " ".join(text.split())
