@@ -54,7 +54,7 @@ def test_markdown_coverage_table_lists_only_gaps_capped(run_cli, carriers):
 def test_markdown_keeps_hostile_names_literal(run_cli, carriers):
     """Parsed by CommonMark and by GitHub's parser, the hostile name is text (no link, HTML, code,
     emphasis, cell split or mention: the oracles fail on any element but the renderer's **)."""
-    text = run_cli("verify-arch", "gfx950", "-p", str(carriers), "--format", "markdown", expect=1).stdout
+    text = run_cli("verify-arch", "gfx950", "-p", str(carriers), "--format", "markdown", "-v", expect=1).stdout
     assert markdown(f"pkg/{HOSTILE}.hsaco") in text
     for parse in (markdown_it_texts, cmark_gfm_texts):
         blocks = ["".join(pieces) for _, pieces in parse(text, allow=frozenset({"strong"}))]

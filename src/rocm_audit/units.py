@@ -1,4 +1,4 @@
-"""Sizes as people read them: one unit style for every report, message and progress line.
+"""Sizes and counts as people read them: one style for every report, message and progress line.
 
 Binary units (KiB, MiB, GiB, TiB), as `du -h`, `ls -lh` and the kernel print them, so a size in a
 report can be compared with what those tools show for the same file. JSON keeps exact byte counts.
@@ -19,3 +19,8 @@ def size_text(nbytes: int) -> str:
         if value < 1024 or unit == _UNITS[-1]:
             return f"{value:,.1f} {unit}"
     raise AssertionError("unreachable")
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 error``, ``4 errors``, ``1,250 files`` (``nouns`` for irregular plurals)."""
+    return f"{count:,} {noun if count == 1 else (nouns or noun + 's')}"

@@ -82,7 +82,8 @@ def test_ctrl_c_between_links_says_how_many_were_made_and_the_undo_restores_ever
 
     undone = _undo(said.group(3))
     assert undone.returncode == 0, undone.stderr
-    assert f"dedup --revert: {made} file(s) restored, {PLANNED - made} already original, 0 could not" in (undone.stdout)
+    files = "file" if made == 1 else "files"
+    assert f"dedup --revert: {made} {files} restored, {PLANNED - made} already original, 0 could not" in undone.stdout
     assert state(site) == original  # every path a regular file again, byte for byte, mode for mode
 
 
@@ -112,9 +113,9 @@ def test_rerun_finishes_and_a_revert_counts_each_path_of_the_manifest_once(sdk):
     manifest = site / ".rocm-audit" / "dedup-manifest.jsonl"
     entries = [line for line in manifest.read_text().splitlines() if '"path"' in line]
     assert len(entries) == PLANNED + PLANNED - 2
-    assert "dedup --revert: 6 file(s) restored, 0 already original, 0 could not be restored" in _revert(manifest)
+    assert "dedup --revert: 6 files restored, 0 already original, 0 could not be restored" in _revert(manifest)
     assert state(site) == original
-    assert "dedup --revert: 0 file(s) restored, 6 already original, 0 could not be restored" in _revert(manifest)
+    assert "dedup --revert: 0 files restored, 6 already original, 0 could not be restored" in _revert(manifest)
     assert state(site) == original
 
 
@@ -143,5 +144,5 @@ def test_ctrl_c_during_revert_says_how_many_were_restored_and_a_rerun_finishes(s
     assert len(_files(site)) - len(files_before) == 2  # two links are regular files again
     assert {rel: v[1:] for rel, v in state(site).items()} == {rel: v[1:] for rel, v in original.items()}
     assert not _leftovers(site)
-    assert "dedup --revert: 4 file(s) restored, 2 already original, 0 could not be restored" in _revert(manifest)
+    assert "dedup --revert: 4 files restored, 2 already original, 0 could not be restored" in _revert(manifest)
     assert state(site) == original

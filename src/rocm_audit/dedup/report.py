@@ -8,6 +8,7 @@ from typing import Any
 from rocm_audit.dedup.apply import ApplyResult
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.units import plural, size_text
 
 
 def _group_json(group: DedupGroup) -> dict[str, Any]:
@@ -86,8 +87,8 @@ def check_mode_findings(plan: DedupPlan) -> list[Finding]:
                 make_finding(
                     "DUP002" if hardlinks_only else "DUP001",
                     group.keeper.path,
-                    f"{len(judged)} other path(s) hold the same {group.size:,}-byte library"
-                    + (" through hardlinks" if hardlinks_only else " under another inode"),
+                    f"{plural(len(judged), 'other path')} hold{'s' if len(judged) == 1 else ''} the same library "
+                    f"({size_text(group.size)})" + (" through hardlinks" if hardlinks_only else " under another inode"),
                     related=[d.record.path for d in judged],
                     data={"size": group.size},
                 )
@@ -97,8 +98,9 @@ def check_mode_findings(plan: DedupPlan) -> list[Finding]:
                 make_finding(
                     "DUP013",
                     group.keeper.path,
-                    f"{len(intact)} devel path(s) share this library's inode, as rocm-sdk init made them: one "
-                    "library for the loader; dedup makes them relative symlinks, which survive a per-tree copy",
+                    f"{plural(len(intact), 'devel path')} share{'s' * (len(intact) == 1)} this library's inode, "
+                    "as rocm-sdk init made them: one library for the loader; dedup makes them relative symlinks, "
+                    "which survive a per-tree copy",
                     related=[d.record.path for d in intact],
                     data={"size": group.size},
                 )
@@ -108,8 +110,8 @@ def check_mode_findings(plan: DedupPlan) -> list[Finding]:
             make_finding(
                 "DUP011",
                 runtime_tree,
-                f"{len(copies)} file(s) of {os.path.basename(expansion_tree)} that TheRock links to this tree's "
-                f"files hold separate copies ({sum(size for _, size in copies):,} bytes)",
+                f"{plural(len(copies), 'file')} of {os.path.basename(expansion_tree)} that TheRock links to this "
+                f"tree's files hold separate copies ({size_text(sum(size for _, size in copies))})",
                 related=sorted(path for path, _ in copies),
                 data={"files": len(copies), "bytes": sum(size for _, size in copies)},
             )

@@ -15,6 +15,7 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import one_change
+from rocm_audit.units import plural
 
 _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]{12}")
 
@@ -143,7 +144,8 @@ def revert_manifests(manifest_paths: list[str], progress: Progress = SILENT) -> 
     failed = sum(1 for o in outcome_of.values() if o == "failed")
     already = len(paths) - len(restored) - len(relinked) - failed
     summary = (
-        f"dedup --revert: {len(restored)} file(s) restored, {already} already original, {failed} could not be restored"
+        f"dedup --revert: {plural(len(restored), 'file')} restored, {already} already original, "
+        f"{failed} could not be restored"
     )
     if relinked:
         summary += f", {len(relinked)} left as rocm-sdk re-linked them (hardlinks of the keeper, as TheRock makes them)"

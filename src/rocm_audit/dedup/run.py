@@ -15,7 +15,7 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory
-from rocm_audit.units import size_text
+from rocm_audit.units import plural, size_text
 
 
 def run_dedup(
@@ -76,13 +76,13 @@ def _run_dedup(
     verb = {"apply": "replaced", "dry-run": "to be replaced", "check": "to be replaced"}[mode]
     freed = result.bytes_freed if mode == "apply" else planned_freed
     summary = (
-        f"dedup ({mode}): {len(plan.groups)} group(s), {replaced_or_planned} file(s) {verb} by links, "
+        f"dedup ({mode}): {plural(len(plan.groups), 'group')}, {plural(replaced_or_planned, 'file')} {verb} by links, "
         f"{size_text(freed)} {'freed' if mode == 'apply' else 'to free'}, "
         f"{len(inventory.files)} files scanned in {elapsed:.2f} s"
     )
     if plan.intact:
         settled = sum(len(paths) for _, paths in plan.intact)
-        summary += f"; {settled} path(s) already on their runtime file's inode, left as rocm-sdk made them"
+        summary += f"; {plural(settled, 'path')} already on their runtime file's inode, left as rocm-sdk made them"
     if not inventory.sdk_trees:
         summary = f"dedup: no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}"
     return CommandOutcome(

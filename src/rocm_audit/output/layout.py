@@ -12,14 +12,12 @@ import re
 from collections.abc import Iterable, Sequence
 
 from rocm_audit.output.escape import display
+from rocm_audit.units import plural
+
+__all__ = ["WIDTH", "PathView", "hold", "plural", "wrap"]
 
 WIDTH = 100
 _HELD = "\x00"
-
-
-def plural(count: int, noun: str, nouns: str | None = None) -> str:
-    """``1 error``, ``4 errors``, ``1,250 files`` (``nouns`` for irregular plurals)."""
-    return f"{count:,} {noun if count == 1 else (nouns or noun + 's')}"
 
 
 def hold(text: str) -> str:
@@ -79,12 +77,16 @@ class PathView:
         """The path as shown, escaped and held together."""
         return hold(display(self.relative(path)))
 
+    def relative_text(self, text: str) -> str:
+        """``text`` with every audited root in it shown as the paths are (not yet escaped)."""
+        if self._in_text is None:
+            return text
+        return self._in_text.sub(lambda m: self._labels[m.group()[:-1]], text)
+
     def in_text(self, text: str, paths: Sequence[str] = ()) -> str:
         """A message with every audited root in it shown as the paths are, and the named ``paths``
         held together."""
-        if self._in_text is not None:
-            text = self._in_text.sub(lambda m: self._labels[m.group()[:-1]], text)
-        shown = display(text)
+        shown = display(self.relative_text(text))
         for path in sorted({display(self.relative(p)) for p in paths}, key=len, reverse=True):
             if " " in path:
                 shown = shown.replace(path, hold(path))

@@ -12,14 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rocm_audit.findings import Severity, sorted_findings
+from rocm_audit.findings import Severity, cause_groups
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import markdown
+from rocm_audit.output.layout import PathView
 from rocm_audit.output.text_sections import relative_to_roots
 
 COVERAGE_ROWS = 25
 DUPLICATE_GROUPS = 10
-FINDINGS_LISTED = 100
+FINDINGS_LISTED = 100  # entries (one per cause)
+GROUP_PATHS_LISTED = 3
 
 # Which check a rule belongs to, by its id's prefix (rules/*.toml).
 _CHECK_OF_PREFIX = {
@@ -121,15 +123,29 @@ def duplicate_lines(sections: Mapping[str, Any], shorten: Callable[[str], str]) 
     return lines
 
 
-def finding_lines(outcome: CommandOutcome, shorten: Callable[[str], str]) -> list[str]:
-    severity_order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-    ordered = sorted(sorted_findings(outcome.findings), key=lambda f: severity_order[f.severity])
-    lines = [
-        f"- **{one.severity.value}** {markdown(one.rule)} {markdown(shorten(one.path))}: {markdown(one.message)}"
-        for one in ordered[:FINDINGS_LISTED]
-    ]
-    if len(ordered) > FINDINGS_LISTED:
-        lines.append(f"- ... and {len(ordered) - FINDINGS_LISTED} more (the JSON report has them all)")
+def finding_lines(outcome: CommandOutcome, shorten: Callable[[str], str], verbose: int = 0) -> list[str]:
+    """One list item per cause (text's grouping): the rule, the file or the count of files, the
+    message, and the first files of a group (every file with -v)."""
+    lines = []
+    groups = cause_groups(outcome.findings)
+    for group in groups[:FINDINGS_LISTED]:
+        first = group[0]
+        if len(group) == 1:
+            where = markdown(shorten(first.path))
+        else:
+            shown = group if verbose else group[:GROUP_PATHS_LISTED]
+            more = "" if len(shown) == len(group) else f" and {len(group) - len(shown)} more"
+            where = f"{len(group)} files ({', '.join(markdown(shorten(f.path)) for f in shown)}{more})"
+        message = markdown(PathView(outcome.roots).relative_text(first.message))
+        lines.append(f"- **{first.severity.value}** {markdown(first.rule)} {where}: {message}")
+    if len(groups) > FINDINGS_LISTED:
+        lines.append(f"- ... and {len(groups) - FINDINGS_LISTED} more (the JSON report has them all)")
+    if outcome.suppressed:
+        by_source: dict[str, int] = {}
+        for entry in outcome.suppressed:
+            by_source[entry.get("source", "")] = by_source.get(entry.get("source", ""), 0) + 1
+        parts = ", ".join(f"{n} by {markdown(source)}" for source, n in sorted(by_source.items()))
+        lines.append(f"- {len(outcome.suppressed)} suppressed: {parts}")
     return lines
 
 
@@ -208,7 +224,7 @@ def render_markdown(outcome: CommandOutcome, verbose: int = 0) -> str:
     ):
         if section:
             parts.append(section)
-    findings = finding_lines(outcome, shorten)
+    findings = finding_lines(outcome, shorten, verbose)
     if findings:
         parts.append(["Findings:", "", *findings])
     return "\n\n".join("\n".join(p) for p in parts) + "\n"
