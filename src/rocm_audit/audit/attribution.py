@@ -35,6 +35,9 @@ def fingerprints(findings: Sequence[Finding], roots: Sequence[str]) -> list[str]
     ordered_roots = sorted((r.rstrip("/") for r in roots if r and r != "/"), key=len, reverse=True)
 
     def relative(path: str) -> str:
+        # A finding about a whole audited directory (CHK001) is "." of it.
+        if path in ordered_roots:
+            return "."
         site = site_dir_of(os.path.dirname(path), site_cache)
         base = site or next((r for r in ordered_roots if path.startswith(r + "/")), None)
         return os.path.relpath(path, base) if base else path
