@@ -331,7 +331,9 @@ def check_lines(sections: Sections) -> list[str]:
             )
         else:
             lines.append(f"verify-arch: {plural(len(carriers), 'file')} with GPU code; {target_text(sections)}")
-    if "prune" in sections:
+    if "prune" in sections and not sections["prune"]["totals"]["device_bytes"]:
+        lines.append("prune: no device code")
+    elif "prune" in sections:
         totals = sections["prune"]["totals"]
         lines.append(
             f"prune: {size_text(totals['unused_bytes'])} of {size_text(totals['device_bytes'])} device code is for "
