@@ -90,7 +90,7 @@ def test_dedup_names_every_phase_including_linking(sdk):
         _labels(drawn, "dedup"),
     )
     assert any(re.fullmatch(r"dedup: comparing and linking: 6/6 files, \d+\.\d (KiB|MiB)", line) for line in drawn)
-    assert "6 file(s) replaced by links" in done.report()
+    assert "6 files replaced by links" in done.report()
 
 
 def test_llvm_says_which_pairs_it_judges(tmp_path):
