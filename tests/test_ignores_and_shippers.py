@@ -131,6 +131,17 @@ def test_a_baseline_made_in_one_root_holds_in_another(run_cli, pip_site, tmp_pat
     _add_missing_needed(moved / "vendorpkg" / "libvendor.so", "libgone_new.so.1")
     new = run_cli("check", "-p", str(moved), "--skip", "llvm", "--baseline", str(baseline), "--format", "json")
     assert [Path(f["path"]).name for f in new.report["findings"]] == ["libvendor.so"]
+    # SARIF says the same with baselineState: the new finding "new", the baseline's "unchanged".
+    sarif = json.loads(
+        run_cli("check", "-p", str(moved), "--skip", "llvm", "--baseline", str(baseline), "--format", "sarif").stdout
+    )
+    states = {(r["ruleId"], r["baselineState"]) for r in sarif["runs"][0]["results"]}
+    assert ("POST002", "new") in states and ("POST002", "unchanged") in states
+    assert all(
+        len(r["partialFingerprints"]["rocmAuditFingerprint/v1"]) == 16
+        for r in sarif["runs"][0]["results"]
+        if r["baselineState"] == "new"
+    )
     # A baseline that is not one is a usage error.
     bogus = tmp_path / "bogus.json"
     bogus.write_text("{}")

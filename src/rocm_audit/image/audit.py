@@ -27,6 +27,7 @@ from rocm_audit.image.archive import ImageLayout, Store, iter_layer_streams, ope
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
+from rocm_audit.units import size_text
 
 PACKAGE_DIRS = ("site-packages", "dist-packages")
 # What the checks read besides site-packages: the loader's search path (formats.md 4).
@@ -277,7 +278,7 @@ def _audit_merged(
     wasted = section.get("waste", {}).get("wasted_bytes")
     outcome.summary = (
         f"image: {len(state.layers)} layer(s)"
-        + (f", {wasted:,} bytes in identical copies" if wasted is not None else "")
+        + (f", {size_text(wasted)} in identical copies" if wasted is not None else "")
         + (f"; {outcome.summary}" if outcome.summary else "")
     )
     return outcome

@@ -22,6 +22,7 @@ from typing import Any
 
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image.merge import Copy, MergeState
+from rocm_audit.units import size_text
 
 SDK_MARKS = ("/_rocm_sdk_", "/_rocm_profiler")  # the platform trees of TheRock's wheels (tree/discovery.py)
 REPORT_MIN_BYTES = 64 << 10  # groups of smaller files count in the total but are not listed
@@ -111,9 +112,9 @@ def waste_findings(groups: list[WasteGroup], layer_names: list[str]) -> list[Fin
                 make_finding(
                     "IMG007",
                     layer_paths[0],
-                    f"{len(here)} identical copies of {group.size:,} bytes in layer {layer} "
+                    f"{len(here)} identical copies of {size_text(group.size)} in layer {layer} "
                     f"({_short(layer_names, layer)}): {where_here}; run `rocm-audit dedup` in the step "
-                    f"that writes this layer to free {freed:,} bytes "
+                    f"that writes this layer to free {size_text(freed)} "
                     f"(a later RUN frees nothing)",
                     related=layer_paths[1:],
                     data={
@@ -130,8 +131,8 @@ def waste_findings(groups: list[WasteGroup], layer_names: list[str]) -> list[Fin
                 make_finding(
                     "IMG008",
                     paths[0],
-                    f"{len(paths)} identical copies of {group.size:,} bytes spread over layers "
-                    f"{', '.join(map(str, group.layers))}: {where}; {group.cross_layer_wasted:,} bytes "
+                    f"{len(paths)} identical copies of {size_text(group.size)} spread over layers "
+                    f"{', '.join(map(str, group.layers))}: {where}; {size_text(group.cross_layer_wasted)} "
                     f"no later step can free{mixed}: write the trees in one step (one install RUN, "
                     f"or one COPY of their "
                     f"common parent) and run `rocm-audit dedup` there",

@@ -11,7 +11,7 @@ from rocm_audit.findings import Finding, Severity
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import display
 from rocm_audit.output.prefixes import rule_prefixes
-from rocm_audit.output.report import to_json
+from rocm_audit.output.report import group_numbers, to_json
 from rocm_audit.rulebook.policy import active_policy
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -71,17 +71,24 @@ def render_sarif(outcome: CommandOutcome) -> str:
             }
         )
     bases = _base_ids(outcome.inputs, outcome.roots)
-    results = [_result(one, index_of, bases) for one in outcome.findings]
+    groups = group_numbers(outcome.findings)
+    results = [_result(one, index_of, bases, groups.get(id(one))) for one in outcome.findings]
+    # With --baseline, what it held is "unchanged" and the rest "new" (SARIF 2.1.0 baselineState).
+    compared = any(s.get("source", "").startswith("baseline:") for s in outcome.suppressed)
+    if compared:
+        for result in results:
+            result["baselineState"] = "new"
     for suppressed in outcome.suppressed:
         results.append(
             {
                 "ruleId": suppressed["rule"],
                 "ruleIndex": index_of.get(suppressed["rule"], -1),
                 "level": "none",
-                "message": {"text": f"ignored by policy: {suppressed['reason']}"},
+                "message": {"text": f"suppressed: {suppressed['reason']}"},
                 "locations": [_location(suppressed["path"], bases)],
                 "suppressions": [{"kind": "external", "justification": suppressed["reason"]}],
             }
+            | ({"baselineState": "unchanged"} if suppressed.get("source", "").startswith("baseline:") else {})
         )
     document = {
         "$schema": SARIF_SCHEMA,
@@ -105,7 +112,7 @@ def render_sarif(outcome: CommandOutcome) -> str:
     return to_json(document, records_at=4)  # one result per line
 
 
-def _result(one: Finding, index_of: dict[str, int], bases: dict[str, str]) -> dict[str, Any]:
+def _result(one: Finding, index_of: dict[str, int], bases: dict[str, str], group: int | None) -> dict[str, Any]:
     offset = one.data.get("offset") if isinstance(one.data.get("offset"), int) else None
     result: dict[str, Any] = {
         "ruleId": one.rule,
@@ -116,6 +123,12 @@ def _result(one: Finding, index_of: dict[str, int], bases: dict[str, str]) -> di
     }
     if one.related_paths:
         result["relatedLocations"] = [dict(_location(p, bases), id=i) for i, p in enumerate(one.related_paths, 1)]
-    if one.data:
-        result["properties"] = dict(one.data)
+    properties: dict[str, Any] = dict(one.data)
+    if group is not None:
+        properties["group"] = group  # the cause group text and Markdown show as one entry
+    if properties:
+        result["properties"] = properties
+    if one.fingerprint:
+        # The baseline key (rule, site-relative path, declared fields): stable across roots and reinstalls.
+        result["partialFingerprints"] = {"rocmAuditFingerprint/v1": one.fingerprint}
     return result
