@@ -27,14 +27,7 @@ from typing import Protocol
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats.offload_bundle import DEVICE_KINDS
-from rocm_audit.tree.archfiles import (
-    ArchUnit,
-    arch_folder_of,
-    arch_unit_of,
-    code_object_file_unit,
-    code_object_folder_unit,
-    device_distribution_arch,
-)
+from rocm_audit.tree.archfiles import ArchUnit, PathUnits, device_distribution_arch, path_units
 from rocm_audit.tree.discovery import enclosing_sdk_tree
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, LinkRecord
 from rocm_audit.tree.ownership import Distribution, owners, read_distributions
@@ -249,13 +242,16 @@ def make_plan(inventory: Inventory, kept: list[Kept], device_code: DeviceCodeOf)
             # a file another kind of distribution installs too (_rocm_sdk_libraries/__init__.py) is not device content
             if not any(o.files.get(path) for o in distributions if o.dist_info not in device_names):
                 plan.device_dist_of_path[path] = distribution
-    folders = _code_object_folders(inventory, device_code)
+    # One pass over the paths: what each name says, asked below and by _code_object_folders.
+    named = {record.path: path_units(record.path) for record in inventory.files}
+    folders = _code_object_folders(inventory, device_code, named)
     for record in inventory.files:
-        unit = arch_unit_of(record.path)
-        if unit is None:
-            unit = _folder_of(record.path, folders)
+        naming = named[record.path]
+        unit = naming.named
+        if unit is None and naming.folder is not None:
+            unit = folders.get(naming.folder.path)
         if unit is None and record.kind is not FileKind.SHARED_LIBRARY and _is_code_object_file(record):
-            candidate = code_object_file_unit(record.path)
+            candidate = naming.file
             code = device_entries(device_code(record))
             if candidate is not None and code and all(_same_processor(o.target, candidate.arches[0]) for o in code):
                 unit = candidate
@@ -348,7 +344,9 @@ def _in_dist_info(path: str, distribution: Distribution) -> bool:
     return path == distribution.dist_info or path.startswith(distribution.dist_info + os.sep)
 
 
-def _code_object_folders(inventory: Inventory, device_code: DeviceCodeOf) -> dict[str, ArchUnit]:
+def _code_object_folders(
+    inventory: Inventory, device_code: DeviceCodeOf, named: dict[str, PathUnits]
+) -> dict[str, ArchUnit]:
     """Arch folders (aiter's ``hsa/gfx942/``) that are whole per-arch units: every code object in
     one is a standalone file of code for its arch, and nothing else in it is loaded as is (no host
     ELF, no regular Python package) or belongs to a unit of its own (a Tensile ``library/``).
@@ -360,12 +358,12 @@ def _code_object_folders(inventory: Inventory, device_code: DeviceCodeOf) -> dic
     candidates: dict[str, ArchUnit] = {}
     spoiled: set[str] = set()
     for record in inventory.files:
-        if arch_unit_of(record.path) is not None:
-            found = arch_folder_of(record.path)
-            if found is not None:
-                spoiled.add(found[0])
+        naming = named[record.path]
+        if naming.named is not None:
+            if naming.folder is not None:
+                spoiled.add(naming.folder.path)
             continue
-        unit = code_object_folder_unit(record.path)
+        unit = naming.folder
         if unit is None:
             continue
         if record.kind in (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE, FileKind.OTHER_ELF) or (
@@ -379,11 +377,6 @@ def _code_object_folders(inventory: Inventory, device_code: DeviceCodeOf) -> dic
             else:
                 spoiled.add(unit.path)
     return {path: unit for path, unit in candidates.items() if path not in spoiled}
-
-
-def _folder_of(path: str, folders: dict[str, ArchUnit]) -> ArchUnit | None:
-    found = arch_folder_of(path) if folders else None
-    return folders.get(found[0]) if found is not None else None
 
 
 def _is_code_object_file(record: FileRecord) -> bool:

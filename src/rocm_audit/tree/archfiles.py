@@ -145,6 +145,22 @@ def code_object_file_unit(path: str) -> ArchUnit | None:
     return ArchUnit("code-object-file", path, False, tuple(tokens))
 
 
+@dataclass(frozen=True, slots=True)
+class PathUnits:
+    """What a file's path alone says about the per-arch units it may belong to: worked out once
+    per file and walk (prune/plan.py asks each of them several times)."""
+
+    named: ArchUnit | None  # arch_unit_of: a unit by its name and place
+    folder: ArchUnit | None  # code_object_folder_unit: the one arch folder above it
+    file: ArchUnit | None  # code_object_file_unit: a file name naming one arch
+
+
+def path_units(path: str) -> PathUnits:
+    """Every unit :func:`arch_unit_of`, :func:`code_object_folder_unit` and
+    :func:`code_object_file_unit` find for ``path`` (the caller checks the content)."""
+    return PathUnits(arch_unit_of(path), code_object_folder_unit(path), code_object_file_unit(path))
+
+
 def device_distribution_arch(name: str) -> str | None:
     """The arch (or family) a device distribution is for: ``rocm-sdk-device-gfx942`` -> gfx942,
     ``amd-torch-device-gfx950`` -> gfx950, ``rocm-sdk-device-gfx94X-dcgpu`` -> gfx94X; else None.
