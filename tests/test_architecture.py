@@ -13,7 +13,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "src" / "rocm_audit"
 
 # Lower layers first. A module may import its own layer's modules of the same folder and any lower layer.
 LAYERS: list[tuple[str, ...]] = [
-    ("rocm_audit", "rocm_audit.errors", "rocm_audit.severity", "rocm_audit.units", "rocm_audit.progress"),
+    (
+        "rocm_audit",
+        "rocm_audit.errors",
+        "rocm_audit.severity",
+        "rocm_audit.units",
+        "rocm_audit.progress",
+        "rocm_audit.report_types",
+    ),
     ("rocm_audit.rulebook.catalogue",),
     ("rocm_audit.findings",),
     ("rocm_audit.outcome",),

@@ -4,9 +4,9 @@ output/ turn it into text, JSON, SARIF, JUnit or GitHub annotations."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from rocm_audit.findings import Finding, Severity
+from rocm_audit.report_types import Sections
 
 
 @dataclass(slots=True)
@@ -14,7 +14,7 @@ class CommandOutcome:
     command: str
     findings: list[Finding]
     inputs: list[str] = field(default_factory=list)
-    sections: dict[str, Any] = field(default_factory=dict)
+    sections: Sections = field(default_factory=lambda: Sections())
     # Set by commands whose own contract decides failure (dedup --check: "anything would change").
     force_failure: bool = False
     # False for a preview (dedup --dry-run): it reports what is wrong, and exits 0 whatever it found.
@@ -26,6 +26,9 @@ class CommandOutcome:
     # The audited directories, spelled as the findings spell paths: text shows paths under them
     # relative to them (the CLI fills it from ``inputs`` when a command leaves it empty).
     roots: list[str] = field(default_factory=list)
+    # image only, never reported: path -> (bytes, unused bytes, removable bytes) of device code,
+    # from check's prune weight (CheckOptions.prune_by_file), placed in the layers that wrote them.
+    device_bytes_by_path: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def exit_code(self, fail_on: Severity) -> int:
         if self.force_failure:

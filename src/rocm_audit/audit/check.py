@@ -10,18 +10,19 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
+from rocm_audit.report_types import Sections
 from rocm_audit.tree.discovery import AuditRoot, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.loader import HostView, LoaderModel
 
 if TYPE_CHECKING:
-    from rocm_audit.gpu.verify import TargetCandidate
+    from rocm_audit.gpu.verify import TargetCandidate, TargetChoice
     from rocm_audit.tree.targets import TargetSelection
 
 
@@ -100,144 +101,199 @@ def _versions_if_needed(inventory: Inventory, record: FileRecord) -> object:
     return versions_of(inventory, record) if inventory.dynamic(record).needed else None
 
 
+@dataclass(slots=True)
+class _Audit:
+    """What the steps of one ``check`` add to, in the order they run (the inventory is passed to
+    each step beside it, never kept in it)."""
+
+    findings: list[Finding]
+    sections: Sections
+    ran: list[str] = field(default_factory=list)
+    summaries: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+
 def audit_inventory(
     inventory: Inventory, looked: list[str], options: CheckOptions, progress: Progress = SILENT
 ) -> CommandOutcome:
     """Run every check over an inventory already built. Raises UsageError for bad targets."""
-    started = time.monotonic()
-    findings: list[Finding] = list(inventory.findings)
-    sections: dict[str, Any] = {"sdk_trees": inventory.sdk_trees}
-    ran: list[str] = []
-    summaries: list[str] = []
-
+    audit = _Audit(findings=list(inventory.findings), sections={"sdk_trees": inventory.sdk_trees})
+    where = looked[0] if looked else ""
     if "dedup" not in options.skip:
-        from rocm_audit.dedup.apply import ApplyResult
-        from rocm_audit.dedup.plan import make_plan
-        from rocm_audit.dedup.report import check_mode_findings, dedup_section
-
-        plan = make_plan(inventory, progress=progress)
-        findings.extend(plan.findings)
-        findings.extend(check_mode_findings(plan))
-        sections["dedup"] = dedup_section(plan, "check", ApplyResult(), time.monotonic() - started)
-        ran.append("dedup")
-        summaries.append(f"{len(plan.groups)} duplicate group(s)")
-
-    prune_choice = None
-    selection = None
-    if "verify-arch" not in options.skip:
-        from rocm_audit.gpu import verify as archcheck
-
-        environ = dict(os.environ) if options.environ is None else options.environ
-        choice: archcheck.TargetChoice | None = None
-        try:
-            choice = archcheck.choose_targets(
-                options.targets,
-                [r.path for r in inventory.roots],
-                environ,
-                options.recorded_targets,
-                options.environ_label,
-            )
-        except UsageError:
-            if options.targets:
-                raise  # targets the user named must be valid
-        required = choice.targets if choice else []
-        # No targets: nothing is judged, and the carriers are listed from their entry tables alone.
-        selection = archcheck.selection_for(required)
-
+        _dedup_step(inventory, audit, progress)
+    choice = _target_choice(inventory, options) if "verify-arch" not in options.skip else None
+    selection = _selection(choice) if "verify-arch" not in options.skip else None
     read_facts(inventory, options.skip, selection, progress)
-
     if "verify-arch" not in options.skip:
-        from rocm_audit.gpu import verify as archcheck
-
-        progress.phase("judging GPU code objects")
-        scans = archcheck.scan_inventory(inventory, selection)
-        carriers = archcheck.build_carriers(scans)
-        findings.extend(archcheck.scan_findings(scans))
-        if required:
-            findings.extend(archcheck.judge_all(carriers, required))
-            sections["targets"] = [{"target": t.spelled, "agent": str(t.agent)} for t in required]
-            sections["targets_source"] = choice.source if choice else ""
-            sections["targets_origin"] = choice.origin if choice else {}
-            missing = sum(1 for c in carriers if c.missing)
-            summaries.append(f"{len(carriers)} GPU code carrier(s), {missing} missing a target")
-        else:
-            findings.append(
-                make_finding(
-                    "CHK001",
-                    looked[0] if looked else "",
-                    f"no GPU targets to verify: name them ({options.targets_example}), set GPU_ARCH, "
-                    "or install _rocm_sdk_core with share/therock/dist_info.json",
-                )
-            )
-            summaries.append(f"{len(carriers)} GPU code carrier(s), targets unknown")
-        sections["carriers"] = [archcheck.carrier_to_dict(c) for c in carriers]
-        ran.append("verify-arch")
-        prune_choice = choice if required else None
-
+        _verify_arch_step(inventory, audit, choice, selection, where, options, progress)
     if "llvm" not in options.skip:
-        from rocm_audit.llvm import clashes as llvm_clashes
-
-        llvm_options = llvm_clashes.LlvmOptions(
-            probe=options.probe, sysroot=options.sysroot, unextracted=options.unextracted, python=options.python
-        )
-        if options.probe_timeout_s is not None:
-            llvm_options.probe_timeout_s = options.probe_timeout_s
-        analysis = llvm_clashes.analyse(inventory, llvm_options, progress)
-        if options.probe:
-            llvm_clashes.probe_analysis(analysis, llvm_options, progress)
-        findings.extend(analysis.reported_findings())
-        sections["libraries"] = [
-            llvm_clashes.library_to_dict(
-                one,
-                analysis.library_in_scan.get(one.path, True),
-                analysis.library_identity.get(one.path),
-                analysis.linkage_of(one.path),
-            )
-            for one in analysis.libraries
-        ]
-        sections["clashes"] = [llvm_clashes.clash_to_dict(c) for c in analysis.clashes]
-        sections["pairs"] = [llvm_clashes.pair_to_dict(p, analysis.pair_probes.get(p.paths)) for p in analysis.pairs]
-        sections["judged_pairs"] = analysis.judged_pairs
-        if analysis.probe_interpreter is not None:
-            sections["probe_interpreter"] = llvm_clashes.interpreter_to_dict(analysis.probe_interpreter)
-        ran.append("llvm")
-        summaries.append(f"{len(analysis.clashes)} LLVM clash(es)")
-
+        _llvm_step(inventory, audit, options, progress)
     if "post-build" not in options.skip:
-        from rocm_audit.postbuild.checks import post_build_findings
-
-        progress.phase("post-build checks: symbol versions and DT_NEEDED")
-
-        host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys(), unextracted=options.unextracted)
-        findings.extend(post_build_findings(inventory, LoaderModel(sysroot=options.sysroot, host=host)))
-        ran.append("post-build")
-
-    if prune_choice is not None and "prune" not in options.skip:
-        # the weight of device code no kept target loads (one info finding), over the facts read above
-        from rocm_audit.audit.pruning import prune_for_check
-        from rocm_audit.prune.plan import Kept
-        from rocm_audit.tree.targets import kept_target
-
-        progress.phase("weighing device code for other GPUs")
-        kept = [Kept(t.spelled, kept_target(t.spelled)) for t in prune_choice.targets]
-        where = looked[0] if looked else ""
-        finding, section = prune_for_check(
-            inventory, kept, prune_choice.source, where, selection, by_file=options.prune_by_file
-        )
-        if finding is not None:
-            findings.append(finding)
-        sections["prune"] = section
-        ran.append("prune")
-
-    elapsed = time.monotonic() - started
-    sections["summary"] = {"checks": ran, "files_scanned": len(inventory.files), "elapsed_s": round(elapsed, 3)}
+        _post_build_step(inventory, audit, options, progress)
+    device_bytes_by_path: dict[str, tuple[int, int, int]] = {}
+    if choice is not None and choice.targets and "prune" not in options.skip:
+        device_bytes_by_path = _prune_step(inventory, audit, choice, selection, where, options, progress)
+    elapsed = time.monotonic() - audit.started
+    audit.sections["summary"] = {
+        "checks": audit.ran,
+        "files_scanned": len(inventory.files),
+        "elapsed_s": round(elapsed, 3),
+    }
     return CommandOutcome(
         command="check",
-        findings=findings,
+        findings=audit.findings,
         inputs=looked,
-        sections=sections,
-        summary=f"check: {len(inventory.files)} files; " + "; ".join(summaries) + f"; {elapsed:.2f} s",
+        sections=audit.sections,
+        summary=f"check: {len(inventory.files)} files; " + "; ".join(audit.summaries) + f"; {elapsed:.2f} s",
+        device_bytes_by_path=device_bytes_by_path,
     )
+
+
+def _dedup_step(inventory: Inventory, audit: _Audit, progress: Progress) -> None:
+    """dedup in check mode: the groups a plain run would link, as findings and the section."""
+    from rocm_audit.dedup.apply import ApplyResult
+    from rocm_audit.dedup.plan import make_plan
+    from rocm_audit.dedup.report import check_mode_findings, dedup_section
+
+    plan = make_plan(inventory, progress=progress)
+    audit.findings.extend(plan.findings)
+    audit.findings.extend(check_mode_findings(plan))
+    audit.sections["dedup"] = dedup_section(plan, "check", ApplyResult(), time.monotonic() - audit.started)
+    audit.ran.append("dedup")
+    audit.summaries.append(f"{len(plan.groups)} duplicate group(s)")
+
+
+def _target_choice(inventory: Inventory, options: CheckOptions) -> TargetChoice | None:
+    """The targets verify-arch judges (and prune keeps); None when none was found. Raises
+    UsageError for targets the user named that are not valid."""
+    from rocm_audit.gpu.verify import choose_targets
+
+    environ = dict(os.environ) if options.environ is None else options.environ
+    try:
+        return choose_targets(
+            options.targets,
+            [r.path for r in inventory.roots],
+            environ,
+            options.recorded_targets,
+            options.environ_label,
+        )
+    except UsageError:
+        if options.targets:
+            raise  # targets the user named must be valid
+        return None
+
+
+def _selection(choice: TargetChoice | None) -> TargetSelection:
+    """What the code-object scan reads for these targets. No targets: nothing is judged, and the
+    carriers are listed from their entry tables alone."""
+    from rocm_audit.gpu.verify import selection_for
+
+    return selection_for(choice.targets if choice else [])
+
+
+def _verify_arch_step(
+    inventory: Inventory,
+    audit: _Audit,
+    choice: TargetChoice | None,
+    selection: TargetSelection | None,
+    where: str,
+    options: CheckOptions,
+    progress: Progress,
+) -> None:
+    """verify-arch: every carrier judged against the targets, or CHK001 when there are none."""
+    from rocm_audit.gpu import verify as archcheck
+
+    progress.phase("judging GPU code objects")
+    scans = archcheck.scan_inventory(inventory, selection)
+    carriers = archcheck.build_carriers(scans)
+    audit.findings.extend(archcheck.scan_findings(scans))
+    if choice is not None and choice.targets:
+        audit.findings.extend(archcheck.judge_all(carriers, choice.targets))
+        audit.sections["targets"] = [{"target": t.spelled, "agent": str(t.agent)} for t in choice.targets]
+        audit.sections["targets_source"] = choice.source
+        audit.sections["targets_origin"] = choice.origin
+        missing = sum(1 for c in carriers if c.missing)
+        audit.summaries.append(f"{len(carriers)} GPU code carrier(s), {missing} missing a target")
+    else:
+        audit.findings.append(
+            make_finding(
+                "CHK001",
+                where,
+                f"no GPU targets to verify: name them ({options.targets_example}), set GPU_ARCH, "
+                "or install _rocm_sdk_core with share/therock/dist_info.json",
+            )
+        )
+        audit.summaries.append(f"{len(carriers)} GPU code carrier(s), targets unknown")
+    audit.sections["carriers"] = [archcheck.carrier_to_dict(c) for c in carriers]
+    audit.ran.append("verify-arch")
+
+
+def _llvm_step(inventory: Inventory, audit: _Audit, options: CheckOptions, progress: Progress) -> None:
+    """llvm: the static analysis, and the load probes when asked for."""
+    from rocm_audit.llvm import clashes as llvm_clashes
+
+    llvm_options = llvm_clashes.LlvmOptions(
+        probe=options.probe, sysroot=options.sysroot, unextracted=options.unextracted, python=options.python
+    )
+    if options.probe_timeout_s is not None:
+        llvm_options.probe_timeout_s = options.probe_timeout_s
+    analysis = llvm_clashes.analyse(inventory, llvm_options, progress)
+    if options.probe:
+        llvm_clashes.probe_analysis(analysis, llvm_options, progress)
+    audit.findings.extend(analysis.reported_findings())
+    audit.sections["libraries"] = [
+        llvm_clashes.library_to_dict(
+            one,
+            analysis.library_in_scan.get(one.path, True),
+            analysis.library_identity.get(one.path),
+            analysis.linkage_of(one.path),
+        )
+        for one in analysis.libraries
+    ]
+    audit.sections["clashes"] = [llvm_clashes.clash_to_dict(c) for c in analysis.clashes]
+    audit.sections["pairs"] = [llvm_clashes.pair_to_dict(p, analysis.pair_probes.get(p.paths)) for p in analysis.pairs]
+    audit.sections["judged_pairs"] = analysis.judged_pairs
+    if analysis.probe_interpreter is not None:
+        audit.sections["probe_interpreter"] = llvm_clashes.interpreter_to_dict(analysis.probe_interpreter)
+    audit.ran.append("llvm")
+    audit.summaries.append(f"{len(analysis.clashes)} LLVM clash(es)")
+
+
+def _post_build_step(inventory: Inventory, audit: _Audit, options: CheckOptions, progress: Progress) -> None:
+    """post-build: symbol versions and DT_NEEDED, resolved the way the loader of the sysroot would."""
+    from rocm_audit.postbuild.checks import post_build_findings
+
+    progress.phase("post-build checks: symbol versions and DT_NEEDED")
+    host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys(), unextracted=options.unextracted)
+    audit.findings.extend(post_build_findings(inventory, LoaderModel(sysroot=options.sysroot, host=host)))
+    audit.ran.append("post-build")
+
+
+def _prune_step(
+    inventory: Inventory,
+    audit: _Audit,
+    choice: TargetChoice,
+    selection: TargetSelection | None,
+    where: str,
+    options: CheckOptions,
+    progress: Progress,
+) -> dict[str, tuple[int, int, int]]:
+    """The weight of device code no kept target loads (one info finding), over the facts read
+    above; returns the device bytes per file when ``options.prune_by_file`` (image), else {}."""
+    from rocm_audit.audit.pruning import prune_for_check
+    from rocm_audit.prune.plan import Kept
+    from rocm_audit.tree.targets import kept_target
+
+    progress.phase("weighing device code for other GPUs")
+    kept = [Kept(t.spelled, kept_target(t.spelled)) for t in choice.targets]
+    finding, section, by_path = prune_for_check(
+        inventory, kept, choice.source, where, selection, by_file=options.prune_by_file
+    )
+    if finding is not None:
+        audit.findings.append(finding)
+    audit.sections["prune"] = section
+    audit.ran.append("prune")
+    return by_path
 
 
 def run_check(

@@ -10,15 +10,15 @@ import contextlib
 import os
 import shlex
 import time
-from typing import Any
 
 from rocm_audit.errors import FormatError, Interrupted
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune import apply as prune_apply
-from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, make_plan
+from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, Removal, make_plan
 from rocm_audit.prune.weigh import Weight, weigh
+from rocm_audit.report_types import PruneRemoval, PruneSection
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import TargetSelection, kept_target
@@ -70,7 +70,7 @@ def weight_finding(plan: PrunePlan, weight: Weight, looked: str) -> Finding | No
     )
 
 
-def _removal_dict(removal: Any) -> dict[str, Any]:
+def _removal_dict(removal: Removal) -> PruneRemoval:
     distribution = removal.distribution
     return {
         "kind": removal.kind,
@@ -109,7 +109,7 @@ def prune_section(
     source: str,
     result: prune_apply.ApplyResult | None = None,
     elapsed_s: float = 0.0,
-) -> dict[str, Any]:
+) -> PruneSection:
     return {
         "mode": mode,
         "targets": [k.spelled for k in plan.kept],
@@ -135,20 +135,16 @@ def prune_for_check(
     selection: TargetSelection | None = None,
     *,
     by_file: bool = False,
-) -> tuple[Finding | None, dict[str, Any]]:
+) -> tuple[Finding | None, PruneSection, dict[str, tuple[int, int, int]]]:
     """check's part: the weight and the plan (nothing changes), as one info finding and the section.
-    ``by_file`` adds ``files`` (path, bytes, unused_bytes, removable_bytes), which ``image`` turns
-    into a per-layer weight and removes again."""
+    With ``by_file``, also path -> (bytes, unused bytes, removable bytes) of device code in that
+    file, which ``image`` turns into a per-layer weight (empty without)."""
     reader = device_code_of(inventory, selection)
     plan = make_plan(inventory, kept, reader)
     weight = weigh(plan, reader)
     section = prune_section(plan, weight, "check", source)
-    if by_file:
-        section["files"] = [
-            {"path": path, "bytes": b, "unused_bytes": u, "removable_bytes": r}
-            for path, (b, u, r) in sorted(weight.by_path.items())
-        ]
-    return weight_finding(plan, weight, looked), section
+    by_path = {path: (b, u, r) for path, (b, u, r) in sorted(weight.by_path.items())} if by_file else {}
+    return weight_finding(plan, weight, looked), section, by_path
 
 
 def run_prune(

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from rocm_audit.dedup.apply import ApplyResult
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.report_types import DedupGroupRecord, DedupSection
 from rocm_audit.units import plural, size_text
 
 
-def _group_json(group: DedupGroup) -> dict[str, Any]:
+def _group_json(group: DedupGroup) -> DedupGroupRecord:
     return {
         "keeper": group.keeper.path,
         "duplicates": [
@@ -47,7 +47,7 @@ def shell_preview(groups: list[DedupGroup]) -> list[str]:
     return lines
 
 
-def dedup_section(plan: DedupPlan, mode: str, result: ApplyResult, elapsed_s: float) -> dict[str, Any]:
+def dedup_section(plan: DedupPlan, mode: str, result: ApplyResult, elapsed_s: float) -> DedupSection:
     """The `dedup` section of the JSON report."""
     planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)
     return {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 from rocm_audit.dedup.apply import ApplyResult, apply_plan
 from rocm_audit.dedup.plan import hardlinked, make_plan
@@ -13,6 +12,7 @@ from rocm_audit.errors import Interrupted
 from rocm_audit.findings import make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
+from rocm_audit.report_types import Sections
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory
 from rocm_audit.units import plural, size_text
@@ -72,7 +72,7 @@ def _run_dedup(
     planned_freed = sum(g.bytes_freed_if_done() for g in plan.groups)
     elapsed = time.monotonic() - started
     replaced_or_planned = result.replaced if mode == "apply" else sum(len(g.duplicates) for g in plan.groups)
-    sections: dict[str, Any] = {"sdk_trees": inventory.sdk_trees, "dedup": dedup_section(plan, mode, result, elapsed)}
+    sections: Sections = {"sdk_trees": inventory.sdk_trees, "dedup": dedup_section(plan, mode, result, elapsed)}
     verb = {"apply": "replaced", "dry-run": "to be replaced", "check": "to be replaced"}[mode]
     freed = result.bytes_freed if mode == "apply" else planned_freed
     summary = (

@@ -26,6 +26,7 @@ from rocm_audit.formats.offload_bundle import DEVICE_KINDS, comgr_selectable, pa
 from rocm_audit.gpu.codeobjects import CodeObject, FileCodeObjects, scan_file
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
+from rocm_audit.report_types import CarrierMatch, CarrierRecord, CodeObjectFileRecord, CodeObjectRecord, TargetsOrigin
 from rocm_audit.tree.archfiles import arch_folder_of, miopen_db_arch
 from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
@@ -79,14 +80,14 @@ class TargetCandidate:
 
     value: str
     source: str
-    origin: dict[str, Any]
+    origin: TargetsOrigin
 
 
 @dataclass(frozen=True, slots=True)
 class TargetChoice:
     targets: list[RequiredTarget]
     source: str  # for people: "command line", "$GPU_ARCH", a dist_info.json path ...
-    origin: dict[str, Any]  # the JSON ``targets_origin``: kind, and variable / path / history_index
+    origin: TargetsOrigin  # the JSON ``targets_origin``: kind, and variable / path / history_index
 
 
 def requested_targets(
@@ -124,7 +125,7 @@ def choose_targets(
     settings = policy("verify-arch")
     names = split_target_args(args)
     source = "command line"
-    origin: dict[str, Any] = {"kind": "command-line"}
+    origin: TargetsOrigin = {"kind": "command-line"}
     if not names and environ.get("GPU_ARCH", "").strip():
         names = split_target_args([environ["GPU_ARCH"]])
         source, origin = environ_label, {"kind": "environment", "variable": "GPU_ARCH"}
@@ -135,7 +136,7 @@ def choose_targets(
         if names:
             break
         names = split_target_args([candidate.value])
-        source, origin = candidate.source, dict(candidate.origin)
+        source, origin = candidate.source, candidate.origin.copy()
     if not names:
         for path in dist_info_candidates(roots):
             names = _targets_from_dist_info(path)
@@ -221,7 +222,7 @@ def _in_family(target: str, family: str) -> bool:
 
 
 def _narrowed_to_device_wheels(
-    names: list[str], dist_info_path: str, source: str, origin: dict[str, Any]
+    names: list[str], dist_info_path: str, source: str, origin: TargetsOrigin
 ) -> tuple[list[str], str]:
     """dist_info.json lists the build's targets; an install holds the device code its user chose:
     the rocm-sdk-device-<gfx> wheels of a kpack split, or the per-family libraries wheels of the
@@ -405,7 +406,7 @@ class Carrier:
     containers: list[str]
     tus: list[list[CodeObject]]  # device code objects per translation unit
     members: list[str] = field(default_factory=list)
-    matches: list[dict[str, Any]] = field(default_factory=list)
+    matches: list[CarrierMatch] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     # TU index -> place (".rodata+0x1000") of the units that are images embedded in data sections
     unit_places: dict[int, str] = field(default_factory=dict)
@@ -767,7 +768,7 @@ def scan_findings(scans: list[FileCodeObjects]) -> list[Finding]:
     return [finding for scanned in scans for finding in scanned.findings]
 
 
-def carrier_to_dict(carrier: Carrier) -> dict[str, Any]:
+def carrier_to_dict(carrier: Carrier) -> CarrierRecord:
     found_via = sorted({(obj.target or "", obj.target_source, obj.container) for obj in carrier.code_objects})
     return {
         "path": carrier.path,
@@ -784,7 +785,7 @@ def carrier_to_dict(carrier: Carrier) -> dict[str, Any]:
     }
 
 
-def code_object_to_dict(path: str, obj: CodeObject) -> dict[str, Any]:
+def code_object_to_dict(path: str, obj: CodeObject) -> CodeObjectRecord:
     return {
         "path": path,
         "container": obj.container,
@@ -844,7 +845,7 @@ def list_targets(paths: list[str] | None, *, progress: Progress = SILENT) -> Com
     inventory = build_inventory(roots, progress)
     scans = scan_inventory(inventory, progress=progress)
     objects = [code_object_to_dict(s.path, obj) for s in scans for obj in s.code_objects]
-    files = [
+    files: list[CodeObjectFileRecord] = [
         {
             "path": s.path,
             "package": _package(s.sdk_tree),

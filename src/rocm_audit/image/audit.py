@@ -27,6 +27,7 @@ from rocm_audit.image.archive import ImageLayout, Store, iter_layer_streams, ope
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
+from rocm_audit.report_types import ImageSection, ImageSource, PruneLayer
 from rocm_audit.units import size_text
 
 PACKAGE_DIRS = ("site-packages", "dist-packages")
@@ -96,7 +97,7 @@ def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILE
             return _failed(archive, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
         except merge.LimitExceeded as exc:
             return _failed(archive, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
-        source = {
+        source: ImageSource = {
             "kind": "archive",
             "path": archive,
             "format": layout.kind,
@@ -175,7 +176,7 @@ def audit_stream(
     chunks: Iterable[bytes],
     label: str,
     options: ImageOptions,
-    source: dict[str, Any],
+    source: ImageSource,
     again: Callable[[], Iterable[bytes]] | None = None,
     progress: Progress = SILENT,
 ) -> CommandOutcome:
@@ -216,7 +217,7 @@ def new_state(workdir: str, options: ImageOptions, progress: Progress = SILENT) 
 def _audit_merged(
     state: merge.MergeState,
     options: ImageOptions,
-    source: dict[str, Any],
+    source: ImageSource,
     layer_names: list[str],
     inputs: list[str],
     layer_aware: bool = True,
@@ -242,7 +243,7 @@ def _audit_merged(
         prune_by_file=layer_aware,
     )
     outcome = run_check(package_dirs or [state.root], check_options, state.progress)
-    section: dict[str, Any] = {
+    section: ImageSection = {
         "source": source,
         "layers": [
             {
@@ -267,9 +268,8 @@ def _audit_merged(
         findings.extend(waste.waste_findings(groups, layer_names))
         section["waste"] = waste.waste_section(groups, total)
     outcome = _to_image_paths(outcome, state.root)
-    files = outcome.sections.get("prune", {}).pop("files", None)
-    if files is not None:
-        section["prune_layers"] = prune_layers(state, files, layer_names)
+    if "prune" in outcome.sections and layer_aware:
+        section["prune_layers"] = prune_layers(state, outcome.device_bytes_by_path, layer_names)
     outcome.findings.extend(findings)
     outcome.sections["image"] = section
     outcome.command = "image"
@@ -284,13 +284,15 @@ def _audit_merged(
     return outcome
 
 
-def prune_layers(state: merge.MergeState, files: list[dict[str, Any]], layer_names: list[str]) -> list[dict[str, Any]]:
+def prune_layers(
+    state: merge.MergeState, by_path: dict[str, tuple[int, int, int]], layer_names: list[str]
+) -> list[PruneLayer]:
     """Device-code bytes per layer that holds them (prune's weight by file, placed by the layer
     that wrote the file the merged view shows). A prune in a later RUN frees none of a lower
     layer's bytes: only a prune in the RUN that wrote the layer does."""
-    per: dict[int, dict[str, Any]] = {}
-    for one in files:
-        layer = state.layer_of.get(one["path"])
+    per: dict[int, PruneLayer] = {}
+    for path, (device_bytes, unused_bytes, removable_bytes) in sorted(by_path.items()):
+        layer = state.layer_of.get(path)
         if layer is None:
             continue
         row = per.setdefault(
@@ -303,9 +305,9 @@ def prune_layers(state: merge.MergeState, files: list[dict[str, Any]], layer_nam
                 "removable_bytes": 0,
             },
         )
-        row["device_bytes"] += one["bytes"]
-        row["unused_bytes"] += one["unused_bytes"]
-        row["removable_bytes"] += one["removable_bytes"]
+        row["device_bytes"] += device_bytes
+        row["unused_bytes"] += unused_bytes
+        row["removable_bytes"] += removable_bytes
     return [per[i] for i in sorted(per)]
 
 
@@ -347,6 +349,7 @@ def _to_image_paths(outcome: CommandOutcome, root: str) -> CommandOutcome:
         for f in outcome.findings
     ]
     outcome.sections = fix(outcome.sections)
+    outcome.device_bytes_by_path = fix(outcome.device_bytes_by_path)
     outcome.inputs = fix(outcome.inputs)
     if outcome.summary:
         outcome.summary = fix(outcome.summary)

@@ -22,6 +22,7 @@ from rocm_audit.errors import UsageError
 from rocm_audit.image.audit import ImageOptions, audit_archive, audit_stream, image_targets
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
+from rocm_audit.report_types import ImageSource
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def audit_daemon_image(
         labels={"org.rocm-audit.purpose": "audit; never started"},
     )["Id"]
     try:
-        source = {
+        source: ImageSource = {
             "kind": "daemon",
             "ref": ref,
             "image_id": image.id,
@@ -126,9 +127,9 @@ def _via_save(image: Any, ref: str, options: ImageOptions, progress: Progress = 
         outcome = audit_archive(archive, options, progress)
         # Name the image, not the temporary file, in findings ("REF:<layer member>").
         outcome.findings = [dataclasses.replace(f, path=f.path.replace(archive, ref, 1)) for f in outcome.findings]
-        source = outcome.sections.get("image", {}).get("source")
-        if isinstance(source, dict):
-            source.update({"kind": "daemon", "ref": ref, "image_id": image.id, "path": None})
+        image_section = outcome.sections.get("image")
+        if image_section is not None:
+            image_section["source"].update({"kind": "daemon", "ref": ref, "image_id": image.id, "path": None})
         outcome.inputs = [ref]
         return outcome
     finally:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image.merge import Copy, MergeState
+from rocm_audit.report_types import ImageWaste, WasteCopy
 from rocm_audit.units import size_text
 
 SDK_MARKS = ("/_rocm_sdk_", "/_rocm_profiler")  # the platform trees of TheRock's wheels (tree/discovery.py)
@@ -32,7 +32,7 @@ REPORT_MIN_BYTES = 64 << 10  # groups of smaller files count in the total but ar
 class WasteGroup:
     size: int
     digest: str
-    copies: tuple[dict[str, Any], ...]  # {"layer", "path", "visible", "paths"}
+    copies: tuple[WasteCopy, ...]
     layers: tuple[int, ...]
 
     @property
@@ -43,7 +43,7 @@ class WasteGroup:
     def same_layer(self) -> bool:
         return len(self.layers) == 1
 
-    def copies_in(self, layer: int) -> list[dict[str, Any]]:
+    def copies_in(self, layer: int) -> list[WasteCopy]:
         return [c for c in self.copies if c["layer"] == layer]
 
     @property
@@ -85,7 +85,7 @@ def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
     return groups, total
 
 
-def _copy_dict(copy: Copy, visible: bool, hardlinks: list[str]) -> dict[str, Any]:
+def _copy_dict(copy: Copy, visible: bool, hardlinks: list[str]) -> WasteCopy:
     return {"layer": copy.layer, "path": copy.path, "visible": visible, "hardlinks": hardlinks}
 
 
@@ -148,7 +148,7 @@ def waste_findings(groups: list[WasteGroup], layer_names: list[str]) -> list[Fin
     return findings
 
 
-def waste_section(groups: list[WasteGroup], total: int) -> dict[str, Any]:
+def waste_section(groups: list[WasteGroup], total: int) -> ImageWaste:
     listed = [g for g in groups if g.size >= REPORT_MIN_BYTES]
     return {
         "wasted_bytes": total,
@@ -164,7 +164,7 @@ def waste_section(groups: list[WasteGroup], total: int) -> dict[str, Any]:
                 "scope": "same-layer" if g.same_layer else "cross-layer",
                 "layers": list(g.layers),
                 "fix": _fix(g),
-                "copies": [dict(c) for c in g.copies],
+                "copies": [c.copy() for c in g.copies],
             }
             for g in listed
         ],

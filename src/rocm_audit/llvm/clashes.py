@@ -47,6 +47,16 @@ from rocm_audit.llvm.roles import ClFacts, Role, classify
 from rocm_audit.llvm.verdicts import Prediction, Verdict
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
+from rocm_audit.report_types import (
+    ClashJudgement,
+    LinkageFields,
+    LlvmClash,
+    LlvmLibrary,
+    LlvmPair,
+    LoadClosure,
+    ProbeInterpreter,
+    Sections,
+)
 from rocm_audit.tree.discovery import Interpreter, interpreter_for, is_tree_of, resolve_roots
 from rocm_audit.tree.identical import Candidate, CompareStats, ReadFailure, partition_identical
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory, read_dynamic_info
@@ -1244,8 +1254,8 @@ def _probe_findings(clash: Clash) -> list[Finding]:
 
 def library_to_dict(
     one: ClFacts, in_scan: bool, identity: tuple[int, int] | None, linkage: Linkage | None = None
-) -> dict[str, Any]:
-    extra: dict[str, Any] = {}
+) -> LlvmLibrary:
+    extra: LinkageFields = {}
     if linkage is not None and linkage is not EMPTY_LINKAGE:
         extra = {
             "registers_at_load": linkage.registers_at_load,
@@ -1271,7 +1281,7 @@ def library_to_dict(
     }
 
 
-def interpreter_to_dict(interpreter: Interpreter) -> dict[str, Any]:
+def interpreter_to_dict(interpreter: Interpreter) -> ProbeInterpreter:
     """The report's ``probe_interpreter``: which interpreter ran the probes, and why."""
     return {
         "executable": interpreter.executable,
@@ -1281,7 +1291,7 @@ def interpreter_to_dict(interpreter: Interpreter) -> dict[str, Any]:
     }
 
 
-def clash_to_dict(clash: Clash) -> dict[str, Any]:
+def clash_to_dict(clash: Clash) -> LlvmClash:
     return {
         "paths": list(clash.paths),
         "reason": clash.reason.value,
@@ -1327,7 +1337,7 @@ def _agreement(clash: Clash, index: int, probe: ProbeResult) -> bool | None:
     return agrees(clash.predictions[probe.mode], probe.outcome)
 
 
-def _judged_fields(clash: Clash) -> dict[str, Any]:
+def _judged_fields(clash: Clash) -> ClashJudgement:
     """Fields added to schema v1 by issue 16: the verdict, who decided it, both orders."""
     if clash.judged is None and clash.closure_judged:
         decided = probe_decided(clash.probes)
@@ -1344,29 +1354,30 @@ def _judged_fields(clash: Clash) -> dict[str, Any]:
     }
 
 
-def pair_to_dict(pair: PairVerdicts, probes: tuple[list[ProbeResult], list[Verdict]] | None = None) -> dict[str, Any]:
+def pair_to_dict(pair: PairVerdicts, probes: tuple[list[ProbeResult], list[Verdict]] | None = None) -> LlvmPair:
     found = pair.to_dict()
     results = probes[0] if probes else []
     decided = probe_decided(results)
-    found["decided_by"] = "probe" if decided is not None else "static"
-    if decided is not None:
-        found["verdict"] = decided.value
-    found["probes"] = [
-        {
-            "mode": p.mode,
-            "steps": list(p.steps),
-            "verdict": p.verdict.value,
-            "signal": p.signal,
-            "step": p.step,
-            "detail": p.detail,
-            "option": p.option,
-        }
-        for p in results
-    ]
-    return found
+    return {
+        **found,
+        "verdict": decided.value if decided is not None else found["verdict"],
+        "decided_by": "probe" if decided is not None else "static",
+        "probes": [
+            {
+                "mode": p.mode,
+                "steps": list(p.steps),
+                "verdict": p.verdict.value,
+                "signal": p.signal,
+                "step": p.step,
+                "detail": p.detail,
+                "option": p.option,
+            }
+            for p in results
+        ],
+    }
 
 
-def closure_to_dict(closure: Closure, roles: dict[str, Role]) -> dict[str, Any]:
+def closure_to_dict(closure: Closure, roles: dict[str, Role]) -> LoadClosure:
     return {
         "root": closure.root,
         "objects": [
@@ -1417,7 +1428,7 @@ def run_llvm(
     if options.probe:
         probe_analysis(analysis, options, progress)
     findings = list(inventory.findings) + analysis.reported_findings()
-    sections: dict[str, Any] = {
+    sections: Sections = {
         "libraries": [
             library_to_dict(
                 one,

@@ -18,6 +18,7 @@ from rocm_audit.llvm.closure import Closure, ProcessModel
 from rocm_audit.llvm.linkage import Linkage
 from rocm_audit.llvm.probes import PAIR_MODES
 from rocm_audit.llvm.verdicts import CLEAN, Mapped, Prediction, Step, Verdict, simulate
+from rocm_audit.report_types import PairJudged
 
 ORDERS = ("forward", "reverse")
 MAX_HOSTS = 4
@@ -63,7 +64,7 @@ class PairVerdicts:
                         found.append(name)
         return found
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> PairJudged:
         return {
             "paths": list(self.paths),
             "verdict": self.worst.verdict.value,

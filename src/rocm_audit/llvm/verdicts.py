@@ -45,6 +45,7 @@ from rocm_audit.llvm.linkage import (
     TOP_LEVEL_SUBCOMMAND,
     Linkage,
 )
+from rocm_audit.report_types import LlvmPrediction
 
 LLVM_CORE = "llvm-core"  # the option family every copy of CommandLine.cpp's library registers
 MAX_NAMED_SYMBOLS = 3
@@ -98,7 +99,7 @@ class Prediction:
         fact shows (a clean prediction that names a culprit: _interposition)."""
         return self.verdict is Verdict.CLEAN and self.culprit is not None
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> LlvmPrediction:
         return {
             "verdict": self.verdict.value,
             "reason": self.reason,

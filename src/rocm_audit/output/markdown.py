@@ -9,14 +9,14 @@ file name cannot open a link, an HTML tag, a table cell or a mention.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from rocm_audit.findings import Severity, cause_groups
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import markdown
 from rocm_audit.output.layout import PathView
 from rocm_audit.output.text_sections import relative_to_roots
+from rocm_audit.report_types import Sections
 
 COVERAGE_ROWS = 25
 DUPLICATE_GROUPS = 10
@@ -67,7 +67,7 @@ def summary_lines(outcome: CommandOutcome) -> list[str]:
     return _table(["check", "errors", "warnings", "info"], rows)
 
 
-def coverage_lines(sections: Mapping[str, Any], shorten: Callable[[str], str]) -> list[str]:
+def coverage_lines(sections: Sections, shorten: Callable[[str], str]) -> list[str]:
     """Library x target, only for carriers missing a target; at most COVERAGE_ROWS rows."""
     targets = [t["target"] for t in sections.get("targets", [])]
     carriers = sections.get("carriers")
@@ -95,7 +95,7 @@ def coverage_lines(sections: Mapping[str, Any], shorten: Callable[[str], str]) -
     return lines
 
 
-def duplicate_lines(sections: Mapping[str, Any], shorten: Callable[[str], str]) -> list[str]:
+def duplicate_lines(sections: Sections, shorten: Callable[[str], str]) -> list[str]:
     """The largest groups of identical files: dedup's plan, or an image's layer-aware waste."""
     rows: list[list[object]] = []
     waste = sections.get("image", {}).get("waste")
@@ -107,12 +107,12 @@ def duplicate_lines(sections: Mapping[str, Any], shorten: Callable[[str], str]) 
             rows.append([f"{group['wasted_bytes']:,}", len(group["copies"]), markdown(group["scope"]), paths])
         total = len(groups)
     elif "dedup" in sections:
-        groups = sorted(sections["dedup"]["groups"], key=lambda g: g["size"] * len(g["duplicates"]), reverse=True)
+        linked = sorted(sections["dedup"]["groups"], key=lambda g: g["size"] * len(g["duplicates"]), reverse=True)
         header = ["size (bytes)", "copies", "keep", "link"]
-        for group in groups[:DUPLICATE_GROUPS]:
-            links = "<br>".join(markdown(shorten(d["path"])) for d in group["duplicates"])
-            rows.append([f"{group['size']:,}", 1 + len(group["duplicates"]), markdown(shorten(group["keeper"])), links])
-        total = len(groups)
+        for one in linked[:DUPLICATE_GROUPS]:
+            links = "<br>".join(markdown(shorten(d["path"])) for d in one["duplicates"])
+            rows.append([f"{one['size']:,}", 1 + len(one["duplicates"]), markdown(shorten(one["keeper"])), links])
+        total = len(linked)
     else:
         return []
     if not rows:
@@ -149,7 +149,7 @@ def finding_lines(outcome: CommandOutcome, shorten: Callable[[str], str], verbos
     return lines
 
 
-def prune_lines(sections: Mapping[str, Any], limit: int = 15) -> list[str]:
+def prune_lines(sections: Sections, limit: int = 15) -> list[str]:
     """Device code per distribution: how much no kept target loads, and how much prune removes."""
     section = sections.get("prune")
     if not section or not section["weight"]:
@@ -176,7 +176,7 @@ def prune_lines(sections: Mapping[str, Any], limit: int = 15) -> list[str]:
     ]
 
 
-def _rules_lines(sections: Mapping[str, Any]) -> list[str]:
+def _rules_lines(sections: Sections) -> list[str]:
     rows = [
         [markdown(r["id"]), markdown(r["severity"]), markdown(r["title"]), markdown(r["severity_source"])]
         for r in sections.get("rules", [])
@@ -184,7 +184,7 @@ def _rules_lines(sections: Mapping[str, Any]) -> list[str]:
     return _table(["rule", "severity", "title", "severity from"], rows)
 
 
-def context_lines(sections: Mapping[str, Any]) -> list[str]:
+def context_lines(sections: Sections) -> list[str]:
     """What was audited, when the command says more than its inputs: an image, a scan's file kinds."""
     image = sections.get("image")
     if image is not None:

@@ -16,6 +16,7 @@ from typing import Any
 from rocm_audit import __version__
 from rocm_audit.findings import Finding, Severity, cause_groups, sorted_findings
 from rocm_audit.output.prefixes import rule_family
+from rocm_audit.report_types import FindingRecord, Report, Sections, SeverityCounts, Summary, SuppressedSource
 
 SCHEMA_VERSION = 1
 SCHEMA_RESOURCE = "schemas/report-v1.json"
@@ -133,8 +134,8 @@ def _compact(value: object) -> str:
     return json.dumps(value, default=_default, separators=(", ", ": "), ensure_ascii=False)
 
 
-def finding_to_dict(one: Finding, group: int | None = None) -> dict[str, Any]:
-    document: dict[str, Any] = {
+def finding_to_dict(one: Finding, group: int | None = None) -> FindingRecord:
+    document: FindingRecord = {
         "rule": one.rule,
         "severity": one.severity.value,
         "path": one.path,
@@ -149,7 +150,11 @@ def finding_to_dict(one: Finding, group: int | None = None) -> dict[str, Any]:
     if one.fingerprint:
         document["fingerprint"] = one.fingerprint
     if one.shipped_by is not None:
-        document["shipped_by"] = dataclasses.asdict(one.shipped_by)
+        document["shipped_by"] = {
+            "name": one.shipped_by.name,
+            "version": one.shipped_by.version,
+            "report_to": one.shipped_by.report_to,
+        }
     return document
 
 
@@ -163,9 +168,9 @@ def build_report(
     findings: Iterable[Finding],
     *,
     inputs: Iterable[str] = (),
-    sections: Mapping[str, object] | None = None,
+    sections: Sections | None = None,
     suppressed: Iterable[Mapping[str, str]] = (),
-) -> dict[str, Any]:
+) -> Report:
     """The report document: fixed header, the summary, sorted findings, then command-specific sections."""
     findings = list(findings)
     groups = group_numbers(findings)
@@ -194,32 +199,42 @@ def build_report(
 BASELINE_SOURCE_PREFIX = "baseline:"
 
 
-def summary_counts(findings: Sequence[Finding], suppressed: Sequence[Mapping[str, str]]) -> dict[str, Any]:
+def summary_counts(findings: Sequence[Finding], suppressed: Sequence[Mapping[str, str]]) -> Summary:
     """Findings per severity and per rule family (the rule id's letters: DUP, ARCH, ...), and the
     suppressed ones per source: a rules file's ``path:line`` (kind "rules") or ``baseline:FILE``."""
-    severities = [s.value for s in (Severity.ERROR, Severity.WARNING, Severity.INFO)]
-    by_family: dict[str, dict[str, int]] = {}
+    by_family: dict[str, SeverityCounts] = {}
     for one in findings:
-        per = by_family.setdefault(rule_family(one.rule), dict.fromkeys(["total", *severities], 0))
-        per[one.severity.value] += 1
-        per["total"] += 1
+        family = rule_family(one.rule)
+        by_family[family] = _add_counts(by_family.get(family, _severity_counts(())), [one])
     per_source: dict[str, int] = {}
     for entry in suppressed:
         per_source[entry["source"]] = per_source.get(entry["source"], 0) + 1
-    by_source = [
+    by_source: list[SuppressedSource] = [
         {"source": source, "kind": _source_kind(source), "count": count} for source, count in sorted(per_source.items())
     ]
     return {
-        "findings": {
-            "total": len(findings),
-            **{s: sum(1 for f in findings if f.severity.value == s) for s in severities},
-        },
+        "findings": _severity_counts(findings),
         "by_family": dict(sorted(by_family.items())),
         "suppressed": {
             "total": len(suppressed),
-            **{kind: sum(e["count"] for e in by_source if e["kind"] == kind) for kind in ("rules", "baseline")},
+            "rules": sum(e["count"] for e in by_source if e["kind"] == "rules"),
+            "baseline": sum(e["count"] for e in by_source if e["kind"] == "baseline"),
             "by_source": by_source,
         },
+    }
+
+
+def _severity_counts(findings: Sequence[Finding]) -> SeverityCounts:
+    return _add_counts({"total": 0, "error": 0, "warning": 0, "info": 0}, findings)
+
+
+def _add_counts(counts: SeverityCounts, findings: Sequence[Finding]) -> SeverityCounts:
+    """``counts`` with ``findings`` added, per severity and in all."""
+    return {
+        "total": counts["total"] + len(findings),
+        "error": counts["error"] + sum(1 for f in findings if f.severity is Severity.ERROR),
+        "warning": counts["warning"] + sum(1 for f in findings if f.severity is Severity.WARNING),
+        "info": counts["info"] + sum(1 for f in findings if f.severity is Severity.INFO),
     }
 
 

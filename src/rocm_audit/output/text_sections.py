@@ -8,14 +8,22 @@ no line of text output can start with characters a file name chose.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import PathView, hold, plural
+from rocm_audit.report_types import (
+    CarrierRecord,
+    CodeObjectRecord,
+    LlvmLibrary,
+    LlvmOrder,
+    LlvmProbe,
+    PruneWeightRow,
+    Sections,
+)
 from rocm_audit.units import size_text
 
-Sections = Mapping[str, Any]
 Shorten = Callable[[str], str]
 _NO_ROOTS = PathView(())
 
@@ -65,12 +73,13 @@ def _relative_to_package(path: str, package: str | None) -> str:
     return path
 
 
-def _carrier_line(carrier: Mapping[str, Any], view: PathView) -> str:
+def _carrier_line(carrier: CarrierRecord, view: PathView) -> str:
     status = "MISSING" if carrier["missing"] else "ok"
     tus = f", {carrier['tu_count']} TU" if carrier["tu_count"] else ""
     images = len(carrier.get("embedded_images", []))
     if images:  # the TU count includes them: the fat binary's TUs, then the images
-        fat = f"{carrier['tu_count'] - images} TU, " if carrier["tu_count"] > images else ""
+        tu_count = carrier["tu_count"] or 0  # a count where images are (libraries, code-object files)
+        fat = f"{tu_count - images} TU, " if tu_count > images else ""
         tus = f", {fat}{images} embedded image{'s' if images > 1 else ''}"
     members = f", {plural(len(carrier['members']), 'file')}" if carrier["members"] else ""
     how = "; ".join(f"{display(m['target'])} {display(m['how'] or 'missing')}" for m in carrier["matches"])
@@ -99,7 +108,7 @@ def verify_arch_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
     carriers = sections["carriers"]
     if not carriers:
         lines.append("No device-code carriers found.")
-    by_package: dict[str, list[Mapping[str, Any]]] = {}
+    by_package: dict[str, list[CarrierRecord]] = {}
     for carrier in carriers:
         by_package.setdefault(carrier["package"] or "(outside SDK packages)", []).append(carrier)
     for package in sorted(by_package):
@@ -117,7 +126,7 @@ def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
     """One line per file (its containers, translation units, code objects and their targets);
     with ``verbose`` a line per code object."""
     lines: list[str] = []
-    by_path: dict[str, list[Mapping[str, Any]]] = {}
+    by_path: dict[str, list[CodeObjectRecord]] = {}
     for code_object in sections["code_objects"]:
         by_path.setdefault(code_object["path"], []).append(code_object)
     for info in sections["code_object_files"]:
@@ -164,13 +173,13 @@ def file_kind_lines(sections: Sections) -> list[str]:
     return lines
 
 
-def _probe_text(probe: Mapping[str, Any]) -> str:
+def _probe_text(probe: LlvmProbe) -> str:
     contradicts = " (contradicts)" if probe.get("agrees") is False else ""
     seen = probe.get("verdict") or probe["outcome"]
     return f"{display(probe['mode'])} {display(seen)}{contradicts}"
 
 
-def _order_lines(orders: Sequence[Mapping[str, Any]], view: PathView) -> list[str]:
+def _order_lines(orders: Sequence[LlvmOrder], view: PathView) -> list[str]:
     """One line per ordered pair: the verdict of each mode (both orders are judged)."""
     lines = []
     for order in orders:
@@ -189,7 +198,7 @@ def _interpreter_lines(sections: Sections) -> list[str]:
     ]
 
 
-def _role_counts(libraries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def _role_counts(libraries: Sequence[LlvmLibrary]) -> dict[str, int]:
     count: dict[str, int] = {}
     for library in libraries:
         count[library["role"]] = count.get(library["role"], 0) + 1
@@ -376,9 +385,20 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
     return lines + check_lines(sections)
 
 
-def weight_by_distribution(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+class DistributionWeight(TypedDict):
+    """Prune's weight rows of one distribution, summed (what text and Markdown show)."""
+
+    distribution: str
+    bytes: int
+    compressed_bytes: int
+    unused_bytes: int
+    removable_bytes: int
+    targets: int  # how many rows: targets the distribution carries code for
+
+
+def weight_by_distribution(rows: Sequence[PruneWeightRow]) -> list[DistributionWeight]:
     """The prune weight rows summed per distribution, largest first (pure; text and markdown)."""
-    sums: dict[str, dict[str, Any]] = {}
+    sums: dict[str, DistributionWeight] = {}
     for row in rows:
         one = sums.setdefault(
             row["distribution"],
@@ -391,8 +411,10 @@ def weight_by_distribution(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]
                 "targets": 0,
             },
         )
-        for key in ("bytes", "compressed_bytes", "unused_bytes", "removable_bytes"):
-            one[key] += row[key]
+        one["bytes"] += row["bytes"]
+        one["compressed_bytes"] += row["compressed_bytes"]
+        one["unused_bytes"] += row["unused_bytes"]
+        one["removable_bytes"] += row["removable_bytes"]
         one["targets"] += 1
     return sorted(sums.values(), key=lambda d: (-d["bytes"], d["distribution"]))
 

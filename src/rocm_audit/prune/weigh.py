@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from rocm_audit.prune.plan import DeviceCodeOf, PrunePlan, device_entries, serves_any
+from rocm_audit.report_types import PruneTotals, PruneWeightRow
 from rocm_audit.tree.archfiles import device_distribution_arch
 from rocm_audit.tree.inventory import FileRecord
+from rocm_audit.tree.ownership import Distribution
 
 NO_DISTRIBUTION = "(no distribution)"
 
@@ -35,7 +36,7 @@ class WeightRow:
     def unused_bytes(self) -> int:
         return 0 if self.needed else self.bytes
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PruneWeightRow:
         return {
             "distribution": self.distribution,
             "target": self.target,
@@ -57,7 +58,7 @@ class Weight:
     def total(self, name: str) -> int:
         return sum(getattr(row, name) for row in self.rows)
 
-    def totals(self) -> dict[str, int]:
+    def totals(self) -> PruneTotals:
         unused = self.total("unused_bytes")
         removable = self.total("removable_bytes")
         return {
@@ -141,7 +142,7 @@ def weigh(plan: PrunePlan, device_code: DeviceCodeOf) -> Weight:
     return Weight(ordered, by_path)
 
 
-def _dist_arch(distribution: Any) -> tuple[str, ...]:
+def _dist_arch(distribution: Distribution | None) -> tuple[str, ...]:
     arch = device_distribution_arch(distribution.name) if distribution is not None else None
     return (arch or "unknown",)
 

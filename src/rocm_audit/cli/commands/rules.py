@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rocm_audit.cli.common import FailOn, Report, reporting_command
 from rocm_audit.outcome import CommandOutcome
+from rocm_audit.report_types import IgnoreRecord, PolicySetting, RuleRecord
 
 
 @reporting_command(shared=("rules", "fmt", "output", "verbose"), fail_on=FailOn.never)
@@ -22,7 +23,7 @@ def command(report: Report) -> CommandOutcome:
     from rocm_audit.rulebook.policy import active_policy
 
     policy = active_policy()
-    listed = [
+    listed: list[RuleRecord] = [
         {
             "id": rule.id,
             "title": rule.title,
@@ -34,16 +35,17 @@ def command(report: Report) -> CommandOutcome:
         }
         for rule in sorted(policy.rules.values(), key=lambda r: r.id)
     ]
-    settings = [
+    settings: list[PolicySetting] = [
         {"area": area, "key": key, "value": value, "source": policy.setting_sources.get((area, key), "")}
         for area, table in sorted(policy.settings.items())
         for key, value in sorted(table.items())
     ]
-    ignores = [
-        {"rule": i.rule, "path": i.path_glob, "reason": i.reason, "source": i.source}
-        | ({"distribution": i.distribution} if i.distribution != "*" else {})
-        for i in policy.ignores
-    ]
+    ignores: list[IgnoreRecord] = []
+    for i in policy.ignores:
+        ignore: IgnoreRecord = {"rule": i.rule, "path": i.path_glob, "reason": i.reason, "source": i.source}
+        if i.distribution != "*":
+            ignore["distribution"] = i.distribution
+        ignores.append(ignore)
     return CommandOutcome(
         command="rules",
         findings=[],
