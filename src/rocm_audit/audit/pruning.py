@@ -141,7 +141,7 @@ def prune_for_check(
     file, which ``image`` turns into a per-layer weight (empty without)."""
     reader = device_code_of(inventory, selection)
     plan = make_plan(inventory, kept, reader)
-    weight = weigh(plan, reader)
+    weight = weigh(inventory, plan, reader)
     section = prune_section(plan, weight, "check", source)
     by_path = {path: (b, u, r) for path, (b, u, r) in sorted(weight.by_path.items())} if by_file else {}
     return weight_finding(plan, weight, looked), section, by_path
@@ -201,7 +201,7 @@ def _run_prune(
             reader(record)
     progress.phase("weighing device code for other GPUs")
     plan = make_plan(inventory, kept, reader)
-    weight = weigh(plan, reader)
+    weight = weigh(inventory, plan, reader)
     where = looked[0] if len(looked) == 1 else ", ".join(looked)
     findings: list[Finding] = list(inventory.findings) + plan.findings
     weight_note = weight_finding(plan, weight, where)

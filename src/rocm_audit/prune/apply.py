@@ -46,9 +46,9 @@ _CHUNK = 1 << 20
 
 
 def default_manifest_path(plan: PrunePlan) -> str:
-    trees = plan.inventory.sdk_trees
-    base = os.path.dirname(trees[0]) if trees else plan.inventory.roots[0].path
-    if plan.inventory.roots[0].single_file and not trees:
+    trees = plan.sdk_trees
+    base = os.path.dirname(trees[0]) if trees else plan.roots[0].path
+    if plan.roots[0].single_file and not trees:
         base = os.path.dirname(base)
     return os.path.join(base, MANIFEST_DIR, MANIFEST_NAME)
 
@@ -292,14 +292,14 @@ def _apply_locked(
     result.manifest = manifest
     backup = os.path.abspath(backup_dir) if backup_dir else None
     if backup is not None:
-        for root in plan.inventory.roots:
+        for root in plan.roots:
             if backup == root.path or backup.startswith(root.path.rstrip(os.sep) + os.sep):
                 raise UsageError(f"--backup {backup_dir} lies inside the audited tree {root.path}")
     pip: list[str] | None = None
     if any(r.distribution is not None for r in plan.removals):
         site_dir = next(r.distribution.site_dir for r in plan.removals if r.distribution is not None)
         pip = pip_command(_interpreter_for(site_dir, python))
-    locked = sorted({*plan.inventory.sdk_trees, *(r.path for r in plan.inventory.roots if not r.single_file)})
+    locked = sorted({*plan.sdk_trees, *(r.path for r in plan.roots if not r.single_file)})
     with tree_locks(locked) as busy:
         if busy:
             for tree in busy:

@@ -28,7 +28,7 @@ from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats.offload_bundle import DEVICE_KINDS
 from rocm_audit.tree.archfiles import ArchUnit, PathUnits, device_distribution_arch, path_units
-from rocm_audit.tree.discovery import enclosing_sdk_tree
+from rocm_audit.tree.discovery import AuditRoot, enclosing_sdk_tree
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, LinkRecord
 from rocm_audit.tree.ownership import Distribution, owners, read_distributions
 from rocm_audit.tree.smallfile import read_small
@@ -129,7 +129,10 @@ class KeptUnit:
 
 @dataclass(slots=True)
 class PrunePlan:
-    inventory: Inventory
+    # The audited roots and SDK trees (where the manifest goes, what the apply locks): the plan
+    # keeps these, not the inventory, which its callers hold already.
+    roots: list[AuditRoot]
+    sdk_trees: list[str]
     kept: list[Kept]
     distributions: list[Distribution]
     owner_of: dict[str, Distribution]
@@ -231,7 +234,7 @@ def _kept_arch(arches: tuple[str, ...], kept: list[Kept]) -> bool:
 def make_plan(inventory: Inventory, kept: list[Kept], device_code: DeviceCodeOf) -> PrunePlan:
     """The removals for ``kept``; every unit for a pruned arch that stays is a PRUNE002 finding."""
     distributions = read_distributions([r.path for r in inventory.roots if not r.single_file], inventory.sdk_trees)
-    plan = PrunePlan(inventory, kept, distributions, owners(distributions))
+    plan = PrunePlan(inventory.roots, inventory.sdk_trees, kept, distributions, owners(distributions))
     ctx = _Context(inventory, device_code)
     inside = set(ctx.by_path) | {link.path for link in inventory.links}
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from rocm_audit.prune.plan import DeviceCodeOf, PrunePlan, device_entries, serves_any
 from rocm_audit.report_types import PruneTotals, PruneWeightRow
 from rocm_audit.tree.archfiles import device_distribution_arch
-from rocm_audit.tree.inventory import FileRecord
+from rocm_audit.tree.inventory import FileRecord, Inventory
 from rocm_audit.tree.ownership import Distribution
 
 NO_DISTRIBUTION = "(no distribution)"
@@ -80,7 +80,9 @@ def _label(plan: PrunePlan, record: FileRecord) -> str:
     return NO_DISTRIBUTION
 
 
-def weigh(plan: PrunePlan, device_code: DeviceCodeOf) -> Weight:
+def weigh(inventory: Inventory, plan: PrunePlan, device_code: DeviceCodeOf) -> Weight:
+    """Device-code bytes per (distribution, target) over every file of ``inventory`` (the one
+    ``plan`` was made from), and per file."""
     rows: dict[tuple[str, str], WeightRow] = {}
     removed = {r.path for removal in plan.removals for r in [*removal.files, *removal.devel_links]}
     seen: set[tuple[int, int]] = set()
@@ -101,7 +103,7 @@ def weigh(plan: PrunePlan, device_code: DeviceCodeOf) -> Weight:
         per[1] += 0 if row.needed else size
         per[2] += size if record.path in removed else 0
 
-    for record in sorted(plan.inventory.files, key=lambda r: r.path):
+    for record in sorted(inventory.files, key=lambda r: r.path):
         if record.identity in seen:
             continue
         unit = plan.unit_of_path.get(record.path)
