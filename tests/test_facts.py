@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import FormatError
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory, dynamic_info_of
@@ -19,15 +20,16 @@ def _record(tmp_path, name="libx.so.1"):
     return inventory, record
 
 
-def test_facts_of_one_file_share_one_descriptor(tmp_path):
+def test_facts_of_one_file_share_one_view(tmp_path):
     inventory, record = _record(tmp_path)
-    seen: list[int] = []
+    seen: list[ElfView] = []
     with inventory.facts.holding(record):
-        inventory.facts.get(record, "a", lambda fd: seen.append(fd) or 1)
-        inventory.facts.get(record, "b", lambda fd: seen.append(fd) or 2)
+        inventory.facts.get(record, "a", lambda view: seen.append(view) or 1)
+        inventory.facts.get(record, "b", lambda view: seen.append(view) or 2)
         assert inventory.dynamic(record).soname == "libx.so.1"
-    assert len(set(seen)) == 1 and inventory.facts.opens == 1
-    assert inventory.facts.get(record, "a", lambda fd: 99) == 1  # cached: not read again
+        assert seen[0].sections is seen[1].sections  # the section table is parsed once per file
+    assert len({id(view) for view in seen}) == 1 and inventory.facts.opens == 1
+    assert inventory.facts.get(record, "a", lambda view: 99) == 1  # cached: not read again
     assert inventory.facts.opens == 1
 
 
@@ -35,8 +37,8 @@ def test_an_unreadable_fact_is_read_once_and_raised_to_every_asker(tmp_path):
     inventory, record = _record(tmp_path)
     calls = []
 
-    def broken(fd: int) -> None:
-        calls.append(fd)
+    def broken(view: ElfView) -> None:
+        calls.append(view)
         raise FormatError("ELF", 0x40, "bad program header")
 
     for _ in range(3):

@@ -14,7 +14,7 @@ from llvm_builders import (
     llvmlite_library,
 )
 
-from rocm_audit.llvm import roles as llvm_cl
+from rocm_audit.elf import view as elfview
 from rocm_audit.llvm.roles import Role, classify
 from rocm_audit.tree.inventory import read_dynamic_info
 
@@ -106,13 +106,11 @@ def test_lookalike_roles(lookalikes):
 def test_windowed_scans_find_what_a_whole_read_finds(lookalikes, monkeypatch, window):
     """Needles straddling window edges are found once; small windows give the same facts."""
     expected = {name: facts(path) for name, path in lookalikes.items()}
-    monkeypatch.setattr(llvm_cl, "WINDOW_BYTES", window)
+    monkeypatch.setattr(elfview, "WINDOW_BYTES", window)
     for name, path in lookalikes.items():
         assert facts(path) == expected[name], name
     with open(lookalikes["hidden"], "rb") as stream:
-        from rocm_audit.elf import read as elfread
-
-        view = llvm_cl._ElfView(stream, os.path.getsize(lookalikes["hidden"]), elfread.parse_header(stream.read(64)))
+        view = elfview.ElfView(stream.fileno())
         rodata = view.by_name(".rodata")
         stream.seek(rodata.offset)
         whole = stream.read(rodata.size)

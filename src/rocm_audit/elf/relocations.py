@@ -10,12 +10,11 @@ plus the addend), which hip-clang of ROCm 4.0 used for rccl's bundle in ``.data`
 
 from __future__ import annotations
 
-import os
-import struct
 from collections.abc import Iterable, Sequence
 
 from rocm_audit.elf.read import ElfHeader
 from rocm_audit.elf.sections import SHF_ALLOC, Section
+from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import FormatError
 
 SHT_RELA = 4
@@ -28,15 +27,6 @@ SYM_ENTRY = 24
 MAX_RELA_BYTES = 256 << 20  # libLLVM's .rela.dyn is some 12 MB
 
 
-def _pread(fd: int, size: int, offset: int, file_size: int, what: str) -> bytes:
-    if offset < 0 or size < 0 or offset + size > file_size:
-        raise FormatError("ELF", offset, f"{what} runs past the end of the file")
-    data = os.pread(fd, size, offset)
-    if len(data) != size:
-        raise FormatError("ELF", offset, f"{what}: short read")
-    return data
-
-
 def loaded_pointers(
     fd: int, header: ElfHeader, sections: Sequence[Section], file_size: int, slots: Iterable[int]
 ) -> dict[int, int]:
@@ -47,41 +37,35 @@ def loaded_pointers(
     found: dict[int, int] = {}
     if not wanted or not header.is_64 or header.endian != "<":
         return found
-    layout = struct.Struct("<QQq")
+    view = ElfView.of_sections(fd, header, tuple(sections), file_size)
     by_index = {section.index: section for section in sections}
-    symbol_values: dict[int, dict[int, int | None]] = {}  # symbol table index -> {symbol index: value}
+    symbol_values: dict[tuple[int, int], int | None] = {}  # (symbol table, symbol index) -> value
     for section in sections:
         if section.sh_type != SHT_RELA or section.size == 0 or section.entsize != RELA_ENTRY:
             continue
         if section.size > MAX_RELA_BYTES:
             raise FormatError("ELF", section.offset, f"{section.name} of {section.size:,} bytes is absurd")
-        data = _pread(fd, section.size - section.size % RELA_ENTRY, section.offset, file_size, section.name)
-        for r_offset, r_info, addend in layout.iter_unpack(data):
-            if r_offset not in wanted:
-                continue
+        offsets, infos, addends = view.relocation_columns(section)
+        for row in [i for i, r_offset in enumerate(offsets) if r_offset in wanted]:
+            r_offset, r_info, addend = offsets[row], infos[row], addends[row]
             kind, symbol = r_info & 0xFFFFFFFF, r_info >> 32
             if kind == R_X86_64_RELATIVE:
                 found[r_offset] = addend
             elif kind in (R_X86_64_64, R_X86_64_GLOB_DAT) and section.link in by_index:
                 table = by_index[section.link]
-                if table.index not in symbol_values:
-                    symbol_values[table.index] = {}
-                values = symbol_values[table.index]
-                if symbol not in values:
-                    values[symbol] = _defined_value(fd, table, symbol, file_size)
-                value = values[symbol]
+                if (table.index, symbol) not in symbol_values:
+                    symbol_values[table.index, symbol] = _defined_value(view, table, symbol)
+                value = symbol_values[table.index, symbol]
                 if value is not None:
                     found[r_offset] = value + addend
     return found
 
 
-def _defined_value(fd: int, table: Section, index: int, file_size: int) -> int | None:
+def _defined_value(view: ElfView, table: Section, index: int) -> int | None:
     """st_value of symbol ``index`` of ``table`` when it is defined there, else None."""
     if table.sh_type != SHT_DYNSYM or (index + 1) * SYM_ENTRY > table.size:
         return None
-    _name, _info, _other, shndx, value, _size = struct.unpack(
-        "<IBBHQQ", _pread(fd, SYM_ENTRY, table.offset + index * SYM_ENTRY, file_size, table.name)
-    )
+    _name, _info, _other, shndx, value = view.symbol_fields(table, index)
     return value if shndx != 0 else None
 
 

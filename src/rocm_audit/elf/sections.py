@@ -2,8 +2,8 @@
 
 Only the section header table and ``.shstrtab`` are read, never a section's contents, so a library
 with a 1 GB ``.hip_fatbin`` costs a few kilobytes here. pyelftools would do the same through a file
-object but costs ~1.4 ms per file to construct (elfread.py); this is the section table of both
-verify-arch (code-object carriers) and llvm (registry roles).
+object but costs ~1.4 ms per file to construct; elf/view.py keeps the table this returns, so the
+checks of one fact pass (verify-arch, llvm, post-build) share it.
 """
 
 from __future__ import annotations
@@ -40,26 +40,10 @@ class Section:
         return self.sh_type != SHT_NOBITS and self.size > 0
 
 
-# The section table of the last files read, by file identity and change times: verify-arch and
-# llvm both need it during one fact pass (tree/facts.py), and it is read once for both.
-_RECENT: dict[tuple[int, ...], tuple[Section, ...]] = {}
-_RECENT_LIMIT = 64
-
-
 def read_sections(fd: int, header: ElfHeader, file_size: int) -> tuple[Section, ...]:
-    """Every section header with its name. Raises FormatError for tables outside the file."""
-    st = os.fstat(fd)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, header.e_shoff, header.e_shnum, file_size)
-    cached = _RECENT.get(key)
-    if cached is None:
-        cached = _read_sections(fd, header, file_size)
-        if len(_RECENT) >= _RECENT_LIMIT:
-            del _RECENT[next(iter(_RECENT))]  # the oldest
-        _RECENT[key] = cached
-    return cached
+    """Every section header with its name. Raises FormatError for tables outside the file.
 
-
-def _read_sections(fd: int, header: ElfHeader, file_size: int) -> tuple[Section, ...]:
+    Read once per file by its view (elf/view.py), which every check of the fact pass shares."""
     if header.e_shnum == 0 or header.e_shoff == 0:
         return ()
     entry = 64 if header.is_64 else 40

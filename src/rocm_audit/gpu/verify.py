@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.formats import triton_metadata
@@ -365,10 +366,10 @@ def _triton_target(inventory: Inventory, metadata: FileRecord) -> str | None:
     """The target Triton metadata names (formats/triton_metadata.py); None if it is not that or
     cannot be read (then the code object is judged as any standalone file)."""
 
-    def read(fd: int) -> str | None:
+    def read(view: ElfView) -> str | None:
         if metadata.size > triton_metadata.MAX_METADATA_BYTES:
             return None
-        return triton_metadata.hip_target(os.pread(fd, triton_metadata.MAX_METADATA_BYTES + 1, 0))
+        return triton_metadata.hip_target(os.pread(view.fd, triton_metadata.MAX_METADATA_BYTES + 1, 0))
 
     if metadata.kind is not FileKind.NOT_ELF:
         return None
@@ -391,7 +392,7 @@ def code_objects_of(
     """The code-object fact of one inventory file, read once per run and selection (per path: the
     findings of a scan name the path it was read through)."""
     name = "code-objects" if selection is None else f"code-objects:{selection.key}"
-    return inventory.facts.get(record, name, lambda fd: scan_file(record, fd, selection), per_path=True)
+    return inventory.facts.get(record, name, lambda view: scan_file(record, view.fd, selection), per_path=True)
 
 
 # ---------------------------------------------------------------------------------------------

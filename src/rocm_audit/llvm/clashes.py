@@ -340,7 +340,9 @@ class _Facts:
             try:
                 dynamic = self.dynamic(real) or elfread.EMPTY_DYNAMIC
                 if record is not None:
-                    found = self.inventory.facts.get(record, "llvm-linkage", lambda fd: read_linkage(real, dynamic, fd))
+                    found = self.inventory.facts.get(
+                        record, "llvm-linkage", lambda view: read_linkage(real, dynamic, view)
+                    )
                 else:
                     found = read_linkage(real, dynamic)
             except (OSError, FormatError):
@@ -392,7 +394,7 @@ class _Facts:
 def role_facts_of(inventory: Inventory, record: FileRecord) -> ClFacts:
     """The LLVM-role fact of one inventory file, read once per run. Raises FormatError or OSError."""
     dynamic = inventory.dynamic(record)
-    return inventory.facts.get(record, "llvm-role", lambda fd: classify(record.path, dynamic, fd))
+    return inventory.facts.get(record, "llvm-role", lambda view: classify(record.path, dynamic, view))
 
 
 def linkage_facts_of(inventory: Inventory, record: FileRecord) -> Linkage | None:
@@ -401,7 +403,7 @@ def linkage_facts_of(inventory: Inventory, record: FileRecord) -> Linkage | None
     if role_facts_of(inventory, record).role in (Role.NONE, Role.UNKNOWN):
         return None
     dynamic = inventory.dynamic(record)
-    return inventory.facts.get(record, "llvm-linkage", lambda fd: read_linkage(record.path, dynamic, fd))
+    return inventory.facts.get(record, "llvm-linkage", lambda view: read_linkage(record.path, dynamic, view))
 
 
 def _identical_classes(inventory: Inventory, records: Sequence[FileRecord], findings: list[Finding]) -> list[set[str]]:

@@ -30,12 +30,12 @@ import itertools
 import os
 import re
 import struct
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
-from rocm_audit.elf.sections import Section, read_sections
+from rocm_audit.elf.sections import Section
+from rocm_audit.elf.view import VERSYM_HIDDEN, ElfView, open_view, string_at
 from rocm_audit.errors import FormatError
 
 # Entry points of LLVM's registries (formats.md 3.1, 3.4, 6).
@@ -69,12 +69,10 @@ WATCHED_PREFIXES = (
     b"_ZTVN4mlir",
 )
 
-SHT_RELA, SHT_DYNSYM, SHT_INIT_ARRAY = 4, 11, 14
-SHT_GNU_VERDEF, SHT_GNU_VERNEED, SHT_GNU_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
+SHT_RELA, SHT_INIT_ARRAY = 4, 14
 STB_LOCAL, STB_WEAK, STB_GNU_UNIQUE = 0, 2, 10
 STT_OBJECT, STT_FUNC, STT_TLS = 1, 2, 6
 STV_DEFAULT, STV_PROTECTED = 0, 3
-VERSYM_HIDDEN = 0x8000
 EM_X86_64, EM_AARCH64 = 62, 183
 
 # Relocation kinds that ask the loader to look a symbol up, by machine.
@@ -154,89 +152,6 @@ class Linkage:
 EMPTY = Linkage("", 0, False, {}, {}, False, False, "not read")
 
 
-class _Reader:
-    def __init__(self, fd: int, file_size: int, header: elfread.ElfHeader) -> None:
-        self.fd = fd
-        self.file_size = file_size
-        self.header = header
-        self.sections = read_sections(fd, header, file_size)
-
-    def offset_of(self, section: Section) -> int:
-        return self.header.e_shoff + section.index * self.header.e_shentsize
-
-    def read(self, section: Section, limit: int = MAX_TABLE_BYTES) -> bytes:
-        if not section.has_file_bytes:
-            return b""
-        if section.size > limit or section.offset + section.size > self.file_size:
-            raise FormatError("ELF", self.offset_of(section), f"{section.name} lies outside the file or is absurd")
-        data = os.pread(self.fd, section.size, section.offset)
-        if len(data) != section.size:
-            raise FormatError("ELF", section.offset, f"{section.name} is truncated")
-        return data
-
-    def read_vaddr(self, vaddr: int, size: int) -> bytes:
-        """size bytes of an allocated section at vaddr (shorter at the section's end)."""
-        for section in self.sections:
-            if section.has_file_bytes and section.addr <= vaddr < section.addr + section.size:
-                size = min(size, section.addr + section.size - vaddr)
-                return os.pread(self.fd, size, section.offset + vaddr - section.addr)
-        return b""
-
-    def by_type(self, sh_type: int) -> Section | None:
-        return next((s for s in self.sections if s.sh_type == sh_type), None)
-
-    def by_name(self, name: str) -> Section | None:
-        return next((s for s in self.sections if s.name == name), None)
-
-
-def _string(table: bytes, offset: int) -> str:
-    end = table.find(b"\0", offset)
-    if offset >= len(table) or end < 0:
-        raise FormatError("ELF", offset, "string offset outside the string table")
-    return table[offset:end].decode("ascii", "replace")
-
-
-def _version_names(reader: _Reader, dynstr: bytes) -> dict[int, str]:
-    """Version index -> node name, from .gnu.version_d and .gnu.version_r."""
-    names: dict[int, str] = {}
-    endian = reader.header.endian
-    verdef = reader.by_type(SHT_GNU_VERDEF)
-    if verdef is not None:
-        data = reader.read(verdef)
-        position, count = 0, 0
-        while position + 20 <= len(data) and count < MAX_VERSION_ENTRIES:
-            _v, _flags, index, aux_count, _hash, aux, next_entry = struct.unpack_from(
-                endian + "HHHHIII", data, position
-            )
-            if aux_count and position + aux + 8 <= len(data):
-                (name_offset,) = struct.unpack_from(endian + "I", data, position + aux)
-                names[index] = _string(dynstr, name_offset)
-            count += 1
-            if next_entry == 0:
-                break
-            position += next_entry
-    verneed = reader.by_type(SHT_GNU_VERNEED)
-    if verneed is not None:
-        data = reader.read(verneed)
-        position, count = 0, 0
-        while position + 16 <= len(data) and count < MAX_VERSION_ENTRIES:
-            _v, aux_count, _file, aux, next_entry = struct.unpack_from(endian + "HHIII", data, position)
-            aux_position = position + aux
-            for _ in range(min(aux_count, MAX_VERSION_ENTRIES)):
-                if aux_position + 16 > len(data):
-                    break
-                _hash, _flags, other, name_offset, aux_next = struct.unpack_from(endian + "IHHII", data, aux_position)
-                names[other & ~VERSYM_HIDDEN] = _string(dynstr, name_offset)
-                if aux_next == 0:
-                    break
-                aux_position += aux_next
-            count += 1
-            if next_entry == 0:
-                break
-            position += next_entry
-    return names
-
-
 @dataclass(slots=True)
 class _Symbol:
     name: str
@@ -249,15 +164,13 @@ class _Symbol:
     vague: bool = False  # WEAK or STB_GNU_UNIQUE: one copy per process is what the compiler meant
 
 
-def _dynsym(reader: _Reader) -> Section | None:
+def _dynsym(view: ElfView) -> Section | None:
     """The dynamic symbol table (None when empty), checked before anything indexes it."""
-    dynsym = reader.by_type(SHT_DYNSYM)
-    if dynsym is None or dynsym.size == 0:
-        return None
-    if not 0 < dynsym.link < len(reader.sections):
-        raise FormatError("ELF", reader.offset_of(dynsym), "sh_link of .dynsym is not a section")
-    if not reader.header.is_64 or dynsym.entsize != 24:
-        raise FormatError("ELF", reader.offset_of(dynsym), "only 64-bit .dynsym tables are read for linkage")
+    dynsym = view.symbol_table()
+    if dynsym is not None and (not view.header.is_64 or dynsym.entsize != 24):
+        raise FormatError(
+            "ELF", view.section_header_offset(dynsym.index), "only 64-bit .dynsym tables are read for linkage"
+        )
     return dynsym
 
 
@@ -278,55 +191,52 @@ class _SymbolFacts:
     assertions: bool = False  # __assert_fail is named: see Linkage.assertions
 
 
-def _watched_symbols(reader: _Reader, dynsym: Section | None, named: frozenset[int]) -> _SymbolFacts:
+def _watched_symbols(view: ElfView, dynsym: Section | None, named: frozenset[int]) -> _SymbolFacts:
     """The facts of .dynsym that linkage uses; ``named``: the symbol indices relocations name."""
     facts = _SymbolFacts()
     if dynsym is None:
         return facts
     symbols, exports, strong_data = facts.symbols, facts.exports, facts.strong_data
     function_starts, defined_functions = facts.function_starts, facts.defined_functions
-    dynstr = reader.read(reader.sections[dynsym.link])
+    dynstr = view.read(view.sections[dynsym.link])
     facts.assertions = b"\0__assert_fail\0" in dynstr
-    table = reader.read(dynsym)
-    versym_section = reader.by_type(SHT_GNU_VERSYM)
-    versym = reader.read(versym_section) if versym_section is not None else b""
-    version_names = _version_names(reader, dynstr) if versym else {}
-    endian = reader.header.endian
-    layout = struct.Struct(endian + "IBBHQQ")
-    usable = len(table) - len(table) % 24
-    for index, (st_name, st_info, st_other, st_shndx, st_value, _size) in enumerate(layout.iter_unpack(table[:usable])):
-        if index == 0:
-            continue
-        is_function = st_info & 0xF == STT_FUNC
-        if st_name >= len(dynstr):
-            raise FormatError("ELF", dynsym.offset + index * 24, "symbol name outside .dynstr")
-        if is_function and st_shndx != 0:  # a function start the walk may meet
-            defined_functions.append(st_value)
-            if index in named:
-                function_starts[index] = st_value
-        if not dynstr.startswith(WATCHED_PREFIXES, st_name):
-            continue
-        name = _string(dynstr, st_name)
-        defined = st_shndx != 0
-        bind, visibility = st_info >> 4, st_other & 3
-        exported = defined and bind != STB_LOCAL and visibility in (STV_DEFAULT, STV_PROTECTED)
-        version = None
-        if versym and (index + 1) * 2 <= len(versym):
-            (raw,) = struct.unpack_from(endian + "H", versym, index * 2)
-            version = version_names.get(raw & ~VERSYM_HIDDEN) if (raw & ~VERSYM_HIDDEN) > 1 else None
-        is_data = st_info & 0xF in (STT_OBJECT, STT_TLS)
-        vague = bind in (STB_WEAK, STB_GNU_UNIQUE)
-        if exported:
-            exports[name] = version  # index order: the last of one name wins, as a dict of all did
-            if is_data and not vague:
-                strong_data.add(name)
-        if index in named or registers_through(name):
-            symbols[index] = _Symbol(name, st_value, defined, exported, is_function, version, is_data, vague)
+    versions = view.symbol_versions()
+    version_names = {**view.defined_version_names(), **view.needed_version_names()} if versions else {}
+    version_count, unhide = len(versions), ~VERSYM_HIDDEN
+    for first, rows in view.symbol_rows(dynsym):
+        for index, (st_name, st_info, st_other, st_shndx, st_value) in enumerate(rows, first):
+            if index == 0:
+                continue
+            is_function = st_info & 0xF == STT_FUNC
+            if st_name >= len(dynstr):
+                raise FormatError("ELF", dynsym.offset + index * 24, "symbol name outside .dynstr")
+            if is_function and st_shndx != 0:  # a function start the walk may meet
+                defined_functions.append(st_value)
+                if index in named:
+                    function_starts[index] = st_value
+            if not dynstr.startswith(WATCHED_PREFIXES, st_name):
+                continue
+            name = string_at(dynstr, st_name, dynsym.offset, "ascii", "replace")
+            defined = st_shndx != 0
+            bind, visibility = st_info >> 4, st_other & 3
+            exported = defined and bind != STB_LOCAL and visibility in (STV_DEFAULT, STV_PROTECTED)
+            version = None
+            if index < version_count:
+                entry = versions[index] & unhide
+                version = version_names.get(entry) if entry > 1 else None
+            is_data = st_info & 0xF in (STT_OBJECT, STT_TLS)
+            vague = bind in (STB_WEAK, STB_GNU_UNIQUE)
+            if exported:
+                exports[name] = version  # index order: the last of one name wins, as a dict of all did
+                if is_data and not vague:
+                    strong_data.add(name)
+            if index in named or registers_through(name):
+                symbols[index] = _Symbol(name, st_value, defined, exported, is_function, version, is_data, vague)
     return facts
 
 
 def _relocations(
-    reader: _Reader, dynsym: Section | None, keep_relative: Sequence[tuple[int, int]]
+    view: ElfView, dynsym: Section | None, keep_relative: Sequence[tuple[int, int]]
 ) -> tuple[list[tuple[int, int, int]], dict[int, int]]:
     """The dynamic RELA entries that name a symbol, as (r_offset, type, symbol index), and the
     addends of the R_X86_64_RELATIVE entries whose r_offset lies in one of keep_relative's
@@ -334,55 +244,26 @@ def _relocations(
     RELATIVE: the columns are split at C speed and only the rest is looked at one by one."""
     named: list[tuple[int, int, int]] = []
     relative: dict[int, int] = {}
-    if not reader.header.is_64:
+    if not view.header.is_64:
         return named, relative
-    native = reader.header.endian == ("<" if sys.byteorder == "little" else ">")
-    layout = struct.Struct(reader.header.endian + "QQq")
-    for section in reader.sections:
+    for section in view.sections:
         if section.sh_type != SHT_RELA or section.size == 0:
             continue
         if dynsym is not None and section.link not in (0, dynsym.index):
             continue  # .rela of a static symbol table (an object file's, never a loader's)
         if section.entsize != 24:
-            raise FormatError("ELF", reader.offset_of(section), f"{section.name} entry size {section.entsize}")
-        data = reader.read(section)
-        usable = len(data) - len(data) % 24
-        if native:
-            words = memoryview(data)[:usable].cast("Q")
-            offsets, infos = words[0::3].tolist(), words[1::3].tolist()
-            for index in [i for i, info in enumerate(infos) if info >> 32]:
-                info = infos[index]
-                named.append((offsets[index], info & 0xFFFFFFFF, info >> 32))
-            addends = memoryview(data)[:usable].cast("q")[2::3]
-            for start, end in keep_relative:
-                for index in [i for i, offset in enumerate(offsets) if start <= offset < end]:
-                    if infos[index] == R_X86_64_RELATIVE:
-                        relative[offsets[index]] = addends[index]
-            continue
-        for r_offset, r_info, addend in layout.iter_unpack(data[:usable]):
-            if r_info >> 32:
-                named.append((r_offset, r_info & 0xFFFFFFFF, r_info >> 32))
-            elif r_info == R_X86_64_RELATIVE and any(start <= r_offset < end for start, end in keep_relative):
-                relative[r_offset] = addend
+            raise FormatError(
+                "ELF", view.section_header_offset(section.index), f"{section.name} entry size {section.entsize}"
+            )
+        offsets, infos, addends = view.relocation_columns(section)
+        for index in [i for i, info in enumerate(infos) if info >> 32]:
+            info = infos[index]
+            named.append((offsets[index], info & 0xFFFFFFFF, info >> 32))
+        for start, end in keep_relative:
+            for index in [i for i, offset in enumerate(offsets) if start <= offset < end]:
+                if infos[index] == R_X86_64_RELATIVE:
+                    relative[offsets[index]] = addends[index]
     return named, relative
-
-
-def _function_starts(reader: _Reader) -> array.array[int] | None:
-    """Sorted function start addresses from .eh_frame_hdr's binary search table, or None (an array:
-    a third of a list's memory for the 400 000 functions of an MLIR library)."""
-    section = reader.by_name(".eh_frame_hdr")
-    if section is None or section.size < 12:
-        return None
-    data = reader.read(section, 64 << 20)
-    version, frame_enc, count_enc, table_enc = data[0], data[1], data[2], data[3]
-    # The encoding every toolchain emits: pcrel|sdata4 pointer, udata4 count, datarel|sdata4 table.
-    if version != 1 or count_enc != 0x03 or table_enc != 0x3B or frame_enc not in (0x1B, 0x03, 0x0B):
-        return None
-    (count,) = struct.unpack_from(reader.header.endian + "I", data, 8)
-    if 12 + count * 8 > len(data):
-        return None
-    pairs = struct.iter_unpack(reader.header.endian + "ii", data[12 : 12 + count * 8])
-    return array.array("Q", sorted(section.addr + start for start, _fde in pairs))
 
 
 class _CodeMap:
@@ -396,9 +277,9 @@ class _CodeMap:
     library defines (a PLT stub of one of them runs that code)."""
 
     def __init__(
-        self, reader: _Reader, function_starts: Mapping[int, int], defined_functions: Sequence[int] = ()
+        self, view: ElfView, function_starts: Mapping[int, int], defined_functions: Sequence[int] = ()
     ) -> None:
-        self._reader = reader
+        self._view = view
         self.function_starts = function_starts
         self._defined_functions = defined_functions
         self._extents: array.array[int] | None = None
@@ -411,7 +292,7 @@ class _CodeMap:
         return self._extents
 
     def _build(self) -> None:
-        self._extents = _function_starts(self._reader)
+        self._extents = self._view.eh_frame_function_starts()
         merged = sorted(itertools.chain(self._extents or (), self._defined_functions))
         self._callable = array.array("Q", merged)
 
@@ -436,14 +317,14 @@ class _CodeMap:
         return min(max(end - address, 1), 1 << 20)
 
 
-def _plt_stubs(reader: _Reader, jump_slots: Mapping[int, int]) -> dict[int, int]:
+def _plt_stubs(view: ElfView, jump_slots: Mapping[int, int]) -> dict[int, int]:
     """PLT stub address -> symbol index, for stubs that jump through a JUMP_SLOT GOT entry."""
     stubs: dict[int, int] = {}
     for name in (".plt", ".plt.sec", ".plt.got"):
-        section = reader.by_name(name)
+        section = view.by_name(name)
         if section is None or not section.has_file_bytes:
             continue
-        data = reader.read(section, 64 << 20)
+        data = view.read(section, 64 << 20)
         for found in re.finditer(rb"\xff\x25", data):
             position = found.start()
             if position + 6 > len(data):
@@ -456,17 +337,12 @@ def _plt_stubs(reader: _Reader, jump_slots: Mapping[int, int]) -> dict[int, int]
     return stubs
 
 
-def _init_functions(reader: _Reader, relative: Mapping[int, int]) -> list[int]:
+def _init_functions(view: ElfView, relative: Mapping[int, int]) -> list[int]:
     entries: list[int] = []
-    for section in reader.sections:
-        if section.sh_type != SHT_INIT_ARRAY or section.size == 0:
-            continue
-        data = reader.read(section, 16 << 20)
-        for index, (value,) in enumerate(struct.iter_unpack(reader.header.endian + "Q", data[: len(data) // 8 * 8])):
-            slot = section.addr + index * 8
-            target = relative.get(slot, value)
-            if target not in (0, 0xFFFFFFFFFFFFFFFF):
-                entries.append(target)
+    for slot, value in view.init_array_pointers():
+        target = relative.get(slot, value)
+        if target not in (0, 0xFFFFFFFFFFFFFFFF):
+            entries.append(target)
     return entries
 
 
@@ -474,8 +350,8 @@ class _CallWalk:
     """A bounded depth-first walk over the functions some starts call, each function's code read
     once however many paths reach it; ``spent`` once the budget ran out (the walk then stops)."""
 
-    def __init__(self, reader: _Reader, code_map: _CodeMap, starts: Sequence[int], max_depth: int) -> None:
-        self.reader = reader
+    def __init__(self, view: ElfView, code_map: _CodeMap, starts: Sequence[int], max_depth: int) -> None:
+        self.view = view
         self.code_map = code_map
         self.max_depth = max_depth
         self.stack = [(start, 0) for start in starts]
@@ -493,7 +369,7 @@ class _CallWalk:
             if len(self.seen) > MAX_WALK_FUNCTIONS or spent_bytes > MAX_WALK_BYTES:
                 self.spent = True
                 return
-            code = self.reader.read_vaddr(address, self.code_map.length_at(address))
+            code = self.view.read_vaddr(address, self.code_map.length_at(address))
             spent_bytes += len(code)
             yield address, depth, code
 
@@ -504,7 +380,7 @@ class _CallWalk:
 
 
 def _reaches(
-    reader: _Reader,
+    view: ElfView,
     starts: list[int],
     targets: frozenset[int],
     got_slots: frozenset[int],
@@ -519,7 +395,7 @@ def _reaches(
     declares an option) is called through the PLT, and in the library that is loaded first the
     lookup finds its own copy; a later copy is the same code."""
     own_stubs = own_stubs or {}
-    walk = _CallWalk(reader, code_map, starts, MAX_WALK_DEPTH)
+    walk = _CallWalk(view, code_map, starts, MAX_WALK_DEPTH)
     for address, depth, code in walk.functions():
         for found in _CALL_PATTERN.finditer(code):
             position = found.start()
@@ -550,7 +426,7 @@ MAX_INIT_DEPTH = 4  # the TU's _GLOBAL__sub_I_ function, GCC's __static_initiali
 
 
 def _initialised_slots(
-    reader: _Reader,
+    view: ElfView,
     starts: Sequence[int],
     slots: frozenset[int],
     code_map: _CodeMap,
@@ -562,7 +438,7 @@ def _initialised_slots(
     the library's own code reaches it through the GOT). Constant-initialised objects (TypeIDs,
     pass IDs, tables) are never touched at load. None when the walk ran out of budget."""
     found: set[int] = set()
-    walk = _CallWalk(reader, code_map, starts, MAX_INIT_DEPTH)
+    walk = _CallWalk(view, code_map, starts, MAX_INIT_DEPTH)
     for address, depth, code in walk.functions():
         for load in _GOT_LOAD.finditer(code):
             position = load.start()
@@ -583,33 +459,33 @@ def _initialised_slots(
     return None if walk.spent else frozenset(found)
 
 
-def read_linkage(path: str, dynamic: elfread.DynamicInfo, fd: int | None = None) -> Linkage:
-    """The linkage facts of the shared library at path (read from fd when given). Raises
-    FormatError or OSError."""
-    owned = fd is None
-    if fd is None:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def read_linkage(path: str, dynamic: elfread.DynamicInfo, view: ElfView | None = None) -> Linkage:
+    """The linkage facts of the shared library at path (read through its view when given: the
+    caller keeps the file open and closes it). Raises FormatError or OSError."""
+    if view is not None:
+        return _linkage_checked(path, view, dynamic)
+    fd, view = open_view(path)
     try:
-        file_size = os.fstat(fd).st_size
-        header = elfread.parse_header(os.pread(fd, 64, 0))
-        reader = _Reader(fd, file_size, header)
-        try:
-            return _linkage(path, reader, dynamic)
-        except (struct.error, ValueError, IndexError, OverflowError) as exc:
-            raise FormatError("ELF", 0, f"unreadable linkage data: {exc}") from None
+        return _linkage_checked(path, view, dynamic)
     finally:
-        if owned:
-            os.close(fd)
+        os.close(fd)
 
 
-def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkage:
-    machine = reader.header.e_machine
-    dynsym = _dynsym(reader)
-    init_ranges = [(s.addr, s.addr + s.size) for s in reader.sections if s.sh_type == SHT_INIT_ARRAY]
-    named, relative = _relocations(reader, dynsym, init_ranges if machine == EM_X86_64 else [])
-    facts = _watched_symbols(reader, dynsym, frozenset(index for _offset, _type, index in named))
+def _linkage_checked(path: str, view: ElfView, dynamic: elfread.DynamicInfo) -> Linkage:
+    try:
+        return _linkage(path, view, dynamic)
+    except (struct.error, ValueError, IndexError, OverflowError) as exc:
+        raise FormatError("ELF", 0, f"unreadable linkage data: {exc}") from None
+
+
+def _linkage(path: str, view: ElfView, dynamic: elfread.DynamicInfo) -> Linkage:
+    machine = view.header.e_machine
+    dynsym = _dynsym(view)
+    init_ranges = [(s.addr, s.addr + s.size) for s in view.sections if s.sh_type == SHT_INIT_ARRAY]
+    named, relative = _relocations(view, dynsym, init_ranges if machine == EM_X86_64 else [])
+    facts = _watched_symbols(view, dynsym, frozenset(index for _offset, _type, index in named))
     symbols = facts.symbols
-    code_map = _CodeMap(reader, facts.function_starts, facts.defined_functions)
+    code_map = _CodeMap(view, facts.function_starts, facts.defined_functions)
     kinds = RELOC_KINDS.get(machine, {})
     binds: dict[str, Bind] = {}
     jump_slots: dict[int, int] = {}
@@ -629,7 +505,7 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
             binds[symbol.name] = Bind(kind, symbol.version, symbol.defined)
     exports = facts.exports
     strong_data = frozenset(facts.strong_data)
-    has_initialisers = any(s.sh_type == SHT_INIT_ARRAY and s.size > 0 for s in reader.sections)
+    has_initialisers = any(s.sh_type == SHT_INIT_ARRAY and s.size > 0 for s in view.sections)
     add_argument = next((i for i, s in symbols.items() if s.name == ADD_ARGUMENT), None)
     defines_registry = add_argument is not None and symbols[add_argument].defined
     through = {i for i, s in symbols.items() if registers_through(s.name) and (not s.defined or i == add_argument)}
@@ -637,10 +513,10 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
         sorted({symbols[i].name for i in through if symbols[i].name in binds}, key=lambda n: (n != ADD_ARGUMENT, n))
     )
     registers, how = _registers_at_load(
-        reader, symbols, add_argument, through, relative, jump_slots, glob_dat_slots, has_initialisers, code_map
+        view, symbols, add_argument, through, relative, jump_slots, glob_dat_slots, has_initialisers, code_map
     )
     own_copies = frozenset(name for name, bind in binds.items() if bind.defined_here)
-    initialised = _initialised_copies(reader, symbols, own_copies, relative, jump_slots, glob_dat_slots, code_map)
+    initialised = _initialised_copies(view, symbols, own_copies, relative, jump_slots, glob_dat_slots, code_map)
     return Linkage(
         path=path,
         machine=machine,
@@ -660,7 +536,7 @@ def _linkage(path: str, reader: _Reader, dynamic: elfread.DynamicInfo) -> Linkag
 
 
 def _initialised_copies(
-    reader: _Reader,
+    view: ElfView,
     symbols: Mapping[int, _Symbol],
     own_copies: frozenset[str],
     relative: Mapping[int, int],
@@ -669,22 +545,22 @@ def _initialised_copies(
     code_map: _CodeMap,
 ) -> frozenset[str] | None:
     """Which of its own data copies a library's static initialisers touch (None: undecided)."""
-    if reader.header.e_machine != EM_X86_64:
+    if view.header.e_machine != EM_X86_64:
         return None
     data = {i for i, s in symbols.items() if s.name in own_copies and s.is_data}
     slots = {slot: index for slot, index in glob_dat_slots.items() if index in data}
     if not slots:
         return frozenset()
-    starts = _init_functions(reader, relative)
-    stubs = _plt_stubs(reader, jump_slots)
-    found = _initialised_slots(reader, starts, frozenset(slots), code_map, code_map.own_stubs(stubs))
+    starts = _init_functions(view, relative)
+    stubs = _plt_stubs(view, jump_slots)
+    found = _initialised_slots(view, starts, frozenset(slots), code_map, code_map.own_stubs(stubs))
     if found is None:
         return None
     return frozenset(symbols[slots[slot]].name for slot in found)
 
 
 def _registers_at_load(
-    reader: _Reader,
+    view: ElfView,
     symbols: Mapping[int, _Symbol],
     add_argument: int | None,
     through: set[int],
@@ -698,16 +574,16 @@ def _registers_at_load(
         return False, "does not reference addArgument"
     if not has_initialisers:
         return False, "no .init_array"
-    if reader.header.e_machine != EM_X86_64:
+    if view.header.e_machine != EM_X86_64:
         return None, "undecided: the call decoder reads x86-64 only"
     targets = set()
     if add_argument is not None and symbols[add_argument].defined:
         targets.add(symbols[add_argument].value)
     entries = through | ({add_argument} if add_argument is not None else set())
-    stubs = _plt_stubs(reader, jump_slots)
+    stubs = _plt_stubs(view, jump_slots)
     targets |= {stub for stub, index in stubs.items() if index in entries}
     got = frozenset(slot for slot, index in {**jump_slots, **glob_dat_slots}.items() if index in entries)
-    starts = _init_functions(reader, relative)
+    starts = _init_functions(view, relative)
     if not starts:
         return False, "no .init_array function"
-    return _reaches(reader, starts, frozenset(targets), got, code_map, stubs, code_map.own_stubs(stubs))
+    return _reaches(view, starts, frozenset(targets), got, code_map, stubs, code_map.own_stubs(stubs))

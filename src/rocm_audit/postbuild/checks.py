@@ -15,7 +15,14 @@ import re
 from dataclasses import dataclass, field
 
 from rocm_audit.elf.read import DynamicInfo
-from rocm_audit.elf.versions import VersionFacts, format_version, newest, read_versions, split_version
+from rocm_audit.elf.versions import (
+    VersionFacts,
+    format_version,
+    newest,
+    read_versions,
+    split_version,
+    version_facts,
+)
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory
@@ -51,7 +58,7 @@ class _VersionCache:
 
 def versions_of(inventory: Inventory, record: FileRecord) -> VersionFacts:
     """The symbol-version fact of one inventory file. Raises FormatError or OSError."""
-    return inventory.facts.get(record, "versions", lambda fd: read_versions(record.path, fd))
+    return inventory.facts.get(record, "versions", version_facts)
 
 
 def site_python(path: str) -> tuple[int, int] | None:

@@ -1,9 +1,11 @@
 """Per-file facts of one run, each computed at most once per file and shared by every check.
 
 A fact is whatever one reader derives from one file's bytes: its dynamic section, its code objects,
-its LLVM role, its symbol versions. Readers take an open file descriptor (they never open the
-file themselves), and this store hands them one: during a fact pass (``holding``) the descriptor
-opened for the first fact serves every other fact of that file, so `rocm-audit check` opens a host
+its LLVM role, its symbol versions. Readers take the file's view (elf/view.py: one open
+descriptor and every ELF structure parsed from it, each parsed once), never a path, and this store
+hands them one: during a fact pass (``holding``) the view opened for the first fact serves every
+other fact of that file, so its header, section table and version tables are parsed once for all
+checks, so `rocm-audit check` opens a host
 library three times in all (the inventory's classification, the byte comparison when another file
 shares its size, the fact pass), whatever the number of checks.
 
@@ -22,6 +24,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
+from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import FormatError
 
 T = TypeVar("T")
@@ -57,25 +60,25 @@ class FileFacts:
     def __init__(self) -> None:
         self._values: dict[tuple[object, ...], object] = {}
         self._failures: dict[tuple[object, ...], BaseException] = {}
-        self._held: dict[tuple[int, int], int] = {}
+        self._held: dict[tuple[int, int], ElfView] = {}
         self.opens = 0  # descriptors opened for facts: what the budget test counts from outside too
 
-    def get(self, record: HasIdentity, name: str, read: Callable[[int], T], *, per_path: bool = False) -> T:
-        """The fact ``name`` of the file of ``record``: ``read(fd)`` on first use, the cached value after."""
+    def get(self, record: HasIdentity, name: str, read: Callable[[ElfView], T], *, per_path: bool = False) -> T:
+        """The fact ``name`` of the file of ``record``: ``read(view)`` on first use, the cached value after."""
         key: tuple[object, ...] = (record.identity, name, record.path) if per_path else (record.identity, name)
         if key in self._values:
             return self._values[key]  # type: ignore[return-value]
         if key in self._failures:
             raise self._failures[key]
         try:
-            fd = self._held.get(record.identity)
-            if fd is not None:
-                value = read(fd)
+            view = self._held.get(record.identity)
+            if view is not None:
+                value = read(view)
             else:
                 fd = open_checked(record.path, record.identity)
                 self.opens += 1
                 try:
-                    value = read(fd)
+                    value = read(ElfView(fd))
                 finally:
                     os.close(fd)
         except (OSError, FormatError) as exc:  # remembered and raised again, unchanged, to every asker
@@ -90,7 +93,7 @@ class FileFacts:
 
     @contextlib.contextmanager
     def holding(self, record: HasIdentity) -> Iterator[None]:
-        """Keep one descriptor of record's file open while the facts of that file are read.
+        """Keep one view of record's file (one descriptor) open while the facts of that file are read.
 
         A file that cannot be opened holds nothing: each fact then reports the error itself."""
         if record.identity in self._held:
@@ -102,7 +105,7 @@ class FileFacts:
             yield
             return
         self.opens += 1
-        self._held[record.identity] = fd
+        self._held[record.identity] = ElfView(fd)
         try:
             yield
         finally:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
+from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.progress import SILENT, Progress
@@ -111,18 +112,14 @@ def read_dynamic_info(path: str, *, follow_symlinks: bool = False) -> elfread.Dy
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
-        return dynamic_info_of(fd)
+        return dynamic_info_of(ElfView(fd))
     finally:
         os.close(fd)
 
 
-def dynamic_info_of(fd: int) -> elfread.DynamicInfo:
-    """The dynamic facts of the ELF file open at fd (read with pread: the offset is left alone)."""
-    size = os.fstat(fd).st_size
-    head = os.pread(fd, HEAD_BYTES, 0)
-    header = elfread.parse_header(head)
-    phdrs = elfread.read_program_headers(fd, header, head, size)
-    return elfread.read_dynamic(fd, header, phdrs, size)
+def dynamic_info_of(view: ElfView) -> elfread.DynamicInfo:
+    """The dynamic facts of the ELF file of a view (parsed once per view, with pread)."""
+    return view.dynamic
 
 
 def classify(fd: int, head: bytes, size: int) -> tuple[FileKind, elfread.ElfHeader | None]:
