@@ -1,0 +1,285 @@
+"""``--probe``: each predicted clash and judged pair confirmed by loads in sandboxed children
+(probes.py), with prediction and outcome kept side by side."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.llvm.analysis import LlvmAnalysis, LlvmOptions
+from rocm_audit.llvm.clash_findings import clash_finding, pair_finding
+from rocm_audit.llvm.pairs import PairJudge, PairVerdicts
+from rocm_audit.llvm.prediction import Clash, agrees, probe_decided, probe_mode_text
+from rocm_audit.llvm.probes import (
+    LoadStep,
+    ProbeOutcome,
+    ProbeResult,
+    ProbeVerdict,
+    probe_closure,
+    probe_pair,
+    run_probe,
+)
+from rocm_audit.llvm.verdicts import Verdict
+from rocm_audit.progress import SILENT, Progress
+from rocm_audit.tree.discovery import interpreter_for
+
+# ---------------------------------------------------------------------------------------------
+# Probing
+
+log = logging.getLogger(__name__)
+
+
+def probe_clashes(
+    clashes: Sequence[Clash],
+    options: LlvmOptions,
+    judge: PairJudge | None = None,
+    python: str | None = None,
+    progress: Progress = SILENT,
+) -> list[Finding]:
+    """Run every clash's probes under ``python`` (None: this interpreter; one child per mode; a
+    judged pair in both orders, each library after its hosts); return the findings they lead to."""
+    findings: list[Finding] = []
+    for done, clash in enumerate(clashes, 1):
+        progress.update(done)
+        if clash.judged is not None and judge is not None:
+            clash.probes, clash.probe_expect = _probe_orders(clash.judged, judge, options, python)
+            findings.extend(_judged_probe_findings(clash.paths, clash.probes, clash.probe_expect))
+            continue
+        for mode in clash.predictions:
+            common: dict[str, Any] = {
+                "timeout_s": options.probe_timeout_s,
+                "preload": options.preload,
+                "ld_library_path": options.ld_library_path,
+                "python": python,
+            }
+            if clash.kind == "closure":
+                root = clash.probe_root or clash.via[0]
+                result = probe_closure(root, mode, watch=clash.paths, **common)
+            else:
+                result = probe_pair(clash.paths[0], clash.paths[1], mode, **common)
+            log.info("probe %s %s: %s", mode, " + ".join(clash.paths), result.outcome.value)
+            clash.probes.append(result)
+        findings.extend(_probe_findings(clash))
+    return findings
+
+
+def _probe_orders(
+    pair: PairVerdicts, judge: PairJudge, options: LlvmOptions, python: str | None = None
+) -> tuple[list[ProbeResult], list[Verdict]]:
+    """Both orders, three modes: what a real process loads (hosts first), and what was expected."""
+    results: list[ProbeResult] = []
+    expected: list[Verdict] = []
+    for order in pair.orders:
+        for mode, prediction in order.modes.items():
+            sequence = judge.load_sequence(order.first, order.second, mode)
+            result = run_probe(
+                mode,
+                [LoadStep(path, rtld_global) for path, rtld_global in sequence],
+                timeout_s=options.probe_timeout_s,
+                preload=options.preload,
+                ld_library_path=options.ld_library_path,
+                python=python,
+            )
+            log.info("probe %s %s then %s: %s", mode, order.first, order.second, result.verdict.value)
+            results.append(result)
+            expected.append(prediction.verdict)
+    return results, expected
+
+
+def _judged_probe_findings(
+    paths: Sequence[str], probes: Sequence[ProbeResult], expected: Sequence[Verdict]
+) -> list[Finding]:
+    """The findings the probes of one judged pair or clash give, one block per rule (LLVM005 abort,
+    LLVM006 crash at exit, and the disagreements with the prediction). Longer than 80 lines on
+    purpose: the blocks are independent and read best side by side, as the rules a probe can raise."""
+    findings = []
+    subject, related = paths[0], list(paths[1:])
+
+    def where(result: ProbeResult) -> str:
+        loads = [step.split(":", 1)[1] for step in result.steps]
+        return f"{probe_mode_text(result.mode)} ({' then '.join(loads)})"
+
+    aborted = [p for p in probes if p.verdict is ProbeVerdict.ABORT]
+    if aborted:
+        option = next((p.option for p in aborted if p.option), None)
+        named = f" of option '{option}'" if option else ""
+        findings.append(
+            make_finding(
+                "LLVM005",
+                subject,
+                f"a load probe confirmed the double registration{named}: the process aborts",
+                detail="; ".join(where(p) for p in aborted[:3]),
+                related=related,
+                data={"option": option, "modes": sorted({p.mode for p in aborted})},
+            )
+        )
+    at_exit = [p for p in probes if p.outcome is ProbeOutcome.CRASH_AT_EXIT]
+    if at_exit:
+        findings.append(
+            make_finding(
+                "LLVM006",
+                subject,
+                f"probe loaded the libraries, then crashed at exit ({'; '.join(where(p) for p in at_exit[:3])})",
+                related=related,
+                data={"modes": sorted({p.mode for p in at_exit})},
+            )
+        )
+    loading = [
+        p for p in probes if p.verdict is ProbeVerdict.HANG or (p.verdict is ProbeVerdict.CRASH and p.step != "exit")
+    ]
+    for result in loading[:3]:
+        what = (
+            f"hung while loading {result.step}"
+            if result.verdict is ProbeVerdict.HANG
+            else (f"killed by {result.signal} while loading {result.step}")
+        )
+        findings.append(
+            make_finding(
+                "LLVM015",
+                subject,
+                f"probe ({probe_mode_text(result.mode)}): {what}",
+                related=related,
+                data={
+                    "mode": result.mode,
+                    "verdict": result.verdict.value,
+                    "signal": result.signal,
+                    "step": result.step,
+                },
+            )
+        )
+    for result, expect in zip(probes, expected, strict=True):
+        if not result.verdict.conclusive:
+            findings.append(
+                make_finding(
+                    "LLVM008",
+                    subject,
+                    f"probe {where(result)} inconclusive: {result.detail}",
+                    related=related,
+                    data={"mode": result.mode},
+                )
+            )
+        elif (result.verdict is not ProbeVerdict.CLEAN) != expect.bad:
+            findings.append(
+                make_finding(
+                    "LLVM007",
+                    subject,
+                    f"probe {where(result)}: predicted {expect.value}, observed {result.verdict.value}",
+                    related=related,
+                    data={"mode": result.mode, "predicted": expect.value, "observed": result.verdict.value},
+                )
+            )
+    if any(p.isolation == "host network" for p in probes):
+        findings.append(
+            make_finding(
+                "LLVM016",
+                subject,
+                "probes ran with the host's network (not root: no network namespace)",
+                related=related,
+            )
+        )
+    return findings
+
+
+def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions, progress: Progress = SILENT) -> None:
+    """Probe every clash and every failing pair; the probe verdict overrides the static one (the
+    clash's finding is rewritten: a clean probe downgrades it to LLVM014 with the evidence, a bad
+    one makes it an error) and the report says which decided.
+
+    The probes run under the audited interpreter (interpreter_for: --python, else the owner of the
+    audited directories, else this one), recorded in ``analysis.probe_interpreter``: an extension
+    module built for 3.12 does not load into 3.11. Raises UsageError for a --python that does not run."""
+    audited = [root.path for root in analysis.facts.inventory.roots] if analysis.facts is not None else []
+    interpreter = interpreter_for(options.python, audited)
+    analysis.probe_interpreter = interpreter
+    python = interpreter.executable
+    progress.phase("LLVM: probing clashes in child processes", len(analysis.clashes) + len(analysis.pairs))
+    analysis.findings.extend(probe_clashes(analysis.clashes, options, analysis.judge, python, progress))
+    judge = analysis.judge
+    for done, pair in enumerate(analysis.pairs, len(analysis.clashes) + 1):
+        if judge is None:
+            break
+        progress.update(done)
+        probes, expected = _probe_orders(pair, judge, options, python)
+        analysis.pair_probes[pair.paths] = (probes, expected)
+        analysis.findings.extend(_judged_probe_findings(pair.paths, probes, expected))
+    rewritten: dict[int, Finding] = {}
+    for clash in analysis.clashes:
+        judged = clash.judged is not None or bool(clash.closure_judged)
+        if clash.finding is not None and judged and probe_decided(clash.probes) is not None:
+            rewritten[id(clash.finding)] = clash_finding(clash)
+            clash.finding = rewritten[id(clash.finding)]
+    for pair in analysis.pairs:
+        probes = analysis.pair_probes.get(pair.paths, ([], []))[0]
+        old = analysis.pair_findings.get(pair.paths)
+        if old is not None and judge is not None and probe_decided(probes) is not None:
+            rewritten[id(old)] = pair_finding(pair, judge, probes)
+    analysis.findings = [rewritten.get(id(f), f) for f in analysis.findings]
+
+
+def _probe_findings(clash: Clash) -> list[Finding]:
+    findings = []
+    subject, related = clash.paths[0], clash.paths[1:]
+    confirmed = [p.mode for p in clash.probes if p.outcome is ProbeOutcome.CONFIRMED]
+    if confirmed:
+        option = f" of option '{clash.option}'" if clash.option else ""
+        findings.append(
+            make_finding(
+                "LLVM005",
+                subject,
+                f"a load probe confirmed the double registration{option}: the process aborts",
+                detail="probes: " + "; ".join(probe_mode_text(m) for m in confirmed),
+                related=related,
+                data={"option": clash.option, "modes": confirmed},
+            )
+        )
+    crashed = [p.mode for p in clash.probes if p.outcome is ProbeOutcome.CRASH_AT_EXIT]
+    if crashed:
+        findings.append(
+            make_finding(
+                "LLVM006",
+                subject,
+                f"probe loaded the libraries, then crashed at exit (modes: {', '.join(crashed)})",
+                related=related,
+                data={"modes": crashed},
+            )
+        )
+    for result in clash.probes:
+        verdict = agrees(clash.predictions[result.mode], result.outcome)
+        if verdict is None and result.verdict in (ProbeVerdict.CRASH, ProbeVerdict.HANG):
+            findings.append(
+                make_finding(
+                    "LLVM015",
+                    subject,
+                    f"probe ({probe_mode_text(result.mode)}): {result.detail}",
+                    related=related,
+                    data={"mode": result.mode, "verdict": result.verdict.value, "signal": result.signal},
+                )
+            )
+        elif verdict is None:
+            findings.append(
+                make_finding(
+                    "LLVM008",
+                    subject,
+                    f"probe ({probe_mode_text(result.mode)}) inconclusive: {result.detail}",
+                    related=related,
+                    data={"mode": result.mode},
+                )
+            )
+        elif not verdict:
+            findings.append(
+                make_finding(
+                    "LLVM007",
+                    subject,
+                    f"probe ({probe_mode_text(result.mode)}): predicted {clash.predictions[result.mode].value}, "
+                    f"observed {result.outcome.value}",
+                    related=related,
+                    data={
+                        "mode": result.mode,
+                        "predicted": clash.predictions[result.mode].value,
+                        "observed": result.outcome.value,
+                    },
+                )
+            )
+    return findings
