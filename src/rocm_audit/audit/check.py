@@ -260,12 +260,17 @@ def _llvm_step(inventory: Inventory, audit: _Audit, options: CheckOptions, progr
 
 
 def _post_build_step(inventory: Inventory, audit: _Audit, options: CheckOptions, progress: Progress) -> None:
-    """post-build: symbol versions and DT_NEEDED, resolved the way the loader of the sysroot would."""
+    """post-build: symbol versions and DT_NEEDED, resolved the way the loader of the sysroot would,
+    and two builds of one library that one process maps."""
     from rocm_audit.postbuild.checks import post_build_findings
+    from rocm_audit.postbuild.sonames import two_builds_findings
 
     progress.phase("post-build checks: symbol versions and DT_NEEDED")
     host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys(), unextracted=options.unextracted)
-    audit.findings.extend(post_build_findings(inventory, LoaderModel(sysroot=options.sysroot, host=host)))
+    loader = LoaderModel(sysroot=options.sysroot, host=host)
+    audit.findings.extend(post_build_findings(inventory, loader))
+    progress.phase("post-build checks: two builds of one library")
+    audit.findings.extend(two_builds_findings(inventory, loader))
     audit.ran.append("post-build")
 
 
