@@ -307,3 +307,40 @@ def test_real_therock_installs_stay_quiet(tmp_path, layout):
     else:
         install = build_therock_install(tmp_path, init=True)
     assert findings(install.site_packages) == []
+
+
+def test_two_needed_names_from_two_unrelated_libraries_are_info_a_process_loading_both_maps_both(tmp_path):
+    """torch needs libamd_smi.so.26 (core); another package's library needs libamd_smi.so, its own
+    build B: only a process that loads both libraries maps both, which the files do not tell."""
+    site = make_site(tmp_path, repr(SONAME))
+    other_lib = site / "other" / "lib"
+    stub = build_smi(tmp_path / "stub" / "libamd_smi.so", 0, "stub", soname=None)
+    other_lib.mkdir(parents=True)
+    run_checked(
+        [
+            "gcc", "-shared", "-fPIC", "-o", str(other_lib / "libother.so"), "-x", "c", "/dev/null", "-x", "none",
+            "-Wl,-soname,libother.so", "-Wl,--no-as-needed", f"-L{stub.parent}", "-l:libamd_smi.so",
+            "-Wl,--enable-new-dtags,-rpath,$ORIGIN",
+        ],
+        timeout=120,
+    )  # fmt: skip
+    build_b = build_smi(other_lib / "libamd_smi.so", 2, "built_by_other")
+    (site / "other" / "__init__.py").write_text(
+        "import ctypes, os\n_lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), 'lib', 'libother.so'))\n"
+    )
+    (finding,) = findings(site)
+    assert finding.rule == "POST005" and finding.severity.value == "info"
+    assert "cannot be told" in finding.detail and "of other/lib/libother.so" in finding.detail
+    core = site / "_rocm_sdk_core" / "lib" / SONAME
+    assert both_mapped(site, core, build_b, "torch", "other")  # a process loading both does map both
+
+
+def test_check_under_a_sysroot_reads_the_same_pair(tmp_path, run_cli):
+    """An image is audited as a system root: the paths the source builds are the tree's own."""
+    site = make_site(tmp_path / "root" / "usr", BY_PATH)
+    report = run_cli(
+        "check", "--path", str(site), "--sysroot", str(tmp_path / "root"), "--format", "json", "--skip", "llvm"
+    ).report
+    assert [f["related_paths"] for f in report["findings"] if f["rule"] == "POST004"] == [
+        [str(site / "amdsmi" / "libamd_smi.so")]
+    ]

@@ -173,13 +173,21 @@ def simulate(roots: Iterable[str], loader: LoaderModel) -> list[_Mapped]:
     name an object was loaded by or to its SONAME reuses it; so does the same file."""
     mapped: list[_Mapped] = []
     by_identity: dict[Identity, _Mapped] = {}
+    known_names: set[str] = set()  # every name and SONAME of the objects mapped so far
+
+    def add(one: _Mapped) -> None:
+        mapped.append(one)
+        by_identity[one.identity] = one
+        known_names.update(one.names)
+        if one.soname:
+            known_names.add(one.soname)
+
     for root in roots:
         identity = loader.view.identity(root)
         if identity is None or identity in by_identity:
             continue
         first = _Mapped(root, identity, {root}, _soname(loader, root), "")
-        mapped.append(first)
-        by_identity[identity] = first
+        add(first)
         queue = [first]
         while queue and len(mapped) < MAX_CLOSURE:
             current = queue.pop(0)
@@ -187,7 +195,7 @@ def simulate(roots: Iterable[str], loader: LoaderModel) -> list[_Mapped]:
             if dynamic is None:
                 continue
             for name in dynamic.needed:
-                if any(name in m.names or name == m.soname for m in mapped):
+                if name in known_names:
                     continue
                 resolution = loader.resolve(name, current.path, dynamic)
                 found = loader.view.identity(resolution.path) if resolution.path else None
@@ -195,12 +203,12 @@ def simulate(roots: Iterable[str], loader: LoaderModel) -> list[_Mapped]:
                     continue
                 if found in by_identity:
                     by_identity[found].names.add(name)
+                    known_names.add(name)
                     continue
                 one = _Mapped(
                     resolution.path, found, {name, resolution.path}, _soname(loader, resolution.path), current.path
                 )
-                mapped.append(one)
-                by_identity[found] = one
+                add(one)
                 queue.append(one)
     return mapped
 
