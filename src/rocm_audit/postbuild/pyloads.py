@@ -84,12 +84,15 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 
 def _dotted(node: ast.expr) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else ""
-    return ""
+    """``a.b.c`` of a chain of names, else "" (iterative: a hostile module may nest thousands)."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return ""
+    parts.append(node.id)
+    return ".".join(reversed(parts))
 
 
 def _is_loader(func: ast.expr) -> bool:
