@@ -15,7 +15,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import zstd_window  # noqa: E402 - bench/ is not a package
+import zstd_window
 
 
 def _frame() -> tuple[bytes, bytes]:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from arch.arch_writers import bundle, ccob, host_elf, kpack_archive
+from support.gpu.arch_writers import bundle, ccob, host_elf, kpack_archive
 from support.sdk_tree import build_library
 from support.toolchain import gfx942_code_object
 

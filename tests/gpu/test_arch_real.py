@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from arch_writers import scan_path, section_bytes
 
 from rocm_audit.gpu.codeobjects import FileCodeObjects
+from support.gpu.arch_writers import scan_path, section_bytes
 from support.run import run_checked
 from support.toolchain import gfx942_code_object
 from support.vendor import aiter_wheel, cupy_rocm40_wheel
