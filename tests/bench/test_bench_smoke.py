@@ -14,7 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.tools import require_tool
+
+pytestmark = pytest.mark.toolchain  # builds the benchmark's trees and libraries
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "bench" / "run"

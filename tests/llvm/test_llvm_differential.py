@@ -38,6 +38,8 @@ from rocm_audit.tree.inventory import build_inventory
 from support.llvm.carriers import build_tree, cache_dir
 from support.llvm.realload import load, load_all
 
+pytestmark = pytest.mark.vendor  # twenty-four pinned carriers loaded for real
+
 BAD = {"abort", "crash", "hang"}
 
 CAPI = "libFlyPythonCAPI.so.24.0git"

@@ -16,9 +16,12 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import zstandard
 
 from support.tools import require_tool
+
+pytestmark = [pytest.mark.fuzz, pytest.mark.toolchain]  # a libFuzzer run, built with clang-19 here
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = REPO / "fuzz" / "zstd_index_fuzz.c"
