@@ -20,7 +20,10 @@ import zstandard
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import zstd_index
 
-pytestmark = pytest.mark.skipif(not zstd_index.available(), reason="the _zstdindex extension is not built")
+pytestmark = [
+    pytest.mark.skipif(not zstd_index.available(), reason="the _zstdindex extension is not built"),
+    pytest.mark.fuzz,  # differential runs against libzstd over many frames
+]
 
 
 def _codeish(size: int, seed: int, *, noise: bool = True) -> bytes:

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.toolchain  # load probes of real LLVMs in child processes
+
 
 def clash_set(report):
     return {

@@ -36,6 +36,8 @@ from support.llvm.carriers import CARRIERS, SYSDEPS_DIR, build_tree, cache_dir, 
 from support.llvm.llvm_builders import LIBLLVM15, cc_shared, place, require_file
 from support.llvm.realload import load, load_all
 
+pytestmark = pytest.mark.toolchain  # whole LLVMs loaded for real in child processes
+
 
 @pytest.fixture(scope="module")
 def two_llvm_roots(tmp_path_factory):
