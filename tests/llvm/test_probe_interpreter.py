@@ -191,6 +191,7 @@ def venv_312_with_triton(tmp_path_factory, cache_dir) -> tuple[Path, Path]:
 
 
 @needs_312
+@pytest.mark.vendor  # a real triton wheel in a 3.12 venv
 def test_triton_for_312_probes_conclusively_under_its_venv(llvm_cli, venv_312_with_triton, tmp_path):
     python, site = venv_312_with_triton
     report = llvm_cli("--python", str(python), "--probe", "--format", "json").report
