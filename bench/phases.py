@@ -15,8 +15,8 @@ import sys
 import time
 
 started = time.perf_counter()
-from rocm_audit.cli import common as cli  # noqa: E402
-from rocm_audit.dedup import run as dedup  # noqa: E402
+from rocm_audit.cli import common as cli
+from rocm_audit.dedup import run as dedup
 
 imported = time.perf_counter() - started
 spent: dict[str, float] = {}
@@ -62,9 +62,10 @@ def wrap_os(name: str, label: str) -> None:
 
 def main() -> None:
     mode, site = sys.argv[1], sys.argv[2]
-    import rocm_audit.dedup.apply  # noqa: F401  - load every module whose functions are timed
-    import rocm_audit.dedup.link  # noqa: F401
-    import rocm_audit.dedup.manifest  # noqa: F401
+    # load every module whose functions are timed
+    import rocm_audit.dedup.apply
+    import rocm_audit.dedup.link
+    import rocm_audit.dedup.manifest
     import rocm_audit.dedup.verify  # noqa: F401
 
     for name in (

@@ -227,7 +227,7 @@ def bench_vendor(args, ra: list[str], work: Path, log, timed) -> dict:
     series["zstd floor (plugin)"] = []
     series["objcopy + bundler route (plugin)"] = []
     route = work / "route"
-    from codeobj import user_route_script  # noqa: PLC0415
+    from codeobj import user_route_script
 
     subprocess.run(["cat", str(plugin), str(provider)], stdout=subprocess.DEVNULL, check=True)  # warm cache
     for run in range(args.runs):

@@ -11,10 +11,28 @@ import pytest
 from support import cli
 from support.sdk_tree import SdkTree, build_sdk_tree
 
+# Fixtures that take seconds to set up, and the marker every test that asks for one gets, so a new
+# test that uses them is left out of `scripts/test --fast` without marking it by hand.
+SLOW_FIXTURES = {
+    # clang-19 HIP builds, llvmlite-made code objects (tests/gpu/conftest.py)
+    "built": "toolchain",
+    "many_arch_libs": "toolchain",
+    "embedded_libs": "toolchain",
+    # real vendor wheels, sha256-pinned (tests/support/vendor.py)
+    "jax_plugin": "vendor",
+    "bitsandbytes_libs": "vendor",
+}
 
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers added here
 def pytest_collection_modifyitems(config, items):
-    """Tests marked slow (whole sweeps, big downloads) are deselected unless ROCM_AUDIT_SLOW=1;
-    the first-contact journey (marked journey) unless ROCM_AUDIT_JOURNEY=1 (scripts/test sets it in CI)."""
+    """Tests that use a slow fixture get its marker (SLOW_FIXTURES). Tests marked slow (whole
+    sweeps, big downloads) are deselected unless ROCM_AUDIT_SLOW=1; the first-contact journey
+    (marked journey) unless ROCM_AUDIT_JOURNEY=1 (scripts/test sets it in CI)."""
+    for item in items:
+        for fixture, marker in SLOW_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
     wanted = {"slow": os.environ.get("ROCM_AUDIT_SLOW") == "1", "journey": os.environ.get("ROCM_AUDIT_JOURNEY") == "1"}
     if config.getoption("-m"):
         return  # an explicit marker expression decides

@@ -236,8 +236,7 @@ def test_targets_as_users_type_them(app_venv):
 
 
 def test_image_archive_takes_positional_targets(app_venv, tmp_path):
-    sys.path.insert(0, str(Path(__file__).parent / "image"))
-    from layer_writers import docker_save, layer
+    from support.image.layer_writers import docker_save, layer
 
     site = _site(app_venv)
     prefix = "usr/local/lib/python3.12/site-packages/"

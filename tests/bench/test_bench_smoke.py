@@ -14,7 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.tools import require_tool
+
+pytestmark = pytest.mark.toolchain  # builds the benchmark's trees and libraries
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "bench" / "run"
@@ -81,6 +85,10 @@ def test_bench_smoke(tmp_path):
     # every figure was measured once, with its peak RSS
     for name, series in data["dedup"]["series"].items():
         assert len(series["walls_s"]) == 1 and series["peak_rss_mb"] > 0, name
+    # bench/phases.py ran in both modes (it failed on every run once, unnoticed) and timed the run
+    for mode in ("check", "apply"):
+        phases = data["dedup"]["phases"][mode]
+        assert "error" not in phases and phases["run_dedup"] > 0 and phases["make_plan"] > 0, (mode, phases)
     ccob = [v for k, v in data["codeobjects"].items() if k.startswith("CCOB")]
     assert ccob and ccob[0]["agreement"] is True, ccob
 

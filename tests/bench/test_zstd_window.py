@@ -11,11 +11,14 @@ import hashlib
 import sys
 from pathlib import Path
 
+import pytest
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import zstd_window  # noqa: E402 - bench/ is not a package
+import zstd_window
+
+pytestmark = pytest.mark.toolchain  # builds the benchmark's CCOB library
 
 
 def _frame() -> tuple[bytes, bytes]:

@@ -17,6 +17,8 @@ from support.sdk_tree import build_library
 from support.therock import SPLIT_KINDS, TheRockInstall, build_therock_install
 from support.therock.packaging import record_hash
 
+pytestmark = pytest.mark.toolchain  # venvs made and installed by pip from a local index
+
 
 def audit(*args: str) -> tuple[int, dict]:
     done = subprocess.run(

@@ -27,10 +27,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - 3.10
     import tomli as tomllib
 
-sys.path.insert(0, str(Path(__file__).parent))
 
-import image_wheels  # noqa: E402
-from image_base import (  # noqa: E402
+from support.image import image_wheels
+from support.image.image_base import (
     BASE_PACKAGES,
     BASE_SUITE,
     BASE_TAG,
@@ -246,7 +245,7 @@ def sdk_wheels(tmp_path_factory) -> list[Path]:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 

@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from layer_writers import docker_save, layer, member, oci_layout, tar_directory
 
 from rocm_audit.image import merge
 from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
+from support.image.layer_writers import docker_save, layer, member, oci_layout, tar_directory
 from support.sdk_tree import build_library
 
 SP = "usr/lib/python3/dist-packages"

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from image_base import LOAD_TWO, REPO, SITE
-from image_wheels import CARRIER_942, CARRIER_ALL, FAMILY_TREE, REGISTRANT
+
+from support.image.image_base import LOAD_TWO, REPO, SITE
+from support.image.image_wheels import CARRIER_942, CARRIER_ALL, FAMILY_TREE, REGISTRANT
 
 pytestmark = pytest.mark.docker
 

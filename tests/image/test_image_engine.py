@@ -19,10 +19,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from layer_writers import docker_save, layer, member
 
 from rocm_audit.image import merge
 from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
+from support.image.layer_writers import docker_save, layer, member
 
 pytestmark = pytest.mark.docker
 

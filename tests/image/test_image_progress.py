@@ -1,5 +1,5 @@
 """`rocm-audit image --archive` on a terminal: each layer is named with its number and the bytes
-read so far, then every phase of the audit of the merged view (tests/test_progress.py has the
+read so far, then every phase of the audit of the merged view (tests/cli/test_progress.py has the
 rules: terminal only, width, rate)."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from layer_writers import docker_save, layer
-
+from support.image.layer_writers import docker_save, layer
 from support.sdk_tree import build_library
 from support.terminal import run_on_terminal
 

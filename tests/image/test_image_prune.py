@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 
-from layer_writers import docker_save, layer
-
 from rocm_audit.units import size_text
+from support.image.layer_writers import docker_save, layer
 from support.therock.artifacts import amdgpu_code_object, kpack_archive
 
 SP = "usr/lib/python3/dist-packages"

@@ -9,10 +9,10 @@ import shutil
 import tarfile
 
 import pytest
-from image_base import SITE
-from image_wheels import CARRIER_942, REGISTRANT
-from layer_writers import layer, member
 
+from support.image.image_base import SITE
+from support.image.image_wheels import CARRIER_942, REGISTRANT
+from support.image.layer_writers import layer, member
 from support.run import run_checked
 
 pytestmark = pytest.mark.docker

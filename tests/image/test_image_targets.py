@@ -15,9 +15,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from layer_writers import docker_save, layer, oci_layout
 
 from rocm_audit.image.targets import recorded_targets, run_step_args
+from support.image.layer_writers import docker_save, layer, oci_layout
 from support.toolchain import gfx942_code_object
 
 SP = "usr/lib/python3/dist-packages"

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from image_base import REPO
-from layer_writers import docker_save, layer
 
+from support.image.image_base import REPO
+from support.image.layer_writers import docker_save, layer
 from support.toolchain import gfx942_code_object
 
 README = REPO / "README.md"

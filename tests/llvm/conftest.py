@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from llvm_builders import (
+
+from support import cli
+from support.llvm.llvm_builders import (
     FAKE_LLVM,
     LIBCLANG_CPP15,
     LIBLLVM15,
@@ -25,8 +27,6 @@ from llvm_builders import (
     require_file,
     stub,
 )
-
-from support import cli
 
 
 @pytest.fixture(scope="session")

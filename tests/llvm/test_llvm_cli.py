@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.toolchain  # load probes of real LLVMs in child processes
+
 
 def clash_set(report):
     return {
@@ -242,7 +244,7 @@ def test_preload_rocm_sdk_needs_a_core_tree(llvm_cli, dup_clang_cpp):
 def test_an_executable_closure_is_found_but_never_dlopened(llvm_cli, llvm15_copies, tmp_path):
     """An executable's own closure counts; glibc refuses to dlopen a PIE, so the probe says
     load-error (inconclusive, LLVM008) rather than pretending to have loaded it."""
-    from llvm_builders import place, stub
+    from support.llvm.llvm_builders import place, stub
 
     lib = tmp_path / "lib"
     v15 = place(llvm15_copies[0], lib / "libLLVM-15.so.1")

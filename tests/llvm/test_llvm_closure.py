@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
-from llvm_builders import cc_shared
 
 from rocm_audit.llvm.closure import HostView, ProcessModel, load_closure
 from rocm_audit.llvm.probes import ProbeOutcome, probe_closure
 from rocm_audit.tree.loader import LoaderModel
+from support.llvm.llvm_builders import cc_shared
 
 LEAF = "int leaf(void) { return 7; }\n"
 MID = "int leaf(void); int mid(void) { return leaf(); }\n"

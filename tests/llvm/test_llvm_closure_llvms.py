@@ -27,14 +27,16 @@ import json
 import subprocess
 
 import pytest
-from carriers import CARRIERS, SYSDEPS_DIR, build_tree, cache_dir, sysdeps, unpacked
-from llvm_builders import LIBLLVM15, cc_shared, place, require_file
-from realload import load, load_all
 
 from rocm_audit.llvm.clashes import LlvmOptions, Reason, analyse
 from rocm_audit.llvm.probes import CLOSURE_MODES
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory
+from support.llvm.carriers import CARRIERS, SYSDEPS_DIR, build_tree, cache_dir, sysdeps, unpacked
+from support.llvm.llvm_builders import LIBLLVM15, cc_shared, place, require_file
+from support.llvm.realload import load, load_all
+
+pytestmark = pytest.mark.toolchain  # whole LLVMs loaded for real in child processes
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """rocm-audit's LLVM verdicts against real loads of real LLVM carriers (issue 16).
 
-The carriers (tests/llvm/carriers.py) are twenty-four pinned PyPI wheels and Debian packages (with
+The carriers (tests/support/llvm/carriers.py) are twenty-four pinned PyPI wheels and Debian packages (with
 gcc-built stand-ins for TheRock's sysdeps libraries that rocm-bindings-compiler's libLLVM needs); the
 tree holds deliberate duplicates (second inodes with the same bytes) and two versions of llvmlite,
 libLLVM, libclang-cpp and triton. For each ordered pair and each mode (global-global, global-local,
-local-local) the truth is a real load in a child process (tests/llvm/realload.py, two at a time,
+local-local) the truth is a real load in a child process (tests/support/llvm/realload.py, two at a time,
 bounded time), with what a real process loads first (the plugin's host, the sysdeps libraries).
 Asserted:
 
@@ -31,12 +31,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from carriers import build_tree, cache_dir
-from realload import load, load_all
 
 from rocm_audit.llvm.clashes import LlvmOptions, analyse, probe_analysis
 from rocm_audit.llvm.probes import PAIR_MODES
 from rocm_audit.tree.inventory import build_inventory
+from support.llvm.carriers import build_tree, cache_dir
+from support.llvm.realload import load, load_all
+
+pytestmark = pytest.mark.vendor  # twenty-four pinned carriers loaded for real
 
 BAD = {"abort", "crash", "hang"}
 

@@ -9,11 +9,11 @@ import shutil
 import struct
 
 import pytest
-from llvm_builders import FAKE_LLVM, cc_shared
 
 from rocm_audit.errors import FormatError
 from rocm_audit.llvm.roles import classify
 from rocm_audit.tree.inventory import read_dynamic_info
+from support.llvm.llvm_builders import FAKE_LLVM, cc_shared
 
 SHDR = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from llvm_builders import cc_shared
-from realload import load
 
 from rocm_audit.llvm.clashes import LlvmOptions, analyse, probe_analysis
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory
+from support.llvm.llvm_builders import cc_shared
+from support.llvm.realload import load
 
 # The host: LLVM's registry, whose addArgument files one named option and aborts on a repeat.
 HOST = r"""

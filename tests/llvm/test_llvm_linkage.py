@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from rocm_audit.llvm.linkage import read_linkage
 from rocm_audit.tree.inventory import read_dynamic_info
 
@@ -34,6 +36,7 @@ def _build(tmp_path: Path, optimisation: str) -> Path:
     return output
 
 
+@pytest.mark.toolchain  # a g++ build per optimisation level
 def test_a_real_cl_opt_registers_at_load_at_every_optimisation_level(tmp_path):
     for optimisation in ("-O0", "-O2"):
         library = _build(tmp_path, optimisation)

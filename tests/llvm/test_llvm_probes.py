@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from llvm_builders import cc_shared
 
 from rocm_audit.llvm.probes import (
     OUTPUT_LIMIT_BYTES,
@@ -16,6 +15,7 @@ from rocm_audit.llvm.probes import (
     probe_pair,
     run_probe,
 )
+from support.llvm.llvm_builders import cc_shared
 
 
 def load_one(path, **options):

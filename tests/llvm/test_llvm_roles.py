@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from llvm_builders import (
+
+from rocm_audit.elf import view as elfview
+from rocm_audit.llvm.roles import Role, classify
+from rocm_audit.tree.inventory import read_dynamic_info
+from support.llvm.llvm_builders import (
     FAKE_LLVM,
     LIBCLANG_CPP15,
     LIBLLVM15,
@@ -13,10 +17,6 @@ from llvm_builders import (
     cc_shared,
     llvmlite_library,
 )
-
-from rocm_audit.elf import view as elfview
-from rocm_audit.llvm.roles import Role, classify
-from rocm_audit.tree.inventory import read_dynamic_info
 
 
 def facts(path):

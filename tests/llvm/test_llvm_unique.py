@@ -18,14 +18,14 @@ them) is shared harmlessly. linkage.py tells them apart by the GOT slots .init_a
 from __future__ import annotations
 
 import pytest
-from llvm_builders import cxx_shared
-from realload import load
 
 from rocm_audit.llvm.clashes import LlvmOptions, analyse
 from rocm_audit.llvm.linkage import read_linkage
 from rocm_audit.llvm.probes import PAIR_MODES
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory, read_dynamic_info
+from support.llvm.llvm_builders import cxx_shared
+from support.llvm.realload import load
 
 # LLVM's CommandLine.cpp text (a private copy's mark, roles.py) and one mlir:: object, looked up
 # through the GOT (default visibility, -fPIC) by code that hands out its address.

@@ -17,13 +17,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from llvm_builders import FAKE_LLVM, cc_shared
 
 from rocm_audit.errors import UsageError
 from rocm_audit.llvm.probes import _CHILD, LoadStep, ProbeVerdict, run_probe
 from rocm_audit.output.text_sections import llvm_lines
 from rocm_audit.tree.discovery import PROBE_MINIMUM, ChosenBy, interpreter_for
 from support.interpreters import find_python
+from support.llvm.llvm_builders import FAKE_LLVM, cc_shared
 from support.vendor import triton39_wheel
 
 PY312 = find_python("3.12")
@@ -191,6 +191,7 @@ def venv_312_with_triton(tmp_path_factory, cache_dir) -> tuple[Path, Path]:
 
 
 @needs_312
+@pytest.mark.vendor  # a real triton wheel in a 3.12 venv
 def test_triton_for_312_probes_conclusively_under_its_venv(llvm_cli, venv_312_with_triton, tmp_path):
     python, site = venv_312_with_triton
     report = llvm_cli("--python", str(python), "--probe", "--format", "json").report

@@ -14,8 +14,12 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from support.killpoints import PRUNE_SYSCALLS, KillPoint, count_calls, pick, rocm_audit
 from support.prune_units import REMOVED, tree_state
+
+pytestmark = pytest.mark.killpoints  # a process killed at sampled syscalls
 
 
 def _kill_points(args: list[str]) -> list[KillPoint]:

@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.therock.artifacts import amdgpu_code_object, kpack_archive
 from support.therock.packaging import Package, write_wheel
+
+pytestmark = pytest.mark.toolchain  # PyTorch-shaped wheels built and installed by pip
 
 TORCH = "2.9.0+rocm7.13"
 

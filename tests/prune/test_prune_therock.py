@@ -12,6 +12,8 @@ import pytest
 from support.prune_units import tree_state
 from support.therock import TheRockInstall, build_therock_install
 
+pytestmark = pytest.mark.toolchain  # venvs made and installed by pip from a local index
+
 
 @pytest.fixture()
 def install(tmp_path: Path) -> TheRockInstall:

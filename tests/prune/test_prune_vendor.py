@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from support.vendor import install_members, jax_plugin_wheel
+
+pytestmark = pytest.mark.vendor  # a real vendor wheel
 
 
 def test_vendor_fat_binaries_are_weighed_per_target_and_left_alone(run_cli, cache_dir, tmp_path):

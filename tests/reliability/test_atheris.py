@@ -14,9 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from arch.arch_writers import bundle, ccob, host_elf, kpack_archive
+import pytest
+
+from support.gpu.arch_writers import bundle, ccob, host_elf, kpack_archive
 from support.sdk_tree import build_library
 from support.toolchain import gfx942_code_object
+
+pytestmark = pytest.mark.fuzz  # a bounded atheris run
 
 FUZZER = Path(__file__).resolve().parents[2] / "fuzz" / "fuzz_files.py"
 SECONDS = int(os.environ.get("ROCM_AUDIT_FUZZ_SECONDS", "600" if os.environ.get("ROCM_AUDIT_SLOW") == "1" else "15"))

@@ -21,6 +21,8 @@ from rocm_audit.tree.discovery import AuditRoot
 from rocm_audit.tree.inventory import build_inventory, read_dynamic_info
 from support.sdk_tree import build_library
 
+pytestmark = pytest.mark.fuzz  # hypothesis over mutated trees
+
 EXAMPLES = 2000 if os.environ.get("ROCM_AUDIT_SLOW") == "1" else 150
 FUZZ = settings(
     max_examples=EXAMPLES,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,8 @@ from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.formats.offload_bundle import parse_entry_id
 from rocm_audit.gpu import verify as archcheck
 from rocm_audit.tree import targets
+
+pytestmark = pytest.mark.fuzz  # hypothesis over generated names
 
 EXAMPLES = 3000 if os.environ.get("ROCM_AUDIT_SLOW") == "1" else 300
 NAMES = settings(max_examples=EXAMPLES, deadline=None, derandomize=True)

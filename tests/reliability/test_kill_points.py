@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.tree.inventory import TEMP_PREFIX  # noqa: E402
+from rocm_audit.tree.inventory import TEMP_PREFIX
 from support.killpoints import DEDUP_SYSCALLS, FULL, count_calls, pick, rocm_audit, state
-from support.sdk_tree import build_sdk_tree  # noqa: E402
+from support.sdk_tree import build_sdk_tree
+
+pytestmark = pytest.mark.killpoints  # a process killed at every mutating syscall
 
 EXTRA_DUPLICATES = 40 if FULL else 6
 

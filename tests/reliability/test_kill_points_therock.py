@@ -10,9 +10,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from support.killpoints import DEDUP_SYSCALLS, count_calls, pick, rocm_audit
 from support.therock import build_therock_install
 from support.tools import require_tool
+
+pytestmark = pytest.mark.killpoints  # a process killed at every mutating syscall
 
 
 def trees_state(site: Path) -> dict[str, tuple]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import jsonschema
 from typer.testing import CliRunner, Result
@@ -25,15 +26,16 @@ def invoke_cli(validator: jsonschema.Draft202012Validator, args: Sequence[str], 
     result = CliRunner().invoke(app, args, catch_exceptions=False)
     if expect is not None:
         assert result.exit_code == expect, (result.exit_code, result.output)
-    result.report = None
+    report = None
     if "--format" in args and args[args.index("--format") + 1] == "json" and "-o" not in args:
-        result.report = json.loads(result.stdout)
-        validator.validate(result.report)
-        check_summary(result.report)
+        report = json.loads(result.stdout)
+        validator.validate(report)
+        check_summary(report)
+    result.report = report  # type: ignore[attr-defined]  # the tests read it as result.report
     return result
 
 
-def check_summary(report: dict) -> None:
+def check_summary(report: dict[str, Any]) -> None:
     """The report's summary counts what it lists: findings per severity and per rule family, and
     the suppressed entries per source (kind "baseline" for baseline:FILE, else "rules")."""
     findings, summary = report["findings"], report["summary"]

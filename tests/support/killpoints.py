@@ -85,9 +85,9 @@ def pick(points: list[KillPoint]) -> list[KillPoint]:
     return [points[int(i * len(points) / SAMPLE)] for i in range(SAMPLE)]
 
 
-def state(site: Path) -> dict[str, tuple]:
+def state(site: Path) -> dict[str, tuple[object, ...]]:
     """Relative path -> (kind, bytes it resolves to, mode); the manifest directory excluded."""
-    out = {}
+    out: dict[str, tuple[object, ...]] = {}
     for dirpath, dirs, files in os.walk(site):
         dirs[:] = [d for d in dirs if d != ".rocm-audit"]
         for name in files:

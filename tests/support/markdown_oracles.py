@@ -59,7 +59,7 @@ class _Texts(HTMLParser):
         self.texts: list[tuple[str, list[str]]] = []
         self.inside: str | None = None
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag in self.BLOCKS:
             self.inside = tag
             self.texts.append((tag, [""]))
@@ -72,19 +72,19 @@ class _Texts(HTMLParser):
         assert tag == "span" and not attrs and self.inside, (tag, attrs)
         self.texts[-1][1].append("")
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         if tag == "span" or tag in self.allow:
             self.texts[-1][1].append("")
         elif tag in self.BLOCKS and tag == self.inside:
             self.inside = None
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if self.inside:
             self.texts[-1][1][-1] += data
         else:
             assert not data.strip(), data
 
-    def handle_comment(self, data):
+    def handle_comment(self, data: str) -> None:
         raise AssertionError(f"comment {data!r}")
 
 

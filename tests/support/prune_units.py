@@ -23,9 +23,9 @@ KEPT_FOR_SAFETY = (
 )
 
 
-def tree_state(site: Path) -> dict[str, tuple]:
+def tree_state(site: Path) -> dict[str, tuple[object, ...]]:
     """Relative path -> (kind, content or link text, mode, mtime_ns); the manifest folder left out."""
-    out = {}
+    out: dict[str, tuple[object, ...]] = {}
     for dirpath, dirs, files in os.walk(site):
         dirs[:] = [d for d in dirs if d != ".rocm-audit"]
         for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(dirpath, d)))]:

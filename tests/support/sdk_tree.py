@@ -145,9 +145,9 @@ def build_sdk_tree(site: Path) -> SdkTree:
     return SdkTree(site, core, libraries, devel)
 
 
-def snapshot(root: Path) -> dict[str, tuple]:
+def snapshot(root: Path) -> dict[str, tuple[object, ...]]:
     """Every path under root: (type, link text or content bytes, mode) — to prove nothing changed."""
-    state = {}
+    state: dict[str, tuple[object, ...]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)

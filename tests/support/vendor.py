@@ -29,7 +29,7 @@ AITER_WHEEL_SHA256 = "fe139d74438217c35e87e3b961166bac8db2d381eadccb371da2e63615
 
 # triton 3.6.0 compiles kernels for the HIP backend without a GPU (given ld.lld): the real Triton
 # kernel cache entries (<name>.hsaco, <name>.json with its target, __grp__<name>.json) are made
-# with it. The same file the LLVM carrier tests pin (tests/llvm/carriers.py), in the same place.
+# with it. The same file the LLVM carrier tests pin (tests/support/llvm/carriers.py), in the same place.
 TRITON = "triton==3.6.0"
 TRITON_WHEEL = "triton-3.6.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
 TRITON_WHEEL_SHA256 = "e8e323d608e3a9bfcc2d9efcc90ceefb764a82b99dea12a86d643c72539ad5d3"
@@ -112,7 +112,7 @@ def triton39_wheel(cache_dir: str) -> Path:
 
 
 # pytorch-triton-rocm 2.1.0 ships a ROCm 5.6-era comgr (libamd_comgr.so + its libtinfo.so): the real
-# code-object lookup the HIP runtime calls, used as an oracle (tests/arch/test_arch_comgr.py, slow).
+# code-object lookup the HIP runtime calls, used as an oracle (tests/gpu/test_arch_comgr.py, slow).
 TRITON_ROCM = "pytorch-triton-rocm==2.1.0"
 TRITON_ROCM_WHEEL = "pytorch_triton_rocm-2.1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
 TRITON_ROCM_SHA256 = "ec63623c16eebe356d40460a09374a2546591dd2b0cb2122622111fc4d0f7f25"

@@ -13,6 +13,8 @@ import pytest
 
 from support.therock import SPLIT_KINDS, TheRockInstall, build_therock_install, cached_index
 
+pytestmark = pytest.mark.toolchain  # venvs made and installed by pip from a local index
+
 
 @pytest.fixture()
 def install(tmp_path: Path) -> TheRockInstall:

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rocm_audit.gpu import verify
 from support.therock import build_therock_install
+
+pytestmark = pytest.mark.toolchain  # venvs made and installed by pip from a local index
 
 
 def test_rocblas_is_judged_through_its_build_key_and_named_when_a_target_is_missing(tmp_path: Path) -> None:

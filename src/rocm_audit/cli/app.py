@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo("rocm-audit: interrupted", err=True)
         return 130
-    except Exception as exc:  # click usage errors when standalone_mode is False
+    # The one catch-all (docs/style.md 2.6-2.7): click's usage errors, then any other error as exit 3.
+    except Exception as exc:  # noqa: BLE001
         # typer >= 0.26 vendors click (typer._click), older typer uses click itself: duck-type.
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """Command help with the options in panels ("What to audit", "What to do", "Report").
 
 Typer groups options by ``rich_help_panel`` only when it renders help with rich; rocm-audit keeps
-rich out of its imports (``rocm-audit --help`` stays fast: tests/test_cli.py), so this plain click
+rich out of its imports (``rocm-audit --help`` stays fast: tests/cli/test_cli.py), so this plain click
 formatter does the grouping: each parameter's ``rich_help_panel`` names its section.
 """
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import fcntl
+import json
 import os
 import stat
 import time
@@ -9,6 +12,7 @@ from typing import Any
 
 from rocm_audit import __version__
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan
+from rocm_audit.errors import UsageError
 from rocm_audit.tree.journal import open_append
 from rocm_audit.tree.smallfile import open_regular
 
@@ -30,9 +34,6 @@ def list_in_record(manifest_path: str, plan: DedupPlan) -> str | None:
     row without hash, under the same ``fcntl.lockf`` of RECORD. `pip uninstall` then removes the
     manifest with the links it describes, and ``.rocm-audit/`` with it. Returns the RECORD written,
     None when no distribution owns the replaced paths (or the manifest lies outside its directory)."""
-    import collections
-    import fcntl
-
     owners = collections.Counter(
         row.distribution
         for g in plan.groups
@@ -69,8 +70,6 @@ def list_in_record(manifest_path: str, plan: DedupPlan) -> str | None:
 
 def journal_changes(manifest_path: str, groups: list[DedupGroup], run_id: str, *, header: bool) -> None:
     """Append every planned change to the manifest and fsync it before any of them is made."""
-    import json
-
     if not groups:
         return
     os.makedirs(os.path.dirname(os.path.abspath(manifest_path)), exist_ok=True)
@@ -120,10 +119,6 @@ def journal_changes(manifest_path: str, groups: list[DedupGroup], run_id: str, *
 
 
 def read_manifest(path: str) -> list[dict[str, Any]]:
-    import json
-
-    from rocm_audit.errors import UsageError
-
     entries = []
     try:
         with os.fdopen(open_regular(path), encoding="utf-8") as handle:

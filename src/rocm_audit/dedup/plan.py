@@ -371,7 +371,7 @@ def _group_from(
     if keeper_rule.needs_soname([r.sdk_tree for r in records], [owner[r.path] is not None for r in records]):
         try:
             soname = inventory.dynamic(records[0]).soname
-        except (OSError, Exception) as exc:  # noqa: BLE001 - a malformed dynamic section only loses the SONAME tie-break
+        except (OSError, FormatError) as exc:  # a malformed dynamic section only loses the SONAME tie-break
             findings.append(make_finding("SCAN002", records[0].path, f"cannot read the dynamic section: {exc}"))
     ordered = sorted(
         records, key=lambda r: keeper_rule.sort_key(r.path, r.sdk_tree, soname, owned=owner[r.path] is not None)

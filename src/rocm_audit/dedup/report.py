@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 
 from rocm_audit.dedup.apply import ApplyResult
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan
@@ -32,8 +33,6 @@ def _group_json(group: DedupGroup) -> DedupGroupRecord:
 
 def shell_preview(groups: list[DedupGroup]) -> list[str]:
     """An equivalent shell script for --dry-run (without rocm-audit's re-checks)."""
-    import shlex
-
     lines = []
     for group in groups:
         for d in group.duplicates:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rocm_audit.dedup.plan import DedupPlan
 from rocm_audit.elf import read as elfread
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.tree.loader import LoaderModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,8 +20,6 @@ class NeededBefore:
 
 def needed_before(paths: Sequence[str]) -> dict[str, NeededBefore]:
     """DT_NEEDED resolution of each library, as the loader sees it now (read-only: any process)."""
-    from rocm_audit.tree.loader import LoaderModel
-
     loader = LoaderModel()
     snapshot: dict[str, NeededBefore] = {}
     for path in paths:
@@ -33,8 +32,6 @@ def needed_before(paths: Sequence[str]) -> dict[str, NeededBefore]:
 
 def verify_applied(plan: DedupPlan, before: dict[str, NeededBefore], findings: list[Finding]) -> bool:
     """Every path still resolves to the same bytes; DT_NEEDED of replaced libraries resolve alike."""
-    from rocm_audit.tree.loader import LoaderModel
-
     ok = True
     for group in plan.groups:
         keeper = group.keeper

@@ -298,5 +298,5 @@ class _CompressedInput:
     def __init__(self, stream: PayloadStream) -> None:
         self._stream = stream
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int | None = -1) -> bytes:
         return self._stream._next_input(PayloadStream.CHUNK if size is None or size < 0 else size)

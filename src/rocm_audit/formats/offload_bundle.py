@@ -194,7 +194,7 @@ def comgr_selectable(entry: EntryId) -> bool:
     """Whether comgr's lookup can ever select this entry of an uncompressed bundle. ROCm 4.0's clang
     wrote a 3-field triple (``hip-amdgcn-amd-amdhsa-gfx906``) and Tensile's bundler call names the
     environment (``hipv4-amdgcn-amd-amdhsa-unknown-gfx942``, which it compresses): neither is an
-    ISA name comgr knows, so no query matches them (checked with a real comgr, tests/arch/
+    ISA name comgr knows, so no query matches them (checked with a real comgr, tests/gpu/
     test_arch_comgr.py: cupy-rocm-4-0's bundles answer no query)."""
     if entry.kind not in COMGR_KINDS or entry.target is None:
         return False

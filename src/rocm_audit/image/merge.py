@@ -415,7 +415,7 @@ def _regular(
 ) -> None:
     hasher = hashlib.blake2b(digest_size=32) if entry.size >= HASH_MIN_BYTES else None
     keep = state.keep("/" + rel)
-    out = open(target, "wb") if keep else None  # noqa: SIM115 - closed below
+    out = open(target, "wb") if keep else None
     try:
         for chunk in data:
             if hasher is not None:

@@ -198,8 +198,9 @@ def _run_bounded(load_args: list[str], env: dict[str, str], timeout_s: float, py
                 kept[key.fd].extend(chunk[: max(room, 0)])
     if timed_out:
         _kill_group(process)
+    returncode: int | None = None
     try:
-        returncode: int | None = process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        returncode = process.wait(timeout=max(deadline - time.monotonic(), 0.1))
     except subprocess.TimeoutExpired:  # the child closed its pipes but kept running
         timed_out = True
         _kill_group(process)

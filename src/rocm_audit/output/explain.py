@@ -8,6 +8,7 @@ import textwrap
 from typing import Any
 
 from rocm_audit.output.escape import display
+from rocm_audit.output.report import to_json
 from rocm_audit.rulebook.catalogue import Rule
 
 WIDTH = 100  # text people read fits 100 columns
@@ -59,6 +60,4 @@ def render_explanation(rule: Rule) -> str:
 
 
 def render_explanation_json(rule: Rule) -> str:
-    from rocm_audit.output.report import to_json
-
     return to_json(explanation_record(rule))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import enum
 import json
@@ -85,8 +86,6 @@ def _raw_b64(text: str) -> str | None:
     """base64 of the bytes os.fsdecode read, or None when ``text`` is valid UTF-8 as it is."""
     if not _LONE_SURROGATE.search(text):
         return None
-    import base64
-
     try:
         return base64.b64encode(os.fsencode(text)).decode("ascii")
     except UnicodeEncodeError:  # a surrogate no file name decodes to: readable form only

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import quote
 
 from rocm_audit import __version__
 from rocm_audit.findings import Finding, Severity
@@ -46,8 +47,6 @@ def _location(path: str, bases: dict[str, str], offset: int | None = None) -> di
 
 def _quote(part: str) -> str:
     """Percent-encode the file name's bytes (undecodable ones included) for a URI."""
-    from urllib.parse import quote
-
     return quote(os.fsencode(part), safe="/._-~+@")
 
 

@@ -63,11 +63,11 @@ def fork_imap(
     answer gets proportionally fewer items to compute. With ``workers < 2`` it is a plain loop.
     ``meanwhile`` runs here once the helpers have started and before the first answer: work that
     needs no answer overlaps the helpers' first items (an exception from it stops everything)."""
+    import pickle  # before forking: each helper needs it too
+
     order = sorted(range(len(items)), key=lambda i: -priorities[i])
     pool: _Pool | None = None
     if workers > 1 and len(items) > 1:
-        import pickle  # before forking: each helper needs it too
-
         pool = _Pool(order, min(workers - 1, len(items) - 1))
         try:
             pool.start(lambda index: pickle.dumps(function(items[index]), protocol=pickle.HIGHEST_PROTOCOL))

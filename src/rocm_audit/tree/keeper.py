@@ -27,6 +27,8 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rocm_audit.rulebook.policy import policy
+
 TIE_BREAK_STEPS = ("soname-name", "shortest-path", "path-order")
 
 
@@ -38,8 +40,6 @@ class KeeperRule:
     @classmethod
     def from_policy(cls) -> KeeperRule:
         """The rule in force: ``[policy.dedup]`` of the active policy (shipped defaults plus --rules)."""
-        from rocm_audit.rulebook.policy import policy
-
         settings = policy("dedup")
         return cls(
             owner_order=tuple(settings.get("owner_order", ())),

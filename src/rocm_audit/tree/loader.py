@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
 from rocm_audit.errors import FormatError
+from rocm_audit.tree.inventory import read_dynamic_info
 from rocm_audit.tree.smallfile import read_small
 
 DEFAULT_LIB = "lib/x86_64-linux-gnu"  # what $LIB expands to on Debian/Ubuntu x86_64
@@ -238,8 +239,6 @@ class LoaderModel:
 
     def dynamic_of(self, path: str) -> elfread.DynamicInfo | None:
         if path not in self._dynamic_cache:
-            from rocm_audit.tree.inventory import read_dynamic_info
-
             # The loader follows links, as ld.so does, but a link's absolute target lies under
             # the sysroot; only regular files are opened.
             real = self.view.realpath(path)

@@ -45,7 +45,7 @@ def command(
     ] = None,
     archive: Annotated[
         str | None,
-        typer.Option(  # noqa: UP045
+        typer.Option(
             "--archive",
             metavar="FILE",
             help="No daemon: a `docker save` tarball (legacy or OCI, optionally "
@@ -55,7 +55,7 @@ def command(
     ] = None,
     targets: Annotated[
         list[str] | None,
-        typer.Option(  # noqa: UP045
+        typer.Option(
             "--target",
             "-t",
             metavar="TARGET",

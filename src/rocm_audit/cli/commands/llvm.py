@@ -45,7 +45,7 @@ def command(
     ] = 60.0,
     preload: Annotated[
         Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
-        typer.Option(  # noqa: UP045
+        typer.Option(
             "--preload",
             metavar="LIB",
             help="Treat LIB as preloaded RTLD_GLOBAL (as rocm_sdk.preload_libraries does): "
@@ -65,7 +65,7 @@ def command(
     ] = False,
     closure: Annotated[
         Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
-        typer.Option(  # noqa: UP045
+        typer.Option(
             "--closure",
             metavar="PATH",
             help="Show the load closure of PATH (what dlopen(PATH) maps); repeatable.",
@@ -77,7 +77,7 @@ def command(
     ] = "/",
     ld_library_path: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(  # noqa: UP045
+        typer.Option(
             "--ld-library-path",
             metavar="DIRS",
             help="Colon-separated LD_LIBRARY_PATH to model (and probe with).",

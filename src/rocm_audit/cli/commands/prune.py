@@ -46,7 +46,7 @@ def command(
     ] = None,
     backup: Annotated[
         str | None,
-        typer.Option(  # noqa: UP045
+        typer.Option(
             "--backup",
             metavar="DIR",
             help="Move removed files into DIR (outside the audited trees) instead of deleting.",

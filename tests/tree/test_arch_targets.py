@@ -169,7 +169,7 @@ def test_the_entry_chosen_is_comgrs_first_compatible_one():
 def test_a_v2_code_object_is_told_apart_from_an_unknown_processor(tmp_path):
     """Code object V2 (EI_ABIVERSION 0) names its ISA in a note and leaves EF_AMDGPU_MACH 0, as
     ROCr's blit kernels in libhsa-runtime64 do: ARCH006 says so instead of 'not a known processor'."""
-    from arch_writers import amdgpu_header, scan_path
+    from support.gpu.arch_writers import amdgpu_header, scan_path
 
     old = tmp_path / "blit.co"
     old.write_bytes(amdgpu_header(0x000, abi_version=0) + bytes(192))

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from rocm_audit.findings import cause_groups, make_finding
 from rocm_audit.output.escape import markdown
+from support.image.layer_writers import docker_save, layer
 from support.markdown_oracles import cmark_gfm_texts, markdown_it_texts
 from support.toolchain import gfx942_code_object
-
-sys.path.insert(0, str(Path(__file__).parent / "image"))
-from layer_writers import docker_save, layer  # noqa: E402
 
 HOSTILE = "x](https:\\\\evil.example)<img src=y>|@someone $m$ *b* www.evil.example"
 

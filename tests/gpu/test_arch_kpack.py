@@ -17,9 +17,9 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from arch_writers import amdgpu_header, kpack_archive
 
 from rocm_audit.gpu import verify
+from support.gpu.arch_writers import amdgpu_header, kpack_archive
 from support.therock.artifacts import kpack_ref_asm
 
 GFX942_ANY = amdgpu_header(0x54C)

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from rocm_audit.tree import identical
 from rocm_audit.tree.identical import Candidate, CompareStats, partition_identical, same_bytes
 
+pytestmark = pytest.mark.fuzz  # hypothesis properties over generated files
+
 
 @pytest.fixture
 def small_blocks(monkeypatch):

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from support.image.layer_writers import docker_save, layer
 from support.sdk_tree import build_library
 from support.toolchain import gfx942_code_object
-
-sys.path.insert(0, str(Path(__file__).parent / "image"))
-from layer_writers import docker_save, layer  # noqa: E402
 
 FORGED = "ok      forged-line  [raw-elf]  gfx950 native"
 HOSTILE_TAILS = [
@@ -103,7 +101,7 @@ def test_no_command_prints_a_line_a_file_name_chose(run_cli, hostile_site, argv,
     if verbose:  # the default text holds no forged line either
         assert not _forged_lines(run_cli(*argv, "-p", str(hostile_site), "--format", fmt).stdout_bytes)
     # GitHub and JUnit output carry findings only; a dry run and a listing have none to carry.
-    # Markdown escapes display()'s backslashes once more (tests/test_readable_reports.py).
+    # Markdown escapes display()'s backslashes once more (tests/output/test_readable_reports.py).
     expect_escaped = fmt == "text" or (fmt != "markdown" and argv[-1] not in ("--dry-run", "--targets"))
     _assert_contract(result, expect_escaped=expect_escaped)
     if fmt == "markdown" and argv[-1] not in ("--dry-run", "--targets"):

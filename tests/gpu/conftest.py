@@ -18,9 +18,6 @@ from support.run import run_checked
 from support.tools import require_tool
 from support.vendor import bitsandbytes_wheel, jax_plugin_wheel
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-
 HIP_TU_1 = """\
 // Own minimal HIP translation unit: no ROCm headers, only what clang's host stub needs.
 struct dim3 { unsigned x, y, z; };

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOCKER_HOST_ENV = "ROCM_AUDIT_TEST_DOCKER_HOST"
 BASE_SUITE = "bookworm"
 # libLLVM-15.so.1, which libclang-cpp.so.15 (the test registrant) needs; venv brings pip.

@@ -14,7 +14,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from arch_writers import amdgpu_header, bundle, ccob
 
 from rocm_audit.formats import ccob as ccob_format
 from rocm_audit.formats import zstd_index
@@ -22,6 +21,7 @@ from rocm_audit.gpu import verify
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory
 from rocm_audit.tree.targets import choose_entry
+from support.gpu.arch_writers import amdgpu_header, bundle, ccob
 
 TARGET_SETS = [
     ["gfx942"],
@@ -291,9 +291,9 @@ def test_bombs_and_truncations_through_the_lazy_path(tmp_path):
     """The judgement's reader meets the same guards: a declared 1 TiB and a real zstd bomb are
     refused from the header, every truncation of a library is a finding, nothing is raised."""
     import zstandard
-    from arch_writers import host_elf
 
     from rocm_audit.gpu.codeobjects import scan_file
+    from support.gpu.arch_writers import host_elf
     from support.memory import peak_rss_kib, reset_peak_rss
 
     selection = verify.selection_for([verify.resolve_required("gfx942")])

@@ -10,9 +10,13 @@ import hashlib
 import struct
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgpack
 import zstandard
+
+if TYPE_CHECKING:
+    from rocm_audit.gpu.codeobjects import FileCodeObjects
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 
@@ -155,7 +159,7 @@ def section_bytes(path: Path, name: str) -> tuple[int, bytes]:
         return section["sh_offset"], section.data()
 
 
-def scan_path(path: Path):
+def scan_path(path: Path) -> FileCodeObjects:
     """rocm_audit's view of one file, through the inventory as the commands see it."""
     from rocm_audit.gpu.codeobjects import scan_file
     from rocm_audit.tree.discovery import resolve_roots

@@ -18,6 +18,8 @@ import pytest
 
 from support.sdk_tree import build_library
 
+pytestmark = pytest.mark.toolchain  # a project built by gcc and installed by pip
+
 PROJECT_TOML = """
 [build-system]
 requires = ["setuptools>=70.1"]

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tarfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from support.run import run_checked
@@ -216,7 +217,7 @@ def make_wheel(
     name: str,
     files: dict[str, bytes | Path],
     *,
-    requires: list[str] = (),
+    requires: Sequence[str] = (),
     extras: dict[str, list[str]] | None = None,
     scripts: dict[str, str] | None = None,
     platform: bool = True,

@@ -4,7 +4,6 @@ and the same wording and usage line on every command that takes targets (library
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -212,8 +211,7 @@ def gfx942_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_archive(tmp_path_factory) -> Path:
     """A one-layer `docker save` archive with no GPU code, for `image --archive`."""
-    sys.path.insert(0, str(Path(__file__).parent.parent / "image"))  # the archive writers live there
-    from layer_writers import docker_save, layer
+    from support.image.layer_writers import docker_save, layer
 
     return docker_save(tmp_path_factory.mktemp("img") / "img.tar", [layer(("etc/", None), ("etc/hostname", b"x\n"))])
 

@@ -13,9 +13,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from arch_writers import section_bytes
 
 from rocm_audit.gpu import verify
+from support.gpu.arch_writers import section_bytes
 
 
 def _verify(path: Path, *targets: str):
@@ -186,7 +186,7 @@ def test_a_section_of_chained_fake_tables_is_read_in_linear_time(tmp_path):
     import struct
     import time
 
-    from arch_writers import host_elf, scan_path
+    from support.gpu.arch_writers import host_elf, scan_path
 
     link = b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<QQQQ", 200, 0, 0, 32)
     ccob_like = b"CCOB" + struct.pack("<HHIIQ", 2, 1, 1 << 20, 1 << 21, 0) + b"(\xb5/\xfd"

@@ -20,7 +20,10 @@ import zstandard
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import zstd_index
 
-pytestmark = pytest.mark.skipif(not zstd_index.available(), reason="the _zstdindex extension is not built")
+pytestmark = [
+    pytest.mark.skipif(not zstd_index.available(), reason="the _zstdindex extension is not built"),
+    pytest.mark.fuzz,  # differential runs against libzstd over many frames
+]
 
 
 def _codeish(size: int, seed: int, *, noise: bool = True) -> bytes:
@@ -230,12 +233,11 @@ def test_judging_the_last_entry_of_a_wide_window_bundle_holds_no_window(tmp_path
     (a few MB); streamed, by the window libzstd must hold to reach the last entry."""
     import gc
 
-    from arch_writers import amdgpu_header, bundle, ccob
-
     from rocm_audit.gpu import verify
     from rocm_audit.gpu.codeobjects import scan_file
     from rocm_audit.tree.discovery import resolve_roots
     from rocm_audit.tree.inventory import build_inventory
+    from support.gpu.arch_writers import amdgpu_header, bundle, ccob
     from support.memory import peak_rss_kib, reset_peak_rss
 
     share = _codeish(96 << 20, 8, noise=False)
@@ -276,12 +278,11 @@ def test_a_damaged_bundle_reads_as_the_stream_reads_it(tmp_path, monkeypatch):
     """A CCOB over 1 MiB whose frame breaks before its last entry: the index meets the damage,
     and the CCOB is read by the stream instead, so the findings are the ones the stream gives
     (what precedes the damage listed, the damage named), with the index or without."""
-    from arch_writers import amdgpu_header, bundle, ccob
-
     from rocm_audit.gpu import verify
     from rocm_audit.gpu.codeobjects import scan_file
     from rocm_audit.tree.discovery import resolve_roots
     from rocm_audit.tree.inventory import build_inventory
+    from support.gpu.arch_writers import amdgpu_header, bundle, ccob
 
     share = _codeish(3 << 20, 12, noise=False)
     step = len(share) // 3

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from arch_writers import amdgpu_header, bundle, host_elf, kpack_archive, section_bytes
 
 from support.files import copy_file as copy
+from support.gpu.arch_writers import amdgpu_header, bundle, host_elf, kpack_archive, section_bytes
 from support.memory import PEAK_RSS_KIB_EXPR
 
 SHT_PROGBITS, SHF_ALLOC = 1, 2

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from arch_writers import scan_path, section_bytes
 
 from rocm_audit.gpu.codeobjects import FileCodeObjects
+from support.gpu.arch_writers import scan_path, section_bytes
 from support.run import run_checked
 from support.toolchain import gfx942_code_object
 from support.vendor import aiter_wheel, cupy_rocm40_wheel
@@ -331,6 +331,7 @@ def _readelf_flags(tools: dict[str, str], data: bytes, tmp_path: Path, name: str
     return abi, flags
 
 
+@pytest.mark.vendor  # a real cupy wheel
 def test_vendor_wheel_cupy_rocm_4_0_code_object_v3(cache_dir, tools, tmp_path, run_cli):
     """ROCm 4.0's clang (cupy-rocm-4-0 9.0.0): 3-field ``hip-amdgcn-amd-amdhsa-gfxN`` ids and code
     object V3, whose e_flags hold one bit per feature. A feature is named only for a processor that

@@ -10,6 +10,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -127,7 +128,7 @@ def oci_layout(
         (blobs / digest).write_bytes(data)
         return "sha256:" + digest
 
-    descriptors = []
+    descriptors: list[dict[str, Any]] = []
     for data in layers:
         if compress == "zstd":
             stored = zstandard.ZstdCompressor().compress(data)
@@ -145,7 +146,7 @@ def oci_layout(
             }
         )
     config_bytes = image_config(layers, env, history)
-    manifest = {
+    manifest: dict[str, Any] = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {

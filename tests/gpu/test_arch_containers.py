@@ -13,12 +13,12 @@ import zlib
 from pathlib import Path
 
 import pytest
-from arch_writers import amdgpu_header, bundle, ccob, host_elf, kpack_archive, scan_path
 
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import ccob as ccob_format
 from rocm_audit.formats import offload_bundle
 from rocm_audit.gpu.codeobjects import FileCodeObjects
+from support.gpu.arch_writers import amdgpu_header, bundle, ccob, host_elf, kpack_archive, scan_path
 from support.memory import peak_rss_kib, reset_peak_rss
 
 SHT_PROGBITS, SHT_NOBITS, SHF_ALLOC = 1, 8, 2

@@ -17,10 +17,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from arch_writers import amdgpu_header, bundle
 
 from rocm_audit.formats.offload_bundle import parse_bundle
 from rocm_audit.tree.targets import choose_entry, resolve_required
+from support.gpu.arch_writers import amdgpu_header, bundle
 from support.vendor import triton_rocm_wheel
 
 pytestmark = pytest.mark.slow

@@ -93,6 +93,7 @@ def _entries(cache: Path) -> dict[str, Path]:
     return found
 
 
+@pytest.mark.vendor  # triton compiles a real kernel cache
 def test_a_real_triton_cache_serves_each_entry_s_target_and_compiles_elsewhere(run_cli, triton_cache):
     entries = _entries(triton_cache)
     assert set(entries) == {"gfx942", "gfx90a"}
