@@ -127,3 +127,54 @@ def cupy_rocm40_wheel(cache_dir: str) -> Path:
     """cupy-rocm-4-0 9.0.0 for CPython 3.8 (code object V3, 3-field bundle ids), checked against its pin."""
     options = ["--python-version", "3.8", "--platform", "manylinux1_x86_64"]
     return _pinned_wheel(cache_dir, CUPY_ROCM40, CUPY_ROCM40_WHEEL, CUPY_ROCM40_WHEEL_SHA256, options)
+
+
+# hipengine 0.8.3 (an sdist only) vendors AOTriton 0.11.2b: libaotriton_v2.so and 12 .aks2 archives
+# under aotriton.images/amd-gfx11xx/ holding 1,632 code objects for gfx1100-1103 and gfx1150-1153.
+HIPENGINE = "hipengine==0.8.3"
+HIPENGINE_SDIST = "hipengine-0.8.3.tar.gz"
+HIPENGINE_SDIST_SHA256 = "887445080883119a3334f9b2ee73646f61d0551630a8e54f50e01fd887177363"
+HIPENGINE_AOTRITON = "hipengine/kernels/hip_gfx1100/attention/aotriton_runtime/0.11.2b/lib/"
+
+
+def hipengine_sdist(cache_dir: str) -> Path:
+    """hipengine 0.8.3's source distribution (20 MB), checked against its pin."""
+    sdist = Path(cache_dir) / HIPENGINE_SDIST
+    if not sdist.exists():
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", HIPENGINE, "-d", cache_dir],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, f"pip download failed:\n{done.stderr}"
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    assert digest == HIPENGINE_SDIST_SHA256, (
+        f"{sdist} has sha256 {digest}, expected the pinned {HIPENGINE_SDIST_SHA256}"
+    )
+    return sdist
+
+
+def install_aotriton_images(cache_dir: str, lib: Path) -> list[Path]:
+    """hipengine's AOTriton ``aotriton.images/`` tree (its .aks2 archives) unpacked under ``lib``,
+    as the wheel built from the sdist lays it out beside libaotriton_v2.so; the archives' paths."""
+    import tarfile  # noqa: PLC0415
+
+    sdist = hipengine_sdist(cache_dir)
+    prefix = f"hipengine-0.8.3/{HIPENGINE_AOTRITON}"
+    written = []
+    with tarfile.open(sdist) as archive:
+        for member in archive.getmembers():
+            if not (member.isfile() and member.name.startswith(prefix + "aotriton.images/")):
+                continue
+            rel = member.name[len(prefix) :]
+            if ".." in rel.split("/"):
+                continue
+            target = lib / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = archive.extractfile(member)
+            assert source is not None
+            target.write_bytes(source.read())
+            written.append(target)
+    return sorted(written)
