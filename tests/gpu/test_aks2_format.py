@@ -9,11 +9,11 @@ import struct
 from pathlib import Path
 
 import pytest
-from arch_writers import aks2
 
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import aks2 as reader
 from rocm_audit.formats import amdgpu_elf
+from support.aotriton import aks2
 from support.toolchain import gfx942_code_object
 from support.vendor import install_aotriton_images
 

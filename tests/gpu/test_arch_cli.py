@@ -12,9 +12,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from support.aotriton import aks2
 from support.files import copy_file as copy
 from support.gpu.arch_writers import amdgpu_header, bundle, host_elf, kpack_archive, section_bytes
 from support.memory import PEAK_RSS_KIB_EXPR
+from support.therock.artifacts import amdgpu_code_object
 
 SHT_PROGBITS, SHF_ALLOC = 1, 2
 
@@ -200,7 +202,7 @@ def test_kpack_split_library_is_judged_through_its_archives(run_cli, sdk_tree, b
     assert {f["rule"] for f in none.report["findings"]} == {"ARCH001", "ARCH005"}
 
 
-def test_kernel_databases_and_per_arch_libraries(run_cli, sdk_tree, built):
+def test_kernel_databases_and_per_arch_libraries(run_cli, sdk_tree, built, tmp_path):
     libs = sdk_tree / "_rocm_sdk_libraries" / "lib"
     tensile = libs / "rocblas" / "library"
     tensile.mkdir(parents=True)
@@ -212,7 +214,12 @@ def test_kernel_databases_and_per_arch_libraries(run_cli, sdk_tree, built):
         (tensile / name).write_bytes(b"\x82\xa1a\x01\xa1b\x02")
     aotriton = libs / "aotriton.images" / "amd-gfx11xx" / "flash"
     aotriton.mkdir(parents=True)
-    (aotriton / "fwd.aks2").write_bytes(b"AKS2")
+    # an AOTriton family folder: the code objects inside name the processors (gfx1100, gfx1151)
+    family = [
+        (f"fwd--Arch_{arch}", amdgpu_code_object(tmp_path / arch, arch, "k.hsaco", 1).read_bytes())
+        for arch in ("gfx1100", "gfx1151")
+    ]
+    (aotriton / "fwd.aks2").write_bytes(aks2(family))
     copy(built["libcov5.so"], libs / "libMIOpenCKconv_gfx942.so")
     (sdk_tree / "_rocm_sdk_core" / "share" / "miopen" / "db").mkdir(parents=True)
     (sdk_tree / "_rocm_sdk_core" / "share" / "miopen" / "db" / "gfx942130.kdb").write_bytes(b"SQLite format 3\0")
@@ -224,6 +231,8 @@ def test_kernel_databases_and_per_arch_libraries(run_cli, sdk_tree, built):
     assert carriers["per-arch-files"]["missing"] == ["gfx1100"]
     assert {f["rule"] for f in result.report["findings"]} == {"ARCH008"}
     assert not any("miopen" in c["path"] for c in result.report["carriers"])  # listed, never judged
+    gfx1102 = run_cli("verify-arch", "gfx1102", "-p", str(sdk_tree), "--format", "json", expect=1)
+    assert {c["kind"]: c for c in gfx1102.report["carriers"]}["kernel-database:aotriton"]["missing"] == ["gfx1102"]
     (tensile / "TensileLibrary_lazy_gfx1100.dat").write_bytes(b"\x80")
     again = run_cli("verify-arch", "gfx942", "gfx1100", "-p", str(sdk_tree), "--format", "json", expect=1)
     assert {c["kind"]: c for c in again.report["carriers"]}["kernel-database:tensile"]["missing"] == []

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from support.aotriton import aks2
 from support.therock.artifacts import amdgpu_code_object, kpack_archive
 from support.tools import require_tool
 
@@ -58,9 +59,16 @@ def pristine_units(tmp_path_factory) -> Path:
 
     mylib = site / "mylib"
     images = mylib / "lib/aotriton.images"
-    for folder, size in (("amd-gfx90a/flash", 5000), ("amd-gfx11xx/flash", 3000), ("amd-gfx942/flash", 4000)):
+    for folder, size in (("amd-gfx90a/flash", 5000), ("amd-gfx942/flash", 4000)):
         (images / folder).mkdir(parents=True)
         (images / folder / "attn_fwd.aks2").write_bytes(os.urandom(size))
+    # A family folder names no processor: what its archive holds decides (gfx1100 and gfx1151 here).
+    (images / "amd-gfx11xx/flash").mkdir(parents=True)
+    family = [
+        (f"attn_fwd--Arch_{arch}", amdgpu_code_object(objects / arch, arch, "k.hsaco", 3).read_bytes())
+        for arch in ("gfx1100", "gfx1151")
+    ]
+    (images / "amd-gfx11xx/flash/attn_fwd.aks2").write_bytes(aks2(family))
     library = mylib / "lib/rocblas/library"
     library.mkdir(parents=True)
     shutil.copyfile(code["gfx90a"], library / "TensileLibrary_gfx90a.co")

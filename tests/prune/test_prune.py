@@ -31,7 +31,7 @@ def test_units_are_recognised_by_name():
         "/s/x/hipblaslt/library/gfx950/TensileLibrary.dat": ("tensile-dir", ("gfx950",)),
         "/s/x/share/miopen/db/gfx942130.kdb": ("miopen-db", ("gfx942",)),
         "/s/x/lib/libMIOpenCKGroupedConv_gfx950.so": ("miopen-ck", ("gfx950",)),
-        "/s/torch/lib/aotriton.images/amd-gfx11xx/flash/k.aks2": ("aotriton", ("gfx11xx",)),
+        "/s/torch/lib/aotriton.images/amd-gfx11xx/flash/k.aks2": ("aotriton", ()),  # named by its content
     }
     for path, (kind, arches) in cases.items():
         unit = arch_unit_of(path)
@@ -187,12 +187,19 @@ def test_check_adds_one_info_finding_with_the_totals(run_cli, units):
     assert report["prune"]["mode"] == "check" and "prune" in report["summary"]["checks"]
 
 
-@pytest.mark.parametrize("target", ["gfx1100"])
-def test_family_folders_are_kept_for_their_members(run_cli, units, target):
+@pytest.mark.parametrize(
+    ("target", "kept"), [("gfx1100", True), ("gfx1151", True), ("gfx1102", False), ("gfx1170", False)]
+)
+def test_family_folders_are_kept_for_what_their_archives_hold(run_cli, units, target, kept):
+    """amd-gfx11xx holds code for gfx1100 and gfx1151 only: its name is no pattern."""
     report = _prune(run_cli, units, target, "--dry-run")
-    planned = _rel(units, [r["path"] for r in report["prune"]["removals"]])
-    assert "mylib/lib/aotriton.images/amd-gfx11xx" not in planned
+    removals = {r["path"]: r for r in report["prune"]["removals"]}
+    planned = _rel(units, list(removals))
+    assert ("mylib/lib/aotriton.images/amd-gfx11xx" not in planned) is kept
     assert "mylib/lib/aotriton.images/amd-gfx942" in planned
+    if not kept:
+        family = removals[str(units / "mylib/lib/aotriton.images/amd-gfx11xx")]
+        assert family["arches"] == ["gfx1100", "gfx1151"]
 
 
 HOSTILE = ["\nok      forged-line ", "\x1b[2K\rok ", "\u2028ok "]

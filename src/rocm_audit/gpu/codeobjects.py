@@ -25,7 +25,7 @@ from rocm_audit.elf.relocations import file_place, loaded_pointers
 from rocm_audit.elf.sections import SHF_EXECINSTR, Section, read_sections
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.formats import amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle, zstd_index
+from rocm_audit.formats import aks2, amdgpu_elf, ccob, hip_fatbin, kpack, offload_binary, offload_bundle, zstd_index
 from rocm_audit.formats.amdgpu_elf import FEATURES, supported_features
 from rocm_audit.formats.offload_bundle import DEVICE_KINDS
 from rocm_audit.tree.inventory import FileKind, FileRecord
@@ -1459,6 +1459,59 @@ def _kpack_archive_listing(result: FileCodeObjects, fh: _File) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# AOTriton .aks2 archives
+
+
+def _aks2_listing(result: FileCodeObjects, fh: _File) -> None:
+    """An AOTriton ``.aks2`` archive: every kernel image in it, each judged by the processor its own
+    ELF header names (formats/aks2.py); the folder it lies in (``amd-gfx11xx``) names nothing."""
+    result.add_container("aks2")
+    try:
+        archive = aks2.read_archive(fh.reader(0, fh.size), fh.size)
+    except FormatError as exc:
+        _aks2_malformed(result, exc, "AKS2 archive")
+        return
+    images_at = archive.header.directory_size
+    for number, kernel in enumerate(archive.kernels):
+        if not kernel.size:
+            continue  # a kernel AOTriton failed to compile: its runtime hands out no image for it
+        location = f"kernel {number} ({kernel.name})"
+        facts = None
+        try:
+            identity = amdgpu_elf.parse_header(kernel.head, images_at + kernel.offset).identity
+            facts = _Facts(identity, None, False)
+        except FormatError as exc:
+            _aks2_malformed(result, FormatError(aks2.CONTENT_FMT, exc.offset, f"{exc.fmt}: {exc.reason}"), location)
+        obj = _device_record(
+            container="aks2",
+            location=location,
+            file_offset=None,
+            size=kernel.size,
+            tu=None,
+            entry_id=kernel.name,
+            kind="device",
+            bundle_target=None,
+            facts=facts,
+            listed_source="none",
+        )
+        result.code_objects.append(obj)
+        result.findings.extend(_consistency_findings(result.path, obj, facts, images_at + kernel.offset))
+
+
+def _aks2_malformed(result: FileCodeObjects, exc: FormatError, what: str) -> None:
+    """ARCH004 for an archive, saying whether the offset is in the file or in the xz content."""
+    where = "of the decompressed content" if exc.fmt == aks2.CONTENT_FMT else "in the file"
+    result.findings.append(
+        make_finding(
+            "ARCH004",
+            result.path,
+            f"{what}: {aks2.FMT}: {exc.reason} (at offset {exc.offset:#x} {where})",
+            data={"offset": exc.offset, "format": exc.fmt},
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Entry point
 
 
@@ -1511,6 +1564,8 @@ def _scan_standalone(result: FileCodeObjects, fh: _File, magic: bytes, selection
         result.bundles.append((0, _ccob_objects(result, fh, 0, fh.size, 0, "file", selection), "ccob"))
     elif magic.startswith(kpack.KPACK_MAGIC):
         _kpack_archive_listing(result, fh)
+    elif magic.startswith(aks2.MAGIC):
+        _aks2_listing(result, fh)
     elif magic.startswith(offload_binary.OFFLOAD_BINARY_MAGIC):
         result.add_container("offload-binary")
         _offload_binaries(result, fh, 0, fh.size, "file")

@@ -42,6 +42,7 @@ from rocm_audit.tree.targets import (
     arch_tokens,
     best_match,
     choose_entry,
+    is_family_name,
     match_code_object,
     parse_target_id,
     resolve_required,
@@ -285,8 +286,9 @@ def _database_arches(kind: str, rel_path: str) -> list[str]:
         arch = miopen_db_arch(os.path.basename(rel_path))
         return [] if arch is None else [arch]
     if kind == "aotriton":
-        # amd-gfx942 (a chip) or amd-gfx11xx / amd-gfx110x (a family: x = any character).
-        return [m for m in re.findall(r"amd-(gfx[0-9a-z]+)", rel_path)]
+        # amd-gfx942 names a chip; a family folder (amd-gfx11xx, amd-gfx110x) names no processor:
+        # what it holds is judged by the ELF headers of the code objects inside (formats/aks2.py).
+        return [arch for arch in re.findall(r"amd-(gfx[0-9a-z]+)", rel_path) if not is_family_name(arch)]
     return arch_tokens(rel_path)
 
 
@@ -383,7 +385,7 @@ def may_hold_code(record: FileRecord) -> bool:
     """Whether a file can carry device code (host ELF, code object, or a container's magic)."""
     if record.kind in HOST_KINDS or record.kind is FileKind.CODE_OBJECT:
         return True
-    return record.magic.startswith((b"__CLANG_OFFLOAD_BUNDLE__", b"CCOB", b"KPAK", b"\x10\xff\x10\xad"))
+    return record.magic.startswith((b"__CLANG_OFFLOAD_BUNDLE__", b"CCOB", b"KPAK", b"AKS2", b"\x10\xff\x10\xad"))
 
 
 def code_objects_of(
@@ -566,11 +568,6 @@ def _entry_match(obj: CodeObject, agent: TargetId) -> MatchKind | None:
         # The header was read and its OS ABI is not HSA (PAL, Mesa3D): CLR takes an ELF image only
         # with ELFOSABI_AMDGPU_HSA (hip_fatbin.cpp IsCodeObjectElf), and so does ROCr's loader.
         return None
-    if obj.target_source == "file-name" and "x" in obj.target.split(":")[0][3:]:
-        # AOTriton family folders: amd-gfx11xx covers gfx1100..gfx11ff.
-        family = obj.target.split(":")[0]
-        pattern = "^" + re.escape(family).replace("x", "[0-9a-z]") + "$"
-        return MatchKind.NATIVE if re.match(pattern, agent.processor) else None
     code = parse_target_id(obj.target)
     if code is None:
         return None

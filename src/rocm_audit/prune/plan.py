@@ -227,6 +227,18 @@ def _why_kept(
     return None, links, names
 
 
+def _content_arches(ctx: _Context, files: list[FileRecord]) -> tuple[str, ...]:
+    """The processors the code objects in ``files`` name in their ELF headers (an AOTriton family
+    folder, whose name names none); empty when one of them names none or none can be read."""
+    found: set[str] = set()
+    for record in files:
+        for obj in device_entries(ctx.device_code(record)):
+            if obj.target is None:
+                return ()
+            found.add(obj.target.split(":")[0])
+    return tuple(sorted(found))
+
+
 def _kept_arch(arches: tuple[str, ...], kept: list[Kept]) -> bool:
     return any(serves_any(arch, kept) for arch in arches)
 
@@ -310,9 +322,12 @@ def make_plan(inventory: Inventory, kept: list[Kept], device_code: DeviceCodeOf)
         units.setdefault(unit.path, (unit, []))[1].append(record)
     for unit_path in sorted(units):
         unit, files = units[unit_path]
-        if _kept_arch(unit.arches, kept):
+        arches = unit.arches or _content_arches(ctx, files)
+        if not arches:
+            continue  # an AOTriton family folder none of whose code objects can be read: never removed
+        if _kept_arch(arches, kept):
             continue
-        removal = Removal(unit.kind, unit.path, unit.arches, files=files)
+        removal = Removal(unit.kind, unit.path, arches, files=files)
         if unit.is_dir:
             foreign = [p for p in plan.device_dist_of_path if p.startswith(unit.path + os.sep) and os.path.lexists(p)]
             if foreign:

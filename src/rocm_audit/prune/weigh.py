@@ -20,6 +20,8 @@ from rocm_audit.tree.inventory import FileRecord, Inventory
 from rocm_audit.tree.ownership import Distribution
 
 NO_DISTRIBUTION = "(no distribution)"
+# Per-arch files whose code objects are compressed as a whole (their sizes are inflated sizes).
+COMPRESSED_ARCHIVES = ("aks2",)
 
 
 @dataclass(slots=True)
@@ -112,15 +114,22 @@ def weigh(inventory: Inventory, plan: PrunePlan, device_code: DeviceCodeOf) -> W
         # a device distribution's metadata, byte-code and link lists are no device code
         if unit is not None or (distribution is not None and entries):
             seen.add(record.identity)
+            inflated: dict[str, int] = {}
             if entries and sum(e.size for e in entries):
                 # the file's bytes, shared out by its code objects' sizes
                 total = sum(e.size for e in entries)
                 shares = _shares(record.size, [(e.target or "unknown", e.size) for e in entries], total)
+                if any(e.container in COMPRESSED_ARCHIVES for e in entries):
+                    for e in entries:  # an xz archive (AOTriton .aks2): sizes are inflated ones
+                        inflated[e.target or "unknown"] = inflated.get(e.target or "unknown", 0) + e.size
             else:
-                arches = unit.arches if unit is not None else _dist_arch(distribution)
+                arches = (unit.arches or ("unknown",)) if unit is not None else _dist_arch(distribution)
                 shares = _shares(record.size, [(a, 1) for a in arches], len(arches))
             for target, size in shares:
-                add(record, target, size)
+                if target in inflated:
+                    add(record, target, size, compressed=size, inflated=inflated[target])
+                else:
+                    add(record, target, size)
             continue
         entries = [e for e in entries if e.container != "kpack"]  # counted on the archive
         if not entries:

@@ -9,8 +9,12 @@ Recognised by path alone (formats.md 1.3, 1.7, 2.10; kpack's database_handlers.p
   folders ``library/gfx942/``; arch-less files (``TensileLibrary_lazy_fallback.dat``) are shared;
 - MIOpen databases ``share/miopen/db/gfx942130.kdb`` (arch + CU count), and the per-arch CK
   plugins ``libMIOpenCK<name>_gfx942.so`` MIOpen dlopens for the device's arch;
-- AOTriton image folders ``aotriton.images/amd-gfx942/`` and family folders (``amd-gfx11xx``),
-  and ``aotriton/kernels/gfx942/``;
+- AOTriton image folders ``aotriton.images/amd-gfx942/``, and ``aotriton/kernels/gfx942/``; a
+  family folder (``amd-gfx11xx``, ``amd-gfx110x``) is a unit too, but its name is no pattern: it
+  names no processor (``arches`` is empty) and the caller takes them from the ELF headers of the
+  code objects in its ``.aks2`` archives (hipengine 0.8.3's ``amd-gfx11xx`` holds gfx1100-1103 and
+  gfx1150-1153, not gfx1170). TheRock's family names (``gfx94X-dcgpu`` device distributions, a
+  tree's ``THIS_TARGET_FAMILY``) keep the meaning TheRock's metadata gives them;
 - standalone code-object files named for one arch (``Kernels_gfx950.hsaco``), and folders named for
   one arch that hold standalone code objects (aiter's ``aiter_meta/hsa/gfx942/``), the per-arch
   units verify-arch judges: only when their content is for that arch too (the caller checks).
@@ -62,7 +66,8 @@ class ArchUnit:
     kind: str
     path: str
     is_dir: bool
-    arches: tuple[str, ...]  # as named: gfx942, gfx90a:xnack+, gfx11xx (a family)
+    # as named: gfx942, gfx90a:xnack+; empty for an AOTriton family folder (read its content)
+    arches: tuple[str, ...]
 
 
 def _find(parts: list[str], suffix: tuple[str, ...]) -> int | None:
@@ -86,7 +91,9 @@ def arch_unit_of(path: str) -> ArchUnit | None:
     if end is not None and end < len(parts):
         folder = _AOTRITON_IMAGES.match(parts[end])
         if folder is not None:
-            return ArchUnit("aotriton", os.sep.join(parts[: end + 1]), True, (folder.group(1),))
+            arch = folder.group(1)
+            named = () if is_family_name(arch) else (arch,)
+            return ArchUnit("aotriton", os.sep.join(parts[: end + 1]), True, named)
     end = _find(parts, _AOTRITON_KERNELS)
     if end is not None and end < len(parts) and _ARCH_DIR.match(parts[end]):
         return ArchUnit("aotriton", os.sep.join(parts[: end + 1]), True, (parts[end],))
