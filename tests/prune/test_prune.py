@@ -32,6 +32,9 @@ def test_units_are_recognised_by_name():
         "/s/x/share/miopen/db/gfx942130.kdb": ("miopen-db", ("gfx942",)),
         "/s/x/lib/libMIOpenCKGroupedConv_gfx950.so": ("miopen-ck", ("gfx950",)),
         "/s/torch/lib/aotriton.images/amd-gfx11xx/flash/k.aks2": ("aotriton", ()),  # named by its content
+        "/s/torch/lib/aotriton.images/amd-gfx942/flash/k.aks2": ("aotriton", ("gfx942",)),
+        "/s/x/aotriton/kernels/gfx110x/k.hsaco": ("aotriton", ()),
+        "/s/x/aotriton/kernels/gfx90a/k.hsaco": ("aotriton", ("gfx90a",)),
     }
     for path, (kind, arches) in cases.items():
         unit = arch_unit_of(path)

@@ -289,7 +289,8 @@ def _database_arches(kind: str, rel_path: str) -> list[str]:
         # amd-gfx942 names a chip; a family folder (amd-gfx11xx, amd-gfx110x) names no processor:
         # what it holds is judged by the ELF headers of the code objects inside (formats/aks2.py).
         return [arch for arch in re.findall(r"amd-(gfx[0-9a-z]+)", rel_path) if not is_family_name(arch)]
-    return arch_tokens(rel_path)
+    # a family name (aotriton/kernels/gfx11xx/) names no processor: only the content can tell
+    return [arch for arch in arch_tokens(rel_path) if not is_family_name(arch.split(":")[0])]
 
 
 def selection_for(required: list[RequiredTarget]) -> TargetSelection:

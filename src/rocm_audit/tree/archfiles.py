@@ -96,7 +96,8 @@ def arch_unit_of(path: str) -> ArchUnit | None:
             return ArchUnit("aotriton", os.sep.join(parts[: end + 1]), True, named)
     end = _find(parts, _AOTRITON_KERNELS)
     if end is not None and end < len(parts) and _ARCH_DIR.match(parts[end]):
-        return ArchUnit("aotriton", os.sep.join(parts[: end + 1]), True, (parts[end],))
+        named = () if is_family_name(parts[end]) else (parts[end],)
+        return ArchUnit("aotriton", os.sep.join(parts[: end + 1]), True, named)
     for root in _TENSILE_ROOTS:
         end = _find(parts, root)
         if end is None:
