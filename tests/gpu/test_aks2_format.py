@@ -40,6 +40,7 @@ def _whole_decode(data: bytes) -> list[tuple[str, int, bytes]]:
     return entries
 
 
+@pytest.mark.vendor  # hipengine 0.8.3's sdist, sha256-pinned (20 MB)
 def test_hipengine_archives_hold_1632_gfx11_code_objects(hipengine_archives: list[Path]) -> None:
     assert len(hipengine_archives) == 12
     assert {p.parent.parent.parent.name for p in hipengine_archives} == {"amd-gfx11xx"}
@@ -60,6 +61,7 @@ def test_hipengine_archives_hold_1632_gfx11_code_objects(hipengine_archives: lis
     assert processors == GFX11_PROCESSORS
 
 
+@pytest.mark.toolchain  # a gfx942 code object built by clang-19
 def test_decompression_stops_after_the_last_elf_header(tmp_path: Path) -> None:
     big = os.urandom(3 << 20)  # incompressible: the tail the reader must not inflate
     code = gfx942_code_object(tmp_path).read_bytes()
@@ -71,6 +73,7 @@ def test_decompression_stops_after_the_last_elf_header(tmp_path: Path) -> None:
     assert [amdgpu_elf.parse_header(k.head).identity.target_id for k in archive.kernels] == ["gfx942", "gfx942"]
 
 
+@pytest.mark.toolchain  # a gfx942 code object built by clang-19
 def test_an_empty_image_has_no_head(tmp_path: Path) -> None:
     code = gfx942_code_object(tmp_path).read_bytes()
     archive = reader.parse(aks2([("failed", b""), ("ok", code)]))

@@ -13,6 +13,8 @@ import pytest
 
 from support.vendor import HIPENGINE_AOTRITON, install_aotriton_images
 
+pytestmark = pytest.mark.vendor  # hipengine 0.8.3's sdist, sha256-pinned (20 MB)
+
 GFX11 = ["gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"]
 FAMILY = "aotriton.images/amd-gfx11xx"
 

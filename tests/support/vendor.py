@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -159,8 +160,6 @@ def hipengine_sdist(cache_dir: str) -> Path:
 def install_aotriton_images(cache_dir: str, lib: Path) -> list[Path]:
     """hipengine's AOTriton ``aotriton.images/`` tree (its .aks2 archives) unpacked under ``lib``,
     as the wheel built from the sdist lays it out beside libaotriton_v2.so; the archives' paths."""
-    import tarfile  # noqa: PLC0415
-
     sdist = hipengine_sdist(cache_dir)
     prefix = f"hipengine-0.8.3/{HIPENGINE_AOTRITON}"
     written = []
