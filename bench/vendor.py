@@ -9,6 +9,10 @@ Inputs, pinned by sha256 and fetched with ``pip download --no-deps`` into the be
 * a site-packages unpacked from every pinned wheel (3.35 GB, 11 wheels: three jax PJRT plugins, onnxruntime-rocm,
   cupy-rocm-7-0, pytorch-triton-rocm, rocm-llvm-python, pyg-lib-rocm, mojolearn-amd, jax-rocm7-plugin).
 
+* a second site-packages, "the LLVM site" (issue 36's memory figure): the same wheels with triton
+  3.8.0 and llvmlite 0.50.0 in place of pytorch-triton-rocm 2.1.0 (11 wheels, 3.5 GB;
+  libtriton.so and libllvmlite.so carry whole LLVMs with huge symbol and relocation tables).
+
 Figures, each the median of ``--runs`` interleaved runs with a warm page cache, wall time including
 interpreter start and peak RSS from ``wait4`` (rss_exec.c):
 
@@ -17,7 +21,7 @@ interpreter start and peak RSS from ``wait4`` (rss_exec.c):
   seconds: no interpreter start) and against objcopy + split + ``clang-offload-bundler-19 --list``;
 * ``scan --targets`` on the plugin against the same floor;
 * both commands on the onnxruntime provider;
-* ``check gfx942 gfx950`` over the site-packages.
+* ``check gfx942 gfx950`` over each site-packages.
 
 Each rocm-audit figure is also taken with ``ROCM_AUDIT_NO_ZSTD_INDEX=1`` ("current, streamed"): the
 same code with every CCOB streamed through libzstd, as without the zstd frame index.
@@ -94,6 +98,25 @@ WHEELS = [
         "56ea9cb8b20b2155307da1c7f81941d6811954d8ce3431ffe8d56aa251b725de",
     ),
 ]
+# The LLVM site (issue 36's memory figure): the same wheels with today's LLVM-carrying ones in place
+# of pytorch-triton-rocm 2.1.0: triton 3.8.0 (libtriton.so, a whole LLVM and MLIR) and llvmlite
+# 0.50.0 (libllvmlite.so), both large ELF files with huge .dynsym, .dynstr and relocation tables.
+LLVM_WHEELS = [
+    (
+        "triton==3.8.0",
+        "triton-3.8.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "68988ac85d5e7086baeda0ddc175af9667db7529b3c5e11a5c0601b8bef2200a",
+    ),
+    (
+        "llvmlite==0.50.0",
+        "llvmlite-0.50.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "a6ffde00d4be8772a24e3e8b3af6bf86a79e7cf066d944ef56136b3957d707dc",
+    ),
+]
+SITES = {
+    "default": WHEELS,
+    "llvm": [w for w in WHEELS if not w[0].startswith("pytorch-triton-rocm==")] + LLVM_WHEELS,
+}
 OPTIONAL_WHEELS: list[tuple[str, str, str | None]] = []  # (spec, file, None): fetched if pip can, sha recorded
 PLUGIN = "jax_plugins/xla_rocm7/xla_rocm_plugin.so"
 PROVIDER = "onnxruntime/capi/libonnxruntime_providers_rocm.so"
@@ -117,11 +140,12 @@ def sha256(path: Path) -> str:
 
 # The tests fetch their pinned wheel through tests/support/vendor.py; the bench keeps its own fetch
 # (more wheels, its own cache, optional ones) because bench/ must not import tests/.
-def fetch(cache: Path, log) -> tuple[list[Path], list[str]]:
-    """The pinned wheels in ``cache`` (downloaded when missing, checked by sha256)."""
+def fetch(cache: Path, log, site: str = "default") -> tuple[list[Path], list[str]]:
+    """The pinned wheels of ``site`` (a key of SITES) in ``cache`` (downloaded when missing, checked
+    by sha256)."""
     cache.mkdir(parents=True, exist_ok=True)
     found, notes = [], []
-    for spec, name, digest in WHEELS + OPTIONAL_WHEELS:
+    for spec, name, digest in SITES[site] + OPTIONAL_WHEELS:
         wheel = cache / name
         if not wheel.exists():
             log(f"pip download {spec} ...")
@@ -207,6 +231,10 @@ def bench_vendor(args, ra: list[str], work: Path, log, timed) -> dict:
     wheels, notes = fetch(cache, log)
     site = work / "vendor-site"
     site_bytes = unpack(wheels, site, log)
+    llvm_wheels, llvm_notes = fetch(cache, log, "llvm")
+    notes += [n for n in llvm_notes if n not in notes]
+    llvm_site = work / "vendor-site-llvm"
+    llvm_site_bytes = unpack(llvm_wheels, llvm_site, log)
     plugin, provider = site / PLUGIN, site / PROVIDER
     commands = {"current": ra}
     # The same code reading every CCOB by streaming (no zstd index): the index's share of a figure.
@@ -222,6 +250,7 @@ def bench_vendor(args, ra: list[str], work: Path, log, timed) -> dict:
         "provider verify-arch gfx950": ["verify-arch", "gfx950", "-q", "-p", str(provider)],
         "provider scan --targets": ["scan", "--targets", "-q", "-p", str(provider)],
         "site check gfx942 gfx950": ["check", "gfx942", "gfx950", "-q", "-p", str(site)],
+        "LLVM site check gfx942 gfx950": ["check", "gfx942", "gfx950", "-q", "-p", str(llvm_site)],
     }
     series: dict[str, dict[str, list]] = {f"{who}: {fig}": [] for who in commands for fig in figures}
     series["zstd floor (plugin)"] = []
@@ -255,6 +284,9 @@ def bench_vendor(args, ra: list[str], work: Path, log, timed) -> dict:
     return {
         "site_bytes": site_bytes,
         "wheels": [w.name for w in wheels],
+        "llvm_site_bytes": llvm_site_bytes,
+        "llvm_wheels": [w.name for w in llvm_wheels if w not in wheels],
+        "llvm_left_out": [w.name for w in wheels if w not in llvm_wheels],
         "notes": notes,
         "figures": summary,
         "floor_note": "zstd floor: in-process seconds, one decompression context, no interpreter start",
@@ -272,6 +304,11 @@ def report(res: dict, path: Path, machine: dict, load: tuple[str, str]) -> str:
         f"{load[0]} / {load[1]}.",
         f"Site-packages: {res['site_bytes'] / 1e9:.2f} GB unpacked from {len(res['wheels'])} wheels: "
         + ", ".join(res["wheels"])
+        + ".",
+        f"LLVM site: {res['llvm_site_bytes'] / 1e9:.2f} GB, the same wheels with "
+        + ", ".join(res["llvm_wheels"])
+        + " in place of "
+        + ", ".join(res["llvm_left_out"])
         + ".",
         "",
         "| figure | median wall (s) | runs (s) | peak RSS (MB) | vs zstd floor | vs route |",
