@@ -7,8 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.llvm.linkage import read_linkage
+from rocm_audit.llvm.linkage import (
+    ADD_ARGUMENT,
+    MACHINE_SCHED_REGISTRY,
+    WATCHED_PREFIXES,
+    read_linkage,
+    registry_name,
+)
 from rocm_audit.tree.inventory import read_dynamic_info
+from support.llvm.llvm_builders import LIBLLVM15, LIBLLVM16, require_file
 
 LLVM15 = Path("/usr/lib/llvm-15")  # llvm-15-dev (tests/apt-packages.txt)
 
@@ -60,3 +67,36 @@ def test_assertions_builds_are_told_by_their_import_of_assert_fail(tmp_path):
         assert read_linkage(str(library), read_dynamic_info(str(library))).assertions is expected, flags
     release = (LLVM15 / "lib" / "libLLVM-15.so.1").resolve()  # read_linkage follows no link
     assert read_linkage(str(release), read_dynamic_info(str(release))).assertions is False
+
+
+def test_a_whole_llvm_keeps_its_objects_and_registries_by_name_and_its_functions_as_a_digest():
+    """Issue 36 (memory): a libLLVM's 20 000 exported functions are never looked up by name by a
+    verdict, so Linkage keeps them only as a count and a digest; the objects two copies can share
+    and the registries' entry points stay by name. Read again, the digest is the same; another LLVM
+    version has another one."""
+    release = require_file(LIBLLVM15, "libllvm15").resolve()
+    linkage = read_linkage(str(release), read_dynamic_info(str(release)))
+    exported = subprocess.run(
+        ["nm", "-D", "--defined-only", "--without-symbol-versions", str(release)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.split("\n")
+    # nm: a type letter T (code), D/B/R/V/u (data, weak object, unique), then the name.
+    kinds = {line.split()[-1]: line.split()[-2] for line in exported if len(line.split()) >= 2}
+    watched = {
+        name: kind for name, kind in kinds.items() if name.startswith(tuple(p.decode() for p in WATCHED_PREFIXES))
+    }
+    functions = {name for name, kind in watched.items() if kind in "TtWwi"}
+    assert len(functions) > 10_000  # the test is about a table of that size
+    assert linkage.export_count == len(watched)
+    assert set(linkage.exports) == {n for n in watched if n not in functions or registry_name(n)}
+    assert ADD_ARGUMENT in linkage.exports and MACHINE_SCHED_REGISTRY in linkage.exports
+    assert len(linkage.exports) < len(watched) // 4  # the structure a run keeps per library stays small
+    assert all(name in linkage.exports or name in functions for name in linkage.binds)
+
+    again = read_linkage(str(release), read_dynamic_info(str(release)))
+    assert again.same_exports(linkage) and again.exports_digest == linkage.exports_digest
+    other = require_file(LIBLLVM16, "libllvm16").resolve()
+    assert not read_linkage(str(other), read_dynamic_info(str(other))).same_exports(linkage)

@@ -486,7 +486,7 @@ def _judge_pairs(
             continue
         seen.add(record.identity)
         linkage = facts.linkage(record.path, record.identity)
-        if linkage.exports or linkage.binds or linkage.defines_registry:
+        if linkage.takes_part:
             candidates.append((record.path, record.identity))
     if len(candidates) > MAX_JUDGED_LIBRARIES:
         candidates = [c for c in candidates if facts.by_identity[c[1]].llvm_role][:MAX_JUDGED_LIBRARIES]

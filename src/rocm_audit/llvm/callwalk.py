@@ -16,6 +16,7 @@ import itertools
 import re
 import struct
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol
 
 from rocm_audit.elf.view import ElfView
 
@@ -26,19 +27,36 @@ FALLBACK_FUNCTION_BYTES = 4096  # a function's extent when .eh_frame_hdr does no
 _CALL_PATTERN = re.compile(rb"\xe8|\xe9|\xff\x15|\xff\x25", re.DOTALL)
 
 
+class IndexedStarts(Protocol):
+    """.dynsym index -> address of a function the library defines (linkage.py's FunctionStarts)."""
+
+    def __contains__(self, index: object) -> bool: ...
+
+    def __getitem__(self, index: int) -> int: ...
+
+
+def _ascending(values: Sequence[int]) -> bool:
+    """Sorted already: no list of 150 000 ints to sort."""
+    return all(a <= b for a, b in itertools.pairwise(values))
+
+
+def _holds(values: array.array[int], address: int) -> bool:
+    """address is in the sorted array values."""
+    index = bisect.bisect_left(values, address)
+    return index < len(values) and values[index] == address
+
+
 class CodeMap:
     """Where a library's functions start, for the call walks, built once per library.
 
-    ``extents``: .eh_frame_hdr's sorted starts (a function runs to the next one). ``callable``: those
-    and every function .dynsym defines, sorted, for "is this call target a function start". Sorted
+    ``extents``: .eh_frame_hdr's sorted starts (a function runs to the next one). ``callable``: every
+    function .dynsym defines, sorted; a call target is a function start when either holds it. Sorted
     arrays and bisect instead of sets: an MLIR library defines 150 000 functions and describes
     400 000, and sets of them cost 40 MB where the arrays cost 5. Read on first use: most libraries
     are decided before any walk. ``function_starts``: .dynsym index -> address of each function the
     library defines (a PLT stub of one of them runs that code)."""
 
-    def __init__(
-        self, view: ElfView, function_starts: Mapping[int, int], defined_functions: Sequence[int] = ()
-    ) -> None:
+    def __init__(self, view: ElfView, function_starts: IndexedStarts, defined_functions: Sequence[int] = ()) -> None:
         self._view = view
         self.function_starts = function_starts
         self._defined_functions = defined_functions
@@ -52,9 +70,10 @@ class CodeMap:
         return self._extents
 
     def _build(self) -> None:
+        # Two sorted arrays, not one merged: sorting the merge took a list of 400 000 ints (16 MB).
         self._extents = self._view.eh_frame_function_starts()
-        merged = sorted(itertools.chain(self._extents or (), self._defined_functions))
-        self._callable = array.array("Q", merged)
+        defined = self._defined_functions
+        self._callable = array.array("Q", defined if _ascending(defined) else sorted(defined))
 
     def own_stubs(self, stubs: Mapping[int, int]) -> dict[int, int]:
         """PLT stub -> the library's own definition, for stubs of functions it defines."""
@@ -64,8 +83,7 @@ class CodeMap:
         if self._callable is None:
             self._build()
         assert self._callable is not None
-        index = bisect.bisect_left(self._callable, address)
-        return index < len(self._callable) and self._callable[index] == address
+        return _holds(self._extents or array.array("Q"), address) or _holds(self._callable, address)
 
     def length_at(self, address: int) -> int:
         """Bytes to read for the function at address: to the next start, at most 1 MiB."""

@@ -25,10 +25,11 @@ of addArgument to count; the walk is bounded in functions and bytes. Measured: 0
 from __future__ import annotations
 
 import array
+import hashlib
 import os
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
@@ -51,6 +52,11 @@ OPT_PREFIX, DONE_SUFFIX = "_ZN4llvm2cl3optI", "E4doneEv"
 
 def registers_through(name: str) -> bool:
     return name == ADD_ARGUMENT or (name.startswith(OPT_PREFIX) and name.endswith(DONE_SUFFIX))
+
+
+def registry_name(name: str) -> bool:
+    """An entry point of a registry, or a registry's head: looked up by name whatever its type."""
+    return name in ENTRY_POINTS or registers_through(name) or REGISTRY_HEAD.match(name) is not None
 
 
 # The namespaces whose symbols two LLVMs can share: llvm::, clang::, mlir:: (functions, const
@@ -94,10 +100,18 @@ class Bind:
 
 @dataclass(frozen=True, slots=True)
 class Linkage:
+    """The linkage facts of one library. ``exports`` and ``binds`` hold the watched symbols a
+    verdict can ask about by name (verdicts.py): data objects (what two copies can share) and the
+    registries' entry points and heads (registry_name), whatever their type. The functions the
+    library exports or binds (an MLIR library's 120 000 names, 30 MB of strings) are only counted
+    (``export_count``, ``bind_count``), and the whole export table is kept as a digest
+    (``exports_digest``) for same_exports: a verdict never looks a function up by name, and a C++
+    name of a function never names an object (the mangling encodes the parameter types)."""
+
     path: str
     machine: int
     symbolic: bool
-    exports: Mapping[str, str | None]  # watched symbol -> version node of its definition
+    exports: Mapping[str, str | None]  # watched data or registry symbol -> version node of its definition
     binds: Mapping[str, Bind]
     has_initialisers: bool
     registers_at_load: bool | None  # None: undecided (not x86-64, or the walk ran out of budget)
@@ -118,6 +132,18 @@ class Linkage:
     # the vendors' release LLVMs import none). Such a build's option parsers reject a second literal
     # of one name (a repeated registry entry) with report_fatal_error; release builds skip the check.
     assertions: bool = False
+    export_count: int = 0  # every exported watched symbol (distinct names)
+    bind_count: int = 0  # .dynsym entries of watched symbols a relocation looks up
+    exports_digest: bytes = b""  # of every exported watched symbol and its version, in no order
+
+    @property
+    def takes_part(self) -> bool:
+        """Exports or binds a watched symbol, or holds the registry: one to judge in pairs."""
+        return bool(self.export_count or self.bind_count or self.defines_registry)
+
+    def same_exports(self, other: Linkage) -> bool:
+        """Both export the same watched symbols with the same versions (copies of one build)."""
+        return self.export_count == other.export_count and self.exports_digest == other.exports_digest
 
     def entry_points(self) -> dict[str, str]:
         """How each registry entry point is reached: a relocation kind, "defined" or absent."""
@@ -165,6 +191,29 @@ def _dynsym(view: ElfView) -> Section | None:
     return dynsym
 
 
+class FunctionStarts:
+    """.dynsym index -> address, for the functions a library defines that relocations name: two
+    arrays over the table's indices (a dict of libtriton's 45 000 cost 4.5 MB, these 1.2 MB)."""
+
+    __slots__ = ("_defined", "_values")
+
+    def __init__(self, count: int) -> None:
+        self._values = array.array("Q", bytes(8 * count))
+        self._defined = bytearray(count)
+
+    def __setitem__(self, index: int, value: int) -> None:
+        self._values[index] = value
+        self._defined[index] = 1
+
+    def __contains__(self, index: object) -> bool:
+        return isinstance(index, int) and 0 <= index < len(self._defined) and self._defined[index] == 1
+
+    def __getitem__(self, index: int) -> int:
+        if index not in self:
+            raise KeyError(index)
+        return self._values[index]
+
+
 @dataclass(slots=True)
 class _SymbolFacts:
     """What linkage needs of .dynsym. ``symbols``: the watched symbols a relocation names, and the
@@ -177,18 +226,50 @@ class _SymbolFacts:
     symbols: dict[int, _Symbol] = field(default_factory=dict)
     exports: dict[str, str | None] = field(default_factory=dict)
     strong_data: set[str] = field(default_factory=set)
-    function_starts: dict[int, int] = field(default_factory=dict)
+    function_starts: FunctionStarts = field(default_factory=lambda: FunctionStarts(0))
     defined_functions: array.array[int] = field(default_factory=lambda: array.array("Q"))
     assertions: bool = False  # __assert_fail is named: see Linkage.assertions
+    # Every exported watched symbol, as a hash of its name and one of its name and version, in
+    # .dynsym order (for Linkage.export_count and exports_digest).
+    export_keys: array.array[int] = field(default_factory=lambda: array.array("Q"))
+    export_values: array.array[int] = field(default_factory=lambda: array.array("Q"))
+    # 1 at the .dynsym index of each watched symbol a relocation names.
+    watched_named: bytearray = field(default_factory=bytearray)
+
+    def export_digest(self) -> tuple[int, bytes]:
+        """(distinct names, digest) of the export table as a dict of name -> version would hold
+        it: the last entry of one name wins, and the order of the table does not count."""
+        keys, values = self.export_keys, self.export_values
+        shift = max(1, len(keys).bit_length())
+        # One int per entry, its name's hash above its index: sorted, the last of a name comes last.
+        order = sorted(key << shift | index for index, key in enumerate(keys))
+        mask = (1 << shift) - 1
+        digest = hashlib.blake2b(digest_size=16)
+        count = 0
+        for position, packed in enumerate(order):
+            if position + 1 < len(order) and order[position + 1] >> shift == packed >> shift:
+                continue
+            digest.update(values[packed & mask].to_bytes(8, "little"))
+            count += 1
+        return count, digest.digest()
 
 
-def _watched_symbols(view: ElfView, dynsym: Section | None, named: frozenset[int]) -> _SymbolFacts:
-    """The facts of .dynsym that linkage uses; ``named``: the symbol indices relocations name."""
+def _key(value: object) -> int:
+    """A 64-bit hash of a symbol's name (or name and version). Python's own (SipHash): seeded per
+    interpreter, and compared only within one run (forked helpers share the seed)."""
+    return hash(value) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _watched_symbols(view: ElfView, dynsym: Section | None, named: bytearray) -> _SymbolFacts:
+    """The facts of .dynsym that linkage uses; ``named``: 1 at each symbol index a relocation names."""
     facts = _SymbolFacts()
     if dynsym is None:
         return facts
     symbols, exports, strong_data = facts.symbols, facts.exports, facts.strong_data
-    function_starts, defined_functions = facts.function_starts, facts.defined_functions
+    export_keys, export_values = facts.export_keys, facts.export_values
+    facts.watched_named = watched_named = bytearray(len(named))
+    facts.function_starts = function_starts = FunctionStarts(len(named))
+    defined_functions = facts.defined_functions
     dynstr = view.read(view.sections[dynsym.link])
     facts.assertions = b"\0__assert_fail\0" in dynstr
     versions = view.symbol_versions()
@@ -203,7 +284,7 @@ def _watched_symbols(view: ElfView, dynsym: Section | None, named: frozenset[int
                 raise FormatError("ELF", dynsym.offset + index * 24, "symbol name outside .dynstr")
             if is_function and st_shndx != 0:  # a function start the walk may meet
                 defined_functions.append(st_value)
-                if index in named:
+                if index < len(named) and named[index]:
                     function_starts[index] = st_value
             if not dynstr.startswith(WATCHED_PREFIXES, st_name):
                 continue
@@ -217,23 +298,52 @@ def _watched_symbols(view: ElfView, dynsym: Section | None, named: frozenset[int
                 version = version_names.get(entry) if entry > 1 else None
             is_data = st_info & 0xF in (STT_OBJECT, STT_TLS)
             vague = bind in (STB_WEAK, STB_GNU_UNIQUE)
+            # Looked up by name (Linkage): objects, and the registries' names whatever their type.
+            by_name = not is_function or registry_name(name)
+            is_named = index < len(named) and named[index] == 1
             if exported:
-                exports[name] = version  # index order: the last of one name wins, as a dict of all did
+                export_keys.append(_key(name))
+                export_values.append(_key((name, version)))
+                if by_name or name in exports:
+                    exports[name] = version  # index order: the last of one name wins
                 if is_data and not vague:
                     strong_data.add(name)
-            if index in named or registers_through(name):
+            if is_named:
+                watched_named[index] = 1
+            if (is_named and by_name) or registers_through(name):
                 symbols[index] = _Symbol(name, st_value, defined, exported, is_function, version, is_data, vague)
     return facts
 
 
+@dataclass(slots=True)
+class _Named:
+    """The dynamic relocations that name a symbol, one column per field (arrays: libtriton's 82 000
+    such entries as tuples of ints cost 10 MB, as columns 1.3 MB)."""
+
+    offsets: array.array[int] = field(default_factory=lambda: array.array("Q"))
+    types: array.array[int] = field(default_factory=lambda: array.array("I"))
+    indices: array.array[int] = field(default_factory=lambda: array.array("I"))
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        return zip(self.offsets, self.types, self.indices, strict=True)
+
+    def flags(self, count: int) -> bytearray:
+        """One byte per .dynsym entry of ``count``: 1 where a relocation names that symbol."""
+        named = bytearray(count)
+        for index in self.indices:
+            if index < count:
+                named[index] = 1
+        return named
+
+
 def _relocations(
     view: ElfView, dynsym: Section | None, keep_relative: Sequence[tuple[int, int]]
-) -> tuple[list[tuple[int, int, int]], dict[int, int]]:
+) -> tuple[_Named, dict[int, int]]:
     """The dynamic RELA entries that name a symbol, as (r_offset, type, symbol index), and the
     addends of the R_X86_64_RELATIVE entries whose r_offset lies in one of keep_relative's
     [start, end) ranges (the .init_array slots). libLLVM has 500 000 entries, nearly all
     RELATIVE: the columns are split at C speed and only the rest is looked at one by one."""
-    named: list[tuple[int, int, int]] = []
+    named = _Named()
     relative: dict[int, int] = {}
     if not view.header.is_64:
         return named, relative
@@ -249,7 +359,9 @@ def _relocations(
         offsets, infos, addends = view.relocation_columns(section)
         for index in [i for i, info in enumerate(infos) if info >> 32]:
             info = infos[index]
-            named.append((offsets[index], info & 0xFFFFFFFF, info >> 32))
+            named.offsets.append(offsets[index])
+            named.types.append(info & 0xFFFFFFFF)
+            named.indices.append(info >> 32)
         for start, end in keep_relative:
             for index in [i for i, offset in enumerate(offsets) if start <= offset < end]:
                 if infos[index] == R_X86_64_RELATIVE:
@@ -281,11 +393,15 @@ def _linkage(path: str, view: ElfView, dynamic: elfread.DynamicInfo) -> Linkage:
     dynsym = _dynsym(view)
     init_ranges = [(s.addr, s.addr + s.size) for s in view.sections if s.sh_type == SHT_INIT_ARRAY]
     named, relative = _relocations(view, dynsym, init_ranges if machine == EM_X86_64 else [])
-    facts = _watched_symbols(view, dynsym, frozenset(index for _offset, _type, index in named))
+    facts = _watched_symbols(view, dynsym, named.flags(dynsym.size // 24 if dynsym is not None else 0))
+    export_count, exports_digest = facts.export_digest()
+    facts.export_keys = facts.export_values = array.array("Q")
     symbols = facts.symbols
     code_map = CodeMap(view, facts.function_starts, facts.defined_functions)
     kinds = RELOC_KINDS.get(machine, {})
     binds: dict[str, Bind] = {}
+    watched_named = facts.watched_named
+    bound = bytearray(len(watched_named))  # 1 at each watched symbol a relocation looks up
     jump_slots: dict[int, int] = {}
     glob_dat_slots: dict[int, int] = {}
     for r_offset, r_type, index in named:
@@ -295,6 +411,8 @@ def _linkage(path: str, view: ElfView, dynamic: elfread.DynamicInfo) -> Linkage:
             elif r_type == R_X86_64_GLOB_DAT:
                 glob_dat_slots[r_offset] = index
         kind = kinds.get(r_type)
+        if kind is not None and index < len(watched_named) and watched_named[index]:
+            bound[index] = 1
         symbol = symbols.get(index)
         if kind is None or symbol is None or not symbol.name:
             continue
@@ -330,6 +448,9 @@ def _linkage(path: str, view: ElfView, dynamic: elfread.DynamicInfo) -> Linkage:
         own_copies=own_copies,
         initialised_copies=initialised,
         assertions=facts.assertions,
+        export_count=export_count,
+        bind_count=bound.count(1),
+        exports_digest=exports_digest,
     )
 
 

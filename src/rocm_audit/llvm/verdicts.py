@@ -236,9 +236,7 @@ def _register(process: _Process, one: Mapped, scope: Sequence[Mapped], index: in
             owner = process.loaded.get(map_owner, registry)
             # Copies: the second registrant is a copy of the first, and the registry it calls files
             # into its own map (two libclang-cpp-15 into one libLLVM-15; two libLLVM-15).
-            copies = (
-                one.linkage.exports == earlier.linkage.exports and registry.linkage.exports == owner.linkage.exports
-            )
+            copies = one.linkage.same_exports(earlier.linkage) and registry.linkage.same_exports(owner.linkage)
             # Measured (differential sweep, 40 libraries): copies always abort (26 of 26); where two
             # builds share one option map (code of one, objects or options of another), a SIGSEGV
             # often comes first (228 of 472 such predicted aborts; 6 hung).
