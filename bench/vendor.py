@@ -21,7 +21,8 @@ interpreter start and peak RSS from ``wait4`` (rss_exec.c):
   seconds: no interpreter start) and against objcopy + split + ``clang-offload-bundler-19 --list``;
 * ``scan --targets`` on the plugin against the same floor;
 * both commands on the onnxruntime provider;
-* ``check gfx942 gfx950`` over each site-packages.
+* ``check gfx942 gfx950`` over each site-packages;
+* ``rocm-audit --help`` (start-up).
 
 Each rocm-audit figure is also taken with ``ROCM_AUDIT_NO_ZSTD_INDEX=1`` ("current, streamed"): the
 same code with every CCOB streamed through libzstd, as without the zstd frame index.
@@ -200,8 +201,10 @@ def unpack(wheels: list[Path], site: Path, log) -> int:
     return sum(f.stat().st_size for f in site.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-def baseline_command(rev: str, work: Path) -> list[str]:
-    """rocm-audit as of git revision ``rev``: its sources unpacked under the work dir."""
+def baseline_command(rev: str, work: Path) -> tuple[list[str], str]:
+    """rocm-audit as of git revision ``rev``: its sources unpacked under the work dir, and a note on
+    its compiled zstd frame index (``git archive`` has sources only: the current build's extension
+    is copied in when ``rev``'s C sources are the same, else the baseline runs without it)."""
     where = work / f"baseline-{rev}"
     if not (where / "src" / "rocm_audit").exists():
         where.mkdir(parents=True, exist_ok=True)
@@ -209,13 +212,28 @@ def baseline_command(rev: str, work: Path) -> list[str]:
             ["git", "-C", str(HERE.parent), "archive", rev, "src"], capture_output=True, check=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
-    return [
+    formats = Path("src/rocm_audit/formats")
+    sources = [formats / "_zstdindex.c", formats / "_zstdindex_core.h"]
+    built = sorted((HERE.parent / formats).glob("_zstdindex.*.so"))
+    if not (where / sources[0]).exists():
+        note = f"baseline {rev} has no zstd frame index (every CCOB streamed)"
+    elif built and all(
+        (HERE.parent / one).exists() and (HERE.parent / one).read_bytes() == (where / one).read_bytes()
+        for one in sources
+    ):
+        for extension in built:
+            shutil.copy2(extension, where / formats / extension.name)
+        note = f"baseline {rev} runs with the current build of its (unchanged) zstd frame index"
+    else:
+        note = f"baseline {rev}: its zstd frame index is not built here, so every CCOB is streamed"
+    command = [
         "env",
         f"PYTHONPATH={where / 'src'}",
         sys.executable,
         "-c",
         "import sys; from rocm_audit.cli.app import entry; sys.argv[0] = 'rocm-audit'; entry()",
     ]
+    return command, note
 
 
 def floor_seconds(library: Path) -> float:
@@ -240,7 +258,8 @@ def bench_vendor(args, ra: list[str], work: Path, log, timed) -> dict:
     # The same code reading every CCOB by streaming (no zstd index): the index's share of a figure.
     commands["current, streamed"] = ["env", "ROCM_AUDIT_NO_ZSTD_INDEX=1", *ra]
     if args.baseline:
-        commands[f"baseline {args.baseline}"] = baseline_command(args.baseline, work)
+        commands[f"baseline {args.baseline}"], baseline_note = baseline_command(args.baseline, work)
+        notes.append(baseline_note)
     out = work / "out"
     out.mkdir(parents=True, exist_ok=True)
     figures = {
@@ -251,6 +270,7 @@ def bench_vendor(args, ra: list[str], work: Path, log, timed) -> dict:
         "provider scan --targets": ["scan", "--targets", "-q", "-p", str(provider)],
         "site check gfx942 gfx950": ["check", "gfx942", "gfx950", "-q", "-p", str(site)],
         "LLVM site check gfx942 gfx950": ["check", "gfx942", "gfx950", "-q", "-p", str(llvm_site)],
+        "--help": ["--help"],  # start-up: at most 0.1 s (issue 36)
     }
     series: dict[str, dict[str, list]] = {f"{who}: {fig}": [] for who in commands for fig in figures}
     series["zstd floor (plugin)"] = []
@@ -259,8 +279,10 @@ def bench_vendor(args, ra: list[str], work: Path, log, timed) -> dict:
     from codeobj import user_route_script
 
     subprocess.run(["cat", str(plugin), str(provider)], stdout=subprocess.DEVNULL, check=True)  # warm cache
+    loads = []
     for run in range(args.runs):
-        log(f"vendor run {run + 1}/{args.runs} (load {os.getloadavg()[0]:.2f})")
+        loads.append(f"{os.getloadavg()[0]:.2f}")
+        log(f"vendor run {run + 1}/{args.runs} (load {loads[-1]})")
         for who, command in commands.items():
             for fig, argv in figures.items():
                 sample = timed([*command, *argv], stdout=out / "vendor.txt")
@@ -287,7 +309,7 @@ def bench_vendor(args, ra: list[str], work: Path, log, timed) -> dict:
         "llvm_site_bytes": llvm_site_bytes,
         "llvm_wheels": [w.name for w in llvm_wheels if w not in wheels],
         "llvm_left_out": [w.name for w in wheels if w not in llvm_wheels],
-        "notes": notes,
+        "notes": [*notes, f"1-minute load average at the start of each run: {', '.join(loads)}"],
         "figures": summary,
         "floor_note": "zstd floor: in-process seconds, one decompression context, no interpreter start",
     }
