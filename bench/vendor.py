@@ -10,7 +10,7 @@ Inputs, pinned by sha256 and fetched with ``pip download --no-deps`` into the be
   cupy-rocm-7-0, pytorch-triton-rocm, rocm-llvm-python, pyg-lib-rocm, mojolearn-amd, jax-rocm7-plugin).
 
 * a second site-packages, "the LLVM site" (issue 36's memory figure): the same wheels with triton
-  3.8.0 and llvmlite 0.50.0 in place of pytorch-triton-rocm 2.1.0 (11 wheels, 3.5 GB;
+  3.8.0 and llvmlite 0.50.0 in place of pytorch-triton-rocm 2.1.0 (11 wheels, 3.97 GB unpacked;
   libtriton.so and libllvmlite.so carry whole LLVMs with huge symbol and relocation tables).
 
 Figures, each the median of ``--runs`` interleaved runs with a warm page cache, wall time including
