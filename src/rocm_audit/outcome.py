@@ -4,9 +4,12 @@ output/ turn it into text, JSON, SARIF, JUnit or GitHub annotations."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rocm_audit.findings import Finding, Severity
-from rocm_audit.report_types import Sections
+
+if TYPE_CHECKING:  # building the TypedDicts costs 25 ms of every `--help`
+    from rocm_audit.report_types import Sections
 
 
 @dataclass(slots=True)
@@ -14,7 +17,7 @@ class CommandOutcome:
     command: str
     findings: list[Finding]
     inputs: list[str] = field(default_factory=list)
-    sections: Sections = field(default_factory=lambda: Sections())
+    sections: Sections = field(default_factory=dict)  # type: ignore[assignment]
     # Set by commands whose own contract decides failure (dedup --check: "anything would change").
     force_failure: bool = False
     # False for a preview (dedup --dry-run): it reports what is wrong, and exits 0 whatever it found.
