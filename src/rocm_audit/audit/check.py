@@ -23,6 +23,7 @@ from rocm_audit.tree.loader import HostView, LoaderModel
 
 if TYPE_CHECKING:
     from rocm_audit.gpu.verify import TargetCandidate, TargetChoice
+    from rocm_audit.postbuild.symbols import PythonHost
     from rocm_audit.tree.targets import TargetSelection
 
 
@@ -85,6 +86,8 @@ def read_facts(
             readers += [role_facts_of, linkage_facts_of]
         if "post-build" not in skip and record.kind in host_kinds:
             readers.append(_versions_if_needed)
+        if "post-build" not in skip and record.kind is FileKind.SHARED_LIBRARY:
+            readers.append(_references)
         if not readers:
             continue
         with inventory.facts.holding(record):
@@ -99,6 +102,12 @@ def _versions_if_needed(inventory: Inventory, record: FileRecord) -> object:
     from rocm_audit.postbuild.checks import versions_of
 
     return versions_of(inventory, record) if inventory.dynamic(record).needed else None
+
+
+def _references(inventory: Inventory, record: FileRecord) -> object:
+    from rocm_audit.postbuild.symbols import read_references
+
+    return inventory.facts.get(record, "references", read_references)
 
 
 @dataclass(slots=True)
@@ -268,10 +277,33 @@ def _post_build_step(inventory: Inventory, audit: _Audit, options: CheckOptions,
     progress.phase("post-build checks: symbol versions and DT_NEEDED")
     host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys(), unextracted=options.unextracted)
     loader = LoaderModel(sysroot=options.sysroot, host=host)
-    audit.findings.extend(post_build_findings(inventory, loader))
+    post_build = post_build_findings(inventory, loader)
+    audit.findings.extend(post_build)
+    progress.phase("post-build checks: symbols in the load scope")
+    from rocm_audit.postbuild.symbols import symbol_findings
+
+    not_importable = frozenset(f.path for f in post_build if f.rule == "POST003")
+    audit.findings.extend(symbol_findings(inventory, loader, _load_host(inventory, options), not_importable))
     progress.phase("post-build checks: two builds of one library")
     audit.findings.extend(two_builds_findings(inventory, loader))
     audit.ran.append("post-build")
+
+
+def _load_host(inventory: Inventory, options: CheckOptions) -> PythonHost | None:
+    """The interpreter every audited library is loaded into: an image's own, read from its files
+    (never run); else --python or the owner of the audited directories, asked once."""
+    from rocm_audit.postbuild.symbols import host_of_image, host_of_interpreter
+    from rocm_audit.tree.discovery import ChosenBy, interpreter_for
+
+    directories = [r.path for r in inventory.roots]
+    if options.sysroot not in ("", "/"):
+        return host_of_image(options.sysroot, directories)
+    interpreter = interpreter_for(options.python, directories)
+    if not interpreter.running:
+        return None
+    judged = interpreter.chosen_by is not ChosenBy.OWN
+    described = f"Python {'.'.join(interpreter.version.split('.')[:2])} ({interpreter.executable})"
+    return host_of_interpreter(interpreter.running, interpreter.version, interpreter.libpython, judged, described)
 
 
 def _prune_step(

@@ -82,6 +82,7 @@ if site.ENABLE_USER_SITE and sys.prefix == getattr(sys, "base_prefix", sys.prefi
     dirs.append(site.getusersitepackages())
 version = ".".join(str(part) for part in sys.version_info[:3])
 answer = {"executable": sys.executable, "prefix": sys.prefix, "version": version, "site_dirs": dirs}
+answer["libpython"] = [sysconfig.get_config_var(key) or "" for key in ("LIBDIR", "INSTSONAME", "Py_ENABLE_SHARED")]
 print("rocm-audit-interpreter " + json.dumps(answer))
 """
 _ANSWER_MARKER = "rocm-audit-interpreter "
@@ -111,6 +112,10 @@ class Interpreter:
     site_dirs: tuple[str, ...]  # existing, resolved
     chosen_by: ChosenBy = ChosenBy.OPTION
     reason: str = ""  # for people: why this one
+    # The file its process runs (sys.executable) and its shared libpython (LIBDIR/INSTSONAME when
+    # Py_ENABLE_SHARED), "" when it has none: the first objects of every load scope.
+    running: str = ""
+    libpython: str = ""
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -179,6 +184,7 @@ def _inspect(executable: str, python: str, option: str, timeout_s: float) -> Int
         raise UsageError(f"{option} {python}: it did not run ({said})")
     dirs: object = None
     version: object = None
+    running, libpython = "", ""
     if answer is not None and done.returncode == 0:
         try:
             reported = json.loads(answer[len(_ANSWER_MARKER) :])
@@ -186,6 +192,7 @@ def _inspect(executable: str, python: str, option: str, timeout_s: float) -> Int
             reported = None
         if isinstance(reported, dict):
             dirs, version = reported.get("site_dirs"), reported.get("version")
+            running, libpython = _running_files(reported)
     if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs) or not isinstance(version, str):
         if "Traceback (most recent call last)" in done.stderr:
             last = _first_line(done.stderr.strip().splitlines()[-1])
@@ -194,7 +201,19 @@ def _inspect(executable: str, python: str, option: str, timeout_s: float) -> Int
             f"{option} {python}: not a Python interpreter "
             f"(it exited {done.returncode} without reporting a Python version)"
         )
-    return Interpreter(executable, version, tuple(_existing(dirs)))
+    return Interpreter(executable, version, tuple(_existing(dirs)), running=running, libpython=libpython)
+
+
+def _running_files(reported: dict[str, object]) -> tuple[str, str]:
+    """(sys.executable, its shared libpython or "") as the interpreter reported them."""
+    running = reported.get("executable")
+    parts = reported.get("libpython")
+    libpython = ""
+    if isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, (str, int)) for p in parts):
+        libdir, soname, shared = parts
+        if shared and libdir and soname:
+            libpython = os.path.join(str(libdir), str(soname))
+    return (running if isinstance(running, str) else ""), libpython
 
 
 def site_packages_of(python: str, timeout_s: float = 60.0) -> list[str]:
@@ -244,7 +263,11 @@ def _can_probe(interpreter: Interpreter) -> bool:
 def own_interpreter(reason: str) -> Interpreter:
     """rocm-audit's own interpreter (sys.executable)."""
     version = ".".join(str(part) for part in sys.version_info[:3])
-    return Interpreter(sys.executable, version, tuple(default_site_packages()), ChosenBy.OWN, reason)
+    parts = [sysconfig.get_config_var(key) or "" for key in ("LIBDIR", "INSTSONAME", "Py_ENABLE_SHARED")]
+    running, libpython = _running_files({"executable": sys.executable, "libpython": parts})
+    return Interpreter(
+        sys.executable, version, tuple(default_site_packages()), ChosenBy.OWN, reason, running, libpython
+    )
 
 
 def interpreter_for(python: str | None, directories: Sequence[str]) -> Interpreter:
