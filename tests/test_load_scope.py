@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rocm_audit.audit.check import CheckOptions, run_check
-from rocm_audit.postbuild.symbols import Resolver, host_of_interpreter
+from rocm_audit.postbuild.symbols import Resolver, host_of_interpreter, symbol_findings
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileKind, build_inventory
 from rocm_audit.tree.loader import HostView, LoaderModel
@@ -197,3 +197,118 @@ def test_static_verdicts_agree_with_real_loads(tree: Path) -> None:
     assert not figures.false_errors and not figures.unreported and not figures.other_reason, figures
     # The mismatches really fail (and the underlinked library alone), the rest really loads.
     assert figures.fails == 5 and figures.loads == 7, figures.line()
+
+
+# The real vendor wheels of the first-contact journey (tests/test_first_contact.py pins them).
+VENDOR_WHEELS = [
+    (
+        "jax-rocm7-plugin==0.12.0",
+        "jax_rocm7_plugin-0.12.0-cp312-cp312-manylinux_2_27_x86_64.whl",
+        "56ea9cb8b20b2155307da1c7f81941d6811954d8ce3431ffe8d56aa251b725de",
+    ),
+    (
+        "jax-rocm7-pjrt==0.12.0",
+        "jax_rocm7_pjrt-0.12.0-py3-none-manylinux_2_27_x86_64.whl",
+        "4551d0714523355f2946ca1958c3f584e95661e467a641d36b726f718a1c7934",
+    ),
+    (
+        "cupy-rocm-7-0==14.2.0",
+        "cupy_rocm_7_0-14.2.0-cp312-cp312-manylinux2014_x86_64.whl",
+        "4912fcd48491adc332ebc7ed6f1d7487545ee2b9cf6fcc906b7827dbe182fe7f",
+    ),
+    (
+        "onnxruntime-rocm==1.22.2.post3",
+        "onnxruntime_rocm-1.22.2.post3-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "ccd3b2dba26fe73687f3a29d10fcc154c73b23d5b9ecc938b8c045471743fe52",
+    ),
+    (
+        "triton==3.9.0",
+        "triton-3.9.0-cp312-abi3-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "5e52ab4e2f1d64f0ac494c9aa723697b793f81a91c4cae4c36608ca0bc4267bf",
+    ),
+    (
+        "bitsandbytes==0.50.2",
+        "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl",
+        "55348a9a4a21bfd99cf8c7b32fe67b4030ae5c2a05738e03c1747f65fa6ec283",
+    ),
+]
+PIP_TARGET = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none"]
+PIP_TARGET += ["--platform", "manylinux_2_34_x86_64", "--platform", "manylinux_2_28_x86_64"]
+PIP_TARGET += ["--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_24_x86_64"]
+PIP_TARGET += ["--platform", "manylinux2014_x86_64"]
+# The subset stand-in: the HIP runtime without one function every HIP consumer calls.
+DROPPED = ("libamdhip64.so.7", "hipGetDeviceCount")
+
+
+def host_of(python: str) -> tuple[str, str]:
+    """(sys.executable, its shared libpython or "") of another interpreter."""
+    done = subprocess.run(
+        [
+            python,
+            "-c",
+            "import os, sys, sysconfig as s; v = s.get_config_var; print(sys.executable); "
+            "print(os.path.join(v('LIBDIR'), v('INSTSONAME')) if v('Py_ENABLE_SHARED') else '')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    executable, libpython = done.stdout.splitlines()
+    return executable, libpython
+
+
+@pytest.mark.slow
+def test_vendor_wheels_with_generated_standins(tmp_path: Path, cache_dir: str) -> None:
+    """Every ELF of six real vendor wheels (3.12 site), their absent ROCm/CUDA/oneAPI libraries
+    replaced by stand-ins generated from what they import, one stand-in missing one function:
+    the static verdict against a real RTLD_NOW load under Python 3.12."""
+    from support.standins import build_standin, plan_standins
+    from support.vendor import install_members, pinned_wheel
+
+    python = find_python("3.12")
+    if python is None:
+        pytest.skip("no Python 3.12 on this machine: the wheels are built for it")
+    site = tmp_path / "lib" / "python3.12" / "site-packages"
+    for spec, name, digest in VENDOR_WHEELS:
+        install_members(pinned_wheel(cache_dir, spec, name, digest, PIP_TARGET), site)
+    executable, libpython = host_of(python)
+    host = host_of_interpreter(executable, "3.12", libpython, True, "Python 3.12")
+    inventory = build_inventory(resolve_roots([str(site)])[0])
+    paths = sorted(r.path for r in inventory.by_kind(FileKind.SHARED_LIBRARY))
+
+    identities = {r.path: r.identity for r in inventory.files}
+    bare = Resolver(LoaderModel(host=HostView("/", known_elf_keys=inventory.elf_keys())), host, inventory)
+    bare.prepare(paths)
+    consumers = []
+    for path in paths:
+        scope = bare.scope(path)
+        missing = [name for requester, name in scope.missing if requester == path]
+        own = bare.references(path, identities[path]) or ()
+        unbound = {ref.name for ref in bare.unbound(own, scope)}
+        consumers.append((path, missing, {ref.name for ref in own} - unbound))
+    plans = plan_standins(consumers)
+    assert DROPPED[0] in plans and DROPPED[1] in plans[DROPPED[0]].symbols
+    # ... and an older build: the first stand-in whose consumers ask for versioned symbols lacks
+    # the first of them (its version node stays defined).
+    drops = {DROPPED[0]: [DROPPED[1]]}
+    versioned = sorted((soname, name) for soname, plan in plans.items() for name, (_k, v) in plan.symbols.items() if v)
+    assert versioned, "no consumer asks a missing library for a versioned symbol"
+    drops.setdefault(versioned[0][0], []).append(versioned[0][1])
+    standins = tmp_path / "standins"
+    for soname, plan in plans.items():
+        build_standin(standins, plan, drop=drops.get(soname, []))
+
+    loader = LoaderModel(ld_library_path=(str(standins),), host=HostView("/", known_elf_keys=inventory.elf_keys()))
+    resolver = Resolver(loader, host, inventory)
+    figures = compare(resolver, executable, paths, library_path=str(standins))
+    print(figures.line(), sorted(figures.failing.items()))
+    assert not figures.false_errors, figures.false_errors
+    assert len(figures.unreported) + len(figures.other_reason) <= figures.fails // 100, figures
+    # The stand-ins really take the loads to symbol resolution: the dropped function fails some.
+    # The findings people read: one POST006 per library that really fails, naming what it lacks.
+    reported = {f.path: f for f in symbol_findings(inventory, loader, host) if f.rule == "POST006"}
+    assert sorted(reported) == sorted(figures.failing), sorted(reported)
+    assert all(DROPPED[1] in f.data["missing"] or versioned[0][1] in f.data["missing"] for f in reported.values())
+    named = set(figures.failing.values())
+    assert DROPPED[1] in named and versioned[0][1] in named, figures.failing

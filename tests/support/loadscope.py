@@ -47,7 +47,7 @@ class RealLoad:
         return None
 
 
-def real_load(interpreter: str, path: str, preloads: Sequence[str] = ()) -> RealLoad:
+def real_load(interpreter: str, path: str, preloads: Sequence[str] = (), library_path: str | None = None) -> RealLoad:
     done = subprocess.run(
         [interpreter, "-c", _CHILD, path, *preloads],
         capture_output=True,
@@ -55,18 +55,23 @@ def real_load(interpreter: str, path: str, preloads: Sequence[str] = ()) -> Real
         errors="replace",
         timeout=LOAD_TIMEOUT_S,
         cwd="/",
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
+        | ({"LD_LIBRARY_PATH": library_path} if library_path else {}),
         check=False,
     )
     line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else f"exit {done.returncode}"
     return RealLoad(path, line == "LOADS", line.removeprefix("FAIL "))
 
 
-def real_loads(interpreter: str, paths: Sequence[str], preloads: Sequence[str] = ()) -> dict[str, RealLoad]:
+def real_loads(
+    interpreter: str, paths: Sequence[str], preloads: Sequence[str] = (), library_path: str | None = None
+) -> dict[str, RealLoad]:
     """Every path loaded alone in its own child, two children at a time."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         bounded = list(paths[:MAX_LOADS])
-        return dict(zip(bounded, pool.map(lambda p: real_load(interpreter, p, preloads), bounded), strict=True))
+        return dict(
+            zip(bounded, pool.map(lambda p: real_load(interpreter, p, preloads, library_path), bounded), strict=True)
+        )
 
 
 @dataclass(slots=True)
@@ -78,6 +83,7 @@ class Figures:
     false_errors: list[str] = field(default_factory=list)  # static says fails, real loads
     unreported: list[str] = field(default_factory=list)  # static says loads, real fails
     other_reason: list[str] = field(default_factory=list)  # both fail, naming different things
+    failing: dict[str, str] = field(default_factory=dict)  # path -> what the real load named
 
     def line(self) -> str:
         return (
@@ -91,16 +97,25 @@ def static_names(verdict: Verdict) -> set[str]:
     return set(verdict.missing_libraries) | {ref.name for _path, ref in verdict.missing_symbols}
 
 
-def compare(resolver: Resolver, interpreter: str, paths: Sequence[str], preloads: Sequence[str] = ()) -> Figures:
-    """Static verdict of each path against its real load."""
+def compare(
+    resolver: Resolver,
+    interpreter: str,
+    paths: Sequence[str],
+    preloads: Sequence[str] = (),
+    library_path: str | None = None,
+) -> Figures:
+    """Static verdict of each path against its real load (``library_path``: LD_LIBRARY_PATH of
+    the child, which the resolver's loader model must hold too)."""
     resolver.prepare(paths)
-    real = real_loads(interpreter, list(paths), preloads)
+    real = real_loads(interpreter, list(paths), preloads, library_path)
     figures = Figures()
     for path in paths[:MAX_LOADS]:
         verdict, load = resolver.verdict(path), real[path]
         figures.elfs += 1
         figures.loads += load.loads
         figures.fails += not load.loads
+        if not load.loads:
+            figures.failing[path] = load.named or load.message
         if verdict.loads and load.loads:
             figures.agree += 1
         elif load.loads:

@@ -16,10 +16,12 @@ How glibc binds a symbol (elf/dl-lookup.c ``do_lookup_x`` and ``check_match``):
   index, or to the only default (non-hidden) versioned definition of the name in that object.
 * An undefined weak reference that nothing defines is bound to 0 and the load goes on.
 
-Python loads every extension module and every ctypes library with RTLD_NOW (CPython
-Python/dynload_shlib.c ``_PyImport_FindSharedFuncptr`` opens with ``_PyImport_GetDLOpenFlags``,
-whose default is RTLD_NOW, Python/import.c; Modules/_ctypes/callproc.c ``py_dl_open`` defaults
-its mode to RTLD_NOW), so every undefined non-weak symbol of such a file, and of the libraries it
+Python loads every extension module and every ctypes library with RTLD_NOW. Imports: CPython
+Python/dynload_shlib.c ``_PyImport_FindSharedFuncptr`` calls ``dlopen(pathname, dlopenflags)``
+with ``_PyImport_GetDLOpenFlags``, which Python/pystate.c sets to RTLD_NOW for every interpreter
+(``sys.setdlopenflags`` can change it; nothing in a wheel does). ctypes: Modules/_ctypes/callproc.c
+``py_dl_open`` starts from ``RTLD_NOW | RTLD_LOCAL`` and adds RTLD_NOW to whatever mode it is
+given. So every undefined non-weak symbol of such a file, and of the libraries it
 maps, that no object of its scope defines stops the load with "undefined symbol". Lazy binding
 (function calls bound at first call under RTLD_LAZY) only matters for executables and for
 programs other than Python that dlopen lazily; this check judges shared libraries as Python loads
