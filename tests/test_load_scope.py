@@ -312,3 +312,32 @@ def test_vendor_wheels_with_generated_standins(tmp_path: Path, cache_dir: str) -
     assert all(DROPPED[1] in f.data["missing"] or versioned[0][1] in f.data["missing"] for f in reported.values())
     named = set(figures.failing.values())
     assert DROPPED[1] in named and versioned[0][1] in named, figures.failing
+
+
+def test_image_interpreter_read_from_its_files(tree: Path, tmp_path: Path) -> None:
+    """An unpacked Debian-shaped root: /usr/bin/python3.11 (statically linked: its own exported
+    symbols are the Python API) is read, never run (it is not even executable here); the abi3
+    module from the 3.12 headers is named against Python 3.11 of the image."""
+    interpreter = Path("/usr/bin/python3.11")
+    if not interpreter.is_file():
+        pytest.skip("no Debian python3.11 to lay into the root")
+    root = tmp_path / "root"
+    (root / "usr" / "bin").mkdir(parents=True)
+    copied = root / "usr" / "bin" / "python3.11"
+    copied.write_bytes(interpreter.read_bytes())
+    copied.chmod(0o644)
+    libs = root / "lib" / "x86_64-linux-gnu"
+    libs.mkdir(parents=True)
+    for name in ("libc.so.6", "libm.so.6", "libz.so.1", "libexpat.so.1", "ld-linux-x86-64.so.2"):
+        (libs / name).write_bytes(Path("/lib/x86_64-linux-gnu", name).read_bytes())
+    site = root / "usr" / "lib" / "python3" / "dist-packages"
+    site.mkdir(parents=True)
+    for module in ("_typed.abi3.so", "_fine" + sysconfig.get_config_var("EXT_SUFFIX")):
+        (site / module).write_bytes((tree / "pkg" / module).read_bytes())
+    outcome = run_check(
+        [str(site)], CheckOptions(sysroot=str(root), skip=frozenset({"dedup", "verify-arch", "llvm", "prune"}))
+    )
+    found = [(f.rule, os.path.basename(f.path), f.data.get("interpreter")) for f in outcome.findings]
+    assert found == [("POST007", "_typed.abi3.so", "3.11")], found
+    (finding,) = outcome.findings
+    assert "Python 3.11 of the image (/usr/bin/python3.11)" in finding.detail

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -43,6 +44,10 @@ LOADER_PREFIXES = (
     "/usr/local/lib64/",
     "/etc/ld.so.conf",
 )
+
+# The image's Python interpreter (<prefix>/bin/python3.X): the first object of every load its
+# extension modules make (postbuild/symbols.py reads its exported symbols, never runs it).
+INTERPRETER = re.compile(r"/bin/python3(?:\.\d+)?$")
 
 
 @dataclass(slots=True)
@@ -82,7 +87,11 @@ def wanted(full: bool) -> Callable[[str], bool]:
         return lambda path: True
 
     def keep(path: str) -> bool:
-        return path.startswith(LOADER_PREFIXES) or any(f"/{name}/" in path for name in PACKAGE_DIRS)
+        return (
+            path.startswith(LOADER_PREFIXES)
+            or any(f"/{name}/" in path for name in PACKAGE_DIRS)
+            or INTERPRETER.search(path) is not None
+        )
 
     return keep
 

@@ -402,27 +402,34 @@ def host_of_interpreter(executable: str, version: str, libpython: str, judged: b
     return PythonHost(os.path.realpath(executable), major_minor, libpython or None, judged=judged, described=described)
 
 
-_IMAGE_SITE = re.compile(r"^(?P<prefix>.*)/lib(?:64)?/python(?P<version>3\.\d+)t?/(?:site|dist)-packages$")
+_IMAGE_SITE = re.compile(r"^(?P<prefix>.*)/lib(?:64)?/python(?P<version>3(?:\.\d+)?)t?/(?:site|dist)-packages$")
+_VERSIONED_PYTHON = re.compile(r"^python(3\.\d+)$")
 
 
 def host_of_image(sysroot: str, package_dirs: Sequence[str]) -> PythonHost | None:
-    """The interpreter of an unpacked image, read from its files and never run: the version from
-    the ``lib/pythonX.Y/site-packages`` the audited packages sit in, the executable from
-    ``<prefix>/bin/pythonX.Y`` and libpython from ``libpythonX.Y.so.1.0`` in the prefix's lib
-    or the loader's default directories. None when the image holds no interpreter there."""
+    """The interpreter of an unpacked image, read from its files and never run: its version from
+    ``<prefix>/lib/pythonX.Y/site-packages`` (Debian's ``lib/python3/dist-packages``: from the
+    ``pythonX.Y`` file in ``<prefix>/bin``), the executable ``<prefix>/bin/pythonX.Y``, and
+    ``libpythonX.Y.so.1.0`` from the prefix's lib or the default directories when there is one.
+    None when the image holds no interpreter there."""
     for directory in package_dirs:
         matched = _IMAGE_SITE.match(directory.rstrip("/"))
         if matched is None:
             continue
         prefix, version = matched.group("prefix"), matched.group("version")
-        executable = next(
-            (
-                one
-                for one in (f"{prefix}/bin/python{version}", f"{prefix}/bin/python3")
-                if os.path.isfile(one) and not os.path.islink(one)
-            ),
-            None,
-        )
+        if version == "3":
+            try:
+                named = sorted(
+                    found.group(1) for one in os.listdir(f"{prefix}/bin") if (found := _VERSIONED_PYTHON.match(one))
+                )
+            except OSError:
+                named = []
+            if not named:
+                continue
+            version = named[-1]
+        executable = f"{prefix}/bin/python{version}"
+        if os.path.islink(executable) or not os.path.isfile(executable):
+            executable = ""
         library = next(
             (
                 one
@@ -435,14 +442,11 @@ def host_of_image(sysroot: str, package_dirs: Sequence[str]) -> PythonHost | Non
             ),
             None,
         )
-        if executable is None and library is None:
+        if not executable and library is None:
             continue
+        first = executable or library or ""
         return PythonHost(
-            executable or library or "",
-            version,
-            library,
-            judged=True,
-            described=f"Python {version} of the image ({_inside(executable or library or '', sysroot)})",
+            first, version, library, judged=True, described=f"Python {version} of the image ({_inside(first, sysroot)})"
         )
     return None
 
