@@ -24,7 +24,7 @@ from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileKind, build_inventory
 from rocm_audit.tree.loader import HostView, LoaderModel
 from support.interpreters import find_python
-from support.loadscope import compare
+from support.postbuild.loadscope import compare
 
 SITE = "lib/python3.11/site-packages"
 
@@ -263,7 +263,7 @@ def test_vendor_wheels_with_generated_standins(tmp_path: Path, cache_dir: str) -
     """Every ELF of six real vendor wheels (3.12 site), their absent ROCm/CUDA/oneAPI libraries
     replaced by stand-ins generated from what they import, one stand-in missing one function:
     the static verdict against a real RTLD_NOW load under Python 3.12."""
-    from support.standins import build_standin, plan_standins
+    from support.postbuild.standins import build_standin, plan_standins
     from support.vendor import install_members, pinned_wheel
 
     python = find_python("3.12")
