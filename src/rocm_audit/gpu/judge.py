@@ -26,6 +26,8 @@ from rocm_audit.tree.targets import (
 
 
 def _entry_match(obj: CodeObject, agent: TargetId) -> MatchKind | None:
+    """How one entry serves ``agent`` by what its ELF header or file name says (tree/targets.py's
+    ``match_code_object``, the rule prune's ``serves_kept`` asks too)."""
     if obj.target is None:
         return None
     if obj.target_source == "e_flags" and obj.code_object_version is None:
@@ -59,14 +61,25 @@ def _unmatched_id(entry_id: str) -> bool:
 
 
 def tu_match(objects: list[CodeObject], agent: TargetId) -> MatchKind | None:
-    """How one translation unit serves ``agent``, as the runtime decides: it selects an entry by
-    the target its id names (``choose_entry``); the loader then takes it only if the code object's
-    own ELF header, when read, agrees (features, code-object version of generic entries). Entries
-    whose id names no target (raw ELFs, database files) count by what their header or name says;
-    an entry comgr's lookup never selects (a 3-field bundle id) does not count at all."""
+    """How one translation unit serves ``agent``, as the runtime decides (``selected_entries``):
+    the best kind among the entries it would load."""
+    return best_match([kind for _, kind in selected_entries(objects, agent)])
+
+
+def selected_entries(objects: list[CodeObject], agent: TargetId) -> list[tuple[CodeObject, MatchKind]]:
+    """The entries of one translation unit the runtime would load on ``agent``, and how: it
+    selects an entry by the target its id names (``choose_entry``); the loader then takes it only
+    if the code object's own ELF header, when read, agrees (features, code-object version of
+    generic entries). Entries whose id names no target (raw ELFs, database files) count by what
+    their header or name says; an entry comgr's lookup never selects (a 3-field bundle id) does not
+    count at all. prune keeps every entry this selects for any device a kept target names
+    (tests/prune/test_prune_target_rule.py)."""
     objects = [obj for obj in objects if not unselectable(obj)]
     named = [named_target(obj) for obj in objects]
-    kinds = [_entry_match(obj, agent) for obj, name in zip(objects, named, strict=True) if name is None]
+    found: list[tuple[CodeObject, MatchKind]] = []
+    for obj, name in zip(objects, named, strict=True):
+        if name is None and (kind := _entry_match(obj, agent)) is not None:
+            found.append((obj, kind))
     # CLR asks kpack for the device's own name and its generic only (hip_fatbin.cpp
     # ExtractKpackBinary): a SPIR-V kernel in an archive is never looked up.
     from_kpack = [obj.container == "kpack" for obj in objects]
@@ -76,8 +89,8 @@ def tu_match(objects: list[CodeObject], agent: TargetId) -> MatchKind | None:
         index, kind = chosen
         obj = objects[index]
         if obj.target_source != "e_flags" or _entry_match(obj, agent) is not None:
-            kinds.append(kind)
-    return best_match(kinds)
+            found.append((obj, kind))
+    return found
 
 
 def judge_all(carriers: list[Carrier], required: list[RequiredTarget]) -> list[Finding]:
