@@ -82,6 +82,8 @@ def device_record(
     facts: CodeObjectFacts | None,
     listed_source: str,
 ) -> CodeObject:
+    """One entry as listed: the target its container names (``listed_source``), replaced by the
+    ELF header's when ``facts`` were read, with the header's versions and kernel count."""
     target, source = bundle_target, (listed_source if bundle_target else "none")
     cov = generic = None
     metadata_target = None
@@ -169,6 +171,8 @@ def _features_agree(named: TargetId, header_target: str) -> bool:
 
 
 def malformed(result: FileCodeObjects, exc: FormatError, what: str) -> None:
+    """Record ARCH004 for ``what`` (a place such as ``.hip_fatbin+0x1000 entry 2``), naming the
+    format, the reason and the file offset the parser gave."""
     result.findings.append(
         make_finding(
             "ARCH004",
