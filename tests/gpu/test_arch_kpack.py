@@ -267,7 +267,7 @@ def test_an_archive_is_opened_only_for_the_arch_its_name_gives_gfxarch(tmp_path)
 
 
 def test_which_archive_names_a_device_opens_for_which_kernel_arch():
-    from rocm_audit.gpu.codeobjects import _opened_for_its_arch
+    from rocm_audit.gpu.kpack import opened_for_its_arch
 
     opened = [
         ("gfx942", "gfx942:xnack+"),
@@ -284,8 +284,8 @@ def test_which_archive_names_a_device_opens_for_which_kernel_arch():
         ("gfx1250", "gfx1250-strict"),
         ("gfx12-5-generic", "gfx1250-strict"),
     ]
-    assert all(_opened_for_its_arch(*pair) for pair in opened)
-    assert not any(_opened_for_its_arch(*pair) for pair in never)
+    assert all(opened_for_its_arch(*pair) for pair in opened)
+    assert not any(opened_for_its_arch(*pair) for pair in never)
 
 
 def test_through_gfxarch_only_indexed_keys_are_looked_up(tmp_path):

@@ -18,6 +18,7 @@ import pytest
 from rocm_audit.formats import ccob as ccob_format
 from rocm_audit.formats import zstd_index
 from rocm_audit.gpu import verify
+from rocm_audit.gpu.carriers import named_target
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory
 from rocm_audit.tree.targets import choose_entry
@@ -108,7 +109,7 @@ def _judged_objects(carriers, required) -> list[tuple]:
     chosen = []
     for carrier in carriers:
         for number, tu in enumerate(carrier.tus):
-            named = [verify._named_target(obj) for obj in tu]
+            named = [named_target(obj) for obj in tu]
             for target in required:
                 pick = choose_entry(named, target.agent)
                 if pick is not None:
@@ -240,7 +241,7 @@ def test_the_md5_of_a_large_payload_is_not_computed(monkeypatch):
 def test_helpers_that_share_the_bundles_give_the_same_scan(sample_dirs, monkeypatch, lazy):
     """CCOBs of one section are inflated by forked helpers when there is much to inflate; forced
     here for every file with two or more CCOBs, the scan is the same as a sequential one."""
-    from rocm_audit.gpu import codeobjects
+    from rocm_audit.gpu import fatbin
 
     required = [verify.resolve_required(t) for t in ("gfx942", "gfx90a:xnack-")]
     selection = verify.selection_for(required) if lazy else None
@@ -250,9 +251,9 @@ def test_helpers_that_share_the_bundles_give_the_same_scan(sample_dirs, monkeypa
         return verify.scan_inventory(build_inventory(roots), selection)
 
     for root in (sample_dirs["clang"], sample_dirs["vendor"]):
-        monkeypatch.setattr(codeobjects, "PARALLEL_INFLATE_BYTES", 1 << 60)
+        monkeypatch.setattr(fatbin, "PARALLEL_INFLATE_BYTES", 1 << 60)
         alone = scans(root)
-        monkeypatch.setattr(codeobjects, "PARALLEL_INFLATE_BYTES", 0)
+        monkeypatch.setattr(fatbin, "PARALLEL_INFLATE_BYTES", 0)
         shared = scans(root)
         assert shared == alone
         assert any(sum(kind == "ccob" for _, _, kind in s.bundles) > 1 for s in shared)

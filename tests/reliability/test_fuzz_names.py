@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.formats.offload_bundle import parse_entry_id
-from rocm_audit.gpu import verify as archcheck
+from rocm_audit.gpu import scanning
 from rocm_audit.tree import targets
 
 pytestmark = pytest.mark.fuzz  # hypothesis over generated names
@@ -83,10 +83,10 @@ def test_bundle_entry_ids_parse_or_give_a_format_error(text):
 )
 def test_kernel_database_names_give_arch_lists(parts, root):
     path = "/sp/_rocm_sdk_libraries/lib/" + root + "/" + "/".join(p.replace("/", "_") or "x" for p in parts)
-    found = archcheck._database_root(path)
+    found = scanning.database_root(path)
     if found is not None:
         kind, directory, _judged = found
         assert path.startswith(directory)
-        arches = archcheck._database_arches(kind, os.path.relpath(path, directory))
+        arches = scanning.database_arches(kind, os.path.relpath(path, directory))
         assert all(isinstance(a, str) and a.startswith("gfx") for a in arches)
     assert all(t.startswith("gfx") for t in targets.arch_tokens(path))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rocm_audit.errors import FormatError
 
-# ELF64_HEADER_SIZE is re-exported ("as"): gpu/codeobjects reads it from here.
+# ELF64_HEADER_SIZE is re-exported ("as"): elf/codeobject.py reads it from here.
 from rocm_audit.formats.elf_header import ELF64_HEADER_SIZE as ELF64_HEADER_SIZE
 from rocm_audit.formats.elf_header import unpack_header_fields
 

@@ -81,6 +81,8 @@ class Kept:
 
 
 def serves_any(target: str | None, kept: Sequence[Kept], *, cov: int | None = None, gv: int | None = None) -> bool:
+    """Whether some kept target could load code for ``target``: verify-arch's matching rule asked
+    of every device a kept target names, plus prune's deliberate superset (tree/targets.serves_kept)."""
     if target is None:
         return True  # unknown target: never removed
     return any(serves_kept(target, k.pattern, code_object_version=cov, generic_version=gv) is not None for k in kept)

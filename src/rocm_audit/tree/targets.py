@@ -412,7 +412,7 @@ def arch_tokens(text: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# What a kept target could load (prune): the same rules, with unspelled features left open.
+# What a kept target could load (prune): the same rule, asked of every device a kept target names.
 
 # A family name stands for several processors: AOTriton's amd-gfx11xx / amd-gfx110x folders,
 # TheRock's gfx94X / gfx110X families. Each x stands for one character of the processor name.
@@ -438,6 +438,22 @@ def kept_target(spelled: str) -> TargetId:
     return read_user_target(spelled).target
 
 
+def agents_of(kept: TargetId) -> list[TargetId]:
+    """Every device ``kept`` names, as the runtime sees it: a feature ``kept`` sets keeps its
+    setting; one it leaves open takes each setting when the processor has the feature (an
+    ``HSA_XNACK=1`` process, a card with SRAM ECC off), and none when it has not."""
+    settings: dict[str, tuple[bool | None, ...]] = {}
+    for name in FEATURES:
+        given = kept.feature(name)
+        if given is not None:
+            settings[name] = (given,)
+        elif name in supported_features(kept.processor):
+            settings[name] = (False, True)
+        else:
+            settings[name] = (None,)
+    return [TargetId(kept.processor, sramecc, xnack) for sramecc in settings["sramecc"] for xnack in settings["xnack"]]
+
+
 def serves_kept(
     code_target: str,
     kept: TargetId,
@@ -448,34 +464,41 @@ def serves_kept(
     """How code for ``code_target`` (a target id, a generic or SPIR-V name, or a family name)
     could run on some device that ``kept`` names; None when no such device loads it.
 
-    The HIP runtime's order (native, generic, SPIR-V; formats.md 2.9); a feature ``kept`` leaves
-    unspecified matches either value. A name that cannot be parsed counts as serving: what
-    rocm-audit cannot read, it never removes."""
+    verify-arch's rule (``match_code_object``) asked of every device ``agents_of(kept)`` names, so
+    whatever verify-arch selects for any setting of a kept target's open features is kept. On top
+    of it, prune keeps on purpose what it cannot judge:
+    - a family name (TheRock's gfx94X) that covers the kept processor: verify-arch judges no family
+      name (it names no processor), prune never removes what one might be for;
+    - a name that cannot be parsed (what rocm-audit cannot read, it never removes);
+    - a processor this release does not know, whenever its features fit some such device;
+    - a feature the kept processor does not have, left open by ``kept``: not compared (no compiler
+      writes such a name; verify-arch would reject it, prune keeps it)."""
     processor = code_target.split(":")[0]
+    agents = agents_of(kept)
     if is_family_name(processor):
         return MatchKind.NATIVE if family_covers(processor, kept.processor) else None
     code = parse_target_id(code_target)
     if code is None:
         return MatchKind.NATIVE
-    if code.processor == SPIRV_PROCESSOR:
-        return MatchKind.SPIRV
-    for name in FEATURES:
-        wanted, have = code.feature(name), kept.feature(name)
-        if wanted is not None and have is not None and wanted != have:
-            return None
-    if code.processor == kept.processor:
-        return MatchKind.NATIVE
-    if code.processor in GENERIC_PROCESSORS and GENERIC_OF.get(kept.processor) == code.processor:
-        if not generic_name_valid(kept.processor, code.processor):
-            return None
-        if code_object_version is not None and code_object_version < GENERIC_CODE_OBJECT_VERSION:
-            return None
-        if generic_version is not None and generic_version < MIN_GENERIC_VERSION:
-            return None
-        return MatchKind.GENERIC
-    if code.processor not in KNOWN_PROCESSORS and code.processor not in GENERIC_PROCESSORS:
+    absent = {
+        name for name in FEATURES if kept.feature(name) is None and name not in supported_features(kept.processor)
+    }
+    if absent:
+        code = TargetId(
+            code.processor,
+            None if "sramecc" in absent else code.sramecc,
+            None if "xnack" in absent else code.xnack,
+        )
+    kind = best_match(
+        [
+            match_code_object(code, agent, code_object_version=code_object_version, generic_version=generic_version)
+            for agent in agents
+        ]
+    )
+    unknown = code.processor not in KNOWN_PROCESSORS and code.processor not in GENERIC_PROCESSORS
+    if kind is None and unknown and any(features_compatible(code, agent) for agent in agents):
         return MatchKind.NATIVE  # a processor this release does not know: never removed
-    return None
+    return kind
 
 
 # ---------------------------------------------------------------------------------------------
