@@ -213,6 +213,7 @@ class Resolver:
     _references: dict[Identity, tuple[Reference, ...] | None] = field(default_factory=dict)
     _definitions: dict[Identity, Definitions | None] = field(default_factory=dict)
     _records: dict[Identity, FileRecord] = field(default_factory=dict)
+    _records_by_path: dict[str, FileRecord] = field(default_factory=dict)
     _host_objects: list[_Object] | None = None
     _scopes: dict[str, LoadScope] = field(default_factory=dict)
     _wanted: frozenset[str] = frozenset()
@@ -220,6 +221,7 @@ class Resolver:
     def __post_init__(self) -> None:
         if self.inventory is not None:
             self._records = {r.identity: r for r in self.inventory.files}
+            self._records_by_path = {r.path: r for r in self.inventory.files}
 
     # -- facts, each read once per file ------------------------------------------------------------
 
@@ -346,6 +348,13 @@ class Resolver:
         return found[0], False
 
     def _dynamic(self, path: str) -> elfread.DynamicInfo:
+        # An audited file's dynamic section was read by the fact pass: no second open.
+        record = self._records_by_path.get(path)
+        if record is not None and self.inventory is not None:
+            try:
+                return self.inventory.dynamic(record)
+            except (OSError, FormatError):
+                return elfread.EMPTY_DYNAMIC
         return self.loader.dynamic_of(path) or elfread.EMPTY_DYNAMIC
 
     # -- binding -----------------------------------------------------------------------------------
