@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.postbuild.pyloads import MAX_MODULE_BYTES, MAX_MODULES, PythonLoad, loads_in_source
-from rocm_audit.tree.identical import CompareStats, ReadFailure, same_bytes
+from rocm_audit.tree.identical import CompareStats, KnownClasses, ReadFailure, same_bytes
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory
 from rocm_audit.tree.loader import LoaderModel
 from rocm_audit.tree.ownership import Distribution, owners, read_distributions, site_dir_of
@@ -95,19 +95,26 @@ def _candidate_groups(inventory: Inventory) -> dict[str, list[FileRecord]]:
         members = sorted(by_identity.values(), key=lambda r: r.path)
         if len(members) < 2 or all(m.sdk_tree is not None for m in members):
             continue
-        distinct = _distinct_builds(members)
+        distinct = _distinct_builds(members, inventory.identical)
         if len(distinct) >= 2 and not all(m.sdk_tree is not None for m in distinct):
             groups[soname] = distinct
     return groups
 
 
-def _distinct_builds(members: list[FileRecord]) -> list[FileRecord]:
-    """One record per content among these inodes: byte-identical copies are dedup's (DUP rules)."""
+def _distinct_builds(members: list[FileRecord], known: KnownClasses | None = None) -> list[FileRecord]:
+    """One record per content among these inodes: byte-identical copies are dedup's (DUP rules).
+    What this run's byte comparison (dedup's plan) already decided is asked first, not read again."""
     kept: list[FileRecord] = []
     for record in members:
         same = False
         for other in kept:
             if other.size != record.size:
+                continue
+            decided = known.classes_among([other.identity, record.identity]) if known is not None else None
+            if decided is not None:
+                same = bool(decided)
+                if same:
+                    break
                 continue
             try:
                 same = same_bytes(other.path, record.path, record.size, CompareStats())
