@@ -83,7 +83,11 @@ def verify_arch(
     progress.phase(f"judging GPU code against {len(required)} target(s)")
     carriers = build_carriers(scans)
     findings = list(inventory.findings) + scan_findings(scans)
-    findings.extend(judge_all(carriers, required))
+    judged = judge_all(carriers, required)
+    findings.extend(judged)
+    from rocm_audit.gpu.kpack_runtime import inventory_findings
+
+    findings.extend(inventory_findings(inventory, scans, required, judged))
     failing = sum(1 for c in carriers if c.missing)
     outcome = CommandOutcome(
         command="verify-arch",
