@@ -52,6 +52,7 @@ import os
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from email.parser import HeaderParser
 from typing import Protocol
 
 from rocm_audit.elf import read as elfread
@@ -62,7 +63,7 @@ from rocm_audit.formats import hip_fatbin, kpack
 from rocm_audit.formats.amdgpu_elf import FEATURES, supported_features
 from rocm_audit.severity import Severity
 from rocm_audit.tree.inventory import Inventory
-from rocm_audit.tree.smallfile import open_regular
+from rocm_audit.tree.smallfile import open_regular, read_small
 from rocm_audit.tree.targets import GENERIC_OF, RequiredTarget, TargetId, parse_target_id
 
 GFXARCH = "@GFXARCH@"
@@ -560,10 +561,6 @@ def _python_version(site_dir: str) -> str | None:
 
 
 def requires_dist(dist_info: str) -> list[str]:
-    from email.parser import HeaderParser
-
-    from rocm_audit.tree.smallfile import read_small
-
     try:
         text = read_small(os.path.join(dist_info, "METADATA"), _MAX_METADATA, follow_symlinks=False)
     except OSError:
@@ -634,10 +631,6 @@ def device_wheel_findings(installed: Sequence[InstalledDistribution]) -> list[Fi
 
 def installed_distributions(site_dirs: Iterable[str]) -> list[InstalledDistribution]:
     """Name and version of every ``*.dist-info`` in the site directories (METADATA headers only)."""
-    from email.parser import HeaderParser
-
-    from rocm_audit.tree.smallfile import read_small
-
     found: list[InstalledDistribution] = []
     for site_dir in dict.fromkeys(site_dirs):
         try:
