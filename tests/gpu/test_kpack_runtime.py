@@ -225,7 +225,7 @@ def test_rccl_search_path_leading_to_no_archive(tmp_path, code_objects):
     old = kr.RuntimeVersion(kr.Revision.COMMITS, "test")
     (missing,) = findings_for(site, ["gfx942:sramecc+:xnack-"], old)
     assert missing.rule == "KPACK002" and missing.path == str(lib)
-    assert missing.data["devices"] == ["gfx942:sramecc+:xnack-"] and "librccl.so" in missing.message
+    assert missing.data["devices"] == ["gfx942:sramecc+:xnack-"] and "rccl_lib_@GFXARCH@" in missing.message
     # once the device wheel's archive is there, nothing is reported
     write_archive(
         site / "_rocm_sdk_libraries/.kpack/rccl_lib_gfx942.kpack",
@@ -370,8 +370,8 @@ def test_verify_arch_reports_the_shadowing_and_the_empty_archive(tmp_path, code_
     (shadow,) = [f for f in findings if f["rule"] == "KPACK001"]
     assert shadow["path"] == str(lib)
     assert shadow["message"] == (
-        "libtorch_hip.so on gfx90a:xnack-: torch_gfx90a:xnack-.kpack is opened first but lacks 1 kernel(s) "
-        "that torch_gfx90a.kpack holds"
+        "on gfx90a:xnack- the kpack runtime opens torch_gfx90a:xnack-.kpack first, which lacks 1 kernel(s) "
+        "of this library that torch_gfx90a.kpack holds"
     )
 
 
@@ -406,7 +406,9 @@ def test_check_reports_the_rccl_library_once_per_cause_and_the_device_wheel(tmp_
     rules = sorted((f["rule"], Path(f["path"]).name) for f in report["findings"] if f["rule"][:4] in ("KPAC", "ARCH"))
     assert rules == [("KPACK002", "librccl.so"), ("KPACK004", "amd_torch_device_gfx1100-2.12.0.dist-info")], rules
     (missing,) = [f for f in report["findings"] if f["rule"] == "KPACK002"]
-    assert missing["path"] == str(lib) and missing["message"] == "librccl.so: no kpack archive for gfx942:xnack+"
+    assert missing["path"] == str(lib) and missing["message"] == (
+        "no kpack archive for gfx942:xnack+ at its search paths ../.kpack/rccl_lib_@GFXARCH@.kpack"
+    )
 
 
 def test_which_rocm_versions_surely_predate_the_fix():

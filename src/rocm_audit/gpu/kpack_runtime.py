@@ -424,7 +424,7 @@ def kpack_findings(
             make_finding(
                 "KPACK003",
                 path,
-                f"kpack archive {_name(path)} holds no kernels",
+                "kpack archive with no kernels in it",
                 related=sorted(set(users)),
                 data={"archive": path, "libraries": sorted(set(users))},
                 detail=f"Its table of contents lists no kernel. The kpack runtime still opens it for "
@@ -448,8 +448,8 @@ def _shadowing(
     return make_finding(
         "KPACK001",
         library.path,
-        f"{_name(library.path)} on {common_setting(devices)}: {_name(first)} is opened first but "
-        f"lacks {kernels} kernel(s) that {_name(holder)} holds",
+        f"on {common_setting(devices)} the kpack runtime opens {_name(first)} first, which lacks "
+        f"{kernels} kernel(s) of this library that {_name(holder)} holds",
         related=[first, holder],
         severity=None if version.revision is Revision.COMMITS else Severity.WARNING,
         data={
@@ -474,7 +474,7 @@ def _unresolved(library: KpackLibrary, devices: list[str]) -> Finding:
     return make_finding(
         "KPACK002",
         library.path,
-        f"{_name(library.path)}: no kpack archive for {common_setting(devices)}",
+        f"no kpack archive for {common_setting(devices)} at its search paths {', '.join(library.ref.search_paths)}",
         data={"library": library.path, "devices": devices, "search_paths": list(library.ref.search_paths)},
         detail=f"Its search paths ({', '.join(patterns)}) lead to no archive that exists for "
         f'{", ".join(devices)}: the first kernel launch fails with "invalid kernel file".',
