@@ -140,6 +140,7 @@ def test_the_loader_tries_targets_most_specific_first():
     ]
 
 
+@pytest.mark.toolchain
 def test_torch_212_archives_shadow_the_bare_archive_under_the_loader_before_the_fix(tmp_path, code_objects):
     """Loader (a)+(b): for gfx90a:sramecc+:xnack- the paths are torch_gfx90a:sramecc+:xnack-,
     torch_gfx90a:sramecc+, torch_gfx90a:xnack-, torch_gfx90a; the last two exist. Pre-fix: the
@@ -176,6 +177,7 @@ def test_torch_212_archives_shadow_the_bare_archive_under_the_loader_before_the_
     assert empty.path == str(kdir / "torch_gfx90a:xnack-.kpack") and empty.related_paths == (str(lib),)
 
 
+@pytest.mark.toolchain
 def test_the_fixed_loader_falls_through_and_an_unknown_one_is_a_warning(tmp_path, code_objects):
     site = tmp_path / "site"
     torch_212(site, code_objects)
@@ -191,6 +193,7 @@ def test_the_fixed_loader_falls_through_and_an_unknown_one_is_a_warning(tmp_path
     assert kr.runtime_version([], [("rocm-sdk-core", "7.14.0")]).revision is kr.Revision.COMMITS
 
 
+@pytest.mark.toolchain
 def test_removing_the_feature_archives_leaves_nothing_to_shadow(tmp_path, code_objects):
     """The workaround of TheRock issue 7081: without the xnack archives every device's first
     (and only) archive is torch_gfx90a.kpack, which holds the kernel, under either loader."""
@@ -202,6 +205,7 @@ def test_removing_the_feature_archives_leaves_nothing_to_shadow(tmp_path, code_o
     assert findings_for(site, ["gfx90a"], old) == []
 
 
+@pytest.mark.toolchain
 def test_a_complete_feature_archive_is_no_shadow(tmp_path, code_objects):
     """An xnack- archive that holds the kernel serves it first (loader (c), first candidate)."""
     site = tmp_path / "site"
@@ -215,6 +219,7 @@ def test_a_complete_feature_archive_is_no_shadow(tmp_path, code_objects):
     assert findings_for(site, ["gfx90a:xnack-"], old) == []
 
 
+@pytest.mark.toolchain
 def test_rccl_search_path_leading_to_no_archive(tmp_path, code_objects):
     """TheRock issue 5446. Loader (b): every expanded path of ../.kpack/rccl_lib_@GFXARCH@.kpack
     is missing, so no archive is left and the load returns KPACK_ERROR_ARCHIVE_NOT_FOUND."""
@@ -358,6 +363,7 @@ def test_markers_are_evaluated_for_linux_or_left_unjudged():
 # Through the commands
 
 
+@pytest.mark.toolchain
 def test_verify_arch_reports_the_shadowing_and_the_empty_archive(tmp_path, code_objects, run_cli):
     """verify-arch on the torch 2.12 layout beside a kpack runtime that stops at the first
     archive (the rocm-sdk-core tree's librocm_kpack.so.0)."""
@@ -375,6 +381,7 @@ def test_verify_arch_reports_the_shadowing_and_the_empty_archive(tmp_path, code_
     )
 
 
+@pytest.mark.toolchain
 def test_check_reports_the_rccl_library_once_per_cause_and_the_device_wheel(tmp_path, code_objects, run_cli):
     """check. librccl.so with no archive at all (TheRock issue 5446) is the scan's 'no kpack archive
     found' (ARCH005) and a missing target (ARCH001): KPACK002 does not say it a third time. With only
