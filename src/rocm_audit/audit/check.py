@@ -211,13 +211,16 @@ def _verify_arch_step(
 ) -> None:
     """verify-arch: every carrier judged against the targets, or CHK001 when there are none."""
     from rocm_audit.gpu import verify as archcheck
+    from rocm_audit.gpu.kpack_runtime import inventory_findings
 
     progress.phase("judging GPU code objects")
     scans = archcheck.scan_inventory(inventory, selection)
     carriers = archcheck.build_carriers(scans)
     audit.findings.extend(archcheck.scan_findings(scans))
+    judged: list[Finding] = []
     if choice is not None and choice.targets:
-        audit.findings.extend(archcheck.judge_all(carriers, choice.targets))
+        judged = archcheck.judge_all(carriers, choice.targets)
+        audit.findings.extend(judged)
         audit.sections["targets"] = [{"target": t.spelled, "agent": str(t.agent)} for t in choice.targets]
         audit.sections["targets_source"] = choice.source
         audit.sections["targets_origin"] = choice.origin
@@ -233,6 +236,8 @@ def _verify_arch_step(
             )
         )
         audit.summaries.append(f"{len(carriers)} GPU code carrier(s), targets unknown")
+    targets = choice.targets if choice is not None and choice.targets else []
+    audit.findings.extend(inventory_findings(inventory, scans, targets, judged))
     audit.sections["carriers"] = [archcheck.carrier_to_dict(c) for c in carriers]
     audit.ran.append("verify-arch")
 

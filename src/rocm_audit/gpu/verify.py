@@ -19,6 +19,7 @@ import os
 
 from rocm_audit.gpu.carriers import Carrier, build_carriers, package_of, tree_family
 from rocm_audit.gpu.judge import judge, judge_all, tu_match, unselectable
+from rocm_audit.gpu.kpack_runtime import inventory_findings
 from rocm_audit.gpu.report import carrier_to_dict, code_object_to_dict, scan_findings
 from rocm_audit.gpu.requested import (
     TargetCandidate,
@@ -83,7 +84,9 @@ def verify_arch(
     progress.phase(f"judging GPU code against {len(required)} target(s)")
     carriers = build_carriers(scans)
     findings = list(inventory.findings) + scan_findings(scans)
-    findings.extend(judge_all(carriers, required))
+    judged = judge_all(carriers, required)
+    findings.extend(judged)
+    findings.extend(inventory_findings(inventory, scans, required, judged))
     failing = sum(1 for c in carriers if c.missing)
     outcome = CommandOutcome(
         command="verify-arch",
