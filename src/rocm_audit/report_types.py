@@ -439,6 +439,32 @@ class PruneRevertSection(TypedDict):
     reinstall: list[str]
 
 
+class FatbinLibraryRecord(TypedDict):
+    """One host library ``prune --fatbins`` looked at."""
+
+    path: str
+    distribution: str | None
+    bytes: int  # device code the slimmed bundles no longer hold (zeroed in place)
+    removed_targets: list[str]
+    status: str  # planned | slimmed | unchanged | skipped | failed
+    reason: str
+
+
+class FatbinDistribution(TypedDict):
+    distribution: str
+    bytes: int
+
+
+class PruneFatbinsSection(TypedDict):
+    """``prune --fatbins``: fat binaries slimmed in place (the files keep their size)."""
+
+    mode: str
+    bytes: int
+    slimmed: int
+    by_distribution: list[FatbinDistribution]
+    libraries: list[FatbinLibraryRecord]
+
+
 # ---------------------------------------------------------------------------------------------
 # image
 
@@ -557,6 +583,7 @@ class Sections(TypedDict, total=False):
     dedup: DedupSection
     prune: PruneSection
     prune_revert: PruneRevertSection
+    prune_fatbins: PruneFatbinsSection
     rules: list[RuleRecord]
     policy: list[PolicySetting]
     ignores: list[IgnoreRecord]
@@ -591,6 +618,7 @@ class Report(TypedDict):
     dedup: NotRequired[DedupSection]
     prune: NotRequired[PruneSection]
     prune_revert: NotRequired[PruneRevertSection]
+    prune_fatbins: NotRequired[PruneFatbinsSection]
     rules: NotRequired[list[RuleRecord]]
     policy: NotRequired[list[PolicySetting]]
     ignores: NotRequired[list[IgnoreRecord]]

@@ -16,11 +16,12 @@ from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune import apply as prune_apply
+from rocm_audit.prune.fatbins.apply import FatbinApplyResult, FatbinPlan, apply_fatbins, plan_fatbins, revert_fatbins
 from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, Removal, make_plan
 from rocm_audit.prune.weigh import Weight, weigh
-from rocm_audit.report_types import PruneRemoval, PruneSection
+from rocm_audit.report_types import PruneFatbinsSection, PruneRemoval, PruneSection
 from rocm_audit.tree.discovery import resolve_roots
-from rocm_audit.tree.inventory import FileRecord, Inventory, build_inventory
+from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import TargetSelection, kept_target
 from rocm_audit.units import size_text
 
@@ -54,19 +55,36 @@ def device_code_of(inventory: Inventory, selection: TargetSelection | None = Non
     return read
 
 
-def weight_finding(plan: PrunePlan, weight: Weight, looked: str) -> Finding | None:
-    """PRUNE001 with the totals; None when every byte of device code serves a kept target."""
+def weight_finding(plan: PrunePlan, weight: Weight, looked: str, fatbins: FatbinPlan | None = None) -> Finding | None:
+    """PRUNE001 with the totals; None when every byte of device code serves a kept target.
+    ``fatbins``: the --fatbins plan, whose bytes the message then states exactly."""
     totals = weight.totals()
     if not totals["unused_bytes"]:
         return None
     kept = ", ".join(k.spelled for k in plan.kept)
+    removable = f"{size_text(totals['removable_bytes'])} of it can be removed by `rocm-audit prune`"
+    removable += f" ({len(plan.removals)} unit(s))"
+    in_libraries = totals["unused_in_host_libraries_bytes"]
+    data: dict[str, object] = {**totals, "removals": len(plan.removals), "targets": [k.spelled for k in plan.kept]}
+    if fatbins is not None:
+        data["fatbins_bytes"] = fatbins.freed
+        rest = (
+            f"; `prune --fatbins` zeroes {size_text(fatbins.freed)} inside fat binaries of host libraries "
+            "(the files keep their size; a compressed layer shrinks)"
+        )
+    elif in_libraries:
+        rest = (
+            f"; the rest, {size_text(in_libraries)}, sits in fat binaries of host libraries: "
+            "`rocm-audit prune --fatbins` slims them in place"
+        )
+    else:
+        rest = ""
     return make_finding(
         "PRUNE001",
         looked,
         f"{size_text(totals['unused_bytes'])} of {size_text(totals['device_bytes'])} device code is for GPUs no kept "
-        f"target ({kept}) loads; {size_text(totals['removable_bytes'])} of it can be removed by `rocm-audit prune` "
-        f"({len(plan.removals)} unit(s)), the rest sits in fat binaries of host libraries",
-        data={**totals, "removals": len(plan.removals), "targets": [k.spelled for k in plan.kept]},
+        f"target ({kept}) loads; {removable}{rest}",
+        data=data,
     )
 
 
@@ -157,12 +175,28 @@ def run_prune(
     python: str | None = None,
     environ: dict[str, str] | None = None,
     progress: Progress = SILENT,
+    fatbins: bool = False,
+    keep_dists: list[str] | None = None,
 ) -> CommandOutcome:
-    """Weigh, plan and (mode "apply") remove. Raises UsageError, and Interrupted on Ctrl-C in
-    mode "apply" (nothing changed when it came before the first removal)."""
+    """Weigh, plan and (mode "apply") remove; with ``fatbins`` also slim the fat binaries of host
+    libraries (prune/fatbins), leaving whole the distributions named in ``keep_dists``. Raises
+    UsageError, and Interrupted on Ctrl-C in mode "apply" (nothing changed when it came before the
+    first removal)."""
     applied: list[prune_apply.ApplyResult] = []
     try:
-        return _run_prune(paths, target_args, mode, manifest_path, backup_dir, python, environ, progress, applied)
+        return _run_prune(
+            paths,
+            target_args,
+            mode,
+            manifest_path,
+            backup_dir,
+            python,
+            environ,
+            progress,
+            applied,
+            fatbins,
+            list(keep_dists or []),
+        )
     except Interrupted:
         raise
     except KeyboardInterrupt:
@@ -184,6 +218,8 @@ def _run_prune(
     environ: dict[str, str] | None,
     progress: Progress,
     applied: list[prune_apply.ApplyResult],
+    fatbins: bool = False,
+    keep_dists: list[str] | None = None,
 ) -> CommandOutcome:
     started = time.monotonic()
     roots, looked = resolve_roots(paths)
@@ -204,13 +240,22 @@ def _run_prune(
     weight = weigh(inventory, plan, reader)
     where = looked[0] if len(looked) == 1 else ", ".join(looked)
     findings: list[Finding] = list(inventory.findings) + plan.findings
-    weight_note = weight_finding(plan, weight, where)
+    fatbin_plan = None
+    if fatbins:
+        progress.phase("slimming fat binaries (in memory)")
+        fatbin_plan = _fatbin_plan(inventory, plan, reader, keep_dists or [], backup=backup_dir is not None)
+        findings.extend(fatbin_plan.findings)
+    weight_note = weight_finding(plan, weight, where, fatbin_plan)
     if weight_note is not None:
         findings.append(weight_note)
     result = None
+    fatbin_result = None
     if mode == "apply":
         result = prune_apply.apply_plan(plan, manifest_path, backup_dir, python, findings, progress)
         applied.append(result)
+        if fatbin_plan is not None:
+            progress.phase("writing slimmed fat binaries")
+            fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings)
     section = prune_section(plan, weight, mode, source, result, time.monotonic() - started)
     totals = section["totals"]
     if mode == "apply":
@@ -223,19 +268,85 @@ def _run_prune(
             f"prune ({mode}): {len(plan.removals)} unit(s), {size_text(totals['removable_bytes'])} removable of "
             f"{size_text(totals['unused_bytes'])} unused device code ({size_text(totals['device_bytes'])} in all)"
         )
+    sections: dict[str, object] = {"sdk_trees": inventory.sdk_trees, "prune": section}
+    if fatbin_plan is not None:
+        sections["prune_fatbins"] = fatbins_section(fatbin_plan, mode, fatbin_result)
+        if fatbin_result is not None:
+            summary += f"; fat binaries slimmed in {fatbin_result.slimmed} of {fatbin_result.planned} librar(ies), "
+            summary += f"{size_text(fatbin_result.bytes_zeroed)} zeroed in place"
+        else:
+            summary += f"; --fatbins would zero {size_text(fatbin_plan.freed)} in host libraries"
     return CommandOutcome(
         command="prune",
         findings=findings,
         inputs=[r.path for r in roots],
-        sections={"sdk_trees": inventory.sdk_trees, "prune": section},
-        force_failure=mode == "check" and bool(plan.removals),
+        sections=sections,  # type: ignore[arg-type]
+        force_failure=mode == "check" and (bool(plan.removals) or bool(fatbin_plan and fatbin_plan.freed)),
         summary=summary,
     )
+
+
+def _fatbin_plan(
+    inventory: Inventory, plan: PrunePlan, reader: DeviceCodeOf, keep_dists: list[str], *, backup: bool
+) -> FatbinPlan:
+    """The libraries with fat binaries (gpu's scan saw a .hip_fatbin) that no removal takes, slimmed in memory."""
+    removed = {r.path for removal in plan.removals for r in removal.files}
+    candidates = []
+    for record in inventory.files:
+        if record.kind is not FileKind.SHARED_LIBRARY or record.path in removed:
+            continue
+        with contextlib.suppress(OSError, FormatError):
+            code = reader(record)
+            if code is not None and "hip-fatbin" in code.containers:
+                candidates.append((record.path, plan.owner_of.get(record.path)))
+    kept = [k.pattern for k in plan.kept]
+    return plan_fatbins(candidates, kept, [k.spelled for k in plan.kept], keep_dists, backup=backup)
+
+
+def _apply_fatbins(
+    plan: PrunePlan, fatbin_plan: FatbinPlan, manifest_path: str | None, backup_dir: str | None, findings: list[Finding]
+) -> FatbinApplyResult:
+    from rocm_audit.errors import UsageError
+
+    backup = os.path.abspath(backup_dir) if backup_dir else None
+    if backup is not None:
+        for root in plan.roots:
+            if backup == root.path or backup.startswith(root.path.rstrip(os.sep) + os.sep):
+                raise UsageError(f"--backup {backup_dir} lies inside the audited tree {root.path}")
+    locked = sorted({*plan.sdk_trees, *(r.path for r in plan.roots if not r.single_file)})
+    manifest = manifest_path or prune_apply.default_manifest_path(plan)
+    return apply_fatbins(fatbin_plan, locked, manifest, backup, findings)
+
+
+def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | None) -> PruneFatbinsSection:
+    return {
+        "mode": mode,
+        "bytes": result.bytes_zeroed if result is not None else plan.freed,
+        "slimmed": result.slimmed if result is not None else 0,
+        "by_distribution": [{"distribution": d, "bytes": b} for d, b in plan.freed_by_distribution().items()],
+        "libraries": [
+            {
+                "path": library.path,
+                "distribution": library.owner.name if library.owner is not None else None,
+                "bytes": library.freed,
+                "removed_targets": library.result.removed_targets if library.result is not None else [],
+                "status": library.status,
+                "reason": library.refused,
+            }
+            for library in plan.libraries
+        ],
+    }
 
 
 def revert_prune(manifests: list[str], progress: Progress = SILENT) -> CommandOutcome:
     """Restore what the manifests journalled. Raises UsageError, and Interrupted on Ctrl-C."""
     result = prune_apply.revert(manifests, progress)
+    slimmed = revert_fatbins(manifests)
+    already = set(result.reinstall)
+    result.findings.extend(f for f in slimmed.findings if f.rule != "PRUNE007" or f.path not in already)
+    result.restored.extend(slimmed.restored)
+    result.original.extend(slimmed.original)
+    result.reinstall.extend(line for line in slimmed.reinstall if line not in result.reinstall)
     return CommandOutcome(
         command="prune",
         findings=result.findings,

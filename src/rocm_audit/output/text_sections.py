@@ -479,8 +479,34 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
             lines.extend(display(line) for line in section["shell_preview"])
         else:
             lines.append("(-v shows the equivalent shell commands)")
+    lines += _fatbin_lines(sections, view)
     if section["manifest"]:
         lines.append(f"revert manifest: {display(section['manifest'])}")
+    return lines
+
+
+_FATBIN_MARK = {"planned": "would slim", "slimmed": "slimmed", "skipped": "SKIPPED", "failed": "FAILED"}
+
+
+def _fatbin_lines(sections: Sections, view: PathView) -> list[str]:
+    """--fatbins: bytes zeroed per distribution, then each library slimmed or refused."""
+    fatbins = sections.get("prune_fatbins")
+    if fatbins is None:
+        return []
+    verb = "zeroed" if fatbins["mode"] == "apply" else "to zero"
+    lines = ["", f"fat binaries of host libraries, {verb} in place (files keep their size on disk):"]
+    lines += [f"{display(d['distribution']):32} {size_text(d['bytes']):>11}" for d in fatbins["by_distribution"]]
+    if not fatbins["by_distribution"]:
+        lines.append("nothing: every bundle holds only code a kept target can select")
+    for library in fatbins["libraries"]:
+        if library["bytes"] and library["status"] in _FATBIN_MARK:
+            removed = ", ".join(display(t) for t in library["removed_targets"])
+            lines.append(
+                f"{_FATBIN_MARK[library['status']]:12} {view.path(library['path'])}  "
+                f"[{size_text(library['bytes'])}; {removed}]"
+            )
+        elif library["reason"]:
+            lines.append(f"{'kept whole':12} {view.path(library['path'])}: {display(library['reason'])}")
     return lines
 
 

@@ -53,6 +53,24 @@ def command(
             rich_help_panel=ACTION_PANEL,
         ),
     ] = None,
+    fatbins: Annotated[
+        bool,
+        typer.Option(
+            "--fatbins",
+            help="Also slim the fat binaries inside host libraries to the kept targets' code, in place "
+            "(freed bytes are zeroed: the file keeps its size, a compressed layer shrinks).",
+            rich_help_panel=ACTION_PANEL,
+        ),
+    ] = False,
+    keep_dist: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--keep-dist",
+            metavar="NAME",
+            help="With --fatbins: leave the libraries of this distribution whole; repeatable.",
+            rich_help_panel=ACTION_PANEL,
+        ),
+    ] = None,
     revert: Annotated[
         list[str] | None,
         revert_option(
@@ -64,15 +82,18 @@ def command(
 
     Whole per-arch units only: kpack archives, Tensile/MIOpen/AOTriton per-arch files and folders,
     and device distributions (rocm-sdk-device-gfxNNN, uninstalled with pip). Never a file a kept
-    target could load (native, generic or SPIR-V); fat binaries inside host libraries are weighed,
-    not touched. A bare target (gfx942) keeps code for both xnack settings. Device distributions
-    are uninstalled by the pip of --python, else of the interpreter that owns the site-packages.
+    target could load (native, generic or SPIR-V). Fat binaries inside host libraries are weighed;
+    with --fatbins each bundle keeps only the entries the HIP runtime can select for a kept target
+    (written where the bundle was, the rest zeroed: no address moves). A bare target (gfx942)
+    keeps code for both xnack settings. Device distributions are uninstalled by the pip of
+    --python, else of the interpreter that owns the site-packages.
 
     \b
     Examples:
       rocm-audit prune --dry-run gfx942
       rocm-audit prune --backup /var/tmp/pruned gfx942 gfx950
       rocm-audit prune --check --python /opt/venv/bin/python gfx950
+      rocm-audit prune --fatbins --dry-run gfx942
     """
     mode = change_mode(dry_run, check, revert)
     from rocm_audit.cli.progress import progress_line
@@ -95,4 +116,6 @@ def command(
             backup_dir=backup,
             python=python,
             progress=progress,
+            fatbins=fatbins,
+            keep_dists=list(keep_dist or []),
         )

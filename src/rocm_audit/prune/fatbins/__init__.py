@@ -1,0 +1,1 @@
+"""``prune --fatbins``: slim the fat binaries inside host libraries to the kept targets' code."""

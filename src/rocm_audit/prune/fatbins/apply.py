@@ -1,0 +1,452 @@
+"""Plan, apply and revert ``prune --fatbins`` over a set of host libraries.
+
+Order of an applying run (the safety of prune/apply.py, for a file changed in place):
+
+1. lock every SDK tree and audited directory (tree/journal.py, shared with dedup and prune);
+2. journal each library before the first change: its sha256, size, mode, owner, identity, the
+   distribution that installed it and its RECORD line, the backup path; fsync'ed;
+3. per library: with ``--backup`` copy it (and its RECORD) into the backup and check the copy's
+   sha256; copy it to a temporary file in its own directory, slim every bundle there
+   (library.py), prove the copy differs only inside the bundles, fsync; re-check the original's
+   identity and sha256; ``os.replace``; fsync the directory; then rewrite its RECORD line the way
+   pip writes it (``sha256=`` urlsafe base64 without padding, and the size), atomically too.
+
+Revert puts back each journalled library whose current bytes are the slimmed ones we wrote: from
+the backup (byte-identical, sha256 checked) with its RECORD line, else it names the exact
+``pip install --force-reinstall --no-deps DIST==VERSION``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_audit.errors import FormatError
+from rocm_audit.findings import Finding, make_finding
+from rocm_audit.prune.fatbins.library import LibraryResult, Refused, slim_library, unchanged_outside
+from rocm_audit.tree.inventory import TEMP_PREFIX
+from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
+from rocm_audit.tree.ownership import Distribution, normalize
+from rocm_audit.tree.targets import TargetId
+
+_CHUNK = 1 << 20
+ENTRY_TYPE = "fatbin-file"
+DONE_TYPE = "fatbin-done"
+
+
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_hash(hexdigest: str) -> str:
+    """A RECORD hash field as pip writes it: ``sha256=`` and urlsafe base64 without padding."""
+    return "sha256=" + base64.urlsafe_b64encode(bytes.fromhex(hexdigest)).rstrip(b"=").decode("ascii")
+
+
+@dataclass(slots=True)
+class FatbinLibrary:
+    path: str
+    owner: Distribution | None
+    result: LibraryResult | None = None  # what slimming gives (dry run), None when refused
+    refused: str = ""  # why the library stays as it is
+    status: str = "planned"  # planned | slimmed | unchanged | skipped | failed
+
+    @property
+    def freed(self) -> int:
+        return self.result.freed if self.result is not None else 0
+
+
+@dataclass(slots=True)
+class FatbinPlan:
+    kept: list[TargetId]
+    kept_spelled: list[str]
+    libraries: list[FatbinLibrary] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def freed(self) -> int:
+        return sum(library.freed for library in self.libraries)
+
+    def freed_by_distribution(self) -> dict[str, int]:
+        by: dict[str, int] = {}
+        for library in self.libraries:
+            if library.freed:
+                name = library.owner.name if library.owner is not None else "(no distribution)"
+                by[name] = by.get(name, 0) + library.freed
+        return dict(sorted(by.items(), key=lambda item: -item[1]))
+
+
+def plan_fatbins(
+    candidates: Sequence[tuple[str, Distribution | None]],
+    kept: list[TargetId],
+    kept_spelled: list[str],
+    keep_dists: Sequence[str] = (),
+    *,
+    backup: bool = False,
+) -> FatbinPlan:
+    """Slim each candidate library in memory (nothing is written) and keep the result. A library
+    a kept distribution owns, one no distribution owns when no backup is asked for (nothing could
+    bring it back), one with several hard links, or one the slimming refuses, stays; the refusals
+    are PRUNE008 findings."""
+    plan = FatbinPlan(kept, kept_spelled)
+    keep_names = {normalize(name) for name in keep_dists}
+    for path, owner in candidates:
+        library = FatbinLibrary(path, owner)
+        plan.libraries.append(library)
+        if owner is not None and owner.normalized in keep_names:
+            library.refused, library.status = f"--keep-dist {owner.name}", "unchanged"
+            continue
+        try:
+            st = os.lstat(path)
+            if st.st_nlink > 1:
+                raise Refused(f"{st.st_nlink} hard links share it: slimming one name would keep both copies")
+            result = slim_library(path, kept)
+        except Refused as exc:
+            library.refused, library.status = str(exc), "unchanged"
+        except (FormatError, OSError) as exc:
+            library.refused, library.status = f"cannot read it: {exc}", "unchanged"
+        else:
+            if not result.freed:
+                library.status = "unchanged"
+                library.result = result
+                continue
+            if owner is None and not backup:
+                library.refused, library.status = "no distribution owns it: slimmed only with --backup", "unchanged"
+                continue
+            library.result = result
+        if library.refused and not library.refused.startswith(("no .hip_fatbin", "--keep-dist")):
+            plan.findings.append(make_finding("PRUNE008", path, f"fat binaries left as they are: {library.refused}"))
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# Apply
+
+
+@dataclass(slots=True)
+class FatbinApplyResult:
+    slimmed: int = 0
+    planned: int = 0
+    bytes_zeroed: int = 0
+    manifest: str | None = None
+    backup: str | None = None
+
+
+def _record_line(distribution: Distribution, path: str) -> tuple[str, int] | None:
+    """(the RECORD line naming ``path`` as written, its index), or None."""
+    relpath = os.path.relpath(path, distribution.site_dir)
+    with open(os.path.join(distribution.dist_info, "RECORD"), encoding="utf-8", newline="") as handle:
+        lines = handle.read().splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        first = line.split(",", 1)[0].strip('"')
+        if os.path.normpath(first) == os.path.normpath(relpath):
+            return line, index
+    return None
+
+
+def _rewrite_record(distribution: Distribution, path: str, new_line_of: Any) -> None:
+    """Replace ``path``'s RECORD line (``new_line_of(old_line)``), atomically, every other byte kept."""
+    record = os.path.join(distribution.dist_info, "RECORD")
+    with open(record, encoding="utf-8", newline="") as handle:
+        lines = handle.read().splitlines(keepends=True)
+    found = _record_line(distribution, path)
+    if found is None:
+        return
+    line, index = found
+    lines[index] = new_line_of(line)
+    st = os.stat(record)
+    temporary = os.path.join(os.path.dirname(record), TEMP_PREFIX + secrets.token_hex(6))
+    try:
+        with open(temporary, "w", encoding="utf-8", newline="") as handle:
+            handle.write("".join(lines))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, stat.S_IMODE(st.st_mode))
+        os.replace(temporary, record)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    fsync_directory(os.path.dirname(record))
+
+
+def pip_record_line(line: str, relpath_field: str, sha256_hex: str, size: int) -> str:
+    ending = line[len(line.rstrip("\r\n")) :]
+    return f"{relpath_field},{record_hash(sha256_hex)},{size}{ending}"
+
+
+def _journal_entry(library: FatbinLibrary, run: str, backup: str | None) -> dict[str, Any]:
+    st = os.lstat(library.path)
+    entry: dict[str, Any] = {
+        "run": run,
+        "type": ENTRY_TYPE,
+        "path": library.path,
+        "sha256": sha256_of(library.path),
+        "size": st.st_size,
+        "mode": stat.S_IMODE(st.st_mode),
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+    }
+    owner = library.owner
+    if owner is not None:
+        entry.update(
+            {
+                "owner": owner.name,
+                "owner_version": owner.version,
+                "dist_info": owner.dist_info,
+                "site_dir": owner.site_dir,
+            }
+        )
+        found = _record_line(owner, library.path)
+        if found is not None:
+            entry["record_line"] = found[0]
+    if backup is not None:
+        entry["backup"] = os.path.join(backup, library.path.lstrip(os.sep))
+    return entry
+
+
+class _Changed(Exception):
+    pass
+
+
+def _same_file(entry: dict[str, Any]) -> None:
+    st = os.lstat(entry["path"])
+    same = stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+        entry["dev"],
+        entry["ino"],
+        entry["size"],
+        entry["mtime_ns"],
+    )
+    if not same:
+        raise _Changed(f"{entry['path']} changed since it was planned")
+
+
+def _copy_checked(source: str, destination: str, sha256: str, mode: int) -> None:
+    os.makedirs(os.path.dirname(destination), exist_ok=True)
+    temporary = os.path.join(os.path.dirname(destination), TEMP_PREFIX + secrets.token_hex(6))
+    try:
+        with open(source, "rb") as src, open(temporary, "wb") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.chmod(temporary, mode)
+        if sha256_of(temporary) != sha256:
+            raise _Changed(f"{source} changed while it was copied")
+        os.replace(temporary, destination)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    fsync_directory(os.path.dirname(destination))
+
+
+def apply_fatbins(
+    plan: FatbinPlan, locked: list[str], manifest: str, backup_dir: str | None, findings: list[Finding]
+) -> FatbinApplyResult:
+    """Journal, then slim each planned library in place (see the module docstring)."""
+    todo = [lib for lib in plan.libraries if lib.result is not None and lib.result.freed and not lib.refused]
+    backup = os.path.abspath(backup_dir) if backup_dir else None
+    result = FatbinApplyResult(planned=len(todo), manifest=manifest, backup=backup)
+    if not todo:
+        return result
+    with tree_locks(locked) as busy:
+        if busy:
+            for tree in busy:
+                findings.append(
+                    make_finding("PRUNE005", tree, "another rocm-audit run holds this tree; nothing changed")
+                )
+            return result
+        run = secrets.token_hex(8)
+        entries = [_journal_entry(library, run, backup) for library in todo]
+        header = {
+            "rocm_audit_prune_manifest": 1,
+            "run": run,
+            "fatbins": True,
+            "kept": plan.kept_spelled,
+            "backup": backup,
+        }
+        try:
+            append_records(manifest, [header, *entries])
+        except OSError as exc:
+            findings.append(
+                make_finding("PRUNE004", manifest, f"cannot write the revert manifest: {exc.strerror}; nothing changed")
+            )
+            return result
+        for library, entry in zip(todo, entries, strict=True):
+            try:
+                done = _slim_one(library, entry, plan.kept)
+            except (_Changed, Refused) as exc:
+                library.status, library.refused = "skipped", str(exc)
+                findings.append(make_finding("PRUNE003", library.path, f"skipped: {exc}"))
+                continue
+            except (OSError, FormatError) as exc:
+                library.status, library.refused = "failed", str(exc)
+                findings.append(make_finding("PRUNE004", library.path, f"could not slim: {exc}"))
+                continue
+            append_records(manifest, [{"run": run, "type": DONE_TYPE, "path": library.path, "sha256_after": done}])
+            library.status = "slimmed"
+            result.slimmed += 1
+            result.bytes_zeroed += library.freed
+            findings.append(
+                make_finding(
+                    "PRUNE009",
+                    library.path,
+                    f"{_size(library.freed)} of device code for other GPUs zeroed in place: the file keeps its size "
+                    "on disk, a compressed image layer or archive shrinks by about that much",
+                    data={
+                        "bytes": library.freed,
+                        "removed_targets": library.result.removed_targets if library.result else [],
+                    },
+                )
+            )
+    return result
+
+
+def _size(nbytes: int) -> str:
+    from rocm_audit.units import size_text  # noqa: PLC0415
+
+    return size_text(nbytes)
+
+
+def _slim_one(library: FatbinLibrary, entry: dict[str, Any], kept: list[TargetId]) -> str:
+    """Slim one library; returns the new sha256. Raises _Changed, Refused, OSError, FormatError."""
+    path = library.path
+    _same_file(entry)
+    if "backup" in entry:
+        _copy_checked(path, entry["backup"], entry["sha256"], entry["mode"])
+    directory = os.path.dirname(path)
+    temporary = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(6))
+    try:
+        with open(path, "rb") as src, open(temporary, "w+b") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+            dst.flush()
+            result = slim_library(path, kept, dst.fileno())
+            problem = unchanged_outside(src.fileno(), dst.fileno(), result)
+            if problem is not None:
+                raise Refused(problem)
+            os.fsync(dst.fileno())
+        os.chmod(temporary, entry["mode"])
+        with contextlib.suppress(PermissionError):
+            os.chown(temporary, entry["uid"], entry["gid"])
+        new_sha = sha256_of(temporary)
+        new_size = os.path.getsize(temporary)
+        with one_change():  # a Ctrl-C waits until the library and its RECORD line are both new
+            _same_file(entry)
+            if sha256_of(path) != entry["sha256"]:
+                raise _Changed(f"{path} changed since it was planned")
+            os.replace(temporary, path)
+            fsync_directory(directory)
+            owner = library.owner
+            if owner is not None and "record_line" in entry:
+                relpath_field = entry["record_line"].split(",", 1)[0]
+                _rewrite_record(owner, path, lambda line: pip_record_line(line, relpath_field, new_sha, new_size))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    library.result = result
+    return new_sha
+
+
+# --------------------------------------------------------------------------------------------
+# Revert
+
+
+@dataclass(slots=True)
+class FatbinRevertResult:
+    restored: list[str] = field(default_factory=list)
+    original: list[str] = field(default_factory=list)
+    reinstall: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+
+def revert_fatbins(manifest_paths: list[str]) -> FatbinRevertResult:
+    """Put back every library a ``--fatbins`` run slimmed (see the module docstring)."""
+    result = FatbinRevertResult()
+    latest: dict[str, dict[str, Any]] = {}
+    after: dict[tuple[str, str], str] = {}
+    for manifest in manifest_paths:
+        for record in read_records(manifest):
+            if record.get("type") == ENTRY_TYPE and isinstance(record.get("path"), str):
+                latest.setdefault(record["path"], record)  # the first run's original is the original
+            elif record.get("type") == DONE_TYPE and isinstance(record.get("path"), str):
+                after[record["run"], record["path"]] = record.get("sha256_after", "")
+    reinstall: dict[str, None] = {}
+    for path, entry in latest.items():
+        try:
+            current = sha256_of(path)
+        except OSError:
+            result.findings.append(make_finding("PRUNE006", path, "not restored: the library is gone"))
+            continue
+        if current == entry["sha256"]:
+            result.original.append(path)
+            continue
+        written = after.get((entry.get("run", ""), path))
+        if written is not None and current != written:
+            result.findings.append(make_finding("PRUNE006", path, "not restored: the path holds something else now"))
+            continue
+        backup = entry.get("backup")
+        if backup and os.path.isfile(backup) and sha256_of(backup) == entry["sha256"]:
+            with one_change():
+                _restore(entry, backup)
+            result.restored.append(path)
+            continue
+        if entry.get("owner"):
+            reinstall[
+                f"python -m pip install --force-reinstall --no-deps {entry['owner']}=={entry['owner_version']}"
+            ] = None
+        else:
+            result.findings.append(
+                make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
+            )
+    result.reinstall = list(reinstall)
+    for line in result.reinstall:
+        result.findings.append(
+            make_finding("PRUNE007", line, f"no backup: restore with `{line}`", data={"command": line})
+        )
+    return result
+
+
+def _restore(entry: dict[str, Any], backup: str) -> None:
+    path = entry["path"]
+    directory = os.path.dirname(path)
+    temporary = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(6))
+    try:
+        with open(backup, "rb") as src, open(temporary, "wb") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.chmod(temporary, entry["mode"])
+        with contextlib.suppress(PermissionError):
+            os.chown(temporary, entry["uid"], entry["gid"])
+        os.utime(temporary, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+        if sha256_of(temporary) != entry["sha256"]:
+            raise OSError(f"the backup of {path} changed while it was copied")
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    fsync_directory(directory)
+    line = entry.get("record_line")
+    dist_info = entry.get("dist_info")
+    if line and dist_info and os.path.isdir(dist_info):
+        site_dir = entry.get("site_dir") or os.path.dirname(dist_info)
+        owner = Distribution(entry["owner"], entry["owner_version"], dist_info, site_dir)
+        _rewrite_record(owner, path, lambda _current: line)
