@@ -1,0 +1,359 @@
+"""`prune --fatbins`: real HIP host libraries built with clang++-19, slimmed for gfx942.
+
+The selection rule (prune/fatbins/select.py) on bundle ids; the rewrite of plain bundles and
+CCOBs checked by clang-offload-bundler-19 and by parsing both bundles again; the applied result
+loaded with dlopen(RTLD_NOW) in a child against a stand-in HIP runtime (gcc) that records what
+each wrapper registers, read back from the process's memory; verify-arch before and after; RECORD
+rewritten as pip writes it; revert byte-identical; a SIGKILL at every rename leaves each library
+either original or journalled with a whole backup.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rocm_audit.formats import ccob
+from rocm_audit.formats.offload_bundle import parse_bundle
+from rocm_audit.prune.fatbins.library import locate
+from rocm_audit.prune.fatbins.rewrite import (
+    COMGR_WINDOW,
+    inflate,
+    plain_of,
+    prove_same_selection,
+    selections,
+    slim,
+)
+from rocm_audit.prune.fatbins.select import entries_to_keep, settings_of
+from rocm_audit.tree.targets import kept_target
+from support.killpoints import rocm_audit
+from support.run import run_checked
+from support.tools import require_tool
+
+HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
+TU = """\
+struct dim3 { unsigned x, y, z; };
+typedef struct ihipStream_t* hipStream_t;
+extern "C" int hipLaunchKernel(const void*, dim3, dim3, void**, unsigned long, hipStream_t);
+extern "C" __attribute__((global)) void %s(int* out) { *out = %d; }
+"""
+
+# A stand-in for libamdhip64: the registration entry points a HIP host library calls from its
+# constructor; __hipRegisterFatBinary records the binary pointer each 24-byte wrapper hands it.
+STUB_HIP = r"""
+#include <stdint.h>
+struct wrapper { uint32_t magic, version; const void* binary; void* reserved; };
+static const void* registered[256]; static uint32_t magics[256]; static int count;
+static void* handle;
+void** __hipRegisterFatBinary(const struct wrapper* w) {
+  if (count < 256) { magics[count] = w->magic; registered[count++] = w->binary; }
+  return &handle;
+}
+void __hipUnregisterFatBinary(void** h) { (void)h; }
+void __hipRegisterFunction(void) {}
+void __hipRegisterVar(void) {}
+void __hipRegisterManagedVar(void) {}
+void __hipRegisterSurface(void) {}
+void __hipRegisterTexture(void) {}
+int __hipPopCallConfiguration(void) { return 0; }
+int __hipPushCallConfiguration(void) { return 0; }
+int hipLaunchKernel(void) { return 0; }
+int stub_count(void) { return count; }
+const void* stub_binary(int i) { return registered[i]; }
+uint32_t stub_magic(int i) { return magics[i]; }
+"""
+
+# The child: load the stand-in globally, dlopen the library with RTLD_NOW, and write out each
+# registered fat binary as the runtime would see it (a CCOB up to its total size, a plain bundle
+# up to the end of its last entry).
+CHILD = r"""
+import ctypes, json, os, struct, sys
+stub = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+ctypes.CDLL(sys.argv[2], mode=os.RTLD_NOW)
+stub.stub_binary.restype = ctypes.c_void_p
+out = []
+for i in range(stub.stub_count()):
+    ptr = stub.stub_binary(i)
+    head = ctypes.string_at(ptr, 32)
+    if head[:4] == b"CCOB":
+        version = struct.unpack_from("<H", head, 4)[0]
+        total = struct.unpack_from("<I" if version == 2 else "<Q", head, 8)[0]
+        data = ctypes.string_at(ptr, total)
+    else:
+        count = struct.unpack_from("<Q", head, 24)[0]
+        pos, end = 32, 0
+        for _ in range(count):
+            rec = ctypes.string_at(ptr + pos, 24)
+            offset, size, id_len = struct.unpack("<QQQ", rec)
+            end = max(end, offset + size)
+            pos += 24 + id_len
+        data = ctypes.string_at(ptr, max(end, pos))
+    out.append(data.hex())
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    cxx = require_tool("clang++-19")
+    out = tmp_path_factory.mktemp("fatbins")
+    (out / "k1.hip").write_text(TU % ("k1", 1))
+    (out / "k2.hip").write_text(TU % ("k2", 2))
+    arches = ["--offload-arch=gfx942", "--offload-arch=gfx90a"]
+    made = {}
+    for name, extra in (("libplain.so", []), ("libccob.so", ["--offload-compress"])):
+        # two translation units: two wrappers, two bundles in .hip_fatbin
+        for tu in ("k1", "k2"):
+            run_checked([cxx, *HIP_FLAGS, "-c", *extra, *arches, f"{tu}.hip", "-o", f"{name}.{tu}.o"], out)
+        run_checked([cxx, "-shared", f"{name}.k1.o", f"{name}.k2.o", "-o", name], out)
+        made[name] = out / name
+    (out / "stub.c").write_text(STUB_HIP)
+    run_checked(["gcc", "-shared", "-fPIC", "-o", "libstubhip.so", "stub.c"], out)
+    made["stub"] = out / "libstubhip.so"
+    return made
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+@pytest.fixture
+def site(tmp_path, built) -> Path:
+    """A site-packages: one distribution owning both libraries, with a RECORD as pip writes it."""
+    root = tmp_path / "site-packages"
+    (root / "hippkg").mkdir(parents=True)
+    info = root / "hippkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hippkg\nVersion: 1.0\n")
+    rows = []
+    for name in ("libplain.so", "libccob.so"):
+        shutil.copy2(built[name], root / "hippkg" / name)
+        data = (root / "hippkg" / name).read_bytes()
+        rows.append(f"hippkg/{name},{_record_hash(data)},{len(data)}")
+    rows.append("hippkg-1.0.dist-info/METADATA,,")
+    rows.append("hippkg-1.0.dist-info/RECORD,,")
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def _bundles(path: Path) -> list[bytes]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _section, places = locate(fd)
+        return [os.pread(fd, p.extent, p.offset) for p in places]
+    finally:
+        os.close(fd)
+
+
+def _registered(stub: Path, library: Path) -> list[bytes]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(stub), str(library)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return [bytes.fromhex(h) for h in json.loads(done.stdout)]
+
+
+# --- the rule ------------------------------------------------------------------------------
+
+H = ("host-x86_64-unknown-linux--", 0)
+
+
+def _ids(*names: str) -> list[tuple[str, int]]:
+    return [H, *((f"hipv4-amdgcn-amd-amdhsa--{n}", 100) for n in names)]
+
+
+def test_a_bare_target_keeps_every_setting_and_nothing_else():
+    entries = _ids("gfx90a", "gfx942:xnack-", "gfx942:xnack+", "gfx950")
+    assert entries_to_keep(entries, [kept_target("gfx942")]) == [0, 2, 3]
+    assert entries_to_keep(entries, [kept_target("gfx942:xnack-")]) == [0, 2]
+    assert len(settings_of(kept_target("gfx942"))) == 4
+    assert len(settings_of(kept_target("gfx1100"))) == 1  # no sramecc, no xnack
+
+
+def test_first_compatible_entry_wins_and_generic_only_when_no_native_serves():
+    # the any-feature entry comes first: comgr takes it for every setting, the specific one never
+    entries = _ids("gfx942", "gfx942:xnack+", "gfx9-4-generic")
+    assert entries_to_keep(entries, [kept_target("gfx942")]) == [0, 1]
+    # no native entry for xnack+: the generic one serves that setting and stays
+    entries = _ids("gfx942:xnack-", "gfx9-4-generic")
+    assert entries_to_keep(entries, [kept_target("gfx942")]) == [0, 1, 2]
+    assert entries_to_keep(entries, [kept_target("gfx942:xnack-")]) == [0, 1]
+
+
+def test_empty_entries_count_as_absent():
+    entries = [H, ("hipv4-amdgcn-amd-amdhsa--gfx942", 0), ("hipv4-amdgcn-amd-amdhsa--gfx9-4-generic", 100)]
+    assert entries_to_keep(entries, [kept_target("gfx942")]) == [0, 2]
+
+
+def test_spirv_unknown_and_unreadable_entries_stay():
+    entries = [
+        H,
+        ("hipv4-spirv64-amd-amdhsa--amdgcnspirv", 100),
+        ("hipv4-amdgcn-amd-amdhsa--gfx1999", 100),  # a processor this release does not know
+        ("hipv4-amdgcn-amd-amdhsa--gfx942", 100),
+        ("hipv4-amdgcn-amd-amdhsa--gfx90a", 100),
+        ("something-else-entirely", 100),
+    ]
+    assert entries_to_keep(entries, [kept_target("gfx942")]) == [0, 1, 2, 3, 5]
+
+
+# --- the rewrite ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["libplain.so", "libccob.so"])
+def test_slimmed_bundle_selects_the_same_code_and_the_bundler_agrees(built, tmp_path, name):
+    kept = [kept_target("gfx942")]
+    bundles = _bundles(built[name])
+    assert len(bundles) == 2
+    for index, original in enumerate(bundles):
+        slimmed = slim(original, kept)
+        assert len(slimmed.data) < len(original)
+        assert prove_same_selection(original, slimmed.data, kept) is None
+        assert [r.rsplit("-", 1)[-1] for r in slimmed.removed] == ["gfx90a"]
+        before, after = selections(original, kept), selections(slimmed.data, kept)
+        assert before == after and all(code for code in after.values())
+        assert all(selections(original, [kept_target("gfx90a")]).values())
+        assert not any(selections(slimmed.data, [kept_target("gfx90a")]).values())
+        plain = plain_of(slimmed.data)
+        table = parse_bundle(plain, 0, len(plain))
+        assert table.table_size <= COMGR_WINDOW
+        path = tmp_path / f"{name}.{index}.bundle"
+        path.write_bytes(plain)
+        listed = run_checked([require_tool("clang-offload-bundler-19"), "--list", "--type=o", f"--input={path}"])
+        assert sorted(listed.stdout.split()) == ["hipv4-amdgcn-amd-amdhsa--gfx942", "host-x86_64-unknown-linux--"]
+        if original.startswith(ccob.CCOB_MAGIC):
+            header, inner = inflate(slimmed.data)
+            old = ccob.parse_header(original, 0, len(original))
+            assert (header.version, header.method) == (old.version, old.method)
+            assert header.total_size == len(slimmed.data)
+            assert header.hash64 == hashlib.md5(inner).digest()[:8]
+
+
+# --- applied to a site-packages -------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rocm_audit", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def _verify(site: Path, target: str) -> subprocess.CompletedProcess[str]:
+    return _cli("verify-arch", "-p", str(site), target, "--format", "json")
+
+
+def test_apply_loads_registers_the_same_code_rewrites_record_and_reverts(site, built, tmp_path):
+    originals = {p.name: p.read_bytes() for p in (site / "hippkg").iterdir()}
+    record_before = (site / "hippkg-1.0.dist-info" / "RECORD").read_bytes()
+    registered_before = {name: _registered(built["stub"], site / "hippkg" / name) for name in originals}
+    assert _verify(site, "gfx90a").returncode == 0
+
+    dry = _cli("prune", "--fatbins", "--dry-run", "-p", str(site), "gfx942", "--format", "json")
+    report = json.loads(dry.stdout)
+    assert report["prune_fatbins"]["bytes"] > 0
+    assert [d["distribution"] for d in report["prune_fatbins"]["by_distribution"]] == ["hippkg"]
+    prune001 = next(f for f in report["findings"] if f["rule"] == "PRUNE001")
+    assert "prune --fatbins` zeroes" in prune001["message"]
+    assert all(p.read_bytes() == originals[p.name] for p in (site / "hippkg").iterdir())  # dry run
+
+    backup = tmp_path / "backup"
+    done = _cli("prune", "--fatbins", "-p", str(site), "--backup", str(backup), "gfx942")
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = (site / "hippkg-1.0.dist-info" / "RECORD").read_text().splitlines()
+    for name, data in originals.items():
+        path = site / "hippkg" / name
+        now = path.read_bytes()
+        assert len(now) == len(data) and now != data
+        assert f"hippkg/{name},{_record_hash(now)},{len(now)}" in record
+        # the slimmed library still loads, and registers bundles selecting the same gfx942 code
+        registered = _registered(built["stub"], path)
+        assert len(registered) == len(registered_before[name]) == 2
+        for old, new in zip(registered_before[name], registered, strict=True):
+            assert selections(new, [kept_target("gfx942")]) == selections(old, [kept_target("gfx942")])
+            assert not any(selections(new, [kept_target("gfx90a")]).values())
+            assert any(selections(old, [kept_target("gfx90a")]).values())
+    assert _verify(site, "gfx942").returncode == 0
+    missing = _verify(site, "gfx90a")
+    assert missing.returncode == 1
+    assert {f["rule"] for f in json.loads(missing.stdout)["findings"]} == {"ARCH001"}
+
+    again = _cli("prune", "--fatbins", "--dry-run", "-p", str(site), "gfx942", "--format", "json")
+    assert json.loads(again.stdout)["prune_fatbins"]["bytes"] == 0
+
+    manifest = site / ".rocm-audit" / "prune-manifest.jsonl"
+    reverted = _cli("prune", "--revert", str(manifest))
+    assert reverted.returncode == 0, reverted.stdout + reverted.stderr
+    assert {p.name: p.read_bytes() for p in (site / "hippkg").iterdir()} == originals
+    assert (site / "hippkg-1.0.dist-info" / "RECORD").read_bytes() == record_before
+
+
+def test_revert_without_backup_names_the_reinstall(site):
+    done = _cli("prune", "--fatbins", "-p", str(site), "gfx942")
+    assert done.returncode == 0, done.stdout + done.stderr
+    reverted = _cli("prune", "--revert", str(site / ".rocm-audit" / "prune-manifest.jsonl"))
+    assert reverted.returncode == 1
+    assert "python -m pip install --force-reinstall --no-deps hippkg==1.0" in reverted.stdout
+
+
+def test_keep_dist_and_hard_links_leave_the_library_whole(site):
+    originals = {p.name: p.read_bytes() for p in (site / "hippkg").iterdir()}
+    kept = _cli("prune", "--fatbins", "--keep-dist", "HipPkg", "-p", str(site), "gfx942")
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert {p.name: p.read_bytes() for p in (site / "hippkg").iterdir()} == originals
+    os.link(site / "hippkg" / "libplain.so", site / "libplain-link.so")
+    done = _cli("prune", "--fatbins", "-p", str(site), "gfx942", "--format", "json")
+    assert (site / "hippkg" / "libplain.so").read_bytes() == originals["libplain.so"]
+    assert (site / "hippkg" / "libccob.so").read_bytes() != originals["libccob.so"]
+    refused = [f for f in json.loads(done.stdout)["findings"] if f["rule"] == "PRUNE008"]
+    assert refused and all("hard links" in f["message"] for f in refused)
+
+
+def test_a_kill_at_any_rename_leaves_each_library_original_or_journalled(site, tmp_path):
+    originals = {p.name: p.read_bytes() for p in (site / "hippkg").iterdir()}
+    record_before = (site / "hippkg-1.0.dist-info" / "RECORD").read_bytes()
+    base = tmp_path / "base"
+    shutil.copytree(site, base)
+    states = []
+    for nth in range(1, 12):
+        shutil.rmtree(site)
+        shutil.copytree(base, site)
+        backup = tmp_path / f"backup{nth}"
+        args = ("prune", "--fatbins", "-p", str(site), "--backup", str(backup), "gfx942")
+        killed = rocm_audit(*args, inject=("rename", nth))
+        manifest = site / ".rocm-audit" / "prune-manifest.jsonl"
+        journalled = {}
+        if manifest.exists():
+            for line in manifest.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if entry.get("type") == "fatbin-file":
+                    journalled[Path(entry["path"]).name] = entry
+        changed = 0
+        for name, data in originals.items():
+            now = (site / "hippkg" / name).read_bytes()
+            if now != data:
+                changed += 1
+                entry = journalled[name]  # changed: journalled first, with a whole backup
+                assert hashlib.sha256(Path(entry["backup"]).read_bytes()).hexdigest() == entry["sha256"]
+        assert not list((site / "hippkg").glob(".rocm-audit-tmp.*")) or killed.returncode != 0
+        states.append((killed.returncode != 0, bool(journalled), changed))
+        if manifest.exists():
+            assert _cli("prune", "--revert", str(manifest)).returncode == 0
+        assert {p.name: p.read_bytes() for p in (site / "hippkg").iterdir() if not p.name.startswith(".")} == originals
+        assert (site / "hippkg-1.0.dist-info" / "RECORD").read_bytes() == record_before
+        if killed.returncode == 0:
+            break  # past the last rename: the run completed
+    else:
+        pytest.fail(f"the run still renamed after 11 kill points: {states}")
+    # killed between journal and replace, and between the two libraries
+    assert (True, True, 0) in states and (True, True, 1) in states, states
