@@ -32,8 +32,8 @@ from rocm_audit.prune.fatbins.rewrite import (
     selections,
     slim,
 )
-from rocm_audit.prune.fatbins.select import entries_to_keep, settings_of
-from rocm_audit.tree.targets import kept_target
+from rocm_audit.prune.fatbins.select import entries_to_keep
+from rocm_audit.tree.targets import agents_of, kept_target
 from support.killpoints import rocm_audit
 from support.run import run_checked
 from support.tools import require_tool
@@ -174,8 +174,8 @@ def test_a_bare_target_keeps_every_setting_and_nothing_else():
     entries = _ids("gfx90a", "gfx942:xnack-", "gfx942:xnack+", "gfx950")
     assert entries_to_keep(entries, [kept_target("gfx942")]) == [0, 2, 3]
     assert entries_to_keep(entries, [kept_target("gfx942:xnack-")]) == [0, 2]
-    assert len(settings_of(kept_target("gfx942"))) == 4
-    assert len(settings_of(kept_target("gfx1100"))) == 1  # no sramecc, no xnack
+    assert len(agents_of(kept_target("gfx942"))) == 4
+    assert len(agents_of(kept_target("gfx1100"))) == 1  # no sramecc, no xnack
 
 
 def test_first_compatible_entry_wins_and_generic_only_when_no_native_serves():

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import ccob, offload_bundle
-from rocm_audit.prune.fatbins.select import entries_to_keep, selected, settings_of
-from rocm_audit.tree.targets import TargetId
+from rocm_audit.prune.fatbins.select import entries_to_keep, selected
+from rocm_audit.tree.targets import TargetId, agents_of
 
 COMGR_WINDOW = 4096  # bytes of an uncompressed bundle CLR hands comgr for the lookup
 MAX_ALIGN = 4096
@@ -183,7 +183,7 @@ def selections(data: bytes, kept: Sequence[TargetId]) -> dict[str, bytes | None]
     bundle = parse_plain(plain)
     entries = _entries(bundle)
     chosen: dict[str, bytes | None] = {}
-    for agent in (a for k in kept for a in settings_of(k)):
+    for agent in (a for k in kept for a in agents_of(k)):
         index = selected(entries, agent)
         if index is None:
             chosen[str(agent)] = None

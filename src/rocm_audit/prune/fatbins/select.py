@@ -4,8 +4,8 @@ The rule is the runtime's (formats.md 2.9 and 8.1), taken from tree/targets.py, 
 for each device a kept target names, on each of its settings (every xnack and sramecc value the
 target leaves open), CLR asks comgr for the native entry, then the generic one, then SPIR-V, and
 comgr takes the first compatible entry in bundle order; an entry of size 0 counts as absent
-(``choose_entry``). An entry is kept when that choice falls on it for some device, and always
-when it is:
+(``choose_entry``, asked for every device ``agents_of`` names). An entry is kept when that
+choice falls on it for some device, and always when it is:
 
 - the host entry (the bundler and comgr expect one; it is usually empty);
 - SPIR-V: ``HIP_FORCE_SPIRV_CODEOBJECT`` makes the runtime load it on every device, whatever
@@ -19,37 +19,19 @@ Pure functions: no file is read here.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
-from rocm_audit.formats.amdgpu_elf import FEATURES, supported_features
 from rocm_audit.formats.offload_bundle import COMGR_KINDS, EntryId, comgr_selectable, parse_entry_id
 from rocm_audit.tree.targets import (
     GENERIC_PROCESSORS,
     KNOWN_PROCESSORS,
     SPIRV_PROCESSOR,
     TargetId,
+    agents_of,
     choose_entry,
     parse_target_id,
     serves_kept,
 )
-
-
-def settings_of(kept: TargetId) -> list[TargetId]:
-    """Every device setting ``kept`` stands for: each feature its processor has and the target
-    leaves open takes both values (a bare gfx942 is four devices: sramecc +/-, xnack +/-)."""
-    choices: list[list[bool | None]] = []
-    for name in FEATURES:
-        value = kept.feature(name)
-        if name not in supported_features(kept.processor):
-            choices.append([None])
-        else:
-            choices.append([value] if value is not None else [True, False])
-    agents = []
-    for values in itertools.product(*choices):
-        by_name = dict(zip(FEATURES, values, strict=True))
-        agents.append(TargetId(kept.processor, by_name.get("sramecc"), by_name.get("xnack")))
-    return agents
 
 
 def _selectable_target(entry: EntryId, size: int) -> str | None:
@@ -86,7 +68,7 @@ def entries_to_keep(entries: Sequence[tuple[str, int]], kept: Sequence[TargetId]
             if target is None or any(serves_kept(target, k) is not None for k in kept):
                 keep.add(index)
     named = [_selectable_target(entry, size) for entry, (_raw, size) in zip(parsed, entries, strict=True)]
-    for agent in (agent for k in kept for agent in settings_of(k)):
+    for agent in (agent for k in kept for agent in agents_of(k)):
         chosen = choose_entry(named, agent)
         if chosen is not None:
             keep.add(chosen[0])
