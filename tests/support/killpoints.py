@@ -9,6 +9,7 @@ the syscalls through which that command changes the tree), then reruns the comma
 from __future__ import annotations
 
 import os
+import signal
 import re
 import subprocess
 import sys
@@ -105,4 +106,12 @@ def interrupted(
     any of ``syscalls`` (counted in the process that makes it; the call itself still runs)."""
     names = ",".join(syscalls)
     argv = _command(args, "-o", "/dev/null", "-e", f"trace={names}", "-e", f"inject={names}:signal=INT:when={nth}")
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    # A shell runs a background job with SIGINT ignored, and the child would inherit that: give it
+    # the terminal's default, as an interactive user's rocm-audit has.
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, preexec_fn=default_sigint)
+
+
+def default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default disposition (Python then installs its
+    KeyboardInterrupt handler; an inherited SIG_IGN would make it ignore Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
