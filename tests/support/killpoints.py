@@ -9,8 +9,8 @@ the syscalls through which that command changes the tree), then reruns the comma
 from __future__ import annotations
 
 import os
-import signal
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
