@@ -288,6 +288,7 @@ def _sonames_with_two_builds(site: Path) -> set[str]:
     return {soname for soname, digests in contents.items() if len(digests) > 1}
 
 
+@pytest.mark.toolchain  # builds and installs TheRock-shaped wheels with pip: seconds each
 @pytest.mark.parametrize("layout", ["legacy-families", "kpack-split-init"])
 def test_real_therock_installs_stay_quiet(tmp_path, layout):
     """Per-family libraries wheels (one family loaded per process), device wheels and the

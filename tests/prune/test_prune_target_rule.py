@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -161,6 +162,7 @@ def _keeps(spelled: str, obj: CodeObject) -> bool:
 
 
 @RULE
+@pytest.mark.fuzz
 @given(case())
 def test_prune_keeps_every_entry_verify_arch_selects_for_a_kept_target(generated):
     unit, spelled = generated
@@ -186,6 +188,7 @@ def _prune_means_to_keep(spelled: str, obj: CodeObject) -> bool:
 
 
 @RULE
+@pytest.mark.fuzz
 @given(case())
 def test_prune_keeps_more_only_where_it_means_to(generated):
     """An entry prune keeps is one verify-arch would select on some device of the kept target if it
