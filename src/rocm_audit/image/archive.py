@@ -14,12 +14,10 @@ Every structural problem raises FormatError naming the member and offset.
 from __future__ import annotations
 
 import abc
-import hashlib
 import json
 import os
 import posixpath
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -327,38 +325,3 @@ def _pick_manifest(store: Store, index: Any, ref: str | None, depth: int) -> tup
     if document.get("mediaType") in OCI_INDEX_TYPES or chosen.get("mediaType") in OCI_INDEX_TYPES:
         return _pick_manifest(store, document, None, depth + 1)
     return document, str(digest)
-
-
-class HashingReader:
-    """Hashes what passes through, to check a blob against its descriptor digest."""
-
-    def __init__(self, raw: BinaryIO | _Region, digest: str | None) -> None:
-        self.raw = raw
-        self.expected = digest
-        algorithm = digest.split(":", 1)[0] if digest else "sha256"
-        self.hasher = hashlib.new(algorithm if algorithm in ("sha256", "sha512") else "sha256")
-
-    def read(self, size: int = -1, /) -> bytes:
-        piece = self.raw.read(size)
-        self.hasher.update(piece)
-        return piece
-
-    def drain(self) -> None:
-        while self.read(tarstream.CHUNK):
-            pass
-
-    def matches(self) -> bool:
-        if not self.expected:
-            return True
-        return self.expected.split(":", 1)[1] == self.hasher.hexdigest()
-
-
-def iter_layer_streams(store: Store, layout: ImageLayout) -> Iterator[tuple[int, LayerRef, HashingReader]]:
-    for index, layer in enumerate(layout.layers):
-        if not store.exists(layer.member):
-            raise FormatError("image", 0, f"{store.label}: layer {index} ({layer.member}) is missing")
-        raw = store.open(layer.member)
-        try:
-            yield index, layer, HashingReader(raw, layer.digest)
-        finally:
-            raw.close()

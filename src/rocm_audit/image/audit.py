@@ -23,8 +23,8 @@ from rocm_audit.audit.check import CheckOptions, run_check
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.verify import TargetCandidate
-from rocm_audit.image import merge, tarstream, waste
-from rocm_audit.image.archive import ImageLayout, Store, iter_layer_streams, open_store, read_layout
+from rocm_audit.image import layerpipe, merge, tarstream, waste
+from rocm_audit.image.archive import ImageLayout, Store, open_store, read_layout
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
@@ -98,14 +98,14 @@ def wanted(full: bool) -> Callable[[str], bool]:
 
 def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILENT) -> CommandOutcome:
     """`rocm-audit image --archive FILE`: a docker save tarball or an OCI layout (dir or tar)."""
-    with _Workdir(options.workdir_parent) as workdir:
+    with Workdir(options.workdir_parent) as workdir:
         state = new_state(workdir, options, progress)
         try:
             layout = extract_archive(archive, workdir, state, options.ref)
         except FormatError as exc:
-            return _failed(archive, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
+            return failed(archive, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
         except merge.LimitExceeded as exc:
-            return _failed(archive, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
+            return failed(archive, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
         source: ImageSource = {
             "kind": "archive",
             "path": archive,
@@ -115,7 +115,7 @@ def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILE
         }
         options = dataclasses.replace(options, recorded=image_targets(layout.config))
         layer_names = [ref.digest or ref.member for ref in layout.layers]
-        return _audit_merged(state, options, source, layer_names, [archive])
+        return audit_merged(state, options, source, layer_names, [archive])
 
 
 def extract_archive(archive: str, workdir: str, state: merge.MergeState, ref: str | None = None) -> ImageLayout:
@@ -125,45 +125,75 @@ def extract_archive(archive: str, workdir: str, state: merge.MergeState, ref: st
     """
     store = open_store(archive, workdir, state.limits.max_bytes)
     layout = read_layout(store, ref)
-    for index, layer, blob in iter_layer_streams(store, layout):
-        where = f"{archive}:{layer.member}"
-        state.progress.phase(f"reading layer {index + 1}/{len(layout.layers)}", unit="entries")
-        try:
-            merge.apply_layer(
+    apply_layers(store, layout, state, archive)
+    return layout
+
+
+def apply_layers(store: Store, layout: ImageLayout, state: merge.MergeState, label: str, start: int = 0) -> None:
+    """Apply the layers ``start`` and up of a layout, decompressed in parallel (layerpipe).
+    Findings name each layer as ``LABEL:<member>``. Raises FormatError for a missing layer."""
+    todo = layout.layers[start:]
+    blobs = [layerpipe.Blob(functools.partial(_layer_blob, store, layer.member), layer.digest) for layer in todo]
+    with layerpipe.Pipeline(blobs) as streams:
+        for index, (layer, stream) in enumerate(zip(todo, streams, strict=True), start):
+            if not store.exists(layer.member):
+                raise FormatError("image", 0, f"{store.label}: layer {index} ({layer.member}) is missing")
+            apply_layer_stream(
                 state,
-                tarstream.decompressed(blob),
+                stream,
+                layer.digest,
                 index,
                 layer.digest or layer.member,
+                f"{label}:{layer.member}",
+                len(layout.layers),
+                functools.partial(_layer_again, store, layer.member),
+            )
+
+
+def apply_layer_stream(
+    state: merge.MergeState,
+    stream: layerpipe.VerifiedStream,
+    expected: str | None,
+    index: int,
+    name: str,
+    where: str,
+    count: int,
+    again: Callable[[], contextlib.AbstractContextManager[tarstream.Readable]] | None,
+) -> None:
+    """Apply one layer of a pipeline; an unreadable layer or a digest mismatch becomes a finding."""
+    state.progress.phase(f"reading layer {index + 1}/{count}", unit="entries")
+    try:
+        merge.apply_layer(state, stream, index, name, where, again=again)
+        matches = stream.matches()
+    except FormatError as exc:
+        state.findings.append(
+            make_finding(
+                "IMG001",
                 where,
-                again=functools.partial(_layer_again, store, layer.member),
+                f"layer {index} is unreadable: {exc.reason}; the rest of this layer is missing from the audited view",
+                data={"layer": index, "offset": exc.offset, "format": exc.fmt},
             )
-            blob.drain()
-        except FormatError as exc:
-            state.findings.append(
-                make_finding(
-                    "IMG001",
-                    where,
-                    f"layer {index} is unreadable: {exc.reason}; the rest of this layer "
-                    f"is missing from the audited view",
-                    data={"layer": index, "offset": exc.offset, "format": exc.fmt},
-                )
+        )
+        return
+    if not matches:
+        state.findings.append(
+            make_finding(
+                "IMG005",
+                where,
+                f"layer {index} does not match its digest {expected}",
+                data={"layer": index, "offset": 0, "expected": expected, "actual": stream.finish()},
             )
-            continue
-        if not blob.matches():
-            state.findings.append(
-                make_finding(
-                    "IMG005",
-                    where,
-                    f"layer {index} does not match its digest {layer.digest}",
-                    data={
-                        "layer": index,
-                        "offset": 0,
-                        "expected": layer.digest,
-                        "actual": blob.hasher.hexdigest(),
-                    },
-                )
-            )
-    return layout
+        )
+
+
+@contextlib.contextmanager
+def _layer_blob(store: Store, member: str) -> Iterator[tarstream.Readable]:
+    """A layer's stored bytes (compressed or not), for the pipeline's worker."""
+    raw = store.open(member)
+    try:
+        yield raw
+    finally:
+        raw.close()
 
 
 @contextlib.contextmanager
@@ -192,7 +222,7 @@ def audit_stream(
     """Audit one flattened filesystem tar (a container export) as a single layer; ``again``
     streams it once more, when a kept hardlink's bytes were stored under a path not written."""
 
-    with _Workdir(options.workdir_parent) as workdir:
+    with Workdir(options.workdir_parent) as workdir:
         state = new_state(workdir, options, progress)
         progress.phase("reading the container's files", unit="entries")
         try:
@@ -205,10 +235,10 @@ def audit_stream(
                 again=functools.partial(_stream_again, again) if again is not None else None,
             )
         except FormatError as exc:
-            return _failed(label, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
+            return failed(label, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
         except merge.LimitExceeded as exc:
-            return _failed(label, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
-        return _audit_merged(state, options, source, [label], [label], layer_aware=False)
+            return failed(label, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
+        return audit_merged(state, options, source, [label], [label], layer_aware=False)
 
 
 def new_state(workdir: str, options: ImageOptions, progress: Progress = SILENT) -> merge.MergeState:
@@ -223,7 +253,7 @@ def new_state(workdir: str, options: ImageOptions, progress: Progress = SILENT) 
     )
 
 
-def _audit_merged(
+def audit_merged(
     state: merge.MergeState,
     options: ImageOptions,
     source: ImageSource,
@@ -365,14 +395,14 @@ def _to_image_paths(outcome: CommandOutcome, root: str) -> CommandOutcome:
     return outcome
 
 
-def _failed(label: str, state: merge.MergeState, rule: str, message: str, data: dict[str, Any]) -> CommandOutcome:
+def failed(label: str, state: merge.MergeState, rule: str, message: str, data: dict[str, Any]) -> CommandOutcome:
     findings: list[Finding] = [*state.findings, make_finding(rule, label, message, data=data)]
     # A FormatError of the image format itself reads "image: ...": said once, not "image: image:".
     said = message.removeprefix("image: ")
     return CommandOutcome(command="image", findings=findings, inputs=[label], summary=f"image: not audited: {said}")
 
 
-class _Workdir:
+class Workdir:
     """A private temporary directory (0700), removed on exit whatever happened."""
 
     def __init__(self, parent: str | None) -> None:

@@ -4,8 +4,9 @@ Two ways, both streamed (nothing is held in memory):
 - default: create a container from the image without starting it (network disabled, a command that
   is never run), stream its flattened filesystem with ``export`` (the daemon has applied the
   whiteouts), audit, remove the container;
-- ``layers=True``: stream ``docker save`` into the private work directory and read it as an archive,
-  which gives the layer-aware waste analysis (the export has no layers).
+- ``layers=True``: stream ``docker save`` into the audit (image/savestream.py), which gives the
+  layer-aware waste analysis (the export has no layers); only layers the export's order does not
+  place yet are spooled into the private work directory.
 The docker SDK is untyped; it stays inside this module.
 """
 
@@ -13,13 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import shutil
-import tempfile
 from typing import Any
 
 from rocm_audit.errors import UsageError
-from rocm_audit.image.audit import ImageOptions, audit_archive, audit_stream, image_targets
+from rocm_audit.image.audit import ImageOptions, audit_stream, image_targets
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.report_types import ImageSource
@@ -112,25 +110,41 @@ def _history(image: Any) -> list[str]:
 
 
 def _via_save(image: Any, ref: str, options: ImageOptions, progress: Progress = SILENT) -> CommandOutcome:
-    workdir = tempfile.mkdtemp(prefix="rocm-audit-save-", dir=options.workdir_parent)
-    try:
-        archive = os.path.join(workdir, "image.tar")
-        written = 0
-        progress.phase("saving the image from the Docker daemon")
-        with open(archive, "wb") as target:
-            for chunk in image.save(chunk_size=STREAM_CHUNK, named=True):
-                written += len(chunk)
-                progress.update(0, written)
-                if written > options.max_bytes:
-                    raise UsageError(f"image {ref!r} is larger than --max-bytes {options.max_bytes}")
-                target.write(chunk)
-        outcome = audit_archive(archive, options, progress)
-        # Name the image, not the temporary file, in findings ("REF:<layer member>").
-        outcome.findings = [dataclasses.replace(f, path=f.path.replace(archive, ref, 1)) for f in outcome.findings]
-        image_section = outcome.sections.get("image")
-        if image_section is not None:
-            image_section["source"].update({"kind": "daemon", "ref": ref, "image_id": image.id, "path": None})
-        outcome.inputs = [ref]
-        return outcome
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    """`docker save` streamed into the audit (image/savestream.py): layers whose place the export
+    shows are applied as they arrive, the others spooled until its manifest (written last)."""
+    from rocm_audit.errors import FormatError  # noqa: PLC0415
+    from rocm_audit.image import audit, merge, savestream  # noqa: PLC0415
+
+    diff_ids = [str(d) for d in (image.attrs.get("RootFS") or {}).get("Layers") or []]
+    with audit.Workdir(options.workdir_parent) as workdir:
+        state = audit.new_state(workdir, options, progress)
+        progress.phase("reading the image from the Docker daemon", unit="entries")
+        try:
+            layout, _store, streamed = savestream.apply_save_stream(
+                image.save(chunk_size=STREAM_CHUNK, named=True),
+                diff_ids,
+                state,
+                workdir,
+                ref,
+                audit.apply_layer_stream,
+                lambda member: savestream.member_again(image.save(chunk_size=STREAM_CHUNK, named=True), member),
+                lambda store, layout, start: audit.apply_layers(store, layout, state, ref, start),
+                options.max_bytes,
+            )
+        except FormatError as exc:
+            return audit.failed(ref, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
+        except merge.LimitExceeded as exc:
+            return audit.failed(ref, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
+        log.info("%s: %d of %d layers applied as they streamed", ref, streamed, len(layout.layers))
+        source: ImageSource = {
+            "kind": "daemon",
+            "ref": ref,
+            "image_id": image.id,
+            "path": None,
+            "format": layout.kind,
+            "tags": layout.tags,
+            "manifest_digest": layout.manifest_digest,
+        }
+        options = dataclasses.replace(options, recorded=image_targets(layout.config))
+        layer_names = [layer.digest or layer.member for layer in layout.layers]
+        return audit.audit_merged(state, options, source, layer_names, [ref])

@@ -10,10 +10,12 @@ and GNU (``L``/``K`` long names, base-256 numbers); GNU sparse members are repor
 
 from __future__ import annotations
 
+import functools
+import os
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Protocol, cast
+from typing import IO, Any, Protocol, cast
 
 import zstandard
 
@@ -31,6 +33,11 @@ PAX_LOCAL, PAX_GLOBAL, GNU_LONGNAME, GNU_LONGLINK = "x", "g", "L", "K"
 _NO_DATA = frozenset((HARDLINK, SYMLINK, CHARDEV, BLOCKDEV, DIRECTORY, FIFO))
 
 GZIP_MAGIC = b"\x1f\x8b"
+# gzip inflaters with zlib's decompressobj interface, fastest first (bench/image_layers.py,
+# docs/benchmarks.md): python-isal's igzip, zlib-ng, then the standard zlib. The first two come
+# with the ``fast`` extra; $ROCM_AUDIT_GZIP (isal, zlib-ng, zlib) picks one, for comparisons.
+GZIP_BACKENDS = ("isal", "zlib-ng", "zlib")
+GZIP_ENV = "ROCM_AUDIT_GZIP"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
@@ -230,10 +237,39 @@ class _Data:
         self.offset = offset
 
     def __iter__(self) -> Iterator[bytes]:
+        # Whatever one read gives (up to CHUNK): pieces are not joined to a fixed size.
         while self.remaining:
-            piece = self.stream.read_exact(min(self.remaining, CHUNK), self.offset, "member data")
+            piece = self.stream.raw.read(min(self.remaining, CHUNK))
+            if not piece:
+                raise FormatError("tar", self.offset, "archive ends inside member data")
+            self.stream.position += len(piece)
             self.remaining -= len(piece)
             yield piece
+
+
+def _load_gzip_backend(name: str) -> Any:
+    if name == "isal":
+        from isal import isal_zlib  # noqa: PLC0415 - optional (the ``fast`` extra)
+
+        return isal_zlib
+    if name == "zlib-ng":
+        from zlib_ng import zlib_ng  # noqa: PLC0415 - optional (the ``fast`` extra)
+
+        return zlib_ng
+    return zlib
+
+
+@functools.cache
+def gzip_backend() -> tuple[str, Any]:
+    """The gzip inflater in use: ``(name, module)``; the first of GZIP_BACKENDS that imports, or
+    the one $ROCM_AUDIT_GZIP names (the standard zlib when that one is not installed)."""
+    chosen = os.environ.get(GZIP_ENV, "")
+    for name in (chosen,) if chosen in GZIP_BACKENDS else GZIP_BACKENDS:
+        try:
+            return name, _load_gzip_backend(name)
+        except ImportError:
+            continue
+    return "zlib", zlib
 
 
 class _GzipReader:
@@ -241,8 +277,10 @@ class _GzipReader:
 
     def __init__(self, raw: Readable) -> None:
         self.raw = raw
-        self.inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self.backend = gzip_backend()[1]
+        self.inflater = self.backend.decompressobj(16 + zlib.MAX_WBITS)
         self.pending = b""
+        self.start = 0  # of the unread part of ``pending`` (read(512) must not copy the rest)
         self.done = False
         self.consumed = 0  # compressed bytes read, for error offsets
 
@@ -253,6 +291,8 @@ class _GzipReader:
 
     def read(self, size: int = -1) -> bytes:
         size = CHUNK if size < 0 else size
+        if self.start >= len(self.pending):
+            self.pending, self.start = b"", 0
         while not self.pending and not self.done:
             if self.inflater.eof:
                 rest = self.inflater.unused_data
@@ -261,7 +301,7 @@ class _GzipReader:
                 if not rest.startswith(GZIP_MAGIC):
                     self.done = True  # trailing zeros or garbage: gzip(1) ignores them too
                     break
-                self.inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self.inflater = self.backend.decompressobj(16 + zlib.MAX_WBITS)
                 source = rest
             else:
                 source = self.inflater.unconsumed_tail or self._raw_read()
@@ -269,9 +309,13 @@ class _GzipReader:
                     raise FormatError("gzip", self.consumed, "compressed stream ends early")
             try:
                 self.pending = self.inflater.decompress(source, CHUNK)
-            except zlib.error as exc:
+            except self.backend.error as exc:
                 raise FormatError("gzip", self.consumed, f"corrupt compressed data: {exc}") from None
-        piece, self.pending = self.pending[:size], self.pending[size:]
+        if self.start == 0 and size >= len(self.pending):
+            piece, self.pending = self.pending, b""
+            return piece
+        piece = self.pending[self.start : self.start + size]
+        self.start += len(piece)
         return piece
 
 

@@ -1,0 +1,182 @@
+"""Layers decompressed by igzip, zlib-ng or zlib, in parallel threads, applied in order (issue 39).
+
+Every gzip backend must give the same bytes and the same errors; the pipeline must apply layers in
+their order whatever thread finishes first, report a bad layer where it is, and leave no thread
+behind when the audit stops early.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import io
+import os
+import threading
+import zlib
+from pathlib import Path
+
+import pytest
+
+from rocm_audit.errors import FormatError
+from rocm_audit.image import layerpipe, merge, tarstream
+from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
+from support.image.layer_writers import docker_save, layer, oci_layout
+
+SP = "usr/lib/python3/dist-packages"
+BACKENDS = [
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            module is not None and importlib.util.find_spec(module) is None, reason=f"{name} is not installed"
+        ),
+    )
+    for name, module in (("isal", "isal"), ("zlib-ng", "zlib_ng"), ("zlib", None))
+]
+
+
+@pytest.fixture
+def backend(request, monkeypatch):
+    monkeypatch.setenv(tarstream.GZIP_ENV, request.param)
+    tarstream.gzip_backend.cache_clear()
+    yield request.param
+    tarstream.gzip_backend.cache_clear()
+
+
+def _read_all(stream: tarstream.Readable, size: int) -> bytes:
+    out = io.BytesIO()
+    while piece := stream.read(size):
+        out.write(piece)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_every_backend_inflates_members_and_stops_at_trailing_garbage(backend):
+    assert tarstream.gzip_backend()[0] == backend
+    first, second = os.urandom(3 << 20), b"abc" * 400_000
+    blob = gzip.compress(first) + gzip.compress(second, compresslevel=1) + b"\0\0trailing junk"
+    # Reads of 512 bytes (tar headers) and of a whole MiB give the same bytes.
+    for size in (512, 1 << 20):
+        assert _read_all(tarstream.decompressed(io.BytesIO(blob)), size) == first + second
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_every_backend_reports_corrupt_and_truncated_data(backend):
+    good = gzip.compress(os.urandom(1 << 20))
+    broken = bytearray(good)
+    broken[len(broken) // 2 : len(broken) // 2 + 64] = b"\xff" * 64
+    with pytest.raises(FormatError) as corrupt:
+        _read_all(tarstream.decompressed(io.BytesIO(bytes(broken))), 1 << 20)
+    assert corrupt.value.fmt == "gzip"
+    with pytest.raises(FormatError, match="ends early"):
+        _read_all(tarstream.decompressed(io.BytesIO(good[: len(good) // 2])), 1 << 20)
+
+
+def test_the_fastest_installed_backend_is_the_default(monkeypatch):
+    monkeypatch.delenv(tarstream.GZIP_ENV, raising=False)
+    tarstream.gzip_backend.cache_clear()
+    try:
+        name, module = tarstream.gzip_backend()
+    finally:
+        tarstream.gzip_backend.cache_clear()
+    installed = [n for n, m in (("isal", "isal"), ("zlib-ng", "zlib_ng")) if importlib.util.find_spec(m)]
+    assert name == (installed[0] if installed else "zlib")
+    assert module is not zlib or name == "zlib"
+
+
+def _layers(count: int) -> list[bytes]:
+    """Layer i writes file i and rewrites ``shared`` (the top one must win); layer 3 deletes 0."""
+    result = []
+    for i in range(count):
+        entries: list[tuple[str, bytes | None]] = [
+            (f"{SP}/f{i}.bin", os.urandom(300_000)),
+            (f"{SP}/shared.txt", f"layer {i}".encode()),
+        ]
+        if i == 3:
+            entries.append((f"{SP}/.wh.f0.bin", b""))
+        result.append(layer(*entries))
+    return result
+
+
+def _merged(tmp_path: Path, archive: Path) -> merge.MergeState:
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(full=True))
+    extract_archive(str(archive), str(work), state)
+    merge.finish(state)
+    return state
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_more_layers_than_cpus_are_applied_in_order(tmp_path, backend):
+    count = (os.cpu_count() or 1) + 4
+    layout = oci_layout(tmp_path / "oci", _layers(count))
+    state = _merged(tmp_path, layout)
+    root = Path(state.root) / SP
+    assert (root / "shared.txt").read_text() == f"layer {count - 1}"
+    assert not (root / "f0.bin").exists()  # layer 3's whiteout
+    assert all((root / f"f{i}.bin").exists() for i in range(1, count))
+    assert [s.index for s in state.layers] == list(range(count))
+    assert not [f for f in state.findings if f.rule in ("IMG001", "IMG005")]
+
+
+def test_a_corrupt_layer_and_a_wrong_digest_are_reported_where_they_are(tmp_path):
+    layers = _layers(6)
+    layout = oci_layout(tmp_path / "oci", layers)
+    blobs = sorted((layout / "blobs" / "sha256").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    by_content = {}
+    for blob in blobs:
+        try:
+            by_content[gzip.decompress(blob.read_bytes())] = blob
+        except (OSError, EOFError, zlib.error):
+            continue
+    # Layer 1: flip bytes inside the deflate data (digest and content both wrong);
+    # layer 4: a valid gzip of other bytes under the old name (only the digest is wrong).
+    one = by_content[layers[1]]
+    data = bytearray(one.read_bytes())
+    data[40:200] = os.urandom(160)
+    one.write_bytes(bytes(data))
+    by_content[layers[4]].write_bytes(gzip.compress(layers[4] + bytes(1024)))
+    state = _merged(tmp_path, layout)
+    found = {(f.rule, f.data["layer"]) for f in state.findings if f.rule in ("IMG001", "IMG005")}
+    assert ("IMG005", 4) in found
+    assert any(rule in ("IMG001", "IMG005") and index == 1 for rule, index in found)
+    assert {index for _, index in found} == {1, 4}
+    root = Path(state.root) / SP
+    assert (root / "shared.txt").read_text() == "layer 5"  # the layers after the bad ones applied
+    assert (root / "f5.bin").exists()
+
+
+def test_limit_reached_mid_image_stops_every_thread(tmp_path):
+    before = {t.ident for t in threading.enumerate()}
+    archive = docker_save(tmp_path / "save.tar", _layers(8))
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(full=True, max_bytes=900_000))
+    with pytest.raises(merge.LimitExceeded):
+        extract_archive(str(archive), str(work), state)
+    leftover = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("rocm-audit-layer")]
+    assert leftover == []
+
+
+def test_pipeline_memory_is_bounded_while_the_caller_waits(tmp_path):
+    # The caller reads nothing for a while: each worker stops at its queue bound.
+    raw = [gzip.compress(os.urandom(4 << 20)) for _ in range(3)]
+
+    def opener(data: bytes):
+        import contextlib
+
+        @contextlib.contextmanager
+        def open_it():
+            yield io.BytesIO(data)
+
+        return open_it
+
+    blobs = [layerpipe.Blob(opener(b), "sha256:" + hashlib.sha256(b).hexdigest()) for b in raw]
+    with layerpipe.Pipeline(blobs, workers=3) as streams:
+        streams = list(streams)
+        threading.Event().wait(0.5)
+        assert all(s.queue.qsize() <= layerpipe.QUEUE_CHUNKS for s in streams)
+        for s, b in zip(streams, raw, strict=True):
+            assert _read_all(s, 1 << 20) == gzip.decompress(b)
+            assert s.matches()
