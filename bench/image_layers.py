@@ -47,7 +47,7 @@ def build(wheels: list[Path], work: Path, layer_count: int) -> tuple[Path, list[
     for i, wheel in enumerate(sorted(wheels, key=lambda p: -p.stat().st_size)):
         groups[i % layer_count].append(wheel)
     digests = []
-    for blob, group in zip(blobs, groups):
+    for blob, group in zip(blobs, groups, strict=True):
         with gzip.open(blob, "wb", compresslevel=6) as raw, tarfile.open(fileobj=raw, mode="w|") as tar:
             for wheel in group:
                 with zipfile.ZipFile(wheel) as zf:
