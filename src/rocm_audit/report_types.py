@@ -470,8 +470,9 @@ class PruneFatbinsSection(TypedDict):
 
 
 class ImageSource(TypedDict):
-    kind: str  # archive | daemon
+    kind: str  # archive | daemon | registry
     format: str
+    platform: NotRequired[str]  # registry: the platform picked from an index (os/arch[/variant])
     path: NotRequired[str | None]
     ref: NotRequired[str]
     image_id: NotRequired[str]

@@ -118,6 +118,42 @@ def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILE
         return audit_merged(state, options, source, layer_names, [archive])
 
 
+def audit_registry(
+    text: str,
+    options: ImageOptions,
+    platform: str = "linux/amd64",
+    insecure_hosts: frozenset[str] = frozenset(),
+    progress: Progress = SILENT,
+) -> CommandOutcome:
+    """`rocm-audit image registry://HOST/REPO[:TAG|@DIGEST]`: layers streamed from the registry
+    (image/registry.py) into the merged view, decompressed in parallel, digests checked.
+    Raises UsageError for a bad reference or platform, or an unreachable registry."""
+    from rocm_audit.image import registry  # noqa: PLC0415 - only this source needs it
+
+    ref = registry.parse_ref(text)
+    wanted_platform = registry.parse_platform(platform)
+    with Workdir(options.workdir_parent) as workdir:
+        state = new_state(workdir, options, progress)
+        progress.phase("reading the image manifest from the registry")
+        try:
+            store, layout = registry.read_image(ref, wanted_platform, insecure_hosts)
+            apply_layers(store, layout, state, text)
+        except FormatError as exc:
+            return failed(text, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
+        except merge.LimitExceeded as exc:
+            return failed(text, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
+        source: ImageSource = {
+            "kind": "registry",
+            "ref": text,
+            "format": "registry",
+            "platform": platform,
+            "tags": layout.tags,
+            "manifest_digest": layout.manifest_digest,
+        }
+        options = dataclasses.replace(options, recorded=image_targets(layout.config))
+        return audit_merged(state, options, source, [layer.member for layer in layout.layers], [text])
+
+
 def extract_archive(archive: str, workdir: str, state: merge.MergeState, ref: str | None = None) -> ImageLayout:
     """Apply every layer of the archive over ``state.root``; unreadable layers become findings.
 

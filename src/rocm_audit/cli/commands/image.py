@@ -37,8 +37,9 @@ def command(
     words: Annotated[
         list[str] | None,
         targets_argument(
-            "The image (REF): in the Docker daemon (name:tag or id); with --archive, which image of a "
-            "multi-image archive. Words that are GPU targets (gfx942, gfx942:xnack+, MI300X) are "
+            "The image (REF): in the Docker daemon (name:tag or id); registry://HOST[:PORT]/REPO[:TAG|@DIGEST] "
+            "to read it from a registry without a daemon; with --archive, which image of a multi-image archive. "
+            "Words that are GPU targets (gfx942, gfx942:xnack+, MI300X) are "
             "targets, as with -t; every other word is REF, and there is at most one.",
             metavar="[REF] [TARGET]...",
         ),
@@ -75,6 +76,25 @@ def command(
             rich_help_panel=AUDIT_PANEL,
         ),
     ] = False,
+    platform: Annotated[
+        str,
+        typer.Option(
+            "--platform",
+            metavar="OS/ARCH[/VARIANT]",
+            help="With registry://: which image of a multi-platform index.",
+            rich_help_panel=AUDIT_PANEL,
+        ),
+    ] = "linux/amd64",
+    insecure_registry: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--insecure-registry",
+            metavar="HOST[:PORT]",
+            help="With registry://: talk to this registry over plain HTTP, or HTTPS without checking its "
+            "certificate (private and local registries); repeatable.",
+            rich_help_panel=AUDIT_PANEL,
+        ),
+    ] = None,
     full: Annotated[
         bool,
         typer.Option(
@@ -109,12 +129,13 @@ def command(
     Merges its layers (whiteouts applied) in a private dir, runs every check of `rocm-audit check`
     on its site-packages, and shows which layer holds each copy of duplicated content.
     REF: create a container without starting it, stream its files out, remove it (needs the
-    `docker` extra). --archive FILE: no daemon at all.
+    `docker` extra). registry://HOST/REPO:TAG and --archive FILE: no daemon at all.
 
     \b
     Examples:
       rocm-audit image --target gfx942 rocm/jax:latest
       rocm-audit image --archive img.tar gfx942
+      rocm-audit image registry://ghcr.io/org/app:1.0 gfx942
       rocm-audit image --layers --format json -o image.json rocm/jax:latest
     """
 
@@ -140,6 +161,13 @@ def command(
         raise UsageError("name an image (rocm-audit image REF) or an archive (rocm-audit image --archive FILE)")
     if layers and archive is not None:
         raise UsageError("--layers is for REF (an archive is always read layer by layer)")
+    from rocm_audit.image.registry import is_registry_ref
+
+    from_registry = ref is not None and is_registry_ref(ref)
+    if from_registry and archive is not None:
+        raise UsageError("name a registry image (registry://...) or an archive (--archive FILE), not both")
+    if from_registry and layers:
+        raise UsageError("--layers is for a daemon REF (a registry image is always read layer by layer)")
     options = ImageOptions(
         check=CheckOptions(
             targets=targets,
@@ -161,6 +189,10 @@ def command(
             if not os.path.exists(archive):
                 raise UsageError(f"archive does not exist: {archive}")
             outcome = audit_archive(archive, options, progress)
+        elif from_registry:
+            from rocm_audit.image.audit import audit_registry
+
+            outcome = audit_registry(ref or "", options, platform, frozenset(insecure_registry or []), progress)
         else:
             from rocm_audit.image.daemon import audit_daemon_image
 

@@ -1,0 +1,400 @@
+"""Read an image straight from a registry over the OCI distribution API: no daemon, no full copy.
+
+``registry://HOST[:PORT]/REPO[:TAG|@DIGEST]`` (the prefix docker scout uses). The manifest (Docker
+v2 schema 2 or OCI; through an image index or a Docker manifest list, the platform picked by
+``--platform``) and the config are fetched into memory (at most MAX_DOCUMENT_BYTES each, checked
+against their digests); the layer blobs are streamed, one connection per layer, into the same
+parallel pipeline as archive layers (image/layerpipe.py), which checks each blob's digest as it
+streams past.
+
+Client: plain ``http.client``, not a registry library: no new dependency, and full control of
+what streams and of every loop (redirects, auth rounds, index depth are all bounded). Auth:
+anonymous, then what the registry's 401 asks for: Basic, or a Bearer token from its token
+endpoint (anonymous or with the Basic credentials), credentials from the Docker config file
+(``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``, its ``auths``; credential helpers
+are not run). TLS is verified, except for hosts named with ``--insecure-registry``: for those
+HTTPS is tried without verification and plain HTTP is used when the host does not speak TLS.
+Authorization is never sent to another host than the one that asked for it (blob redirects to
+storage).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import logging
+import os
+import re
+import ssl
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocm_audit.errors import FormatError, UsageError
+from rocm_audit.image import tarstream
+from rocm_audit.image.archive import ImageLayout, LayerRef, Store
+
+log = logging.getLogger(__name__)
+
+PREFIX = "registry://"
+MAX_DOCUMENT_BYTES = 4 << 20  # a manifest, an index, a config, a token answer
+MAX_REDIRECTS = 5
+MAX_AUTH_ROUNDS = 2
+MAX_INDEX_DEPTH = 2
+TIMEOUT = 60.0
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+INDEX_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+_REF = re.compile(
+    r"^(?P<host>[A-Za-z0-9.-]+(?::\d{1,5})?|\[[0-9A-Fa-f:]+\](?::\d{1,5})?)/"
+    r"(?P<repo>[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryRef:
+    host: str  # host[:port]
+    repository: str
+    reference: str  # tag or digest
+    text: str
+
+    @property
+    def pinned(self) -> str | None:
+        return self.reference if self.reference.startswith("sha256:") else None
+
+
+def is_registry_ref(text: str) -> bool:
+    return text.startswith(PREFIX)
+
+
+def parse_ref(text: str) -> RegistryRef:
+    """``registry://HOST[:PORT]/REPO[:TAG|@DIGEST]``; the tag defaults to ``latest``. UsageError."""
+    match = _REF.match(text[len(PREFIX) :]) if is_registry_ref(text) else None
+    if not match:
+        raise UsageError(
+            f"not a registry reference: {text!r}; write registry://HOST[:PORT]/REPO[:TAG|@DIGEST], "
+            "for example registry://ghcr.io/org/image:1.0"
+        )
+    reference = match["digest"] or match["tag"] or "latest"
+    return RegistryRef(match["host"], match["repo"], reference, text)
+
+
+def parse_platform(text: str) -> tuple[str, str, str | None]:
+    """``os/arch[/variant]`` -> parts. UsageError."""
+    parts = text.split("/")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise UsageError(f"--platform takes OS/ARCH[/VARIANT] (linux/amd64, linux/arm64/v8), not {text!r}")
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else None
+
+
+def docker_config_auth(host: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """(user, password) for ``host`` from the Docker config file's ``auths``, or None."""
+    env = os.environ if environ is None else environ
+    directory = env.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path, "rb") as handle:
+            config = json.loads(handle.read(MAX_DOCUMENT_BYTES))
+    except (OSError, ValueError):
+        return None
+    auths = config.get("auths") if isinstance(config, dict) else None
+    if not isinstance(auths, dict):
+        return None
+    for key, entry in auths.items():
+        name = urllib.parse.urlsplit(key).netloc if "://" in key else key.split("/", 1)[0]
+        if name != host or not isinstance(entry, dict):
+            continue
+        if isinstance(entry.get("auth"), str):
+            try:
+                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                continue
+            return user, password
+        if isinstance(entry.get("username"), str) and isinstance(entry.get("password"), str):
+            return entry["username"], entry["password"]
+    if config.get("credHelpers") or config.get("credsStore"):
+        log.info("%s: the Docker config names a credential helper; helpers are not run", host)
+    return None
+
+
+@dataclass(slots=True)
+class Client:
+    """One registry host: connections, auth, bounded requests."""
+
+    host: str
+    insecure: bool = False
+    credentials: tuple[str, str] | None = None
+    scheme: str = ""  # "https" or "http", decided on the first request
+    tokens: dict[str, str] = field(default_factory=dict)  # scope -> bearer token
+    basic: bool = False  # the registry asked for Basic
+
+    def _connect(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
+        if scheme == "http":
+            return http.client.HTTPConnection(netloc, timeout=TIMEOUT)
+        context = ssl.create_default_context()
+        if self.insecure and netloc == self.host:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return http.client.HTTPSConnection(netloc, timeout=TIMEOUT, context=context)
+
+    def _scheme(self) -> str:
+        if self.scheme:
+            return self.scheme
+        if not self.insecure:
+            self.scheme = "https"
+            return self.scheme
+        connection = self._connect("https", self.host)
+        try:
+            connection.request("GET", "/v2/")
+            connection.getresponse().close()
+            self.scheme = "https"
+        except (ssl.SSLError, http.client.HTTPException, ConnectionResetError):
+            self.scheme = "http"  # an insecure registry that does not speak TLS
+        except OSError as exc:
+            raise UsageError(f"cannot reach registry {self.host}: {exc}") from None
+        finally:
+            connection.close()
+        return self.scheme
+
+    def get(self, path: str, accept: tuple[str, ...] = (), scope: str = "") -> http.client.HTTPResponse:
+        """GET ``path`` of the registry, following redirects and auth challenges (bounded).
+        Returns a response with status 200; raises FormatError for any other answer."""
+        url = f"{self._scheme()}://{self.host}{path}"
+        auth_rounds = 0
+        redirects = 0
+        while True:
+            parts = urllib.parse.urlsplit(url)
+            headers = {"User-Agent": "rocm-audit", "Accept": ", ".join(accept) or "*/*"}
+            if parts.netloc == self.host:
+                authorization = self._authorization(scope)
+                if authorization:
+                    headers["Authorization"] = authorization
+            connection = self._connect(parts.scheme, parts.netloc)
+            try:
+                connection.request(
+                    "GET", urllib.parse.urlunsplit(("", "", parts.path, parts.query, "")), headers=headers
+                )
+                response = connection.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                connection.close()
+                raise FormatError("registry", 0, f"{self.host}: GET {path}: {exc}") from None
+            if response.status == 200:
+                return response
+            body = response.read(MAX_DOCUMENT_BYTES)
+            connection.close()
+            if response.status in (301, 302, 303, 307, 308) and redirects < MAX_REDIRECTS:
+                location = response.getheader("Location") or ""
+                target = urllib.parse.urljoin(url, location)
+                if urllib.parse.urlsplit(target).scheme not in ("http", "https"):
+                    raise FormatError("registry", 0, f"{self.host}: GET {path}: redirect to {location!r}")
+                url, redirects = target, redirects + 1
+                continue
+            if response.status == 401 and auth_rounds < MAX_AUTH_ROUNDS and parts.netloc == self.host:
+                auth_rounds += 1
+                if self._answer(response.getheader("WWW-Authenticate") or "", scope):
+                    continue
+            raise FormatError("registry", 0, f"{self.host}: GET {path}: {_status(response.status, body)}")
+
+    def _authorization(self, scope: str) -> str:
+        token = self.tokens.get(scope)
+        if token:
+            return f"Bearer {token}"
+        if self.basic and self.credentials:
+            raw = f"{self.credentials[0]}:{self.credentials[1]}".encode()
+            return "Basic " + base64.b64encode(raw).decode()
+        return ""
+
+    def _answer(self, challenge: str, scope: str) -> bool:
+        """Prepare credentials for the challenge; False when there is nothing new to try."""
+        kind = challenge.split(" ", 1)[0].lower()
+        if kind == "basic":
+            if self.credentials is None or self.basic:
+                return False
+            self.basic = True
+            return True
+        if kind != "bearer" or scope in self.tokens:
+            return False
+        fields = dict(_CHALLENGE.findall(challenge))
+        realm = fields.get("realm", "")
+        parts = urllib.parse.urlsplit(realm)
+        if parts.scheme not in ("http", "https") or (parts.scheme == "http" and not self.insecure):
+            raise FormatError("registry", 0, f"{self.host}: token service {realm!r} is not an https URL")
+        query = {k: v for k, v in (("service", fields.get("service")), ("scope", fields.get("scope") or scope)) if v}
+        url = realm + ("&" if parts.query else "?") + urllib.parse.urlencode(query)
+        self.tokens[scope] = self._token(url)
+        return True
+
+    def _token(self, url: str) -> str:
+        parts = urllib.parse.urlsplit(url)
+        headers = {"User-Agent": "rocm-audit"}
+        if self.credentials:
+            raw = f"{self.credentials[0]}:{self.credentials[1]}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        connection = self._connect(parts.scheme, parts.netloc)
+        try:
+            connection.request("GET", urllib.parse.urlunsplit(("", "", parts.path, parts.query, "")), headers=headers)
+            response = connection.getresponse()
+            body = response.read(MAX_DOCUMENT_BYTES + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise FormatError("registry", 0, f"{self.host}: token service: {exc}") from None
+        finally:
+            connection.close()
+        if response.status != 200:
+            raise FormatError("registry", 0, f"{self.host}: token service: {_status(response.status, body)}")
+        try:
+            answer = json.loads(body[:MAX_DOCUMENT_BYTES])
+        except ValueError:
+            answer = None
+        token = answer.get("token") or answer.get("access_token") if isinstance(answer, dict) else None
+        if not isinstance(token, str) or not token:
+            raise FormatError("registry", 0, f"{self.host}: token service answered without a token")
+        return token
+
+    def document(self, path: str, accept: tuple[str, ...], scope: str, digest: str | None) -> tuple[bytes, str]:
+        """A small JSON document (manifest, index, config): its bytes and its sha256 digest,
+        checked against ``digest`` when given."""
+        response = self.get(path, accept, scope)
+        try:
+            body = response.read(MAX_DOCUMENT_BYTES + 1)
+        finally:
+            response.close()
+        if len(body) > MAX_DOCUMENT_BYTES:
+            raise FormatError("registry", 0, f"{self.host}: {path} is larger than {MAX_DOCUMENT_BYTES} bytes")
+        actual = "sha256:" + hashlib.sha256(body).hexdigest()
+        if digest is not None and actual != digest:
+            raise FormatError("registry", 0, f"{self.host}: {path} does not match its digest {digest}")
+        return body, response.getheader("Content-Type") or ""
+
+
+def _status(status: int, body: bytes) -> str:
+    detail = ""
+    try:
+        errors = json.loads(body).get("errors") or []
+        detail = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict))[:300]
+    except (ValueError, AttributeError):
+        pass
+    return f"HTTP {status}" + (f" ({detail})" if detail else "")
+
+
+def _json(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError("json", 0, f"{what}: {exc}") from None
+    if not isinstance(value, dict):
+        raise FormatError("image", 0, f"{what} is not a JSON object")
+    return value
+
+
+def _digest(value: object, what: str) -> str:
+    if not isinstance(value, str) or not _DIGEST.match(value):
+        raise FormatError("image", 0, f"{what}: bad digest {value!r}")
+    return value
+
+
+class RegistryStore(Store):
+    """Layer blobs of one repository, each streamed on its own connection when opened."""
+
+    def __init__(self, client: Client, ref: RegistryRef) -> None:
+        self.client = client
+        self.ref = ref
+        self.label = ref.text
+        self.scope = f"repository:{ref.repository}:pull"
+
+    def exists(self, name: str) -> bool:
+        return bool(_DIGEST.match(name))
+
+    def size(self, name: str) -> int:
+        raise FormatError("image", 0, f"{self.label}: blob sizes are not read")
+
+    def open(self, name: str) -> _Body:  # type: ignore[override]
+        response = self.client.get(f"/v2/{self.ref.repository}/blobs/{name}", (), self.scope)
+        return _Body(response, self.label, name)
+
+
+class _Body:
+    """A blob's response body: network errors become FormatError (the layer is unreadable)."""
+
+    def __init__(self, response: http.client.HTTPResponse, label: str, name: str) -> None:
+        self.response = response
+        self.label = label
+        self.name = name
+
+    def read(self, size: int = -1, /) -> bytes:
+        try:
+            return self.response.read(tarstream.CHUNK if size < 0 else size)
+        except (OSError, http.client.HTTPException) as exc:
+            raise FormatError("registry", 0, f"{self.label}: {self.name}: {exc}") from None
+
+    def close(self) -> None:
+        self.response.close()
+
+
+def read_image(
+    ref: RegistryRef, platform: tuple[str, str, str | None], insecure_hosts: frozenset[str]
+) -> tuple[RegistryStore, ImageLayout]:
+    """Resolve the reference to one image manifest (through indexes) and read its config."""
+    client = Client(ref.host, insecure=ref.host in insecure_hosts, credentials=docker_config_auth(ref.host))
+    store = RegistryStore(client, ref)
+    accept = MANIFEST_TYPES + INDEX_TYPES
+    path = f"/v2/{ref.repository}/manifests/{ref.reference}"
+    body, content_type = client.document(path, accept, store.scope, ref.pinned)
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    document = _json(body, f"{ref.text}: manifest")
+    for _ in range(MAX_INDEX_DEPTH + 1):
+        media_type = str(document.get("mediaType") or content_type.split(";")[0].strip())
+        if media_type not in INDEX_TYPES and "manifests" not in document:
+            break
+        digest = _pick_platform(document, platform, ref.text)
+        body, content_type = client.document(f"/v2/{ref.repository}/manifests/{digest}", accept, store.scope, digest)
+        document = _json(body, f"{ref.text}: manifest {digest}")
+    else:
+        raise FormatError("image", 0, f"{ref.text}: image indexes nested too deep")
+    if document.get("schemaVersion") != 2 or not isinstance(document.get("layers"), list):
+        raise FormatError("image", 0, f"{ref.text}: manifest {digest} is not an image manifest (schema 2 or OCI)")
+    layers = []
+    for layer in document["layers"]:
+        if not isinstance(layer, dict):
+            raise FormatError("image", 0, f"{ref.text}: manifest {digest}: bad layer descriptor")
+        blob = _digest(layer.get("digest"), f"{ref.text}: layer")
+        layers.append(LayerRef(member=blob, digest=blob, media_type=str(layer.get("mediaType", ""))))
+    config: dict[str, Any] = {}
+    descriptor = document.get("config")
+    if isinstance(descriptor, dict):
+        config_digest = _digest(descriptor.get("digest"), f"{ref.text}: config")
+        raw, _ = client.document(f"/v2/{ref.repository}/blobs/{config_digest}", (), store.scope, config_digest)
+        config = _json(raw, f"{ref.text}: config")
+    return store, ImageLayout(kind="registry", layers=layers, config=config, tags=[ref.text], manifest_digest=digest)
+
+
+def _pick_platform(index: dict[str, Any], platform: tuple[str, str, str | None], label: str) -> str:
+    entries = index.get("manifests")
+    if not isinstance(entries, list) or not entries:
+        raise FormatError("image", 0, f"{label}: index has no manifests")
+    wanted_os, wanted_arch, wanted_variant = platform
+    offered = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        raw_platform = entry.get("platform")
+        found: dict[str, Any] = raw_platform if isinstance(raw_platform, dict) else {}
+        offered.append("/".join(str(found.get(k)) for k in ("os", "architecture", "variant") if found.get(k)))
+        if found.get("os") == wanted_os and found.get("architecture") == wanted_arch:
+            if wanted_variant is None or found.get("variant") == wanted_variant:
+                return _digest(entry.get("digest"), f"{label}: index entry")
+    wanted = "/".join(p for p in platform if p)
+    raise UsageError(
+        f"{label} has no image for platform {wanted} (it has: {', '.join(sorted(set(offered))) or 'none'}); "
+        "choose one with --platform"
+    )
