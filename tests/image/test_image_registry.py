@@ -284,7 +284,7 @@ class _FakeRegistry(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         authorization = self.headers.get("Authorization", "")
         self.seen.append(("registry", self.path, authorization))
         basic = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
@@ -320,7 +320,7 @@ class _Storage(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         _FakeRegistry.seen.append(("storage", self.path, self.headers.get("Authorization", "")))
         body = _FakeRegistry.blobs.get(self.path.rsplit("/", 1)[-1])
         self.send_response(200 if body is not None else 404)
