@@ -180,3 +180,95 @@ def test_pipeline_memory_is_bounded_while_the_caller_waits(tmp_path):
         for s, b in zip(streams, raw, strict=True):
             assert _read_all(s, 1 << 20) == gzip.decompress(b)
             assert s.matches()
+
+
+def _save_stream(layout: Path, order: list[str]) -> list[bytes]:
+    """The layout as one tar in ``order`` (blob names first, as Docker 25+ writes), in chunks."""
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name in order:
+            tar.add(layout / name, arcname=name, recursive=False)
+    data = buffer.getvalue()
+    return [data[i : i + 65536] for i in range(0, len(data), 65536)]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_docker_save_stream_applies_layers_as_they_arrive(tmp_path, reverse):
+    import contextlib
+    import json
+
+    from rocm_audit.image import audit, savestream
+
+    layers = [layer((f"{SP}/big{i}.bin", os.urandom(2 << 20)), (f"{SP}/shared.txt", f"{i}".encode())) for i in range(3)]
+    layout = oci_layout(tmp_path / "oci", layers, compress=False, docker_manifest=True)
+    manifest = json.loads((layout / "manifest.json").read_text())[0]
+    diff_ids = ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers]
+    blobs = sorted(str(p.relative_to(layout)) for p in (layout / "blobs" / "sha256").iterdir())
+    layer_blobs = manifest["Layers"][::-1] if reverse else manifest["Layers"]
+    order = [*layer_blobs, *[b for b in blobs if b not in layer_blobs], "index.json", "manifest.json", "oci-layout"]
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(full=True))
+    seen_spool: list[int] = []
+
+    def apply_rest(store, found, start):
+        seen_spool.append(len(os.listdir(work / "spool")))
+        audit.apply_layers(store, found, state, "img", start)
+
+    found, _store, streamed = savestream.apply_save_stream(
+        _save_stream(layout, order),
+        diff_ids,
+        state,
+        str(work),
+        "img",
+        audit.apply_layer_stream,
+        lambda member: contextlib.nullcontext(io.BytesIO(b"")),
+        apply_rest,
+        1 << 30,
+    )
+    merge.finish(state)
+    assert (Path(state.root) / SP / "shared.txt").read_text() == "2"
+    assert [s.index for s in state.layers] == [0, 1, 2]
+    assert not [f for f in state.findings if f.rule in ("IMG001", "IMG005")]
+    assert found.kind == "docker-save+oci"
+    if reverse:  # layer 2 and 1 arrive before 0: spooled; 0 streams, then 1 and 2 from the spool
+        assert streamed == 1 and seen_spool == [2]
+    else:  # in order: nothing spooled at all
+        assert streamed == 3 and seen_spool == [0]
+
+
+def test_docker_save_stream_reports_a_layer_that_is_not_its_digest(tmp_path):
+    import contextlib
+    import json
+
+    from rocm_audit.image import audit, savestream
+
+    layers = [layer((f"{SP}/big{i}.bin", os.urandom(2 << 20))) for i in range(2)]
+    layout = oci_layout(tmp_path / "oci", layers, compress=False, docker_manifest=True)
+    manifest = json.loads((layout / "manifest.json").read_text())[0]
+    diff_ids = ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers]
+    # The first blob holds other bytes than its name says (a different valid tar of the same size).
+    first = layout / manifest["Layers"][0]
+    other = layer((f"{SP}/big0.bin", os.urandom(2 << 20)))
+    assert len(other) == first.stat().st_size
+    first.write_bytes(other)
+    blobs = sorted(str(p.relative_to(layout)) for p in (layout / "blobs" / "sha256").iterdir())
+    order = [*manifest["Layers"], *[b for b in blobs if b not in manifest["Layers"]], "index.json", "manifest.json"]
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(full=True))
+    _, _, streamed = savestream.apply_save_stream(
+        _save_stream(layout, order),
+        diff_ids,
+        state,
+        str(work),
+        "img",
+        audit.apply_layer_stream,
+        lambda member: contextlib.nullcontext(io.BytesIO(b"")),
+        lambda store, found, start: audit.apply_layers(store, found, state, "img", start),
+        1 << 30,
+    )
+    assert streamed == 2
+    assert [(f.rule, f.data["layer"]) for f in state.findings if f.rule == "IMG005"] == [("IMG005", 0)]

@@ -213,3 +213,27 @@ def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path
     assert sorted(p.name for p in (rootfs / "_rocm_sdk_devel/include").iterdir()) == ["new.h"]
     assert os.readlink(rootfs / "_rocm_sdk_devel/evil") == "../../../../../../../../.."
     json.dumps(report)
+
+
+@pytest.mark.parametrize("name", ["split_plain", "layered"])
+def test_daemon_layers_stream_the_save_with_the_findings_of_the_saved_file(
+    run_cli, docker, docker_env, images, saved, name, tmp_path, caplog
+):
+    # `docker save` streamed into the audit gives what the saved archive gives; layers the export
+    # names by digest in order are applied as they arrive (Docker 25+), the rest spooled.
+    ref = getattr(images, name)
+    with caplog.at_level("INFO", logger="rocm_audit.image.daemon"):
+        streamed = run_cli("image", ref, "--layers", "--format", "json").report
+    from_file = run_cli("image", "--archive", str(saved[name]), "--format", "json").report
+
+    def comparable(report: dict, label: str) -> set[tuple[str, str, str]]:
+        return {(f["rule"], f["path"].removeprefix(label), f["message"]) for f in report["findings"]}
+
+    assert comparable(streamed, ref) == comparable(from_file, str(saved[name]))
+    assert streamed["image"]["waste"] == from_file["image"]["waste"]
+    assert streamed["image"]["source"]["kind"] == "daemon"
+    said = [r.getMessage() for r in caplog.records if "applied as they streamed" in r.getMessage()]
+    assert said, "the daemon path did not say how many layers streamed"
+    if streamed["image"]["source"]["format"] == "docker-save+oci":
+        applied, total = (int(word) for word in said[0].split(": ", 1)[1].split()[0:3:2])
+        assert applied == total == len(streamed["image"]["layers"])
