@@ -9,6 +9,8 @@ measures, each the median of interleaved runs with a warm page cache:
 - decompressing every layer alone: `zcat`, Python's `gzip`, python-isal's igzip, zlib-ng
   (each absent library is reported, not faked);
 - the same layers decompressed in parallel (one thread per layer, isal or zlib-ng);
+- `rocm-audit check` on the same files unpacked (the checks' own time: the target is
+  image <= 1.3 x (the igzip floor + this));
 - `rocm-audit image --archive` on the archive (wall and peak RSS from /usr/bin/time when present).
 Prints a Markdown table; `--json` prints the figures as JSON.
 """
@@ -143,6 +145,17 @@ def measure(archive: Path, blobs: list[Path], runs: int, rocm_audit: str, floors
         jobs[f"{name} decompressobj (one after another)"] = lambda m=module: [_inflate_with(m, b) for b in blobs]
         if name != "zlib":
             jobs[f"{name} decompressobj (a thread per layer)"] = lambda m=module: _parallel(m, blobs)
+    tree = archive.parent / "tree"
+    if not tree.exists():
+        tree.mkdir()
+        for blob in blobs:
+            subprocess.run(["tar", "-xzf", str(blob), "-C", str(tree)], check=True)
+    jobs["rocm-audit check on the same files, unpacked (the checks' own time)"] = lambda: subprocess.run(
+        [*shlex.split(rocm_audit), "check", "-p", str(tree / "usr/lib/python3/site-packages")]
+        + ["-t", "gfx942", "-t", "gfx950", "-q", "--format", "json"],
+        stdout=subprocess.DEVNULL,
+        check=False,
+    )
     jobs["rocm-audit image --archive"] = lambda: subprocess.run(
         [
             *shlex.split(rocm_audit),
