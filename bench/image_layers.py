@@ -152,7 +152,7 @@ def measure(archive: Path, blobs: list[Path], runs: int, rocm_audit: str, floors
             subprocess.run(["tar", "-xzf", str(blob), "-C", str(tree)], check=True)
     jobs["rocm-audit check on the same files, unpacked (the checks' own time)"] = lambda: subprocess.run(
         [*shlex.split(rocm_audit), "check", "-p", str(tree / "usr/lib/python3/site-packages")]
-        + ["-t", "gfx942", "-t", "gfx950", "-q", "--format", "json"],
+        + ["gfx942", "gfx950", "-q", "--format", "json"],
         stdout=subprocess.DEVNULL,
         check=False,
     )

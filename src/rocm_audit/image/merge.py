@@ -27,20 +27,16 @@ stream and LimitExceeded.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import logging
 import os
 import posixpath
-import queue
 import shutil
 import stat
-import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
 
 from rocm_audit.errors import FormatError, RocmAuditError
 from rocm_audit.findings import Finding, make_finding
@@ -115,36 +111,6 @@ class MergeState:
     # not write: the loader model finds them there and knows it cannot read them.
     streamed_past: set[str] = field(default_factory=set)
     progress: Progress = SILENT  # told how far each layer's reading is (the caller names the phase)
-    hashing: _HashWorker | None = None  # while a layer is applied: its files' digests, off this thread
-
-
-class _HashWorker:
-    """Hashes file contents on a thread of its own (hashlib releases the GIL on large buffers),
-    beside the thread that parses the tar and writes the merged view. Copies get their digest
-    when the layer is done (``settle``); at most QUEUE chunks wait, so memory stays bounded."""
-
-    QUEUE = 16
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[tuple[Any, bytes] | None] = queue.Queue(self.QUEUE)
-        self.waiting: list[tuple[int, Any]] = []  # (index in state.copies, hasher)
-        self.thread = threading.Thread(target=self._run, name="rocm-audit-hash", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            item[0].update(item[1])
-
-    def update(self, hasher: Any, chunk: bytes) -> None:
-        self.queue.put((hasher, chunk))
-
-    def settle(self, copies: list[Copy]) -> None:
-        """Wait for every queued chunk, give each copy its digest, stop the thread."""
-        self.queue.put(None)
-        self.thread.join()
-        for index, hasher in self.waiting:
-            copies[index] = dataclasses.replace(copies[index], digest=hasher.digest())
-        self.waiting.clear()
 
 
 def normalise(name: str) -> str | None:
@@ -192,54 +158,6 @@ def apply_layer(
     opaque: list[tuple[str, int]] = []
     devices: list[tuple[int, str, str]] = []  # (offset, path, type): one finding per layer
     pending: dict[str, _Pending] = {}  # unwritten source -> the kept hardlinks waiting for its bytes
-    state.hashing = _HashWorker()
-    try:
-        _apply_entries(state, stream, stats, index, where, created, hidden_by_whiteout, opaque, devices, pending)
-    finally:
-        state.hashing.settle(state.copies)
-        state.hashing = None
-    if pending:
-        _fill_pending(state, stats, where, pending, again)
-    if devices:
-        state.findings.append(
-            make_finding(
-                "IMG003",
-                f"{where}:{devices[0][1]}",
-                f"{len(devices)} device node(s) or FIFO(s) not extracted: "
-                + ", ".join(path for _, path, _ in devices[:8])
-                + (", ..." if len(devices) > 8 else ""),
-                data={
-                    "layer": index,
-                    "offset": devices[0][0],
-                    "type": devices[0][2],
-                    "paths": [path for _, path, _ in devices],
-                },
-            )
-        )
-    for directory, _offset in opaque:
-        _clear_lower(state, directory, created)
-    for rel, _offset in hidden_by_whiteout:
-        if rel in created:
-            continue  # same-layer content is not hidden by its own layer's whiteout
-        target = os.path.join(state.root, rel)
-        if _parent_is_safe(state.root, rel):
-            _drop(state, rel, target)
-    return stats
-
-
-def _apply_entries(
-    state: MergeState,
-    stream: tarstream.Readable,
-    stats: LayerStats,
-    index: int,
-    where: str,
-    created: set[str],
-    hidden_by_whiteout: list[tuple[str, int]],
-    opaque: list[tuple[str, int]],
-    devices: list[tuple[int, str, str]],
-    pending: dict[str, _Pending],
-) -> None:
-    """apply_layer's pass over the layer's entries."""
     for entry, data in tarstream.iter_entries(_Budget(stream, state.limits, state.progress, stats)):
         state.limits.entries += 1
         stats.entries += 1
@@ -301,6 +219,33 @@ def _apply_entries(
                 raise ExtractionError(f"{where}: cannot write the merged view: {exc.strerror}") from None
             # ENAMETOOLONG, ELOOP, EEXIST from a hostile layout: this entry only.
             _refuse(state, stats, where, entry, f"could not be extracted: {exc.strerror}")
+    if pending:
+        _fill_pending(state, stats, where, pending, again)
+    if devices:
+        state.findings.append(
+            make_finding(
+                "IMG003",
+                f"{where}:{devices[0][1]}",
+                f"{len(devices)} device node(s) or FIFO(s) not extracted: "
+                + ", ".join(path for _, path, _ in devices[:8])
+                + (", ..." if len(devices) > 8 else ""),
+                data={
+                    "layer": index,
+                    "offset": devices[0][0],
+                    "type": devices[0][2],
+                    "paths": [path for _, path, _ in devices],
+                },
+            )
+        )
+    for directory, _offset in opaque:
+        _clear_lower(state, directory, created)
+    for rel, _offset in hidden_by_whiteout:
+        if rel in created:
+            continue  # same-layer content is not hidden by its own layer's whiteout
+        target = os.path.join(state.root, rel)
+        if _parent_is_safe(state.root, rel):
+            _drop(state, rel, target)
+    return stats
 
 
 def _whiteout(
@@ -471,14 +416,10 @@ def _regular(
     hasher = hashlib.blake2b(digest_size=32) if entry.size >= HASH_MIN_BYTES else None
     keep = state.keep("/" + rel)
     out = open(target, "wb") if keep else None
-    hashing = state.hashing
     try:
         for chunk in data:
             if hasher is not None:
-                if hashing is not None:
-                    hashing.update(hasher, chunk)
-                else:
-                    hasher.update(chunk)
+                hasher.update(chunk)
             if out is not None:
                 out.write(chunk)
     finally:
@@ -490,11 +431,7 @@ def _regular(
         state.streamed_past.add("/" + rel)
     state.layer_of["/" + rel] = index
     if hasher is not None:
-        if hashing is not None:  # the digest comes when the layer is done (_HashWorker.settle)
-            hashing.waiting.append((len(state.copies), hasher))
-            state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=b""))
-        else:
-            state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=hasher.digest()))
+        state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=hasher.digest()))
         state.visible["/" + rel] = len(state.copies) - 1
 
 
