@@ -29,6 +29,7 @@ from rocm_audit.image.archive import MAX_JSON_BYTES, ImageLayout, Store, _clean,
 from rocm_audit.image.merge import MergeState
 
 MAX_MEMORY_MEMBER = 1 << 20  # members up to this size (manifests, configs, index) stay in memory
+MAX_MEMORY_TOTAL = 64 << 20  # past this, small members are spooled too
 _BLOB = "blobs/sha256/"
 
 
@@ -92,6 +93,7 @@ class SpoolStore(Store):
         self.memory: dict[str, bytes] = {}
         self.files: dict[str, str] = {}
         self.links: dict[str, str] = {}
+        self.in_memory = 0
 
     def _resolve(self, name: str) -> str | None:
         name = _clean(name, self.label)
@@ -121,8 +123,9 @@ class SpoolStore(Store):
         return open(self.files[real], "rb")
 
     def keep(self, name: str, data: Iterable[bytes], size: int) -> None:
-        if size <= MAX_MEMORY_MEMBER:
+        if size <= MAX_MEMORY_MEMBER and self.in_memory + size <= MAX_MEMORY_TOTAL:
             self.memory[name] = b"".join(data)
+            self.in_memory += size
             return
         path = os.path.join(self.directory, f"{len(self.files)}.blob")
         with open(path, "xb") as out:
