@@ -422,6 +422,19 @@ def emit(
 
     When the report is machine-readable or goes to a file, the one-line summary goes to stderr
     (unless quiet), so a person watching the build still sees what happened."""
+    _settle_findings(outcome, baseline, write_baseline)
+    threshold = fail_on_severity(fail_on)
+    _write_out(_rendered(outcome, fmt, threshold, verbose), output)
+    if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
+        typer.echo(display(outcome.summary), err=True)
+    if threshold is None:
+        return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
+    return outcome.exit_code(threshold)
+
+
+def _settle_findings(outcome: CommandOutcome, baseline: str | None, write_baseline: str | None) -> None:
+    """Give ``outcome`` its roots, shippers and fingerprints; apply the policy's ignores, write the
+    baseline when asked, and set aside the findings a baseline already knows. Raises ConfigError."""
     import dataclasses
     import os
 
@@ -452,11 +465,14 @@ def emit(
             outcome.findings, [f.fingerprint for f in outcome.findings], parse_baseline(text, baseline), baseline
         )
         outcome.suppressed = sorted([*outcome.suppressed, *known], key=lambda s: (s["path"], s["rule"]))
-    threshold = fail_on_severity(fail_on)
+
+
+def _rendered(outcome: CommandOutcome, fmt: OutputFormat, threshold: Severity | None, verbose: int) -> str:
+    """The report in the format asked for."""
     if fmt is OutputFormat.json:
         from rocm_audit.output.report import build_report, to_json
 
-        text = to_json(
+        return to_json(
             build_report(
                 outcome.command,
                 outcome.findings,
@@ -465,28 +481,31 @@ def emit(
                 suppressed=outcome.suppressed,
             )
         )
-    elif fmt is OutputFormat.sarif:
+    if fmt is OutputFormat.sarif:
         from rocm_audit.output.sarif import render_sarif
 
-        text = render_sarif(outcome)
-    elif fmt is OutputFormat.junit:
+        return render_sarif(outcome)
+    if fmt is OutputFormat.junit:
         from rocm_audit.output.junit import render_junit
 
-        text = render_junit(outcome, threshold)
-    elif fmt is OutputFormat.github:
+        return render_junit(outcome, threshold)
+    if fmt is OutputFormat.github:
         import os
 
         from rocm_audit.output.github import render_github
 
-        text = render_github(outcome, os.environ.get("GITHUB_WORKSPACE"))
-    elif fmt is OutputFormat.markdown:
+        return render_github(outcome, os.environ.get("GITHUB_WORKSPACE"))
+    if fmt is OutputFormat.markdown:
         from rocm_audit.output.markdown import render_markdown
 
-        text = render_markdown(outcome, verbose=verbose)
-    else:
-        from rocm_audit.output.text import render_text
+        return render_markdown(outcome, verbose=verbose)
+    from rocm_audit.output.text import render_text
 
-        text = render_text(outcome, verbose=verbose)
+    return render_text(outcome, verbose=verbose)
+
+
+def _write_out(text: str, output: str | None) -> None:
+    """Write the report to ``output``, atomically, or to stdout."""
     if output:
         from rocm_audit.output.report import write_atomic
 
@@ -498,11 +517,6 @@ def emit(
         else:  # a test runner's text stream
             sys.stdout.write(text)
         sys.stdout.flush()
-    if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
-        typer.echo(display(outcome.summary), err=True)
-    if threshold is None:
-        return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
-    return outcome.exit_code(threshold)
 
 
 def interrupted_message(stopped: Interrupted) -> str:

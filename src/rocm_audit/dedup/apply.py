@@ -159,51 +159,8 @@ def _apply_groups(
     free, its journal runs here meanwhile, and pairs compared before both are done wait. Returns
     the members whose bytes differ from their keeper's, by group (only an inexact plan has them:
     they agreed on size, head and tail)."""
-    pairs: list[tuple[DedupGroup, PlannedLink, PairBefore]] = []
-    for group in groups:
-        for planned in group.duplicates:
-            if group.status[planned.record.path] != "planned":
-                continue  # skipped when its manifest entries could not be written
-            try:
-                pairs.append((group, planned, look_before(group, planned)))
-            except Skip as skip:
-                _record_skip(group, planned, skip, result, findings)
-    differing: dict[int, tuple[DedupGroup, list[PlannedLink]]] = {}
-
-    def finish(number: int, problem: str | None) -> None:
-        group, planned, before = pairs[number]
-        if problem == DIFFERS and not plan.exact:
-            differing.setdefault(id(group), (group, []))[1].append(planned)
-            return
-        with one_change():  # a Ctrl-C waits until the link is in place and counted
-            try:
-                if problem == DIFFERS:
-                    raise Skip("DUP003", "bytes differ from the keeper at apply time")
-                if problem is not None:
-                    raise Skip("DUP005", problem)
-                replace_with_link(group, planned, before)
-            except Skip as skip:
-                _record_skip(group, planned, skip, result, findings)
-            else:
-                group.status[planned.record.path] = "replaced"
-                result.replaced += 1
-                if not planned.hardlink:
-                    result.bytes_freed += group.size
-        progress.update(result.replaced + result.skipped, bytes_read)
-
-    # Pieces of about tuning.PIECE_BYTES each, so that processes share even one pair of 1 GB libraries.
-    # Smallest pairs first, each pair's pieces one after another: pairs complete from the start,
-    # and this process, which alone makes the links, has a steady supply of them while helpers
-    # read the large pairs (largest first, the first link waited for every 1 GB pair's last piece).
-    compared: list[PairPiece] = []
-    owners: list[int] = []
-    for number in sorted(range(len(pairs)), key=lambda n: pairs[n][0].size):
-        group, planned, _ = pairs[number]
-        if planned.hardlink:
-            continue  # one inode: nothing to compare
-        for byte_range in pieces(group.keeper.size, tuning.PIECE_BYTES // 2):
-            compared.append(PairPiece(group.keeper.path, planned.record.path, group.keeper.size, byte_range))
-            owners.append(number)
+    run = _Linking(_pairs_to_link(groups, result, findings), plan, result, findings, progress)
+    compared, owners = _pieces_by_pair(run.pairs)
     workers = worker_count(sum(2 * (p.byte_range[1] - p.byte_range[0]) for p in compared), tuning.PARALLEL_MIN_BYTES)
     items: list[PairPiece | SnapshotShare] = list(compared)
     priorities = list(range(len(compared), 0, -1))  # in the order just built
@@ -218,7 +175,7 @@ def _apply_groups(
     problems: dict[int, str] = {}
     waiting: list[int] = []  # pairs compared before the snapshot was complete
     stats = plan.stats
-    bytes_before, bytes_read = stats.bytes_read, 0
+    bytes_before = stats.bytes_read
 
     def work(item: PairPiece | SnapshotShare) -> Any:
         return needed_before(item.paths) if isinstance(item, SnapshotShare) else compare_piece(item, stats)
@@ -231,11 +188,11 @@ def _apply_groups(
             shares_left -= 1
             if not shares_left:
                 for number in waiting:
-                    finish(number, problems.get(number))
+                    run.finish(number, problems.get(number))
             continue
         problem, count = answer
-        bytes_read += count  # helpers count in their own copy of stats
-        progress.update(result.replaced + result.skipped, bytes_read)
+        run.bytes_read += count  # helpers count in their own copy of stats
+        progress.update(result.replaced + result.skipped, run.bytes_read)
         number = owners[index]
         if problem is not None:
             problems.setdefault(number, problem)
@@ -245,12 +202,83 @@ def _apply_groups(
         if shares_left:
             waiting.append(number)
         else:
-            finish(number, problems.get(number))
-    stats.bytes_read = bytes_before + bytes_read
-    for number, (_, planned, _) in enumerate(pairs):
+            run.finish(number, problems.get(number))
+    stats.bytes_read = bytes_before + run.bytes_read
+    for number, (_, planned, _) in enumerate(run.pairs):
         if planned.hardlink:  # one inode: nothing to compare
-            finish(number, None)
-    return list(differing.values())
+            run.finish(number, None)
+    return list(run.differing.values())
+
+
+def _pairs_to_link(
+    groups: list[DedupGroup], result: ApplyResult, findings: list[Finding]
+) -> list[tuple[DedupGroup, PlannedLink, PairBefore]]:
+    """Every planned pair with its look before the change; a pair that fails that look is skipped."""
+    pairs: list[tuple[DedupGroup, PlannedLink, PairBefore]] = []
+    for group in groups:
+        for planned in group.duplicates:
+            if group.status[planned.record.path] != "planned":
+                continue  # skipped when its manifest entries could not be written
+            try:
+                pairs.append((group, planned, look_before(group, planned)))
+            except Skip as skip:
+                _record_skip(group, planned, skip, result, findings)
+    return pairs
+
+
+def _pieces_by_pair(pairs: list[tuple[DedupGroup, PlannedLink, PairBefore]]) -> tuple[list[PairPiece], list[int]]:
+    """The pieces to compare, and the pair each belongs to.
+
+    Pieces of about tuning.PIECE_BYTES each, so that processes share even one pair of 1 GB
+    libraries. Smallest pairs first, each pair's pieces one after another: pairs complete from the
+    start, and this process, which alone makes the links, has a steady supply of them while helpers
+    read the large pairs (largest first, the first link waited for every 1 GB pair's last piece)."""
+    compared: list[PairPiece] = []
+    owners: list[int] = []
+    for number in sorted(range(len(pairs)), key=lambda n: pairs[n][0].size):
+        group, planned, _ = pairs[number]
+        if planned.hardlink:
+            continue  # one inode: nothing to compare
+        for byte_range in pieces(group.keeper.size, tuning.PIECE_BYTES // 2):
+            compared.append(PairPiece(group.keeper.path, planned.record.path, group.keeper.size, byte_range))
+            owners.append(number)
+    return compared, owners
+
+
+@dataclass(slots=True)
+class _Linking:
+    """The pairs of one round of :func:`_apply_groups` and what became of them."""
+
+    pairs: list[tuple[DedupGroup, PlannedLink, PairBefore]]
+    plan: DedupPlan
+    result: ApplyResult
+    findings: list[Finding]
+    progress: Progress
+    differing: dict[int, tuple[DedupGroup, list[PlannedLink]]] = field(default_factory=dict)
+    bytes_read: int = 0  # helpers count in their own copy of stats
+
+    def finish(self, number: int, problem: str | None) -> None:
+        """Replace pair ``number`` now that its comparison is in (or skip it, with a finding)."""
+        group, planned, before = self.pairs[number]
+        result = self.result
+        if problem == DIFFERS and not self.plan.exact:
+            self.differing.setdefault(id(group), (group, []))[1].append(planned)
+            return
+        with one_change():  # a Ctrl-C waits until the link is in place and counted
+            try:
+                if problem == DIFFERS:
+                    raise Skip("DUP003", "bytes differ from the keeper at apply time")
+                if problem is not None:
+                    raise Skip("DUP005", problem)
+                replace_with_link(group, planned, before)
+            except Skip as skip:
+                _record_skip(group, planned, skip, result, self.findings)
+            else:
+                group.status[planned.record.path] = "replaced"
+                result.replaced += 1
+                if not planned.hardlink:
+                    result.bytes_freed += group.size
+        self.progress.update(result.replaced + result.skipped, self.bytes_read)
 
 
 def _regrouped(

@@ -139,85 +139,97 @@ def read_archive(read_at: ReadAt, file_size: int) -> Aks2Archive:
 
     header = parse_header(read_at(0, HEADER.size), file_size)
     decoder = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=XZ_MEMLIMIT)
-    directory = bytearray()
-    kernels: list[Aks2Kernel] = []
-    heads: dict[int, bytearray] = {}
-    # (start, end, index) of each head to keep, in content order; filled as the stream passes
-    wanted: list[tuple[int, int, int]] = []
-    next_wanted = 0
-    active: list[tuple[int, int, int]] = []
-    need_until = header.directory_size  # content offset past the last byte still needed
-    produced = 0  # content bytes decompressed so far
+    content = _Content(header)
     file_pos = HEADER.size
     pending = b""
-
-    def absorb(chunk: bytes) -> None:
-        nonlocal produced, next_wanted, active
-        start = produced
-        produced += len(chunk)
-        if len(directory) < header.directory_size:
-            directory.extend(chunk[: header.directory_size - start])
-        while next_wanted < len(wanted) and wanted[next_wanted][0] < produced:
-            active.append(wanted[next_wanted])
-            next_wanted += 1
-        still = []
-        for lo, hi, index in active:
-            a, b = max(lo, start), min(hi, produced)
-            if a < b:
-                heads[index].extend(chunk[a - start : b - start])
-            if hi > produced:
-                still.append((lo, hi, index))
-        active = still
-
-    def plan_heads() -> None:
-        nonlocal need_until
-        base = header.directory_size  # every image starts at or after it: nothing is read yet
-        for index, kernel in enumerate(kernels):
-            if kernel.size:
-                lo = base + kernel.offset
-                wanted.append((lo, lo + min(kernel.size, HEAD_BYTES), index))
-                heads[index] = bytearray()
-        wanted.sort()
-        need_until = max((hi for _lo, hi, _i in wanted), default=base)
-
     planned = False
     while True:
-        if not planned and produced >= header.directory_size:
-            kernels = parse_directory(directory, header)
+        if not planned and content.produced >= header.directory_size:
+            content.plan_heads(parse_directory(content.directory, header))
             planned = True
-            plan_heads()
-        if planned and produced >= need_until:
+        if planned and content.produced >= content.need_until:
             break
         if decoder.eof:
             raise FormatError(
-                CONTENT_FMT, produced, f"xz stream ends after {produced} bytes, before byte {need_until} is read"
+                CONTENT_FMT,
+                content.produced,
+                f"xz stream ends after {content.produced} bytes, before byte {content.need_until} is read",
             )
         if decoder.needs_input:
             pending = read_at(file_pos, INPUT_CHUNK)
             if not pending:
                 raise FormatError(
-                    FMT, file_pos, f"xz stream is truncated: the file ends after {produced} content bytes"
+                    FMT, file_pos, f"xz stream is truncated: the file ends after {content.produced} content bytes"
                 )
             feed_at = file_pos
             file_pos += len(pending)
         else:
             pending, feed_at = b"", file_pos
         # up to the directory's end first, so that no image byte passes before the heads are planned
-        limit = min(OUTPUT_CHUNK, need_until - produced)
+        limit = min(OUTPUT_CHUNK, content.need_until - content.produced)
         try:
             chunk = decoder.decompress(pending, max_length=limit)
         except lzma.LZMAError as exc:
             raise FormatError(FMT, feed_at, f"xz data is corrupt: {exc}") from None
-        if produced + len(chunk) > header.uncompressed_size:
+        if content.produced + len(chunk) > header.uncompressed_size:
             raise FormatError(
-                CONTENT_FMT, produced, f"content is longer than the {header.uncompressed_size} bytes the header says"
+                CONTENT_FMT,
+                content.produced,
+                f"content is longer than the {header.uncompressed_size} bytes the header says",
             )
-        absorb(chunk)
+        content.absorb(chunk)
     done = tuple(
-        Aks2Kernel(k.name, k.shared_memory, k.threads, k.offset, k.size, bytes(heads.get(i, b"")))
-        for i, k in enumerate(kernels)
+        Aks2Kernel(k.name, k.shared_memory, k.threads, k.offset, k.size, bytes(content.heads.get(i, b"")))
+        for i, k in enumerate(content.kernels)
     )
-    return Aks2Archive(header, done, produced)
+    return Aks2Archive(header, done, content.produced)
+
+
+class _Content:
+    """What :func:`read_archive` keeps of the decompressed content as it streams past: the
+    directory, then the first :data:`HEAD_BYTES` of each image."""
+
+    def __init__(self, header: Aks2Header) -> None:
+        self.header = header
+        self.directory = bytearray()
+        self.kernels: list[Aks2Kernel] = []
+        self.heads: dict[int, bytearray] = {}
+        # (start, end, index) of each head to keep, in content order; filled as the stream passes
+        self.wanted: list[tuple[int, int, int]] = []
+        self.next_wanted = 0
+        self.active: list[tuple[int, int, int]] = []
+        self.need_until = header.directory_size  # content offset past the last byte still needed
+        self.produced = 0  # content bytes decompressed so far
+
+    def absorb(self, chunk: bytes) -> None:
+        """Keep what ``chunk``, the next decompressed bytes, holds of the directory and the heads."""
+        start = self.produced
+        self.produced += len(chunk)
+        if len(self.directory) < self.header.directory_size:
+            self.directory.extend(chunk[: self.header.directory_size - start])
+        while self.next_wanted < len(self.wanted) and self.wanted[self.next_wanted][0] < self.produced:
+            self.active.append(self.wanted[self.next_wanted])
+            self.next_wanted += 1
+        still = []
+        for lo, hi, index in self.active:
+            a, b = max(lo, start), min(hi, self.produced)
+            if a < b:
+                self.heads[index].extend(chunk[a - start : b - start])
+            if hi > self.produced:
+                still.append((lo, hi, index))
+        self.active = still
+
+    def plan_heads(self, kernels: list[Aks2Kernel]) -> None:
+        """Once the directory is read: which content ranges hold the heads, and where to stop."""
+        self.kernels = kernels
+        base = self.header.directory_size  # every image starts at or after it: nothing is read yet
+        for index, kernel in enumerate(kernels):
+            if kernel.size:
+                lo = base + kernel.offset
+                self.wanted.append((lo, lo + min(kernel.size, HEAD_BYTES), index))
+                self.heads[index] = bytearray()
+        self.wanted.sort()
+        self.need_until = max((hi for _lo, hi, _i in self.wanted), default=base)
 
 
 def parse(buf: bytes | memoryview) -> Aks2Archive:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rocm_audit.llvm.linkage import (
     ADD_ARGUMENT,
@@ -262,75 +262,9 @@ def _interposition(
     one: Mapped, scope: Sequence[Mapped], search_list: Sequence[Mapped], index: int
 ) -> Prediction | None:
     """A crash: one's own copy of shared state, or one of its imports, taken from another library."""
-    own = one.linkage.shared_copies
-    taken: list[str] = []
-    taker: Mapped | None = None
-    relaid: list[str] = []  # own initialised objects another whole LLVM's copies stand in for
-    relaid_on: Mapped | None = None
-    in_closure = {o.identity for o in search_list}
-    if own:
-        for candidate in scope:
-            if candidate.identity == one.identity:
-                break  # from here on one's own definitions win
-            whole = one.linkage.defines_registry and candidate.linkage.defines_registry
-            if candidate.identity in in_closure and not whole:
-                continue  # linked together on purpose (vague-linkage copies of one build)
-            # Two whole LLVMs (each with CommandLine.cpp) in one closure are no such build: the
-            # one later in the search list binds its registries to the earlier one's like any
-            # interposition (rocm-bindings-compiler's unversioned libLLVM.so before Debian's
-            # libLLVM-15 in one DT_NEEDED list: MachineSchedRegistry shared, a crash at exit).
-            common = own & candidate.linkage.strong_data
-            initialised = one.linkage.initialised_copies
-            # In one closure every object is relocated before any initialiser runs: measured on
-            # triton's pass plugin before Debian's libLLVM 19 in one DT_NEEDED list, libLLVM's
-            # own cl::opt objects (PrintChanged, ...) bound to the plugin's copies and built by
-            # both crash at exit (free(): invalid pointer); dlopened one after the other, the
-            # same binding was clean. Data no initialiser touches is shared harmlessly either way.
-            together = whole and candidate.identity in in_closure
-            for name in common:
-                built_here = initialised is None or name in initialised
-                binds_there = _compatible(one.linkage.binds[name].version, candidate.linkage.exports.get(name))
-                if not _shared_state(name):
-                    if not (together and built_here):
-                        if whole and built_here and binds_there:
-                            relaid.append(name)
-                            relaid_on = relaid_on or candidate
-                        continue
-                elif not _registry(name) and not built_here:
-                    continue  # constant-initialised (an MLIR TypeID): its initialisers never touch it
-                if binds_there:
-                    taken.append(name)
-                    taker = taker or candidate
-            if taken:
-                break
-    if taken:
-        heads = sorted(n for n in taken if n == MACHINE_SCHED_REGISTRY or REGISTRY_HEAD.match(n))
-        named = tuple(_short(n) for n in (heads or sorted(taken))[:MAX_NAMED_SYMBOLS])
-        what = "LLVM's registries" if heads else "data and code"
-        assert taker is not None
-        if MACHINE_SCHED_REGISTRY in taken and taker.linkage.assertions:
-            # Its schedulers ("default", ...) are added to the taker's registry, whose listener (the
-            # -misched option's parser, an assertions build's) has them already. Measured: triton
-            # 3.8's libtriton loaded GLOBAL, then a Debian libLLVM 14-19 (or a library on one).
-            return Prediction(
-                Verdict.ABORT,
-                f"{one.path} adds its machine schedulers to {taker.path}'s registry (it binds "
-                f"{_short(MACHINE_SCHED_REGISTRY)} there), an assertions build whose -misched parser "
-                "has those names already: LLVM aborts with \"Option 'default' already exists!\"",
-                culprit=one.path,
-                other=taker.path,
-                step=index,
-                symbols=(MACHINE_SCHED_REGISTRY,),
-            )
-        return Prediction(
-            Verdict.CRASH,
-            f"{len(taken)} of {one.path}'s own llvm/clang/mlir definitions ({what}, e.g. {named[0]}) bind "
-            f"to {taker.path}: two copies share one object (a double free at exit or a crash while loading)",
-            culprit=one.path,
-            other=taker.path,
-            step=index,
-            symbols=named,
-        )
+    taking = _taken_copies(one, scope, {o.identity for o in search_list})
+    if taking.taken:
+        return _taken_prediction(one, taking.taken, taking.taker, index)
     # Imports its own closure provides, taken from a library loaded earlier (another LLVM).
     local = [o for o in search_list if o.identity != one.identity]
     if not local or len(scope) == len(search_list):
@@ -359,22 +293,107 @@ def _interposition(
             step=index,
             symbols=tuple(foreign),
         )
-    if relaid and relaid_on is not None:
+    if taking.relaid and taking.relaid_on is not None:
         # Measured (differential sweep): the same ~300 cl::opt objects and vtables of a Debian
         # libLLVM 14-19 bound to triton 3.6's pass plugin were clean, to triton 3.8's
         # instrumentation library (a later LLVM) a double free at exit. Clean, with the caveat.
-        named = tuple(_short(n) for n in sorted(relaid)[:MAX_NAMED_SYMBOLS])
+        named = tuple(_short(n) for n in sorted(taking.relaid)[:MAX_NAMED_SYMBOLS])
         return Prediction(
             Verdict.CLEAN,
-            f"clean while the two LLVM builds share one class layout: {len(relaid)} of {one.path}'s own "
-            f"initialised llvm objects (e.g. {named[0]}) bind to {relaid_on.path}'s copies and are built "
+            f"clean while the two LLVM builds share one class layout: {len(taking.relaid)} of {one.path}'s own "
+            f"initialised llvm objects (e.g. {named[0]}) bind to {taking.relaid_on.path}'s copies and are built "
             "again there (another layout: a double free at exit)",
             culprit=one.path,
-            other=relaid_on.path,
+            other=taking.relaid_on.path,
             step=index,
             symbols=named,
         )
     return None
+
+
+@dataclass(slots=True)
+class _Taking:
+    """What of one library's own shared copies a library earlier in its scope stands in for."""
+
+    taken: list[str] = field(default_factory=list)  # shared state bound to ``taker``'s copy
+    taker: Mapped | None = None
+    relaid: list[str] = field(default_factory=list)  # own initialised objects another whole LLVM's copies stand in for
+    relaid_on: Mapped | None = None
+
+
+def _taken_copies(one: Mapped, scope: Sequence[Mapped], in_closure: set[tuple[int, int]]) -> _Taking:
+    """Walk ``scope`` up to ``one``: the first library that takes any of one's own copies of shared
+    state, and the whole LLVMs whose initialised copies stand in for one's own."""
+    taking = _Taking()
+    own = one.linkage.shared_copies
+    if not own:
+        return taking
+    for candidate in scope:
+        if candidate.identity == one.identity:
+            break  # from here on one's own definitions win
+        whole = one.linkage.defines_registry and candidate.linkage.defines_registry
+        if candidate.identity in in_closure and not whole:
+            continue  # linked together on purpose (vague-linkage copies of one build)
+        # Two whole LLVMs (each with CommandLine.cpp) in one closure are no such build: the
+        # one later in the search list binds its registries to the earlier one's like any
+        # interposition (rocm-bindings-compiler's unversioned libLLVM.so before Debian's
+        # libLLVM-15 in one DT_NEEDED list: MachineSchedRegistry shared, a crash at exit).
+        common = own & candidate.linkage.strong_data
+        initialised = one.linkage.initialised_copies
+        # In one closure every object is relocated before any initialiser runs: measured on
+        # triton's pass plugin before Debian's libLLVM 19 in one DT_NEEDED list, libLLVM's
+        # own cl::opt objects (PrintChanged, ...) bound to the plugin's copies and built by
+        # both crash at exit (free(): invalid pointer); dlopened one after the other, the
+        # same binding was clean. Data no initialiser touches is shared harmlessly either way.
+        together = whole and candidate.identity in in_closure
+        for name in common:
+            built_here = initialised is None or name in initialised
+            binds_there = _compatible(one.linkage.binds[name].version, candidate.linkage.exports.get(name))
+            if not _shared_state(name):
+                if not (together and built_here):
+                    if whole and built_here and binds_there:
+                        taking.relaid.append(name)
+                        taking.relaid_on = taking.relaid_on or candidate
+                    continue
+            elif not _registry(name) and not built_here:
+                continue  # constant-initialised (an MLIR TypeID): its initialisers never touch it
+            if binds_there:
+                taking.taken.append(name)
+                taking.taker = taking.taker or candidate
+        if taking.taken:
+            break
+    return taking
+
+
+def _taken_prediction(one: Mapped, taken: list[str], taker: Mapped | None, index: int) -> Prediction:
+    """What happens when ``taker`` holds the copies of shared state ``one`` defines itself."""
+    heads = sorted(n for n in taken if n == MACHINE_SCHED_REGISTRY or REGISTRY_HEAD.match(n))
+    named = tuple(_short(n) for n in (heads or sorted(taken))[:MAX_NAMED_SYMBOLS])
+    what = "LLVM's registries" if heads else "data and code"
+    assert taker is not None
+    if MACHINE_SCHED_REGISTRY in taken and taker.linkage.assertions:
+        # Its schedulers ("default", ...) are added to the taker's registry, whose listener (the
+        # -misched option's parser, an assertions build's) has them already. Measured: triton
+        # 3.8's libtriton loaded GLOBAL, then a Debian libLLVM 14-19 (or a library on one).
+        return Prediction(
+            Verdict.ABORT,
+            f"{one.path} adds its machine schedulers to {taker.path}'s registry (it binds "
+            f"{_short(MACHINE_SCHED_REGISTRY)} there), an assertions build whose -misched parser "
+            "has those names already: LLVM aborts with \"Option 'default' already exists!\"",
+            culprit=one.path,
+            other=taker.path,
+            step=index,
+            symbols=(MACHINE_SCHED_REGISTRY,),
+        )
+    return Prediction(
+        Verdict.CRASH,
+        f"{len(taken)} of {one.path}'s own llvm/clang/mlir definitions ({what}, e.g. {named[0]}) bind "
+        f"to {taker.path}: two copies share one object (a double free at exit or a crash while loading)",
+        culprit=one.path,
+        other=taker.path,
+        step=index,
+        symbols=named,
+    )
 
 
 def worst(predictions: Mapping[str, Prediction]) -> Prediction:

@@ -148,6 +148,23 @@ def load_policy(rules_files: Iterable[str]) -> Policy:
 
 
 def _apply_file(active: Policy, path: str) -> None:
+    """Apply one rules file to ``active``: its rule overrides, ignores and policy settings, in that
+    order. Raises ConfigError naming the file, line and key of the first thing wrong."""
+    text, document = _read_rules_file(path)
+    active.files.append(path)
+    unknown_top = set(document) - {"rules", "ignore", "policy"}
+    if unknown_top:
+        key = sorted(unknown_top)[0]
+        raise ConfigError(
+            path, "unknown top-level key (expected rules, ignore, policy)", line=_line_of(text, key), key=key
+        )
+    _apply_severities(active, path, text, document.get("rules", {}))
+    _apply_ignores(active, path, text, document.get("ignore", []))
+    _apply_settings(active, path, text, document.get("policy", {}))
+
+
+def _read_rules_file(path: str) -> tuple[str, dict[str, Any]]:
+    """The text of a rules file and its TOML document. Raises ConfigError."""
     try:
         with open(path, "rb") as handle:
             raw = handle.read()
@@ -159,14 +176,12 @@ def _apply_file(active: Policy, path: str) -> None:
     except tomllib.TOMLDecodeError as exc:
         match = re.search(r"line (\d+)", str(exc))
         raise ConfigError(path, f"not valid TOML: {exc}", line=int(match.group(1)) if match else None) from None
-    active.files.append(path)
-    unknown_top = set(document) - {"rules", "ignore", "policy"}
-    if unknown_top:
-        key = sorted(unknown_top)[0]
-        raise ConfigError(
-            path, "unknown top-level key (expected rules, ignore, policy)", line=_line_of(text, key), key=key
-        )
-    for rule_id, table in document.get("rules", {}).items():
+    return text, document
+
+
+def _apply_severities(active: Policy, path: str, text: str, rules: dict[str, Any]) -> None:
+    """``[rules.ID] severity = ...``: the rule's severity, and where it was set."""
+    for rule_id, table in rules.items():
         where = f"rules.{rule_id}"
         line = _line_of(text, rule_id)
         if rule_id not in active.rules:
@@ -184,7 +199,10 @@ def _apply_file(active: Policy, path: str) -> None:
             ) from None
         active.rules[rule_id] = replace(active.rules[rule_id], severity=severity)
         active.severity_sources[rule_id] = f"{path}:{line}" if line else path
-    ignores = document.get("ignore", [])
+
+
+def _apply_ignores(active: Policy, path: str, text: str, ignores: Any) -> None:
+    """``[[ignore]]`` tables: each names a rule, a path or a distribution (globs), and a reason."""
     if not isinstance(ignores, list):
         raise ConfigError(
             path, "`ignore` must be an array of tables ([[ignore]])", line=_line_of(text, "ignore"), key="ignore"
@@ -224,7 +242,11 @@ def _apply_file(active: Policy, path: str) -> None:
         active.ignores.append(
             Ignore(rule_glob, glob, reason.strip(), f"{path}:{line}" if line else path, _normalized(distribution))
         )
-    for area, table in document.get("policy", {}).items():
+
+
+def _apply_settings(active: Policy, path: str, text: str, areas: dict[str, Any]) -> None:
+    """``[policy.AREA]`` tables: known settings only, each checked, and where each was set."""
+    for area, table in areas.items():
         known = _KNOWN_POLICY.get(area)
         if known is None:
             raise ConfigError(

@@ -31,97 +31,116 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) << {"B": 0, "K": 10, "M": 20, "G": 30, "T": 40}[unit]
 
 
+_WordsArgument = Annotated[
+    list[str] | None,
+    targets_argument(
+        "The image (REF): in the Docker daemon (name:tag or id); registry://HOST[:PORT]/REPO[:TAG|@DIGEST] "
+        "to read it from a registry without a daemon; with --archive, which image of a multi-image archive. "
+        "Words that are GPU targets (gfx942, gfx942:xnack+, MI300X) are "
+        "targets, as with -t; every other word is REF, and there is at most one.",
+        metavar="[REF] [TARGET]...",
+    ),
+]
+
+_ArchiveOption = Annotated[
+    str | None,
+    typer.Option(
+        "--archive",
+        metavar="FILE",
+        help="No daemon: a `docker save` tarball (legacy or OCI, optionally "
+        "gzip/zstd) or an OCI image layout (directory or tar).",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+_TargetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--target",
+        "-t",
+        metavar="TARGET",
+        help='GPU targets for verify-arch (gfx950, MI300X or "gfx942;gfx950"), as the words after REF; '
+        "repeatable. Default, the first that is set: $GPU_ARCH of this host; GPU_ARCH, then "
+        "PYTORCH_ROCM_ARCH in the image's Env; the build args GPU_ARCH, PYTORCH_ROCM_ARCH, "
+        "GPU_ARCHS, AMDGPU_TARGETS its history records; its dist_info.json.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+_LayersOption = Annotated[
+    bool,
+    typer.Option(
+        "--layers",
+        help="With REF: read the layers (docker save, streamed) instead of a container export, "
+        "for the layer-aware waste analysis.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+_PlatformOption = Annotated[
+    str,
+    typer.Option(
+        "--platform",
+        metavar="OS/ARCH[/VARIANT]",
+        help="With registry://: which image of a multi-platform index.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+_InsecureRegistryOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--insecure-registry",
+        metavar="HOST[:PORT]",
+        help="With registry://: talk to this registry over plain HTTP, or HTTPS without checking its "
+        "certificate (private and local registries); repeatable.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+_FullOption = Annotated[
+    bool,
+    typer.Option(
+        "--full",
+        help="Extract every file, not only site-packages and the loader's directories.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+_MaxBytesOption = Annotated[
+    str,
+    typer.Option(
+        "--max-bytes",
+        metavar="SIZE",
+        help="Refuse images whose layers hold more than SIZE bytes.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+_MaxEntriesOption = Annotated[
+    int,
+    typer.Option(
+        "--max-entries",
+        metavar="N",
+        min=1,
+        help="Refuse images whose layers hold more than N entries.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+
 @reporting_command()
 def command(
     report: Report,
-    words: Annotated[
-        list[str] | None,
-        targets_argument(
-            "The image (REF): in the Docker daemon (name:tag or id); registry://HOST[:PORT]/REPO[:TAG|@DIGEST] "
-            "to read it from a registry without a daemon; with --archive, which image of a multi-image archive. "
-            "Words that are GPU targets (gfx942, gfx942:xnack+, MI300X) are "
-            "targets, as with -t; every other word is REF, and there is at most one.",
-            metavar="[REF] [TARGET]...",
-        ),
-    ] = None,
-    archive: Annotated[
-        str | None,
-        typer.Option(
-            "--archive",
-            metavar="FILE",
-            help="No daemon: a `docker save` tarball (legacy or OCI, optionally "
-            "gzip/zstd) or an OCI image layout (directory or tar).",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = None,
-    targets: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--target",
-            "-t",
-            metavar="TARGET",
-            help='GPU targets for verify-arch (gfx950, MI300X or "gfx942;gfx950"), as the words after REF; '
-            "repeatable. Default, the first that is set: $GPU_ARCH of this host; GPU_ARCH, then "
-            "PYTORCH_ROCM_ARCH in the image's Env; the build args GPU_ARCH, PYTORCH_ROCM_ARCH, "
-            "GPU_ARCHS, AMDGPU_TARGETS its history records; its dist_info.json.",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = None,
-    layers: Annotated[
-        bool,
-        typer.Option(
-            "--layers",
-            help="With REF: read the layers (docker save, streamed) instead of a container export, "
-            "for the layer-aware waste analysis.",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = False,
-    platform: Annotated[
-        str,
-        typer.Option(
-            "--platform",
-            metavar="OS/ARCH[/VARIANT]",
-            help="With registry://: which image of a multi-platform index.",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = "linux/amd64",
-    insecure_registry: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--insecure-registry",
-            metavar="HOST[:PORT]",
-            help="With registry://: talk to this registry over plain HTTP, or HTTPS without checking its "
-            "certificate (private and local registries); repeatable.",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = None,
-    full: Annotated[
-        bool,
-        typer.Option(
-            "--full",
-            help="Extract every file, not only site-packages and the loader's directories.",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = False,
-    max_bytes: Annotated[
-        str,
-        typer.Option(
-            "--max-bytes",
-            metavar="SIZE",
-            help="Refuse images whose layers hold more than SIZE bytes.",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = "64G",
-    max_entries: Annotated[
-        int,
-        typer.Option(
-            "--max-entries",
-            metavar="N",
-            min=1,
-            help="Refuse images whose layers hold more than N entries.",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = 4_000_000,
+    words: _WordsArgument = None,
+    archive: _ArchiveOption = None,
+    targets: _TargetOption = None,
+    layers: _LayersOption = False,
+    platform: _PlatformOption = "linux/amd64",
+    insecure_registry: _InsecureRegistryOption = None,
+    full: _FullOption = False,
+    max_bytes: _MaxBytesOption = "64G",
+    max_entries: _MaxEntriesOption = 4_000_000,
     skip: SkipOption = None,
 ) -> CommandOutcome:
     """Audit a container image without running it, from a Docker daemon or an archive.
@@ -144,30 +163,11 @@ def command(
     from rocm_audit.audit.check import CheckOptions, checks_to_skip
     from rocm_audit.errors import UsageError
     from rocm_audit.image.audit import ImageOptions, audit_archive
-    from rocm_audit.tree.targets import separate_targets
 
-    word_targets, refs = separate_targets(list(words or []))
-    if len(refs) > 1:
-        named = " and ".join(repr(r) for r in refs) if len(refs) == 2 else f"{len(refs)}: " + ", ".join(map(repr, refs))
-        raise UsageError(
-            f"image takes one image reference, not {named}; "
-            + ("neither" if len(refs) == 2 else "none")
-            + " is a GPU target (gfx942, MI300X)"
-        )
-    ref = refs[0] if refs else None
+    ref, word_targets = _reference_and_targets(words)
     targets = [*(targets or []), *word_targets]
     announce_products(targets, report.quiet)
-    if archive is None and ref is None:
-        raise UsageError("name an image (rocm-audit image REF) or an archive (rocm-audit image --archive FILE)")
-    if layers and archive is not None:
-        raise UsageError("--layers is for REF (an archive is always read layer by layer)")
-    from rocm_audit.image.registry import is_registry_ref
-
-    from_registry = ref is not None and is_registry_ref(ref)
-    if from_registry and archive is not None:
-        raise UsageError("name a registry image (registry://...) or an archive (--archive FILE), not both")
-    if from_registry and layers:
-        raise UsageError("--layers is for a daemon REF (a registry image is always read layer by layer)")
+    from_registry = _from_registry(ref, archive, layers)
     options = ImageOptions(
         check=CheckOptions(
             targets=targets,
@@ -198,3 +198,39 @@ def command(
 
             outcome = audit_daemon_image(ref or "", options, layers=layers, progress=progress)
     return outcome
+
+
+def _reference_and_targets(words: list[str] | None) -> tuple[str | None, list[str]]:
+    """The image reference among the words (at most one), and the words that are GPU targets.
+    Raises UsageError."""
+    from rocm_audit.errors import UsageError
+    from rocm_audit.tree.targets import separate_targets
+
+    word_targets, refs = separate_targets(list(words or []))
+    if len(refs) > 1:
+        named = " and ".join(repr(r) for r in refs) if len(refs) == 2 else f"{len(refs)}: " + ", ".join(map(repr, refs))
+        raise UsageError(
+            f"image takes one image reference, not {named}; "
+            + ("neither" if len(refs) == 2 else "none")
+            + " is a GPU target (gfx942, MI300X)"
+        )
+    return (refs[0] if refs else None), word_targets
+
+
+def _from_registry(ref: str | None, archive: str | None, layers: bool) -> bool:
+    """Whether the image comes from a registry (registry://...); checks that one source is named
+    and that --layers goes with a daemon REF. Raises UsageError."""
+    from rocm_audit.errors import UsageError
+
+    if archive is None and ref is None:
+        raise UsageError("name an image (rocm-audit image REF) or an archive (rocm-audit image --archive FILE)")
+    if layers and archive is not None:
+        raise UsageError("--layers is for REF (an archive is always read layer by layer)")
+    from rocm_audit.image.registry import is_registry_ref
+
+    from_registry = ref is not None and is_registry_ref(ref)
+    if from_registry and archive is not None:
+        raise UsageError("name a registry image (registry://...) or an archive (--archive FILE), not both")
+    if from_registry and layers:
+        raise UsageError("--layers is for a daemon REF (a registry image is always read layer by layer)")
+    return from_registry

@@ -18,72 +18,86 @@ from rocm_audit.cli.common import (
 )
 from rocm_audit.outcome import CommandOutcome
 
+_ProbeOption = Annotated[
+    bool,
+    typer.Option(
+        "--probe",
+        help="Confirm each clash by loading the libraries in a sandboxed child process "
+        "(runs their constructors: probe only images you would run).",
+        rich_help_panel=ACTION_PANEL,
+    ),
+]
+
+_ProbeTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--probe-timeout",
+        metavar="SECONDS",
+        min=0.1,
+        help="Kill a probe after this long: a hang, as conclusive as an abort.",
+        rich_help_panel=ACTION_PANEL,
+    ),
+]
+
+_PreloadOption = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--preload",
+        metavar="LIB",
+        help="Treat LIB as preloaded RTLD_GLOBAL (as rocm_sdk.preload_libraries does): "
+        "in the predictions and before each probe; repeatable.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+_PreloadRocmSdkOption = Annotated[
+    bool,
+    typer.Option(
+        "--preload-rocm-sdk",
+        help="Model and probe with rocm_sdk's own preloads (amd_comgr, amdhip64, hiprtc, "
+        "rocm_kpack from _rocm_sdk_core/lib, RTLD_GLOBAL), as `rocm-sdk test` and "
+        "rocm_sdk.initialize_process do.",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
+_ClosureOption = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--closure",
+        metavar="PATH",
+        help="Show the load closure of PATH (what dlopen(PATH) maps); repeatable.",
+        rich_help_panel=ACTION_PANEL,
+    ),
+]
+
+_SysrootOption = Annotated[
+    str, sysroot_option("Resolve default library directories and ld.so.conf under DIR (an unpacked image).")
+]
+
+_LdLibraryPathOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--ld-library-path",
+        metavar="DIRS",
+        help="Colon-separated LD_LIBRARY_PATH to model (and probe with).",
+        rich_help_panel=AUDIT_PANEL,
+    ),
+]
+
 
 @reporting_command()
 def command(
     report: Report,
     paths: PathsOption = None,
     python: PythonOption = None,
-    probe: Annotated[
-        bool,
-        typer.Option(
-            "--probe",
-            help="Confirm each clash by loading the libraries in a sandboxed child process "
-            "(runs their constructors: probe only images you would run).",
-            rich_help_panel=ACTION_PANEL,
-        ),
-    ] = False,
-    probe_timeout: Annotated[
-        float,
-        typer.Option(
-            "--probe-timeout",
-            metavar="SECONDS",
-            min=0.1,
-            help="Kill a probe after this long: a hang, as conclusive as an abort.",
-            rich_help_panel=ACTION_PANEL,
-        ),
-    ] = 60.0,
-    preload: Annotated[
-        Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
-        typer.Option(
-            "--preload",
-            metavar="LIB",
-            help="Treat LIB as preloaded RTLD_GLOBAL (as rocm_sdk.preload_libraries does): "
-            "in the predictions and before each probe; repeatable.",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = None,
-    preload_rocm_sdk: Annotated[
-        bool,
-        typer.Option(
-            "--preload-rocm-sdk",
-            help="Model and probe with rocm_sdk's own preloads (amd_comgr, amdhip64, hiprtc, "
-            "rocm_kpack from _rocm_sdk_core/lib, RTLD_GLOBAL), as `rocm-sdk test` and "
-            "rocm_sdk.initialize_process do.",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = False,
-    closure: Annotated[
-        Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
-        typer.Option(
-            "--closure",
-            metavar="PATH",
-            help="Show the load closure of PATH (what dlopen(PATH) maps); repeatable.",
-            rich_help_panel=ACTION_PANEL,
-        ),
-    ] = None,
-    sysroot: Annotated[
-        str, sysroot_option("Resolve default library directories and ld.so.conf under DIR (an unpacked image).")
-    ] = "/",
-    ld_library_path: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--ld-library-path",
-            metavar="DIRS",
-            help="Colon-separated LD_LIBRARY_PATH to model (and probe with).",
-            rich_help_panel=AUDIT_PANEL,
-        ),
-    ] = None,
+    probe: _ProbeOption = False,
+    probe_timeout: _ProbeTimeoutOption = 60.0,
+    preload: _PreloadOption = None,
+    preload_rocm_sdk: _PreloadRocmSdkOption = False,
+    closure: _ClosureOption = None,
+    sysroot: _SysrootOption = "/",
+    ld_library_path: _LdLibraryPathOption = None,
 ) -> CommandOutcome:
     """Report the LLVM `cl::opt` double registrations the scanned libraries can hit.
 
