@@ -92,8 +92,8 @@ def _judged_probe_findings(
     paths: Sequence[str], probes: Sequence[ProbeResult], expected: Sequence[Verdict]
 ) -> list[Finding]:
     """The findings the probes of one judged pair or clash give, one block per rule (LLVM005 abort,
-    LLVM006 crash at exit, and the disagreements with the prediction). Longer than 80 lines on
-    purpose: the blocks are independent and read best side by side, as the rules a probe can raise."""
+    LLVM006 crash at exit, and the disagreements with the prediction). Long because the blocks are
+    independent and read best side by side, as the rules a probe can raise."""
     findings = []
     subject, related = paths[0], list(paths[1:])
 

@@ -23,60 +23,68 @@ from rocm_audit.cli.common import (
 )
 from rocm_audit.outcome import CommandOutcome
 
+_TargetsArgument = Annotated[
+    list[str] | None,
+    targets_argument(
+        'GPU targets to keep: gfx950, gfx942:xnack+, a product (MI300X), or one list "gfx942;gfx950". '
+        "Default: $GPU_ARCH, else dist_amdgpu_targets of _rocm_sdk_core/share/therock/dist_info.json."
+    ),
+]
+
+_ManifestOption = Annotated[
+    str | None,
+    manifest_option("Revert manifest to append to. Default: .rocm-audit/prune-manifest.jsonl beside the SDK trees."),
+]
+
+_BackupOption = Annotated[
+    str | None,
+    typer.Option(
+        "--backup",
+        metavar="DIR",
+        help="Move removed files into DIR (outside the audited trees) instead of deleting.",
+        rich_help_panel=ACTION_PANEL,
+    ),
+]
+
+_FatbinsOption = Annotated[
+    bool,
+    typer.Option(
+        "--fatbins",
+        help="Also slim the fat binaries inside host libraries to the kept targets' code, in place "
+        "(freed bytes are zeroed: the file keeps its size, a compressed layer shrinks).",
+        rich_help_panel=ACTION_PANEL,
+    ),
+]
+
+_KeepDistOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--keep-dist",
+        metavar="NAME",
+        help="With --fatbins: leave the libraries of this distribution whole; repeatable.",
+        rich_help_panel=ACTION_PANEL,
+    ),
+]
+
+_RevertOption = Annotated[
+    list[str] | None,
+    revert_option("Restore what MANIFEST recorded (from the backup, else print the pip reinstall lines); repeatable."),
+]
+
 
 @reporting_command()
 def command(
     report: Report,
-    targets: Annotated[
-        list[str] | None,
-        targets_argument(
-            'GPU targets to keep: gfx950, gfx942:xnack+, a product (MI300X), or one list "gfx942;gfx950". '
-            "Default: $GPU_ARCH, else dist_amdgpu_targets of _rocm_sdk_core/share/therock/dist_info.json."
-        ),
-    ] = None,
+    targets: _TargetsArgument = None,
     paths: PathsOption = None,
     python: PythonOption = None,
     dry_run: Annotated[bool, dry_run_option("Print the weight table and the plan; change nothing.")] = False,
     check: Annotated[bool, check_option("Change nothing; exit 1 if anything could be pruned (CI gate).")] = False,
-    manifest: Annotated[
-        str | None,
-        manifest_option(
-            "Revert manifest to append to. Default: .rocm-audit/prune-manifest.jsonl beside the SDK trees."
-        ),
-    ] = None,
-    backup: Annotated[
-        str | None,
-        typer.Option(
-            "--backup",
-            metavar="DIR",
-            help="Move removed files into DIR (outside the audited trees) instead of deleting.",
-            rich_help_panel=ACTION_PANEL,
-        ),
-    ] = None,
-    fatbins: Annotated[
-        bool,
-        typer.Option(
-            "--fatbins",
-            help="Also slim the fat binaries inside host libraries to the kept targets' code, in place "
-            "(freed bytes are zeroed: the file keeps its size, a compressed layer shrinks).",
-            rich_help_panel=ACTION_PANEL,
-        ),
-    ] = False,
-    keep_dist: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--keep-dist",
-            metavar="NAME",
-            help="With --fatbins: leave the libraries of this distribution whole; repeatable.",
-            rich_help_panel=ACTION_PANEL,
-        ),
-    ] = None,
-    revert: Annotated[
-        list[str] | None,
-        revert_option(
-            "Restore what MANIFEST recorded (from the backup, else print the pip reinstall lines); repeatable."
-        ),
-    ] = None,
+    manifest: _ManifestOption = None,
+    backup: _BackupOption = None,
+    fatbins: _FatbinsOption = False,
+    keep_dist: _KeepDistOption = None,
+    revert: _RevertOption = None,
 ) -> CommandOutcome:
     """Weigh device code for GPUs outside the kept targets and remove what can go safely.
 
