@@ -153,11 +153,7 @@ def apply_layer(
     """
     stats = LayerStats(index=index, name=name)
     state.layers.append(stats)
-    created: set[str] = set()  # relative paths this layer put in place
-    hidden_by_whiteout: list[tuple[str, int]] = []  # applied after the layer: lower layers only
-    opaque: list[tuple[str, int]] = []
-    devices: list[tuple[int, str, str]] = []  # (offset, path, type): one finding per layer
-    pending: dict[str, _Pending] = {}  # unwritten source -> the kept hardlinks waiting for its bytes
+    work = _LayerWork()
     for entry, data in tarstream.iter_entries(_Budget(stream, state.limits, state.progress, stats)):
         state.limits.entries += 1
         stats.entries += 1
@@ -171,56 +167,91 @@ def apply_layer(
             continue
         if rel == "":
             continue  # "./": the root itself
-        parent, base = posixpath.split(rel)
         try:
-            if base.startswith(WHITEOUT_PREFIX):
-                _whiteout(state, stats, where, entry, parent, base, created, hidden_by_whiteout, opaque)
-                continue
-            problem = _prepare_parent(state, parent, created)
-            if problem:
-                _refuse(state, stats, where, entry, problem)
-                continue
-            target = os.path.join(state.root, rel)
-            _mark_created(created, parent)
-            if entry.kind == tarstream.DIRECTORY:
-                state.streamed_past.discard("/" + rel)
-                if _lexists(target) and not _is_real_dir(target):
-                    _drop(state, rel, target)
-                if not _lexists(target):
-                    os.mkdir(target, 0o755)
-                os.chmod(target, (entry.mode & 0o777) | 0o700)
-                created.add(rel)
-                continue
-            if entry.kind in (tarstream.CHARDEV, tarstream.BLOCKDEV, tarstream.FIFO):
-                devices.append((entry.offset, "/" + rel, entry.kind))
-                continue
-            if entry.kind not in (tarstream.REGULAR, tarstream.HARDLINK, tarstream.SYMLINK):
-                _refuse(state, stats, where, entry, f"unsupported tar member type {entry.kind!r}")
-                continue
-            if entry.kind == tarstream.HARDLINK:
-                _hardlink(state, stats, where, entry, rel, target, index, pending)
-                created.add(rel)
-                continue
-            _drop(state, rel, target)
-            if entry.kind == tarstream.SYMLINK:
-                link_text = _stored_link_text(rel, entry.linkname)
-                if link_text is None:
-                    _refuse(state, stats, where, entry, f"symbolic link with an empty or NUL target {entry.linkname!r}")
-                    continue
-                os.symlink(link_text, target)
-                created.add(rel)
-                continue
-            stats.files += 1
-            stats.file_bytes += entry.size
-            _regular(state, entry, data, rel, target, index)
-            created.add(rel)
+            _apply_entry(state, stats, where, entry, data, rel, index, work)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 raise ExtractionError(f"{where}: cannot write the merged view: {exc.strerror}") from None
             # ENAMETOOLONG, ELOOP, EEXIST from a hostile layout: this entry only.
             _refuse(state, stats, where, entry, f"could not be extracted: {exc.strerror}")
-    if pending:
-        _fill_pending(state, stats, where, pending, again)
+    if work.pending:
+        _fill_pending(state, stats, where, work.pending, again)
+    _finish_layer(state, where, index, work)
+    return stats
+
+
+@dataclass(slots=True)
+class _LayerWork:
+    """What one layer's entries leave for the end of the layer."""
+
+    created: set[str] = field(default_factory=set)  # relative paths this layer put in place
+    hidden_by_whiteout: list[tuple[str, int]] = field(default_factory=list)  # applied after: lower layers only
+    opaque: list[tuple[str, int]] = field(default_factory=list)
+    devices: list[tuple[int, str, str]] = field(default_factory=list)  # (offset, path, type): one finding
+    pending: dict[str, _Pending] = field(default_factory=dict)  # unwritten source -> kept hardlinks waiting
+
+
+def _apply_entry(
+    state: MergeState,
+    stats: LayerStats,
+    where: str,
+    entry: tarstream.TarEntry,
+    data: Iterable[bytes],
+    rel: str,
+    index: int,
+    work: _LayerWork,
+) -> None:
+    """Put one tar member in place over the merged root (or refuse it with a finding).
+    Raises OSError from the filesystem."""
+    created = work.created
+    parent, base = posixpath.split(rel)
+    if base.startswith(WHITEOUT_PREFIX):
+        _whiteout(state, stats, where, entry, parent, base, created, work.hidden_by_whiteout, work.opaque)
+        return
+    problem = _prepare_parent(state, parent, created)
+    if problem:
+        _refuse(state, stats, where, entry, problem)
+        return
+    target = os.path.join(state.root, rel)
+    _mark_created(created, parent)
+    if entry.kind == tarstream.DIRECTORY:
+        state.streamed_past.discard("/" + rel)
+        if _lexists(target) and not _is_real_dir(target):
+            _drop(state, rel, target)
+        if not _lexists(target):
+            os.mkdir(target, 0o755)
+        os.chmod(target, (entry.mode & 0o777) | 0o700)
+        created.add(rel)
+        return
+    if entry.kind in (tarstream.CHARDEV, tarstream.BLOCKDEV, tarstream.FIFO):
+        work.devices.append((entry.offset, "/" + rel, entry.kind))
+        return
+    if entry.kind not in (tarstream.REGULAR, tarstream.HARDLINK, tarstream.SYMLINK):
+        _refuse(state, stats, where, entry, f"unsupported tar member type {entry.kind!r}")
+        return
+    if entry.kind == tarstream.HARDLINK:
+        _hardlink(state, stats, where, entry, rel, target, index, work.pending)
+        created.add(rel)
+        return
+    _drop(state, rel, target)
+    if entry.kind == tarstream.SYMLINK:
+        link_text = _stored_link_text(rel, entry.linkname)
+        if link_text is None:
+            _refuse(state, stats, where, entry, f"symbolic link with an empty or NUL target {entry.linkname!r}")
+            return
+        os.symlink(link_text, target)
+        created.add(rel)
+        return
+    stats.files += 1
+    stats.file_bytes += entry.size
+    _regular(state, entry, data, rel, target, index)
+    created.add(rel)
+
+
+def _finish_layer(state: MergeState, where: str, index: int, work: _LayerWork) -> None:
+    """After a layer's last entry: its device nodes as one finding, then its opaque directories
+    and whiteouts applied to the layers below."""
+    devices = work.devices
     if devices:
         state.findings.append(
             make_finding(
@@ -237,15 +268,14 @@ def apply_layer(
                 },
             )
         )
-    for directory, _offset in opaque:
-        _clear_lower(state, directory, created)
-    for rel, _offset in hidden_by_whiteout:
-        if rel in created:
+    for directory, _offset in work.opaque:
+        _clear_lower(state, directory, work.created)
+    for rel, _offset in work.hidden_by_whiteout:
+        if rel in work.created:
             continue  # same-layer content is not hidden by its own layer's whiteout
         target = os.path.join(state.root, rel)
         if _parent_is_safe(state.root, rel):
             _drop(state, rel, target)
-    return stats
 
 
 def _whiteout(

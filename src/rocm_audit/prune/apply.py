@@ -74,6 +74,41 @@ def _backup_path(backup_dir: str, path: str) -> str:
     return os.path.join(backup_dir, path.lstrip(os.sep))
 
 
+def _removal_paths(removal: Removal) -> list[tuple[str, str]]:
+    """(path, role) of everything one removal takes, in journal order (duplicates possible)."""
+    distribution = removal.distribution
+    paths: list[tuple[str, str]] = [(r.path, "file") for r in removal.files]
+    if distribution is not None:
+        on_disk = {r.path for r in removal.files} | set(removal.shared)
+        paths += [(p, "file") for p in sorted(distribution.files) if p not in on_disk and os.path.lexists(p)]
+    paths += [(path, "shared") for path in removal.shared]
+    paths += [(link.path, "link") for link in removal.links]
+    paths += [(d.path, "devel-link" if isinstance(d, LinkRecord) else "devel-file") for d in removal.devel_links]
+    return paths
+
+
+def _directory_entries(removal: Removal, index: int, run: str) -> list[dict[str, Any]]:
+    """The journal lines of the directories one removal takes (mode and owner, to recreate them)."""
+    lines: list[dict[str, Any]] = []
+    for directory in removal.directories:
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            continue
+        lines.append(
+            {
+                "run": run,
+                "removal": index,
+                "path": directory,
+                "type": "dir",
+                "mode": stat.S_IMODE(st.st_mode),
+                "uid": st.st_uid,
+                "gid": st.st_gid,
+            }
+        )
+    return lines
+
+
 def _entries(
     removal: Removal, index: int, run: str, backup_dir: str | None, hashes: dict[tuple[int, int], str]
 ) -> list[dict[str, Any]]:
@@ -84,13 +119,7 @@ def _entries(
     if distribution is not None:
         head.update({"distribution": distribution.name, "version": distribution.version})
     lines.append({**head, "type": "removal", "arches": list(removal.arches)})
-    paths: list[tuple[str, str]] = [(r.path, "file") for r in removal.files]
-    if distribution is not None:
-        on_disk = {r.path for r in removal.files} | set(removal.shared)
-        paths += [(p, "file") for p in sorted(distribution.files) if p not in on_disk and os.path.lexists(p)]
-    paths += [(path, "shared") for path in removal.shared]
-    paths += [(link.path, "link") for link in removal.links]
-    paths += [(d.path, "devel-link" if isinstance(d, LinkRecord) else "devel-file") for d in removal.devel_links]
+    paths = _removal_paths(removal)
     first_name: dict[tuple[int, int], str] = {}
     done: set[str] = set()
     for path, role in paths:
@@ -141,22 +170,7 @@ def _entries(
         for e in lines
         if not (e.get("role") == "devel-file" and "hardlink_of" not in e and e.get("sha256") not in removed_bytes)
     ]
-    for directory in removal.directories:
-        try:
-            st = os.lstat(directory)
-        except FileNotFoundError:
-            continue
-        lines.append(
-            {
-                "run": run,
-                "removal": index,
-                "path": directory,
-                "type": "dir",
-                "mode": stat.S_IMODE(st.st_mode),
-                "uid": st.st_uid,
-                "gid": st.st_gid,
-            }
-        )
+    lines.extend(_directory_entries(removal, index, run))
     return lines
 
 

@@ -253,6 +253,20 @@ def make_plan(inventory: Inventory, kept: list[Kept], device_code: DeviceCodeOf)
     inside = set(ctx.by_path) | {link.path for link in inventory.links}
 
     device_dists = [(d, arch) for d in distributions if (arch := device_distribution_arch(d.name)) is not None]
+    _tag_units(plan, inventory, device_code, distributions, device_dists)
+    _plan_device_distributions(plan, ctx, inventory, kept, device_dists, inside)
+    _plan_arch_units(plan, ctx, inventory, kept)
+    return plan
+
+
+def _tag_units(
+    plan: PrunePlan,
+    inventory: Inventory,
+    device_code: DeviceCodeOf,
+    distributions: list[Distribution],
+    device_dists: list[tuple[Distribution, str]],
+) -> None:
+    """Which device distribution installed each path, and which per-arch unit each file belongs to."""
     device_names = {d.dist_info for d, _arch in device_dists}
     for distribution, _arch in device_dists:
         for path in distribution.files:
@@ -275,7 +289,17 @@ def make_plan(inventory: Inventory, kept: list[Kept], device_code: DeviceCodeOf)
         if unit is not None:
             plan.unit_of_path[record.path] = unit
 
-    # 1. device distributions
+
+def _plan_device_distributions(
+    plan: PrunePlan,
+    ctx: _Context,
+    inventory: Inventory,
+    kept: list[Kept],
+    device_dists: list[tuple[Distribution, str]],
+    inside: set[str],
+) -> None:
+    """Removals of whole device distributions for arches no kept target loads (pip uninstall)."""
+    distributions = plan.distributions
     for distribution, arch in device_dists:
         if _kept_arch((arch,), kept):
             continue
@@ -312,7 +336,9 @@ def make_plan(inventory: Inventory, kept: list[Kept], device_code: DeviceCodeOf)
         removal.devel_links = _devel_mirror(ctx, distribution, removal.files, devel_symlinks, devel_names)
         plan.removals.append(removal)
 
-    # 2. per-arch units no device distribution owns
+
+def _plan_arch_units(plan: PrunePlan, ctx: _Context, inventory: Inventory, kept: list[Kept]) -> None:
+    """Removals of per-arch units (files and folders) that no device distribution owns."""
     units: dict[str, tuple[ArchUnit, list[FileRecord]]] = {}
     device_relpaths = _device_relpaths(plan)
     for record in inventory.files:
@@ -345,7 +371,6 @@ def make_plan(inventory: Inventory, kept: list[Kept], device_code: DeviceCodeOf)
         removal.devel_links = [*devel_names, *devel_symlinks]
         removal.owners = {r.path: plan.owner_of[r.path] for r in files if r.path in plan.owner_of}
         plan.removals.append(removal)
-    return plan
 
 
 def _keep(plan: PrunePlan, removal: Removal, reason: str) -> None:
