@@ -177,3 +177,60 @@ def install_aotriton_images(cache_dir: str, lib: Path) -> list[Path]:
             target.write_bytes(source.read())
             written.append(target)
     return sorted(written)
+
+
+# (pip spec, wheel file, sha256): the application's wheels, for CPython 3.12 on x86-64 Linux.
+APP_WHEELS = [
+    (
+        "jax-rocm7-plugin==0.12.0",
+        "jax_rocm7_plugin-0.12.0-cp312-cp312-manylinux_2_27_x86_64.whl",
+        "56ea9cb8b20b2155307da1c7f81941d6811954d8ce3431ffe8d56aa251b725de",
+    ),
+    (
+        "jax-rocm7-pjrt==0.12.0",
+        "jax_rocm7_pjrt-0.12.0-py3-none-manylinux_2_27_x86_64.whl",
+        "4551d0714523355f2946ca1958c3f584e95661e467a641d36b726f718a1c7934",
+    ),
+    (
+        "cupy-rocm-7-0==14.2.0",
+        "cupy_rocm_7_0-14.2.0-cp312-cp312-manylinux2014_x86_64.whl",
+        "4912fcd48491adc332ebc7ed6f1d7487545ee2b9cf6fcc906b7827dbe182fe7f",
+    ),
+    (
+        "onnxruntime-rocm==1.22.2.post3",
+        "onnxruntime_rocm-1.22.2.post3-cp312-cp312-manylinux_2_34_x86_64.whl",
+        "ccd3b2dba26fe73687f3a29d10fcc154c73b23d5b9ecc938b8c045471743fe52",
+    ),
+    (
+        "triton==3.9.0",
+        "triton-3.9.0-cp312-abi3-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "5e52ab4e2f1d64f0ac494c9aa723697b793f81a91c4cae4c36608ca0bc4267bf",
+    ),
+    (
+        "bitsandbytes==0.50.2",
+        "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl",
+        "55348a9a4a21bfd99cf8c7b32fe67b4030ae5c2a05738e03c1747f65fa6ec283",
+    ),
+    (
+        "flydsl==0.5.0",
+        "flydsl-0.5.0-cp312-cp312-manylinux_2_27_x86_64.whl",
+        "32725cab43e62929e61c034389fb44e97f036cd989bd0c105c69cdcb14d211b1",
+    ),
+]
+PIP_TARGET_312 = [
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp312",
+    "--abi",
+    "abi3",
+    "--abi",
+    "none",
+]
+PIP_TARGET_312 += [
+    f"--platform={tag}"
+    for tag in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64")
+    + ("manylinux2014_x86_64", "manylinux_2_17_x86_64")
+]
