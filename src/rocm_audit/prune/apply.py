@@ -539,9 +539,7 @@ def _revert(manifest_paths: list[str], progress: Progress, result: RevertResult)
         if done:
             continue
         if latest.get("owner"):
-            reinstall[
-                f"python -m pip install --force-reinstall --no-deps {latest['owner']}=={latest['owner_version']}"
-            ] = None
+            reinstall[reinstall_command(latest)] = None
         elif latest.get("role") in ("devel-file", "devel-link"):
             reinstall["rocm-sdk init"] = None  # TheRock re-creates its devel links
         else:
@@ -549,11 +547,20 @@ def _revert(manifest_paths: list[str], progress: Progress, result: RevertResult)
                 make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
             )
     result.reinstall = list(reinstall)
-    for line in result.reinstall:
-        result.findings.append(
-            make_finding("PRUNE007", line, f"no backup: restore with `{line}`", data={"command": line})
-        )
+    result.findings.extend(reinstall_findings(result.reinstall))
     return result
+
+
+def reinstall_command(entry: dict[str, Any]) -> str:
+    """The pip line that writes a journal entry's owning distribution's files again."""
+    return f"python -m pip install --force-reinstall --no-deps {entry['owner']}=={entry['owner_version']}"
+
+
+def reinstall_findings(lines: list[str]) -> list[Finding]:
+    """PRUNE007 for each reinstall line a revert could not replace with a backup."""
+    return [
+        make_finding("PRUNE007", line, f"no backup: restore with `{line}`", data={"command": line}) for line in lines
+    ]
 
 
 def _restore(entry: dict[str, Any], restored_at: dict[str, str]) -> bool:

@@ -31,6 +31,7 @@ from typing import Any
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.prune.apply import reinstall_command, reinstall_findings
 from rocm_audit.prune.fatbins.library import LibraryResult, Refused, slim_library, unchanged_outside
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
@@ -408,18 +409,13 @@ def revert_fatbins(manifest_paths: list[str]) -> FatbinRevertResult:
             result.restored.append(path)
             continue
         if entry.get("owner"):
-            reinstall[
-                f"python -m pip install --force-reinstall --no-deps {entry['owner']}=={entry['owner_version']}"
-            ] = None
+            reinstall[reinstall_command(entry)] = None
         else:
             result.findings.append(
                 make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
             )
     result.reinstall = list(reinstall)
-    for line in result.reinstall:
-        result.findings.append(
-            make_finding("PRUNE007", line, f"no backup: restore with `{line}`", data={"command": line})
-        )
+    result.findings.extend(reinstall_findings(result.reinstall))
     return result
 
 
