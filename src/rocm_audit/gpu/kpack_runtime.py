@@ -3,7 +3,7 @@
 Facts, read from the kpack runtime's source (nothing of it copied) [rocm-systems:
 shared/kpack/runtime/src/loader.cpp ``kpack_load_code_object`` at commit 1ddbe7e9 (PR 9953 merged);
 shared/kpack/runtime/src/isa_target_match.h ``for_each_compatible_target``; its ancestor
-stellaraccident/rocm-kpack ae4f1c2e runtime/src/loader.cpp; formats.md 1.7 and 8.2]:
+stellaraccident/rocm-kpack ae4f1c2e runtime/src/loader.cpp]:
 
 - CLR calls the loader once per device with an arch list: the device's full ISA name (features
   spelled, ``gfx90a:sramecc+:xnack-``), then its generic family [rocm-systems PR 9167,
@@ -107,9 +107,8 @@ FIX_NOT_BEFORE = 20260810
 
 
 def predates_fix(version: str) -> bool:
-    """Whether a rocm-sdk-core version surely carries the loader before the fix: release 7.14 or
-    older (any pre-release of it too: nightlies had moved to 7.15 before 7.14 was released), or a
-    nightly (``7.15.0a20260723``) built before the fix was proposed."""
+    """Whether a rocm-sdk-core version surely carries the loader before the fix: 7.14 or older (its
+    pre-releases too), or a nightly (``7.15.0a20260723``) built before the fix was proposed."""
     match = re.match(r"^([0-9]+)\.([0-9]+)(?:\.[0-9]+)*(?:(?:a|rc|dev)([0-9]+))?", version)
     if match is None:
         return False
