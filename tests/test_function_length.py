@@ -77,3 +77,13 @@ def test_no_function_over_80_lines_without_a_reason(path: Path) -> None:
         'along its seams, or start a sentence of its docstring with "Long because"'
         for name, line, length in offenders
     )
+
+
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_over_700_lines() -> None:
+    """A module of one concern stays short enough to read whole (auditwheel's largest: 646 lines)."""
+    sizes = {path: len(path.read_text(encoding="utf-8").splitlines()) for path in SRC.rglob("*.py")}
+    over = {str(path.relative_to(SRC)): n for path, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"split along their seams: {over}"
