@@ -201,8 +201,7 @@ def _apply_entry(
     index: int,
     work: _LayerWork,
 ) -> None:
-    """Put one tar member in place over the merged root (or refuse it with a finding).
-    Raises OSError from the filesystem."""
+    """Put one tar member in place over the merged root, or refuse it with a finding. Raises OSError."""
     created = work.created
     parent, base = posixpath.split(rel)
     if base.startswith(WHITEOUT_PREFIX):
@@ -249,25 +248,14 @@ def _apply_entry(
 
 
 def _finish_layer(state: MergeState, where: str, index: int, work: _LayerWork) -> None:
-    """After a layer's last entry: its device nodes as one finding, then its opaque directories
-    and whiteouts applied to the layers below."""
+    """After a layer: its device nodes as one finding; its opaque dirs and whiteouts hide lower layers."""
     devices = work.devices
     if devices:
-        state.findings.append(
-            make_finding(
-                "IMG003",
-                f"{where}:{devices[0][1]}",
-                f"{len(devices)} device node(s) or FIFO(s) not extracted: "
-                + ", ".join(path for _, path, _ in devices[:8])
-                + (", ..." if len(devices) > 8 else ""),
-                data={
-                    "layer": index,
-                    "offset": devices[0][0],
-                    "type": devices[0][2],
-                    "paths": [path for _, path, _ in devices],
-                },
-            )
-        )
+        paths = [path for _, path, _ in devices]
+        shown = ", ".join(paths[:8]) + (", ..." if len(devices) > 8 else "")
+        data = {"layer": index, "offset": devices[0][0], "type": devices[0][2], "paths": paths}
+        message = f"{len(devices)} device node(s) or FIFO(s) not extracted: {shown}"
+        state.findings.append(make_finding("IMG003", f"{where}:{devices[0][1]}", message, data=data))
     for directory, _offset in work.opaque:
         _clear_lower(state, directory, work.created)
     for rel, _offset in work.hidden_by_whiteout:
