@@ -14,7 +14,7 @@ __all__ = ["Finding", "Severity", "ShippedBy", "cause_groups", "cause_key", "mak
 
 @dataclass(frozen=True, slots=True)
 class ShippedBy:
-    """The installed distribution whose RECORD lists a file with a hash: the file came from its
+    """The installed distribution whose RECORD lists a file (with a hash or not): the file came from its
     wheel, so a problem in it is fixed by that project, not by the user who installed it."""
 
     name: str  # as its METADATA spells it

@@ -38,7 +38,7 @@ def severity_label(severity: Severity, colour: bool) -> str:
 
 def _shipped_text(group: Sequence[Finding]) -> str:
     """Who ships the files of a group: ``shipped by triton 3.9.0 (report to URL)``; empty when
-    some file is the user's own (no RECORD lists it with a hash)."""
+    some file is the user's own (no RECORD lists it)."""
     shippers = {f.shipped_by for f in group}
     if None in shippers:
         return ""

@@ -322,10 +322,10 @@ def _report_url(headers: Message) -> str:
 
 
 def shippers_of(paths: Iterable[str]) -> dict[str, ShippedBy]:
-    """For each of ``paths`` that an installed distribution's RECORD lists with a hash: who shipped it.
+    """For each of ``paths`` that an installed distribution's RECORD lists: who shipped it.
 
     The site directory of a path is its nearest parent holding ``.dist-info`` directories; each is
-    read once. A file no RECORD lists with a hash is the user's own (built here, or edited)."""
+    read once. A file no RECORD lists is the user's own (built here, or copied in by hand)."""
     site_of_dir: dict[str, str | None] = {}
     owned_in_site: dict[str, dict[str, Distribution]] = {}
     found: dict[str, ShippedBy] = {}
@@ -336,8 +336,11 @@ def shippers_of(paths: Iterable[str]) -> dict[str, ShippedBy]:
         if site not in owned_in_site:
             distributions = [d for d in (_read_one(site, os.path.join(site, n)) for n in _dist_info_names(site)) if d]
             owned_in_site[site] = owners(distributions)
+        # A row with a hash is content of the wheel; a row without one is still the distribution's
+        # (onnxruntime-rocm 1.22.2.post3 lists its ROCm provider as `path,,size`; rocm-sdk init
+        # appends rows for what it creates): either way the file is that project's, not the user's.
         owner = owned_in_site[site].get(os.path.normpath(path))
-        if owner is not None and owner.files.get(os.path.normpath(path)):
+        if owner is not None:
             found[path] = ShippedBy(owner.name, owner.version, owner.report_to)
     return found
 
