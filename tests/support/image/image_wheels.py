@@ -116,14 +116,35 @@ if __name__ == "__main__":
 )
 
 
+HIP_RUNTIME = "lib/libamdhip64.so.7"  # in _rocm_sdk_core, as TheRock installs it
+# What clang's HIP host code calls: a stand-in runtime defines them, as libamdhip64 does, so that a
+# carrier loads (RTLD_NOW) through its DT_NEEDED like a real TheRock library.
+HIP_RUNTIME_SOURCE = """
+void *__hipRegisterFatBinary(void *wrapper) { return wrapper; }
+void __hipUnregisterFatBinary(void *handle) { (void)handle; }
+void __hipRegisterFunction(void *h, const void *f, char *d, const char *n, int t, void *a, void *b,
+                           void *c, void *e, int *s) { (void)h; (void)f; (void)d; (void)n; (void)t; (void)a;
+                           (void)b; (void)c; (void)e; (void)s; }
+int __hipPushCallConfiguration(void) { return 0; }
+int __hipPopCallConfiguration(void) { return 0; }
+int hipLaunchKernel(const void *f) { (void)f; return 0; }
+"""
+
+
 def build_carriers(out: Path) -> dict[str, Path]:
-    """Two host libraries with HIP fat binaries: gfx942+gfx950 (bundled by hand) and gfx942 only."""
+    """Two host libraries with HIP fat binaries: gfx942+gfx950 (bundled by hand) and gfx942 only,
+    each needing the stand-in HIP runtime (``HIP_RUNTIME``, also returned) through its RUNPATH."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "k.hip").write_text(HIP_TU % "k")
+    (out / "hip_runtime.c").write_text(HIP_RUNTIME_SOURCE)
+    run_checked(
+        ["gcc", "-shared", "-fPIC", "-o", "libamdhip64.so.7", "hip_runtime.c", "-Wl,-soname,libamdhip64.so.7"], out
+    )
     cxx, lld, bundler = "clang++-19", "ld.lld-19", "clang-offload-bundler-19"
     for tool in (cxx, lld, bundler):
         assert shutil.which(tool), f"{tool} not found: scripts/test installs clang-19, lld-19, clang-tools-19"
     flags = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
+    runtime = ["-L.", "-l:libamdhip64.so.7", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../../_rocm_sdk_core/lib"]
     run_checked(
         [
             cxx,
@@ -134,6 +155,7 @@ def build_carriers(out: Path) -> dict[str, Path]:
             "-o",
             "libhipblaslt.so.1",
             "-Wl,-soname,libhipblaslt.so.1",
+            *runtime,
         ],
         out,
     )
@@ -191,10 +213,15 @@ def build_carriers(out: Path) -> dict[str, Path]:
             "-o",
             "librocblas.so.5",
             "-Wl,-soname,librocblas.so.5",
+            *runtime,
         ],
         out,
     )
-    return {CARRIER_ALL: out / "librocblas.so.5", CARRIER_942: out / "libhipblaslt.so.1"}
+    return {
+        CARRIER_ALL: out / "librocblas.so.5",
+        CARRIER_942: out / "libhipblaslt.so.1",
+        HIP_RUNTIME: out / "libamdhip64.so.7",
+    }
 
 
 def _record_hash(data_path: Path | None, data: bytes | None) -> tuple[str, int]:
@@ -300,6 +327,8 @@ def relative_link(devel_rel: str, owner_tree: str) -> str:
 
 def build_sdk_wheels(out: Path, carriers: dict[str, Path]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
+    carriers = dict(carriers)
+    hip_runtime = carriers.pop(HIP_RUNTIME)
     assert LIBCLANG_CPP15.is_file(), f"{LIBCLANG_CPP15} missing: scripts/test installs libclang-cpp15"
     dist_info = json.dumps({"dist_amdgpu_targets": "gfx942;gfx950", "dist_amdgpu_families": "gfx94X-dcgpu"})
     core = make_wheel(
@@ -308,6 +337,7 @@ def build_sdk_wheels(out: Path, carriers: dict[str, Path]) -> list[Path]:
         {
             "_rocm_sdk_core/__init__.py": b"",
             f"_rocm_sdk_core/{REGISTRANT}": LIBCLANG_CPP15,
+            f"_rocm_sdk_core/{HIP_RUNTIME}": hip_runtime,
             "_rocm_sdk_core/share/therock/dist_info.json": dist_info.encode(),
         },
     )
