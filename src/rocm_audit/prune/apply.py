@@ -200,8 +200,9 @@ def _unchanged(entry: dict[str, Any], *, ctime: bool = True) -> os.stat_result:
     return st
 
 
-def _copy(source: str, destination: str, entry: dict[str, Any]) -> None:
-    """Copy with metadata under a temporary name, fsync, rename into place."""
+def copy_into_place(source: str, destination: str, entry: dict[str, Any], *, check_sha256: bool = False) -> None:
+    """Copy with the journalled metadata under a temporary name, fsync, rename into place; with
+    ``check_sha256`` the copy must hash to the entry's sha256 first (a backup that changed)."""
     os.makedirs(os.path.dirname(destination), exist_ok=True)
     temporary = os.path.join(os.path.dirname(destination), TEMP_PREFIX + secrets.token_hex(6))
     try:
@@ -213,6 +214,8 @@ def _copy(source: str, destination: str, entry: dict[str, Any]) -> None:
         with contextlib.suppress(PermissionError):
             os.chown(temporary, entry["uid"], entry["gid"])
         os.utime(temporary, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+        if check_sha256 and sha256_of(temporary) != entry["sha256"]:
+            raise OSError(f"the backup of {destination} changed while it was copied")
         os.rename(temporary, destination)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -235,7 +238,7 @@ def _back_up(entry: dict[str, Any], backed_up: dict[str, str]) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
-        _copy(entry["path"], destination, entry)
+        copy_into_place(entry["path"], destination, entry)
         if sha256_of(destination) != entry["sha256"]:
             os.unlink(destination)
             raise _Changed(f"{entry['path']} changed while it was backed up") from None
@@ -582,6 +585,6 @@ def _restore(entry: dict[str, Any], restored_at: dict[str, str]) -> bool:
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
-        _copy(backup, path, entry)
+        copy_into_place(backup, path, entry)
     fsync_directory(os.path.dirname(path))
     return True

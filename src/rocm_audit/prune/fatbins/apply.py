@@ -31,7 +31,7 @@ from typing import Any
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.prune.apply import reinstall_command, reinstall_findings
+from rocm_audit.prune.apply import copy_into_place, reinstall_command, reinstall_findings
 from rocm_audit.prune.fatbins.library import LibraryResult, Refused, slim_library, unchanged_outside
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
@@ -422,23 +422,7 @@ def revert_fatbins(manifest_paths: list[str]) -> FatbinRevertResult:
 def _restore(entry: dict[str, Any], backup: str) -> None:
     path = entry["path"]
     directory = os.path.dirname(path)
-    temporary = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(6))
-    try:
-        with open(backup, "rb") as src, open(temporary, "wb") as dst:
-            shutil.copyfileobj(src, dst, _CHUNK)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.chmod(temporary, entry["mode"])
-        with contextlib.suppress(PermissionError):
-            os.chown(temporary, entry["uid"], entry["gid"])
-        os.utime(temporary, ns=(entry["mtime_ns"], entry["mtime_ns"]))
-        if sha256_of(temporary) != entry["sha256"]:
-            raise OSError(f"the backup of {path} changed while it was copied")
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    copy_into_place(backup, path, entry, check_sha256=True)
     fsync_directory(directory)
     line = entry.get("record_line")
     dist_info = entry.get("dist_info")
