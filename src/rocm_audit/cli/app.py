@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import traceback
 from collections.abc import Iterable, Iterator
 from typing import Annotated, Any
 
@@ -151,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "Abort":
             return 130
         if _State.debug:
+            import traceback  # only for --debug: it costs 10-20 ms of every start
+
             traceback.print_exc()
         typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {display(exc)}", err=True)
         return EXIT_INTERNAL

@@ -9,18 +9,19 @@ from __future__ import annotations
 import enum
 import inspect
 import sys
-import traceback
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from rocm_audit.errors import Interrupted, RocmAuditError
-from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import display
 from rocm_audit.severity import Severity
+
+if TYPE_CHECKING:  # the outcome pulls in the rule catalogue (tomllib): not needed for --help
+    from rocm_audit.outcome import CommandOutcome
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
@@ -345,6 +346,15 @@ _SHARED_OPTIONS: dict[str, tuple[object, object]] = {
 }
 
 
+def _evaluated(produce: Callable[..., Any], parameter: inspect.Parameter) -> Any:
+    """One parameter's annotation evaluated in its module (not the return annotation, so a command
+    module can import ``CommandOutcome`` for type checking only and keep `--help` fast)."""
+    annotation = parameter.annotation
+    if isinstance(annotation, str):
+        annotation = eval(annotation, produce.__globals__)  # our own source's annotation, as typing does
+    return annotation
+
+
 def reporting_command(
     *, shared: tuple[str, ...] = tuple(_SHARED_OPTIONS), fail_on: FailOn = FailOn.error
 ) -> Callable[[Callable[..., CommandOutcome]], Callable[..., None]]:
@@ -356,9 +366,8 @@ def reporting_command(
     not one of the command's options."""
 
     def declare(produce: Callable[..., CommandOutcome]) -> Callable[..., None]:
-        hints = typing.get_type_hints(produce, include_extras=True)
         own = [
-            parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
+            parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=_evaluated(produce, parameter))
             for parameter in inspect.signature(produce).parameters.values()
             if parameter.name != "report"
         ]
@@ -558,6 +567,8 @@ def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - the one place internal errors are turned into exit 3
         if _State.debug:
+            import traceback  # only for --debug: it costs 10-20 ms of every start
+
             traceback.print_exc()
         typer.echo(f"rocm-audit: internal error: {type(exc).__name__}: {display(exc)} (rerun with --debug)", err=True)
         raise typer.Exit(EXIT_INTERNAL) from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,7 +18,9 @@ from rocm_audit.cli.common import (
     sysroot_option,
     targets_argument,
 )
-from rocm_audit.outcome import CommandOutcome
+
+if TYPE_CHECKING:
+    from rocm_audit.outcome import CommandOutcome
 
 
 @reporting_command()

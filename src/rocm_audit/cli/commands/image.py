@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,7 +15,9 @@ from rocm_audit.cli.common import (
     reporting_command,
     targets_argument,
 )
-from rocm_audit.outcome import CommandOutcome
+
+if TYPE_CHECKING:
+    from rocm_audit.outcome import CommandOutcome
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 

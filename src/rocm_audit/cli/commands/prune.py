@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,7 +21,9 @@ from rocm_audit.cli.common import (
     revert_option,
     targets_argument,
 )
-from rocm_audit.outcome import CommandOutcome
+
+if TYPE_CHECKING:
+    from rocm_audit.outcome import CommandOutcome
 
 _TargetsArgument = Annotated[
     list[str] | None,

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rocm_audit.cli.common import FailOn, Report, reporting_command
-from rocm_audit.outcome import CommandOutcome
-from rocm_audit.report_types import IgnoreRecord, PolicySetting, RuleRecord
+
+if TYPE_CHECKING:
+    from rocm_audit.outcome import CommandOutcome
+    from rocm_audit.report_types import IgnoreRecord, PolicySetting, RuleRecord
 
 
 @reporting_command(shared=("rules", "fmt", "output", "verbose"), fail_on=FailOn.never)
@@ -20,6 +24,7 @@ def command(report: Report) -> CommandOutcome:
       rocm-audit rules --rules ci-rules.toml --format json
       rocm-audit explain DUP001
     """
+    from rocm_audit.outcome import CommandOutcome
     from rocm_audit.rulebook.policy import active_policy
 
     policy = active_policy()

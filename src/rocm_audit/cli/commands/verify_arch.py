@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from rocm_audit.cli.common import (
     ListTargetsOption,
@@ -14,7 +14,9 @@ from rocm_audit.cli.common import (
     reporting_command,
     targets_argument,
 )
-from rocm_audit.outcome import CommandOutcome
+
+if TYPE_CHECKING:
+    from rocm_audit.outcome import CommandOutcome
 
 
 @reporting_command()
