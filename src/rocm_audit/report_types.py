@@ -444,10 +444,12 @@ class FatbinLibraryRecord(TypedDict):
 
     path: str
     distribution: str | None
-    bytes: int  # device code the slimmed bundles no longer hold (zeroed in place)
+    bytes: int  # device code the slimmed bundles no longer hold
     removed_targets: list[str]
     status: str  # planned | slimmed | unchanged | skipped | failed
     reason: str
+    layout: str  # truncated | split | zeroed (prune/fatbins/layout.py); "" when not slimmed
+    file_bytes: int  # bytes the file itself shrinks by (0 when zeroed)
 
 
 class FatbinDistribution(TypedDict):
@@ -456,7 +458,7 @@ class FatbinDistribution(TypedDict):
 
 
 class PruneFatbinsSection(TypedDict):
-    """``prune --fatbins``: fat binaries slimmed in place (the files keep their size)."""
+    """``prune --fatbins``: fat binaries slimmed; the files shrink (or keep their size, zeroed)."""
 
     mode: str
     bytes: int

@@ -261,7 +261,7 @@ def test_apply_loads_registers_the_same_code_rewrites_record_and_reverts(site, b
     assert report["prune_fatbins"]["bytes"] > 0
     assert [d["distribution"] for d in report["prune_fatbins"]["by_distribution"]] == ["hippkg"]
     prune001 = next(f for f in report["findings"] if f["rule"] == "PRUNE001")
-    assert "prune --fatbins` zeroes" in prune001["message"]
+    assert "prune --fatbins` removes" in prune001["message"]
     assert all(p.read_bytes() == originals[p.name] for p in (site / "hippkg").iterdir())  # dry run
 
     backup = tmp_path / "backup"
@@ -271,7 +271,7 @@ def test_apply_loads_registers_the_same_code_rewrites_record_and_reverts(site, b
     for name, data in originals.items():
         path = site / "hippkg" / name
         now = path.read_bytes()
-        assert len(now) == len(data) and now != data
+        assert len(now) <= len(data) and now != data
         assert f"hippkg/{name},{_record_hash(now)},{len(now)}" in record
         # the slimmed library still loads, and registers bundles selecting the same gfx942 code
         registered = _registered(built["stub"], path)

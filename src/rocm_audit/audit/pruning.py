@@ -69,8 +69,8 @@ def weight_finding(plan: PrunePlan, weight: Weight, looked: str, fatbins: Fatbin
     if fatbins is not None:
         data["fatbins_bytes"] = fatbins.freed
         rest = (
-            f"; `prune --fatbins` zeroes {size_text(fatbins.freed)} inside fat binaries of host libraries "
-            "(the files keep their size; a compressed layer shrinks)"
+            f"; `prune --fatbins` removes {size_text(fatbins.freed)} of device code from fat binaries of host "
+            f"libraries ({size_text(fatbins.saved)} off the files on disk; the rest is zeroed)"
         )
     elif in_libraries:
         rest = (
@@ -273,9 +273,11 @@ def _run_prune(
         sections["prune_fatbins"] = fatbins_section(fatbin_plan, mode, fatbin_result)
         if fatbin_result is not None:
             summary += f"; fat binaries slimmed in {fatbin_result.slimmed} of {fatbin_result.planned} librar(ies), "
-            summary += f"{size_text(fatbin_result.bytes_zeroed)} zeroed in place"
+            summary += f"{size_text(fatbin_result.bytes_zeroed)} of device code removed, "
+            summary += f"{size_text(fatbin_result.bytes_saved)} off the files on disk"
         else:
-            summary += f"; --fatbins would zero {size_text(fatbin_plan.freed)} in host libraries"
+            summary += f"; --fatbins would remove {size_text(fatbin_plan.freed)} from host libraries "
+            summary += f"({size_text(fatbin_plan.saved)} off the files on disk)"
     return CommandOutcome(
         command="prune",
         findings=findings,
@@ -332,6 +334,8 @@ def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | Non
                 "removed_targets": library.result.removed_targets if library.result is not None else [],
                 "status": library.status,
                 "reason": library.refused,
+                "layout": library.result.layout if library.result is not None else "",
+                "file_bytes": library.saved,
             }
             for library in plan.libraries
         ],

@@ -493,17 +493,22 @@ def _fatbin_lines(sections: Sections, view: PathView) -> list[str]:
     fatbins = sections.get("prune_fatbins")
     if fatbins is None:
         return []
-    verb = "zeroed" if fatbins["mode"] == "apply" else "to zero"
-    lines = ["", f"fat binaries of host libraries, {verb} in place (files keep their size on disk):"]
+    verb = "removed" if fatbins["mode"] == "apply" else "to remove"
+    lines = ["", f"device code in fat binaries of host libraries, {verb}:"]
     lines += [f"{display(d['distribution']):32} {size_text(d['bytes']):>11}" for d in fatbins["by_distribution"]]
     if not fatbins["by_distribution"]:
         lines.append("nothing: every bundle holds only code a kept target can select")
     for library in fatbins["libraries"]:
         if library["bytes"] and library["status"] in _FATBIN_MARK:
             removed = ", ".join(display(t) for t in library["removed_targets"])
+            on_disk = (
+                f"file {size_text(library['file_bytes'])} smaller ({display(library['layout'])})"
+                if library["file_bytes"]
+                else "zeroed, same file size"
+            )
             lines.append(
                 f"{_FATBIN_MARK[library['status']]:12} {view.path(library['path'])}  "
-                f"[{size_text(library['bytes'])}; {removed}]"
+                f"[{size_text(library['bytes'])}; {removed}; {on_disk}]"
             )
         elif library["reason"]:
             lines.append(f"{'kept whole':12} {view.path(library['path'])}: {display(library['reason'])}")

@@ -32,7 +32,7 @@ from typing import Any
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.prune.apply import copy_into_place, reinstall_command, reinstall_findings
-from rocm_audit.prune.fatbins.library import LibraryResult, Refused, slim_library, unchanged_outside
+from rocm_audit.prune.fatbins.library import LibraryResult, Refused, prove_file, slim_library
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
 from rocm_audit.tree.ownership import Distribution, normalize
@@ -68,6 +68,11 @@ class FatbinLibrary:
     def freed(self) -> int:
         return self.result.freed if self.result is not None else 0
 
+    @property
+    def saved(self) -> int:
+        """Bytes the file shrinks by on disk."""
+        return self.result.saved if self.result is not None and not self.refused else 0
+
 
 @dataclass(slots=True)
 class FatbinPlan:
@@ -79,6 +84,10 @@ class FatbinPlan:
     @property
     def freed(self) -> int:
         return sum(library.freed for library in self.libraries)
+
+    @property
+    def saved(self) -> int:
+        return sum(library.saved for library in self.libraries)
 
     def freed_by_distribution(self) -> dict[str, int]:
         by: dict[str, int] = {}
@@ -140,7 +149,8 @@ def plan_fatbins(
 class FatbinApplyResult:
     slimmed: int = 0
     planned: int = 0
-    bytes_zeroed: int = 0
+    bytes_zeroed: int = 0  # device code removed (kept name: the report's "bytes")
+    bytes_saved: int = 0  # bytes the files shrank by on disk
     manifest: str | None = None
     backup: str | None = None
 
@@ -226,6 +236,10 @@ class _Changed(Exception):
     pass
 
 
+class _Unproved(Exception):
+    """The new file is not exactly what was planned: the library stays as it is."""
+
+
 def _same_file(entry: dict[str, Any]) -> None:
     st = os.lstat(entry["path"])
     same = stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
@@ -292,6 +306,14 @@ def apply_fatbins(
         for library, entry in zip(todo, entries, strict=True):
             try:
                 done = _slim_one(library, entry, plan.kept)
+            except _Unproved as exc:
+                library.status, library.refused = "skipped", str(exc)
+                findings.append(
+                    make_finding(
+                        "PRUNE008", library.path, f"fat binaries left as they are: the new file failed its proof: {exc}"
+                    )
+                )
+                continue
             except (_Changed, Refused) as exc:
                 library.status, library.refused = "skipped", str(exc)
                 findings.append(make_finding("PRUNE003", library.path, f"skipped: {exc}"))
@@ -304,19 +326,38 @@ def apply_fatbins(
             library.status = "slimmed"
             result.slimmed += 1
             result.bytes_zeroed += library.freed
+            result.bytes_saved += library.saved
             findings.append(
                 make_finding(
                     "PRUNE009",
                     library.path,
-                    f"{_size(library.freed)} of device code for other GPUs zeroed in place: the file keeps its size "
-                    "on disk, a compressed image layer or archive shrinks by about that much",
+                    _slimmed_message(library),
                     data={
                         "bytes": library.freed,
+                        "file_bytes": library.saved,
+                        "layout": library.result.layout if library.result else "",
                         "removed_targets": library.result.removed_targets if library.result else [],
                     },
                 )
             )
     return result
+
+
+def _slimmed_message(library: FatbinLibrary) -> str:
+    removed = f"{_size(library.freed)} of device code for other GPUs removed"
+    result = library.result
+    if result is None or result.layout == "zeroed":
+        reason = f" ({result.plan.reason})" if result is not None and result.plan and result.plan.reason else ""
+        return (
+            f"{removed} and zeroed in place: the file keeps its size on disk{reason}; a compressed image "
+            "layer or archive shrinks by about that much"
+        )
+    how = (
+        "the segment holding the fat binaries ends earlier"
+        if result.layout == "truncated"
+        else ("the segment holding the fat binaries is split so the sections after them keep their addresses")
+    )
+    return f"{removed}; the file is {_size(library.saved)} smaller on disk ({how})"
 
 
 def _size(nbytes: int) -> str:
@@ -338,9 +379,9 @@ def _slim_one(library: FatbinLibrary, entry: dict[str, Any], kept: list[TargetId
             shutil.copyfileobj(src, dst, _CHUNK)
             dst.flush()
             result = slim_library(path, kept, dst.fileno())
-            problem = unchanged_outside(src.fileno(), dst.fileno(), result)
+            problem = prove_file(src.fileno(), dst.fileno(), result)
             if problem is not None:
-                raise Refused(problem)
+                raise _Unproved(problem)
             os.fsync(dst.fileno())
         os.chmod(temporary, entry["mode"])
         with contextlib.suppress(PermissionError):

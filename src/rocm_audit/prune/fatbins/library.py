@@ -1,17 +1,17 @@
-"""Slim the fat binaries of one host library in place, keeping every address.
+"""Slim the fat binaries of one host library, keeping every virtual address.
 
-Layout kept simple and provably safe (docs/prune.md, "--fatbins"): each slimmed bundle is written
-at the start of its original place in ``.hip_fatbin``, so every wrapper pointer (its
-``R_X86_64_RELATIVE`` addend or ``R_X86_64_64`` symbol value) still points at its bundle and no
-relocation, symbol, section or segment changes; the bytes the bundle no longer needs are zeroed.
-The file keeps its size: what shrinks is the compressed image layer (or the wheel), not the bytes
-on disk. A file is refused whole, with the reason, when any wrapper points at something that is
-not a bundle this code reads, when a wrapper is kpack'd (HIPK), or when a slimmed bundle would not
-select byte-identical code for every setting of every kept target.
+Each registered bundle is slimmed (rewrite.py) and proved to select byte-identical code for every
+setting of every kept target; the slimmed bundles are then compacted at the start of
+``.hip_fatbin`` and the freed bytes leave the file (layout.py: "truncated" or "split"), or, where
+no layout allows that, stay as zeros ("zeroed"). A file is refused whole, with the reason, when
+any wrapper points at something that is not a bundle this code reads, when a wrapper is kpack'd
+(HIPK), when a relocation or symbol points inside ``.hip_fatbin`` but not at a bundle's start,
+or when a slimmed bundle would not select the same code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +21,7 @@ from rocm_audit.elf.relocations import file_place, loaded_pointers
 from rocm_audit.elf.sections import Section, read_sections
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import ccob, hip_fatbin, offload_bundle
+from rocm_audit.prune.fatbins import layout as layouts
 from rocm_audit.prune.fatbins.rewrite import Slimmed, prove_same_selection, slim
 from rocm_audit.tree.targets import TargetId
 
@@ -56,11 +57,23 @@ class BundleResult:
 class LibraryResult:
     path: str
     bundles: list[BundleResult] = field(default_factory=list)
+    plan: layouts.Layout | None = None  # where everything goes in the new file
+    digests: list[str] = field(default_factory=list)  # "sha256:size" of each placed bundle
 
     @property
     def freed(self) -> int:
-        """Bytes of device code the slimmed library no longer holds (zeroed in place)."""
+        """Bytes of device code the slimmed library no longer holds."""
         return sum(b.freed for b in self.bundles)
+
+    @property
+    def layout(self) -> str:
+        """ "truncated", "split" or "zeroed" (layout.py)."""
+        return self.plan.kind if self.plan is not None else layouts.ZEROED
+
+    @property
+    def saved(self) -> int:
+        """Bytes the file itself shrinks by (0 when zeroed)."""
+        return self.plan.shift if self.plan is not None else 0
 
     @property
     def removed_targets(self) -> list[str]:
@@ -93,8 +106,11 @@ def _bundle_extent(fd: int, offset: int, end: int) -> tuple[int, str]:
     raise Refused(f"no bundle a wrapper can register at {offset:#x}")
 
 
-def _wrapper_targets(fd: int, header: elfread.ElfHeader, sections: Sequence[Section], size: int) -> list[int]:
-    """File offsets each HIPF wrapper's pointer reaches, in wrapper order. Raises Refused."""
+def _wrapper_targets(
+    fd: int, header: elfread.ElfHeader, sections: Sequence[Section], size: int
+) -> tuple[list[int], list[int]]:
+    """File offsets each HIPF wrapper's pointer reaches, and the wrappers' pointer slots (vaddrs),
+    in wrapper order. Raises Refused."""
     by_name = {s.name: s for s in sections}
     segment = by_name.get(WRAPPER_SECTION)
     if segment is None or not segment.has_file_bytes:
@@ -111,12 +127,25 @@ def _wrapper_targets(fd: int, header: elfread.ElfHeader, sections: Sequence[Sect
         if where is None or where[0].name != FATBIN_SECTION:
             raise Refused(f"wrapper {wrapper.index} points outside {FATBIN_SECTION}")
         offsets.append(where[1])
-    return offsets
+    return offsets, slots
+
+
+def wrapper_offsets(fd: int) -> list[int]:
+    """The file offsets the wrappers of the library open at ``fd`` reach. Raises Refused,
+    FormatError."""
+    header = elfread.parse_header(_pread(fd, 0, 64))
+    size = os.fstat(fd).st_size
+    return _wrapper_targets(fd, header, read_sections(fd, header, size), size)[0]
 
 
 def locate(fd: int) -> tuple[Section, list[BundlePlace]]:
     """The ``.hip_fatbin`` section and each bundle a wrapper registers (once each, file order).
     Raises Refused, FormatError, OSError."""
+    fatbin, places, _slots = _locate(fd)
+    return fatbin, places
+
+
+def _locate(fd: int) -> tuple[Section, list[BundlePlace], list[int]]:
     size = os.fstat(fd).st_size
     header = elfread.parse_header(_pread(fd, 0, 64))
     if not header.is_64 or header.endian != "<" or header.e_machine != 62:  # EM_X86_64
@@ -127,74 +156,101 @@ def locate(fd: int) -> tuple[Section, list[BundlePlace]]:
         raise Refused(f"no {FATBIN_SECTION} section")
     end = fatbin.offset + fatbin.size
     places = []
-    for offset in sorted(set(_wrapper_targets(fd, header, sections, size))):
+    targets, slots = _wrapper_targets(fd, header, sections, size)
+    for offset in sorted(set(targets)):
         extent, kind = _bundle_extent(fd, offset, end)
         places.append(BundlePlace(offset, extent, kind))
     for first, second in zip(places, places[1:], strict=False):
         if first.offset + first.extent > second.offset:
             raise Refused(f"the bundles at {first.offset:#x} and {second.offset:#x} overlap")
-    return fatbin, places
+    return fatbin, places, slots
 
 
 def slim_library(
     path: str, kept: Sequence[TargetId], out_fd: int | None = None, *, level: int | None = None
 ) -> LibraryResult:
     """Slim every registered bundle of ``path`` for ``kept``. With ``out_fd`` (a byte-identical
-    copy of the file, opened for writing) each slimmed bundle is written there and its freed tail
-    zeroed; without, only the result is computed (dry run). Raises Refused, FormatError, OSError."""
+    copy of the file, opened for reading and writing) the new file is written there, shrunk as
+    ``result.layout`` says; without, only the result is computed (dry run). Prove the copy with
+    ``prove_file`` before it replaces anything. Raises Refused, FormatError, OSError."""
     result = LibraryResult(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
-        _fatbin, places = locate(fd)
-        for place in places:
+        fatbin, places, slots = _locate(fd)
+        try:
+            prepared = layouts.prepare(fd, [place.offset for place in places], slots)
+        except layouts.LayoutRefused as exc:
+            raise Refused(str(exc)) from None
+        cursor = fatbin.offset
+        offsets: list[int] = []
+        sizes: list[int] = []
+        for index, place in enumerate(places):
             original = _pread(fd, place.offset, place.extent)
-            slimmed: Slimmed = slim(original, kept, level)
-            if not slimmed.removed:
-                result.bundles.append(BundleResult(place, place.extent, slimmed.kept, ()))
-                continue
-            if len(slimmed.data) >= place.extent:
-                result.bundles.append(BundleResult(place, place.extent, slimmed.kept + slimmed.removed, ()))
-                continue  # recompression gained nothing: leave this bundle as it is
-            problem = prove_same_selection(original, slimmed.data, kept)
-            if problem is not None:
-                raise Refused(f"bundle at {place.offset:#x}: {problem}")
+            made = slim(original, kept, level)
+            slimmed: Slimmed | None = None
+            if not made.removed:
+                result.bundles.append(BundleResult(place, place.extent, made.kept, ()))
+            elif len(made.data) >= place.extent:
+                result.bundles.append(BundleResult(place, place.extent, made.kept + made.removed, ()))
+                # recompression gained nothing: leave this bundle as it is
+            else:
+                problem = prove_same_selection(original, made.data, kept)
+                if problem is not None:
+                    raise Refused(f"bundle at {place.offset:#x}: {problem}")
+                result.bundles.append(BundleResult(place, len(made.data), made.kept, made.removed))
+                slimmed = made
+            del made
+            size = result.bundles[-1].new_size
+            at = prepared.place(cursor, index)
             if out_fd is not None:
-                _write_in_place(out_fd, place, slimmed.data)
-            result.bundles.append(BundleResult(place, len(slimmed.data), slimmed.kept, slimmed.removed))
+                if slimmed is None:
+                    if at != place.offset:
+                        os.pwrite(out_fd, original, at)
+                    result.digests.append(f"{hashlib.sha256(original).hexdigest()}:{len(original)}")
+                else:
+                    result.digests.append(_write_slimmed(out_fd, at, slimmed))
+                    if not prepared.compacts:
+                        _zero_tail(out_fd, at + size, place.offset + place.extent)
+            del original
+            offsets.append(at)
+            sizes.append(size)
+            cursor = at + size
+        result.plan = layouts.plan(prepared, offsets, sizes)
+        if out_fd is not None:
+            layouts.finish_file(fd, out_fd, result.plan)
     finally:
         os.close(fd)
     return result
 
 
-def _write_in_place(out_fd: int, place: BundlePlace, data: bytes) -> None:
-    """The slimmed bundle at the original's start, zeros after it to the original's end; read
-    back to make sure the bytes landed."""
-    os.pwrite(out_fd, data, place.offset)
-    position, end = place.offset + len(data), place.offset + place.extent
-    zeros = bytes(min(_ZERO_CHUNK, end - position))
+def _write_slimmed(out_fd: int, offset: int, slimmed: Slimmed) -> str:
+    """Write the slimmed bundle at ``offset``; read it back to make sure the bytes landed.
+    Returns "sha256:size" of what was written."""
+    os.pwrite(out_fd, slimmed.data, offset)
+    if os.pread(out_fd, len(slimmed.data), offset) != slimmed.data:
+        raise OSError(f"the slimmed bundle at {offset:#x} did not read back as written")
+    return f"{hashlib.sha256(slimmed.data).hexdigest()}:{len(slimmed.data)}"
+
+
+def _zero_tail(out_fd: int, position: int, end: int) -> None:
+    zeros = bytes(min(_ZERO_CHUNK, max(end - position, 0)))
     while position < end:
         position += os.pwrite(out_fd, zeros[: end - position], position)
-    if os.pread(out_fd, len(data), place.offset) != data:
-        raise OSError(f"the slimmed bundle at {place.offset:#x} did not read back as written")
 
 
-def unchanged_outside(before_fd: int, after_fd: int, result: LibraryResult) -> str | None:
-    """None when the two files differ only inside the bundles' original places (so every
-    relocation, dynamic entry, symbol and header points at the same bytes), else the first
-    offset where they differ."""
-    size = os.fstat(before_fd).st_size
-    if os.fstat(after_fd).st_size != size:
-        return "the sizes differ"
-    ranges = sorted((b.place.offset, b.place.offset + b.place.extent) for b in result.bundles)
-    position = 0
-    for start, stop in [*ranges, (size, size)]:
-        while position < start:
-            step = min(_ZERO_CHUNK, start - position)
-            if os.pread(before_fd, step, position) != os.pread(after_fd, step, position):
-                return f"bytes differ near {position:#x}, outside every bundle"
-            position += step
-        position = max(position, stop)
-    return None
+def prove_file(before_fd: int, after_fd: int, result: LibraryResult) -> str | None:
+    """None when the new file at ``after_fd`` is what ``result`` planned (layout.py, "Proof"),
+    else what differs."""
+    if result.plan is None:
+        return "nothing was planned"
+    try:
+        reached = wrapper_offsets(after_fd)
+    except (Refused, FormatError) as exc:
+        return f"the new file's wrappers cannot be read: {exc}"
+    try:
+        return layouts.prove(before_fd, after_fd, result.plan, result.digests, reached)
+    except FormatError as exc:
+        return f"the new file cannot be read: {exc}"
 
 
-__all__ = ["BundlePlace", "BundleResult", "LibraryResult", "Refused", "locate", "slim_library"]
+__all__ = ["BundlePlace", "BundleResult", "LibraryResult", "Refused", "locate", "prove_file", "slim_library"]
