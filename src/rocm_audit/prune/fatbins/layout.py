@@ -112,6 +112,7 @@ class Layout:
     shdrs: tuple[Shdr, ...]
     patches: tuple[tuple[int, bytes], ...]  # (original offset, new bytes) of moved pointers, sorted
     table_in_slack: bool = False  # the program header table was written after the bundles
+    compacted: bool = True  # bundles packed from the section's start (else each at its old start)
     fatbin: tuple[int, int, int] = (0, 0, 0)  # (offset, addr, size) of the original .hip_fatbin
 
     @property
@@ -223,6 +224,7 @@ def _zeroed(prepared: Prepared, new_offsets: Sequence[int], end: int, reason: st
         header.e_shoff,
         tuple(prepared.shdrs),
         tuple(sorted(patches)),
+        compacted=prepared.compacts,
         fatbin=(fat.offset, fat.addr, fat.size),
     )
 
@@ -421,7 +423,7 @@ def finish_file(src_fd: int, out_fd: int, layout: Layout) -> None:
             position += len(chunk)
         os.ftruncate(out_fd, layout.new_size)
     fat_offset, _addr, fat_size = layout.fatbin
-    if layout.new_offsets != layout.old_offsets:  # compacted: nothing but the bundles in the range
+    if layout.compacted:  # nothing but the bundles in the range
         _zero(out_fd, layout.bundles_end, layout.cut - layout.shift if layout.shift else fat_offset + fat_size)
     for offset, data in layout.patches:
         os.pwrite(out_fd, data, layout.moved(offset))
@@ -491,12 +493,34 @@ def prove(
             before_fd, after_fd, layout, old.sh_offset, new.sh_offset, old.sh_size
         ):
             return f"a non-loaded section at {old.sh_offset:#x} changed"
+    if layout.compacted and not _only_bundles(after_fd, layout, digests):
+        return "bytes of .hip_fatbin outside the placed bundles are not zero"
     if sorted(wrapper_offsets) != sorted(layout.new_offsets):
         return "the wrappers of the new file do not reach the placed bundles"
     for offset, digest in zip(layout.new_offsets, digests, strict=True):
         if _digest_at(after_fd, offset, digest) is False:
             return f"the bundle at {offset:#x} is not the one proved"
     return None
+
+
+def _only_bundles(fd: int, layout: Layout, digests: Sequence[str]) -> bool:
+    """Whether every byte from the section's start to the cut (new offsets) that no placed bundle
+    (nor the program header table) covers is zero."""
+    fat_offset, _addr, fat_size = layout.fatbin
+    used = sorted(
+        [(o, o + int(d.split(":")[1])) for o, d in zip(layout.new_offsets, digests, strict=True)]
+        + ([(layout.phoff, layout.phoff + len(layout.phdrs) * PHDR_SIZE)] if layout.table_in_slack else [])
+    )
+    position = fat_offset
+    stop = layout.cut - layout.shift if layout.shift else fat_offset + fat_size
+    for low, high in [*used, (stop, stop)]:
+        while position < low:
+            step = min(_CHUNK, low - position)
+            if os.pread(fd, step, position).count(0) != step:
+                return False
+            position += step
+        position = max(position, high)
+    return True
 
 
 def _shdrs_of(fd: int, header: elfread.ElfHeader) -> list[Shdr]:

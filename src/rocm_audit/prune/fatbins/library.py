@@ -203,6 +203,8 @@ def slim_library(
             size = result.bundles[-1].new_size
             at = prepared.place(cursor, index)
             if out_fd is not None:
+                if prepared.compacts:  # the padding before the bundle holds nothing
+                    _zero_tail(out_fd, cursor, at)
                 if slimmed is None:
                     if at != place.offset:
                         os.pwrite(out_fd, original, at)
