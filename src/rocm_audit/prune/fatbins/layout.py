@@ -114,6 +114,7 @@ class Layout:
     table_in_slack: bool = False  # the program header table was written after the bundles
     compacted: bool = True  # bundles packed from the section's start (else each at its old start)
     fatbin: tuple[int, int, int] = (0, 0, 0)  # (offset, addr, size) of the original .hip_fatbin
+    hole_end: int = 0  # vaddr where what the layout keeps resumes (B's start when split)
 
     @property
     def new_size(self) -> int:
@@ -226,6 +227,7 @@ def _zeroed(prepared: Prepared, new_offsets: Sequence[int], end: int, reason: st
         tuple(sorted(patches)),
         compacted=prepared.compacts,
         fatbin=(fat.offset, fat.addr, fat.size),
+        hole_end=fat.addr + fat.size,
     )
 
 
@@ -355,7 +357,7 @@ def _split(prepared: Prepared, segment: Phdr, new_offsets: Sequence[int], end: i
         ]
     else:
         phdrs = [p.moved(p_filesz=table_bytes, p_memsz=table_bytes) if p.p_type == PT_PHDR else p for p in phdrs]
-    return _finished(prepared, SPLIT, new_offsets, end, cut, shift, phdrs, shdrs, shoff, phoff)
+    return _finished(prepared, SPLIT, new_offsets, end, cut, shift, phdrs, shdrs, shoff, phoff, b_vaddr)
 
 
 def _finished(
@@ -369,6 +371,7 @@ def _finished(
     shdrs: list[Shdr],
     shoff: int,
     phoff: int | None,
+    hole_end: int | None = None,
 ) -> Layout:
     header = elfread.parse_header(prepared.head)
     phoff = header.e_phoff if phoff is None else phoff
@@ -396,6 +399,7 @@ def _finished(
         tuple(sorted(patches)),
         table_in_slack=slack,
         fatbin=(fat.offset, fat.addr, fat.size),
+        hole_end=fat.addr + fat.size if hole_end is None else hole_end,
     )
 
 
@@ -482,7 +486,8 @@ def prove(
     new_loads = [p for p in layout.phdrs if p.p_type == PT_LOAD]
     fat_offset, fat_addr, fat_size = layout.fatbin
     for load in old_loads:
-        for low, high in _minus((load.p_vaddr, load.p_vaddr + load.p_filesz), (fat_addr, fat_addr + fat_size)):
+        # the padding between .hip_fatbin and what follows it in a split segment is not kept
+        for low, high in _minus((load.p_vaddr, load.p_vaddr + load.p_filesz), (fat_addr, layout.hole_end)):
             problem = _loaded_same(before_fd, after_fd, layout, load, new_loads, low, high)
             if problem:
                 return problem
