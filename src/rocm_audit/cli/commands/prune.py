@@ -52,8 +52,8 @@ _FatbinsOption = Annotated[
     bool,
     typer.Option(
         "--fatbins",
-        help="Also slim the fat binaries inside host libraries to the kept targets' code, in place "
-        "(freed bytes are zeroed: the file keeps its size, a compressed layer shrinks).",
+        help="Also slim the fat binaries inside host libraries to the kept targets' code; the "
+        "files shrink on disk, every address kept (where no layout allows it, the bytes are zeroed).",
         rich_help_panel=ACTION_PANEL,
     ),
 ]
@@ -94,8 +94,8 @@ def command(
     and device distributions (rocm-sdk-device-gfxNNN, uninstalled with pip). Never a file a kept
     target could load (native, generic or SPIR-V). Fat binaries inside host libraries are weighed;
     with --fatbins each bundle keeps only the entries the HIP runtime can select for a kept target
-    (written where the bundle was, the rest zeroed: no address moves). A bare target (gfx942)
-    keeps code for both xnack settings. Device distributions are uninstalled by the pip of
+    (packed together, the freed bytes given back on disk: no virtual address moves). A bare
+    target (gfx942) keeps code for both xnack settings. Device distributions are uninstalled by the pip of
     --python, else of the interpreter that owns the site-packages.
 
     \b
