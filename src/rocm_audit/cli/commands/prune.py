@@ -95,8 +95,8 @@ def command(
     target could load (native, generic or SPIR-V). Fat binaries inside host libraries are weighed;
     with --fatbins each bundle keeps only the entries the HIP runtime can select for a kept target
     (packed together, the freed bytes given back on disk: no virtual address moves). A bare
-    target (gfx942) keeps code for both xnack settings. Device distributions are uninstalled by the pip of
-    --python, else of the interpreter that owns the site-packages.
+    target (gfx942) keeps code for both xnack settings. Device distributions are uninstalled by
+    the pip of --python, else of the interpreter that owns the site-packages.
 
     \b
     Examples:
