@@ -70,7 +70,8 @@ def weight_finding(plan: PrunePlan, weight: Weight, looked: str, fatbins: Fatbin
         data["fatbins_bytes"] = fatbins.freed
         rest = (
             f"; `prune --fatbins` removes {size_text(fatbins.freed)} of device code from fat binaries of host "
-            f"libraries ({size_text(fatbins.saved)} off the files on disk; the rest is zeroed)"
+            f"libraries ({size_text(fatbins.saved)} off the files on disk"
+            + ("; the rest is zeroed)" if fatbins.saved < fatbins.freed else ")")
         )
     elif in_libraries:
         rest = (
