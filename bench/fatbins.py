@@ -169,7 +169,8 @@ def table(rows: list[dict], targets: list[str], load: str) -> str:
         "",
         "Removed / unused: bytes freed on disk over the device bytes `prune --dry-run` weighs as usable by",
         "no kept target (for CCOBs that weight is of the inflated code, so the share understates the",
-        "compressed bytes removed). s/GB: wall time over the larger of the libraries' bytes and the",
+        "compressed bytes removed; over 100% means the alignment padding between entries went too).",
+        "s/GB: wall time over the larger of the libraries' bytes and the",
         "inflated bytes of their CCOBs.",
     ]
     return "\n".join(lines) + "\n"
