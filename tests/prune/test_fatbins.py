@@ -15,19 +15,22 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
 
+from rocm_audit.errors import FormatError
 from rocm_audit.formats import ccob
 from rocm_audit.formats.offload_bundle import parse_bundle
 from rocm_audit.prune.fatbins.library import locate
 from rocm_audit.prune.fatbins.rewrite import (
     COMGR_WINDOW,
-    inflate,
-    plain_of,
+    Slimmed,
+    ccob_header,
     prove_same_selection,
     selections,
     slim,
@@ -153,6 +156,38 @@ def _bundles(path: Path) -> list[bytes]:
         os.close(fd)
 
 
+def _slim_bytes(data: bytes, kept, tmp_path: Path, level: int | None = None) -> tuple[Slimmed, bytes, bool]:
+    """Slim a bundle held in a file of its own; the slimmed bytes, written as a library would;
+    whether the proof holds."""
+    path = tmp_path / "bundle.in"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with slim(fd, 0, len(data), kept, level, str(tmp_path)) as slimmed:
+            out = tmp_path / "bundle.out"
+            with open(out, "wb") as handle:
+                slimmed.write(handle.fileno(), 0)
+            proved = prove_same_selection(slimmed, kept) is None
+        return slimmed, out.read_bytes(), proved
+    finally:
+        os.close(fd)
+
+
+def _inflated(data: bytes) -> bytes:
+    """A CCOB's inflated bundle, one-shot (python-zstandard or zlib), checked against its header."""
+    header = ccob.parse_header(data, 0, len(data))
+    payload = data[header.header_size : header.total_size]
+    if header.method == ccob.METHOD_ZSTD:
+        import zstandard
+
+        inner = zstandard.ZstdDecompressor().decompress(payload)
+    else:
+        inner = zlib.decompress(payload)
+    assert len(inner) == header.uncompressed_size
+    assert hashlib.md5(inner).digest()[:8] == header.hash64
+    return inner
+
+
 def _registered(stub: Path, library: Path) -> list[bytes]:
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(stub), str(library)], capture_output=True, text=True, timeout=60
@@ -214,15 +249,15 @@ def test_slimmed_bundle_selects_the_same_code_and_the_bundler_agrees(built, tmp_
     bundles = _bundles(built[name])
     assert len(bundles) == 2
     for index, original in enumerate(bundles):
-        slimmed = slim(original, kept)
-        assert len(slimmed.data) < len(original)
-        assert prove_same_selection(original, slimmed.data, kept) is None
+        slimmed, data, proved = _slim_bytes(original, kept, tmp_path)
+        assert slimmed.size == len(data) < len(original)
+        assert proved
         assert [r.rsplit("-", 1)[-1] for r in slimmed.removed] == ["gfx90a"]
-        before, after = selections(original, kept), selections(slimmed.data, kept)
+        before, after = selections(original, kept), selections(data, kept)
         assert before == after and all(code for code in after.values())
         assert all(selections(original, [kept_target("gfx90a")]).values())
-        assert not any(selections(slimmed.data, [kept_target("gfx90a")]).values())
-        plain = plain_of(slimmed.data)
+        assert not any(selections(data, [kept_target("gfx90a")]).values())
+        plain = _inflated(data) if data.startswith(ccob.CCOB_MAGIC) else data
         table = parse_bundle(plain, 0, len(plain))
         assert table.table_size <= COMGR_WINDOW
         path = tmp_path / f"{name}.{index}.bundle"
@@ -230,11 +265,108 @@ def test_slimmed_bundle_selects_the_same_code_and_the_bundler_agrees(built, tmp_
         listed = run_checked([require_tool("clang-offload-bundler-19"), "--list", "--type=o", f"--input={path}"])
         assert sorted(listed.stdout.split()) == ["hipv4-amdgcn-amd-amdhsa--gfx942", "host-x86_64-unknown-linux--"]
         if original.startswith(ccob.CCOB_MAGIC):
-            header, inner = inflate(slimmed.data)
+            header = ccob.parse_header(data, 0, len(data))
             old = ccob.parse_header(original, 0, len(original))
             assert (header.version, header.method) == (old.version, old.method)
-            assert header.total_size == len(slimmed.data)
-            assert header.hash64 == hashlib.md5(inner).digest()[:8]
+            assert header.total_size == len(data)
+
+
+def _zlib_ccob(plain: bytes, version: int) -> bytes:
+    payload = zlib.compress(plain, 6)
+    return ccob_header(version, ccob.METHOD_ZLIB, len(plain), len(payload), hashlib.md5(plain).digest()[:8]) + payload
+
+
+@pytest.mark.parametrize("method", ["zstd", "zlib"])
+def test_streamed_ccob_is_what_the_one_shot_compressors_give(built, tmp_path, method):
+    """The streamed CCOB equals, byte for byte, the whole-buffer path: inflate one-shot, slim the
+    plain bundle, compress one-shot (zstd 9 with the content size in the frame, zlib 6), header."""
+    import zstandard
+
+    kept = [kept_target("gfx942")]
+    for original in _bundles(built["libccob.so"]):
+        plain = _inflated(original)
+        if method == "zlib":
+            original = _zlib_ccob(plain, 2)
+        _plain_slimmed, slim_plain, _ = _slim_bytes(plain, kept, tmp_path)
+        slimmed, data, proved = _slim_bytes(original, kept, tmp_path)
+        assert proved and slimmed.compressed == method
+        if method == "zstd":
+            payload = zstandard.ZstdCompressor(level=9, write_content_size=True).compress(slim_plain)
+        else:
+            payload = zlib.compress(slim_plain, 6)
+        old = ccob.parse_header(original, 0, len(original))
+        digest = hashlib.md5(slim_plain).digest()[:8]
+        assert data == ccob_header(old.version, old.method, len(slim_plain), len(payload), digest) + payload
+        # the plain bundle laid out as before: the kept entries' bytes, in order, at 4096
+        table = parse_bundle(slim_plain, 0, len(slim_plain))
+        source = parse_bundle(plain, 0, len(plain))
+        for entry in table.entries:
+            was = next(e for e in source.entries if e.entry_id.raw == entry.entry_id.raw)
+            assert slim_plain[entry.offset : entry.offset + entry.size] == plain[was.offset : was.offset + was.size]
+            assert entry.size == 0 or entry.offset % 4096 == 0
+
+
+def test_a_ccob_that_lies_about_its_size_or_hash_is_refused(built, tmp_path):
+    kept = [kept_target("gfx942")]
+    original = _bundles(built["libccob.so"])[0]
+    header = ccob.parse_header(original, 0, len(original))
+    size_field = ("<I", 12) if header.version == 2 else ("<Q", 16)
+    for value in (header.uncompressed_size + 1, header.uncompressed_size - 1):
+        bad = bytearray(original)
+        struct.pack_into(size_field[0], bad, size_field[1], value)
+        with pytest.raises(FormatError, match="inflates to"):
+            _slim_bytes(bytes(bad), kept, tmp_path)
+    bad = bytearray(original)
+    bad[header.header_size - 1] ^= 1  # the hash
+    with pytest.raises(FormatError, match="hash"):
+        _slim_bytes(bytes(bad), kept, tmp_path)
+
+
+def _big_bundle(entry_size: int) -> bytes:
+    """A plain bundle: an empty host entry, then gfx942 and gfx90a entries of ``entry_size``
+    bytes each (a random MiB repeated, distinct per entry)."""
+    ids = [b"host-x86_64-unknown-linux--", b"hipv4-amdgcn-amd-amdhsa--gfx942", b"hipv4-amdgcn-amd-amdhsa--gfx90a"]
+    sizes = [0, entry_size, entry_size]
+    table = 32 + sum(24 + len(i) for i in ids)
+    offsets, position = [], 4096
+    for size in sizes:
+        offsets.append(position if size else table)
+        position += size
+    head = b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", len(ids))
+    head += b"".join(struct.pack("<QQQ", o, s, len(i)) + i for o, s, i in zip(offsets, sizes, ids, strict=True))
+    return head.ljust(4096, b"\0") + os.urandom(1 << 20) * (entry_size >> 20) + os.urandom(1 << 20) * (entry_size >> 20)
+
+
+def test_a_large_bundle_is_slimmed_in_bounded_memory(tmp_path):
+    """A plain bundle with two 64 MiB entries and a zstd CCOB of it: slimming, proving and writing
+    either grows the peak resident memory by far less than the bundle."""
+    import zstandard
+
+    from support.memory import peak_rss_kib, reset_peak_rss
+
+    kept = [kept_target("gfx942")]
+    plain = _big_bundle(64 << 20)
+    payload = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(plain)
+    packed = ccob_header(3, ccob.METHOD_ZSTD, len(plain), len(payload), hashlib.md5(plain).digest()[:8]) + payload
+    gfx942 = hashlib.sha256(plain[4096 : 4096 + (64 << 20)]).hexdigest()
+    for data in (plain, packed):
+        source = tmp_path / "big.bundle"
+        source.write_bytes(data)
+        fd = os.open(source, os.O_RDONLY)
+        try:
+            before = reset_peak_rss()
+            with slim(fd, 0, os.fstat(fd).st_size, kept, None, str(tmp_path)) as slimmed:
+                assert prove_same_selection(slimmed, kept) is None
+                with open(tmp_path / "big.out", "wb") as out:
+                    slimmed.write(out.fileno(), 0)
+                size = slimmed.size
+            grown = peak_rss_kib() - before
+        finally:
+            os.close(fd)
+        assert size < os.path.getsize(source) and os.path.getsize(tmp_path / "big.out") == size
+        assert grown < 40 * 1024, f"peak grew by {grown} KiB slimming a {os.path.getsize(source)}-byte bundle"
+        # what was written (the CCOB last) selects the original's gfx942 entry on every setting
+        assert set(selections((tmp_path / "big.out").read_bytes(), kept).values()) == {gfx942}
 
 
 # --- applied to a site-packages -------------------------------------------------------------

@@ -167,12 +167,19 @@ def _locate(fd: int) -> tuple[Section, list[BundlePlace], list[int]]:
 
 
 def slim_library(
-    path: str, kept: Sequence[TargetId], out_fd: int | None = None, *, level: int | None = None
+    path: str,
+    kept: Sequence[TargetId],
+    out_fd: int | None = None,
+    *,
+    level: int | None = None,
+    spool_dir: str | None = None,
 ) -> LibraryResult:
     """Slim every registered bundle of ``path`` for ``kept``. With ``out_fd`` (a byte-identical
     copy of the file, opened for reading and writing) the new file is written there, shrunk as
     ``result.layout`` says; without, only the result is computed (dry run). Prove the copy with
-    ``prove_file`` before it replaces anything. Raises Refused, FormatError, OSError."""
+    ``prove_file`` before it replaces anything. No bundle is held in memory: a plain one is copied
+    by ranges, a CCOB inflated and compressed through temporary files in ``spool_dir`` (default:
+    the temporary directory). Raises Refused, FormatError, OSError."""
     result = LibraryResult(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
@@ -185,35 +192,29 @@ def slim_library(
         offsets: list[int] = []
         sizes: list[int] = []
         for index, place in enumerate(places):
-            original = _pread(fd, place.offset, place.extent)
-            made = slim(original, kept, level)
-            slimmed: Slimmed | None = None
-            if not made.removed:
-                result.bundles.append(BundleResult(place, place.extent, made.kept, ()))
-            elif len(made.data) >= place.extent:
-                result.bundles.append(BundleResult(place, place.extent, made.kept + made.removed, ()))
-                # recompression gained nothing: leave this bundle as it is
-            else:
-                problem = prove_same_selection(original, made.data, kept)
-                if problem is not None:
-                    raise Refused(f"bundle at {place.offset:#x}: {problem}")
-                result.bundles.append(BundleResult(place, len(made.data), made.kept, made.removed))
-                slimmed = made
-            del made
-            size = result.bundles[-1].new_size
-            at = prepared.place(cursor, index)
-            if out_fd is not None:
-                if prepared.compacts:  # the padding before the bundle holds nothing
-                    _zero_tail(out_fd, cursor, at)
-                if slimmed is None:
-                    if at != place.offset:
-                        os.pwrite(out_fd, original, at)
-                    result.digests.append(f"{hashlib.sha256(original).hexdigest()}:{len(original)}")
+            with slim(fd, place.offset, place.extent, kept, level, spool_dir) as made:
+                # the original itself, copied by ranges from the source file
+                slimmed = Slimmed(place.extent, made.kept, (), made.compressed, [(fd, place.offset, place.extent)])
+                if not made.removed:
+                    result.bundles.append(BundleResult(place, place.extent, made.kept, ()))
+                elif made.size >= place.extent:
+                    result.bundles.append(BundleResult(place, place.extent, made.kept + made.removed, ()))
+                    # recompression gained nothing: leave this bundle as it is
                 else:
-                    result.digests.append(_write_slimmed(out_fd, at, slimmed))
-                    if not prepared.compacts:
+                    problem = prove_same_selection(made, kept)
+                    if problem is not None:
+                        raise Refused(f"bundle at {place.offset:#x}: {problem}")
+                    result.bundles.append(BundleResult(place, made.size, made.kept, made.removed))
+                    slimmed = made
+                size = result.bundles[-1].new_size
+                at = prepared.place(cursor, index)
+                if out_fd is not None:
+                    if prepared.compacts:  # the padding before the bundle holds nothing
+                        _zero_tail(out_fd, cursor, at)
+                    moved = slimmed is made or at != place.offset
+                    result.digests.append(_write_slimmed(out_fd, at, slimmed, write=moved))
+                    if slimmed is made and not prepared.compacts:
                         _zero_tail(out_fd, at + size, place.offset + place.extent)
-            del original
             offsets.append(at)
             sizes.append(size)
             cursor = at + size
@@ -225,13 +226,19 @@ def slim_library(
     return result
 
 
-def _write_slimmed(out_fd: int, offset: int, slimmed: Slimmed) -> str:
-    """Write the slimmed bundle at ``offset``; read it back to make sure the bytes landed.
-    Returns "sha256:size" of what was written."""
-    os.pwrite(out_fd, slimmed.data, offset)
-    if os.pread(out_fd, len(slimmed.data), offset) != slimmed.data:
-        raise OSError(f"the slimmed bundle at {offset:#x} did not read back as written")
-    return f"{hashlib.sha256(slimmed.data).hexdigest()}:{len(slimmed.data)}"
+def _write_slimmed(out_fd: int, offset: int, slimmed: Slimmed, *, write: bool = True) -> str:
+    """Write the slimmed bundle at ``offset`` (unless it is already there); read it back 1 MiB at
+    a time to make sure the bytes landed. Returns "sha256:size" of what was written."""
+    if write:
+        slimmed.write(out_fd, offset)
+    digest = hashlib.sha256()
+    position = offset
+    for chunk in slimmed.chunks():
+        if os.pread(out_fd, len(chunk), position) != chunk:
+            raise OSError(f"the slimmed bundle at {offset:#x} did not read back as written")
+        digest.update(chunk)
+        position += len(chunk)
+    return f"{digest.hexdigest()}:{slimmed.size}"
 
 
 def _zero_tail(out_fd: int, position: int, end: int) -> None:

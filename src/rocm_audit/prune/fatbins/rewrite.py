@@ -1,4 +1,4 @@
-"""Build a slimmed offload bundle, and prove it selects what the original selected.
+"""Build a slimmed offload bundle as a stream, and prove it selects what the original selected.
 
 An uncompressed bundle (formats.md 2.2) keeps its kept entries in their order, compacted, each at
 the alignment the original's entries had (HIP writes 4096); every record keeps its id bytes
@@ -8,16 +8,25 @@ formats.md 8.1). A CCOB (2.4) is inflated, slimmed the same way and compressed a
 method and version; header fields are rewritten to match (v1 u32 sizes, v2 u32 total and
 inflated sizes, v3 u64 both; the hash is MD5 of the inflated bundle, low 8 bytes).
 
-The bundle is held in memory while it is rewritten (one bundle at a time, not the library).
+Nothing holds a whole bundle in memory. A plain bundle is read as its entry table (the first
+4096 bytes, more only when the table is longer) and the slimmed one is a list of pieces (the new
+table, zero padding, ranges of the source file) copied 1 MiB at a time when written. A CCOB is
+inflated by a streaming decompressor into a spool (an unnamed temporary file), its size and MD5
+checked on the way; the slimmed bundle is compressed by a streaming compressor into a second
+spool, its MD5 and sizes counted as it goes, and the header is built last. The output is byte
+for byte what the one-shot compressors give (zstd with the content size in the frame, zlib 6).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
+import tempfile
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO
 
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import ccob, offload_bundle
@@ -30,28 +39,112 @@ MAX_ALIGN = 4096
 # much for the time it costs on jax-rocm7-plugin's CCOB v3 bundles; zlib 6 is LLVM's own default.
 ZSTD_LEVEL = 9
 ZLIB_LEVEL = 6
-MAX_INFLATED = 4 << 30  # refuse a CCOB that declares more than this (one bundle is held in memory)
+MAX_INFLATED = 4 << 30  # refuse a CCOB that declares more than this (it is spooled to disk)
+CHUNK = 1 << 20  # bytes copied, inflated or compressed at a time
+
+ReadAt = Callable[[int, int], bytes]  # (offset, size) -> exactly size bytes, or FormatError
+# A piece of a slimmed bundle: literal bytes, or (fd, offset, size) of a file (fd -1: zeros).
+Piece = bytes | tuple[int, int, int]
 
 
-@dataclass(frozen=True, slots=True)
+def _fd_reader(fd: int, base: int, extent: int) -> ReadAt:
+    def read_at(offset: int, size: int) -> bytes:
+        if offset < 0 or offset + size > extent:
+            raise FormatError(offload_bundle.FMT, base + offset, f"{size} bytes at {offset:#x} leave the bundle")
+        data = os.pread(fd, size, base + offset)
+        if len(data) != size:
+            raise FormatError(offload_bundle.FMT, base + offset, f"file ends before {size} bytes at {offset:#x}")
+        return data
+
+    return read_at
+
+
+def _pieces_chunks(pieces: Sequence[Piece], start: int = 0, stop: int | None = None) -> Iterator[bytes]:
+    """The bytes of ``pieces`` from ``start`` to ``stop``, at most CHUNK bytes at a time."""
+    position = 0
+    for piece in pieces:
+        length = len(piece) if isinstance(piece, bytes) else piece[2]
+        lo, hi = max(start, position), min(position + length, stop if stop is not None else position + length)
+        position += length
+        if lo >= hi:
+            continue
+        skip = lo - (position - length)
+        if isinstance(piece, bytes):
+            for at in range(skip, skip + hi - lo, CHUNK):
+                yield piece[at : min(at + CHUNK, skip + hi - lo)]
+            continue
+        fd, offset, _size = piece
+        done = 0
+        while done < hi - lo:
+            step = min(CHUNK, hi - lo - done)
+            if fd < 0:
+                yield bytes(step)
+            else:
+                data = os.pread(fd, step, offset + skip + done)
+                if len(data) != step:
+                    raise OSError(f"the source ended before {step} bytes at {offset + skip + done:#x}")
+                yield data
+            done += step
+
+
+@dataclass(slots=True, eq=False)
 class Slimmed:
-    data: bytes  # the new bundle (plain, or the whole CCOB with its header)
+    """A slimmed bundle, ``size`` bytes, not held in memory: ``write`` puts it into a file.
+    Pieces may refer to the source file's descriptor (keep it open until written) and to spools
+    this object owns (``close``, or use it as a context manager)."""
+
+    size: int
     kept: tuple[str, ...]  # raw ids kept, in order
     removed: tuple[str, ...]  # raw ids removed
     compressed: str | None  # "zstd"/"zlib" for a CCOB
+    pieces: list[Piece] = field(default_factory=list)
+    # the original's uncompressed bundle (the source file, or the checked inflated spool)
+    original: ReadAt | None = None
+    original_extent: int = 0
+    spools: list[IO[bytes]] = field(default_factory=list)
+    spool_dir: str | None = None
+
+    def chunks(self, start: int = 0, stop: int | None = None) -> Iterator[bytes]:
+        return _pieces_chunks(self.pieces, start, self.size if stop is None else stop)
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        if offset < 0 or offset + size > self.size:
+            raise FormatError(offload_bundle.FMT, offset, f"{size} bytes at {offset:#x} leave the slimmed bundle")
+        return b"".join(self.chunks(offset, offset + size))
+
+    def write(self, out_fd: int, offset: int) -> None:
+        """Write the slimmed bundle at ``offset`` of ``out_fd``."""
+        position = offset
+        for chunk in self.chunks():
+            view = memoryview(chunk)
+            while view:
+                written = os.pwrite(out_fd, view, position)
+                position += written
+                view = view[written:]
+
+    def close(self) -> None:
+        for spool in self.spools:
+            spool.close()
+        self.spools.clear()
+
+    def __enter__(self) -> Slimmed:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 def _entries(bundle: offload_bundle.Bundle) -> list[tuple[str, int]]:
     return [(entry.entry_id.raw, entry.size) for entry in bundle.entries]
 
 
-def _raw_ids(data: bytes, bundle: offload_bundle.Bundle) -> list[bytes]:
+def _raw_ids(table: bytes, bundle: offload_bundle.Bundle) -> list[bytes]:
     """Each record's id bytes exactly as written (NUL padding kept)."""
     ids = []
     for entry in bundle.entries:
-        (id_len,) = struct.unpack_from("<Q", data, entry.table_offset + 16)
+        (id_len,) = struct.unpack_from("<Q", table, entry.table_offset + 16)
         start = entry.table_offset + offload_bundle.ENTRY_FIXED_SIZE
-        ids.append(data[start : start + id_len])
+        ids.append(table[start : start + id_len])
     return ids
 
 
@@ -69,135 +162,245 @@ def _round_up(value: int, align: int) -> int:
     return -(-value // align) * align
 
 
-def parse_plain(data: bytes) -> offload_bundle.Bundle:
-    return offload_bundle.parse_bundle(data, 0, len(data))
+def read_table(read_at: ReadAt, extent: int) -> tuple[bytes, offload_bundle.Bundle]:
+    """A plain bundle's table bytes (the first 4096, more only if the table is longer) and its
+    parse. Raises FormatError."""
+    table = read_at(0, min(extent, COMGR_WINDOW))
+    try:
+        return table, offload_bundle.parse_bundle(table, 0, extent)
+    except offload_bundle.IncompleteTable:
+        table = read_at(0, min(extent, offload_bundle.max_table_bytes()))
+        return table, offload_bundle.parse_bundle(table, 0, extent)
 
 
-def slim_plain(data: bytes, kept: Sequence[TargetId]) -> Slimmed:
-    """The slimmed uncompressed bundle. Raises FormatError when it cannot be made valid."""
-    bundle = parse_plain(data)
+def _slim_plain(read_at: ReadAt, extent: int, source: tuple[int, int], kept: Sequence[TargetId]) -> Slimmed:
+    """The slimmed uncompressed bundle whose entries come from ``source`` (fd, offset of the
+    bundle in it). Raises FormatError when it cannot be made valid."""
+    table, bundle = read_table(read_at, extent)
     entries = _entries(bundle)
     keep = entries_to_keep(entries, kept)
-    ids = _raw_ids(data, bundle)
+    ids = _raw_ids(table, bundle)
     table_size = offload_bundle.HEADER_SIZE + sum(offload_bundle.ENTRY_FIXED_SIZE + len(ids[i]) for i in keep)
     if table_size > COMGR_WINDOW:
         raise FormatError(offload_bundle.FMT, 0, f"the entry table would take {table_size} bytes, past the first 4096")
     align = _alignment(bundle)
     records = [offload_bundle.BUNDLE_MAGIC, struct.pack("<Q", len(keep))]
-    body: list[bytes] = []
+    body: list[Piece] = []
     end = table_size  # one past the last byte laid out so far
+    fd, base = source
     for index in keep:
         entry = bundle.entries[index]
         position = _round_up(end, align)
         records.append(struct.pack("<QQQ", position, entry.size, len(ids[index])) + ids[index])
         if entry.size:
-            body.append(b"\0" * (position - end))
-            body.append(data[entry.offset : entry.offset + entry.size])
+            if position > end:
+                body.append((-1, 0, position - end))
+            body.append((fd, base + entry.offset, entry.size))
             end = position + entry.size
-    out = b"".join(records) + b"".join(body)
     return Slimmed(
-        out,
-        tuple(entries[i][0] for i in keep),
-        tuple(entries[i][0] for i in range(len(entries)) if i not in keep),
-        None,
+        size=end,
+        kept=tuple(entries[i][0] for i in keep),
+        removed=tuple(entries[i][0] for i in range(len(entries)) if i not in keep),
+        compressed=None,
+        pieces=[b"".join(records), *body],
+        original=read_at,
+        original_extent=extent,
     )
 
 
-def inflate(data: bytes) -> tuple[ccob.CcobHeader, bytes]:
-    """A whole CCOB's header and inflated bundle. Raises FormatError."""
-    header = ccob.parse_header(data, 0, len(data))
-    end = header.total_size if header.total_size is not None else len(data)
+def _spool(directory: str | None) -> IO[bytes]:
+    """An unnamed temporary file (O_TMPFILE where the filesystem has it): nothing is left behind."""
+    return tempfile.TemporaryFile(dir=directory)
+
+
+def inflate_to(header: ccob.CcobHeader, read_at: ReadAt, extent: int, spool: IO[bytes]) -> int:
+    """Inflate the CCOB read by ``read_at`` (``extent`` bytes from its header) into ``spool``,
+    checking the declared inflated size and the header's MD5 on the way; returns the size.
+    Raises FormatError."""
+    end = header.total_size if header.total_size is not None else extent
     if header.uncompressed_size > MAX_INFLATED:
         raise FormatError(ccob.FMT, 0, f"declares {header.uncompressed_size} inflated bytes")
-    payload = data[header.header_size : end]
-    import zstandard  # noqa: PLC0415 - heavy module, loaded on first use (style.md 3)
-
+    compressed = end - header.header_size
+    stream = ccob.PayloadStream(
+        header,
+        lambda offset, size: read_at(header.header_size + offset, size),
+        compressed,
+        header.header_size,
+        header.uncompressed_size + 1,  # one byte more: a longer stream is caught
+        hashed=True,
+    )
     try:
-        if header.method == ccob.METHOD_ZSTD:
-            inflated = zstandard.ZstdDecompressor().decompress(payload, max_output_size=header.uncompressed_size)
-        else:
-            inflated = zlib.decompress(payload)
-    except (zstandard.ZstdError, zlib.error) as exc:
-        raise FormatError(ccob.FMT, header.header_size, f"cannot inflate: {exc}") from None
-    if len(inflated) != header.uncompressed_size:
-        raise FormatError(
-            ccob.FMT, 0, f"inflates to {len(inflated)} bytes, not the declared {header.uncompressed_size}"
-        )
-    if hashlib.md5(inflated, usedforsecurity=False).digest()[:8] != header.hash64:
-        raise FormatError(ccob.FMT, 0, "the inflated bundle does not match the header's hash")
-    return header, inflated
+        while chunk := stream.read(CHUNK):
+            spool.write(chunk)
+        if stream.position != header.uncompressed_size:
+            raise FormatError(
+                ccob.FMT,
+                0,
+                f"inflates to {stream.position} bytes or more, not the declared {header.uncompressed_size}",
+            )
+        if not stream.hash_matches(header):
+            raise FormatError(ccob.FMT, 0, "the inflated bundle does not match the header's hash")
+    finally:
+        stream.close()
+    spool.flush()
+    return header.uncompressed_size
 
 
-def compress(method: int, data: bytes, level: int | None = None) -> bytes:
+def compress_to(method: int, chunks: Iterator[bytes], size: int, out: IO[bytes], level: int | None = None) -> bytes:
+    """Compress ``size`` bytes from ``chunks`` into ``out`` as one zstd frame that records its
+    content size, or one zlib stream; returns the low 8 bytes of their MD5."""
+    md5 = hashlib.md5(usedforsecurity=False)
     if method == ccob.METHOD_ZSTD:
-        import zstandard  # noqa: PLC0415
+        import zstandard  # noqa: PLC0415 - heavy module, loaded on first use (style.md 3)
 
         compressor = zstandard.ZstdCompressor(level=level or ZSTD_LEVEL, write_content_size=True)
-        return bytes(compressor.compress(data))
-    return zlib.compress(data, level or ZLIB_LEVEL)
-
-
-def ccob_bytes(version: int, method: int, inflated: bytes, level: int | None = None) -> bytes:
-    """A CCOB of ``version`` holding ``inflated`` compressed with ``method``."""
-    payload = compress(method, inflated, level)
-    digest = hashlib.md5(inflated, usedforsecurity=False).digest()[:8]
-    size = ccob.HEADER_SIZES[version]
-    total = size + len(payload)
-    if version == 1:
-        if len(inflated) >= 1 << 32:
-            raise FormatError(ccob.FMT, 0, "a CCOB v1 cannot hold 4 GiB")
-        head = ccob.CCOB_MAGIC + struct.pack("<HHI", version, method, len(inflated)) + digest
-    elif version == 2:
-        if total >= 1 << 32 or len(inflated) >= 1 << 32:
-            raise FormatError(ccob.FMT, 0, "a CCOB v2 cannot hold 4 GiB")
-        head = ccob.CCOB_MAGIC + struct.pack("<HHII", version, method, total, len(inflated)) + digest
+        with compressor.stream_writer(out, size=size, closefd=False) as writer:
+            for chunk in chunks:
+                md5.update(chunk)
+                writer.write(chunk)
     else:
-        head = ccob.CCOB_MAGIC + struct.pack("<HHQQ", version, method, total, len(inflated)) + digest
+        deflate = zlib.compressobj(level or ZLIB_LEVEL)
+        for chunk in chunks:
+            md5.update(chunk)
+            out.write(deflate.compress(chunk))
+        out.write(deflate.flush())
+    out.flush()
+    return md5.digest()[:8]
+
+
+def ccob_header(version: int, method: int, inflated: int, compressed: int, digest: bytes) -> bytes:
+    """The header of a CCOB of ``version`` for a payload of ``compressed`` bytes."""
+    size = ccob.HEADER_SIZES[version]
+    total = size + compressed
+    if version == 1:
+        if inflated >= 1 << 32:
+            raise FormatError(ccob.FMT, 0, "a CCOB v1 cannot hold 4 GiB")
+        head = ccob.CCOB_MAGIC + struct.pack("<HHI", version, method, inflated) + digest
+    elif version == 2:
+        if total >= 1 << 32 or inflated >= 1 << 32:
+            raise FormatError(ccob.FMT, 0, "a CCOB v2 cannot hold 4 GiB")
+        head = ccob.CCOB_MAGIC + struct.pack("<HHII", version, method, total, inflated) + digest
+    else:
+        head = ccob.CCOB_MAGIC + struct.pack("<HHQQ", version, method, total, inflated) + digest
     assert len(head) == size
-    return head + payload
+    return head
 
 
-def slim_ccob(data: bytes, kept: Sequence[TargetId], level: int | None = None) -> Slimmed:
-    header, inflated = inflate(data)
-    inner = slim_plain(inflated, kept)
-    out = ccob_bytes(header.version, header.method, inner.data, level)
-    return Slimmed(out, inner.kept, inner.removed, header.method_name)
+def _slim_ccob(
+    read_at: ReadAt,
+    extent: int,
+    source: tuple[int, int],
+    kept: Sequence[TargetId],
+    level: int | None,
+    spool_dir: str | None,
+) -> Slimmed:
+    header = ccob.parse_header(read_at(0, min(extent, ccob.MAX_HEADER_SIZE)), 0, extent)
+    inflated = _spool(spool_dir)
+    out = None
+    try:
+        size = inflate_to(header, read_at, extent, inflated)
+        inner = _slim_plain(_fd_reader(inflated.fileno(), 0, size), size, (inflated.fileno(), 0), kept)
+        if not inner.removed:
+            inflated.close()  # nothing to remove: the original itself, not compressed again
+            return Slimmed(extent, inner.kept, (), header.method_name, pieces=[(*source, extent)])
+        out = _spool(spool_dir)
+        digest = compress_to(header.method, inner.chunks(), inner.size, out, level)
+        compressed = out.tell()
+        head = ccob_header(header.version, header.method, inner.size, compressed, digest)
+        return Slimmed(
+            size=len(head) + compressed,
+            kept=inner.kept,
+            removed=inner.removed,
+            compressed=header.method_name,
+            pieces=[head, (out.fileno(), 0, compressed)],
+            original=inner.original,
+            original_extent=size,
+            spools=[inflated, out],
+            spool_dir=spool_dir,
+        )
+    except BaseException:
+        inflated.close()
+        if out is not None:
+            out.close()
+        raise
 
 
-def slim(data: bytes, kept: Sequence[TargetId], level: int | None = None) -> Slimmed:
-    """Slim one bundle, plain or CCOB (sniffed). Raises FormatError."""
-    if data.startswith(ccob.CCOB_MAGIC):
-        return slim_ccob(data, kept, level)
-    return slim_plain(data, kept)
+def slim(
+    fd: int, offset: int, extent: int, kept: Sequence[TargetId], level: int | None = None, spool_dir: str | None = None
+) -> Slimmed:
+    """Slim the bundle (plain or CCOB, sniffed) of ``extent`` bytes at ``offset`` of ``fd``.
+    Spools go to ``spool_dir`` (default: the temporary directory). Raises FormatError."""
+    read_at = _fd_reader(fd, offset, extent)
+    if read_at(0, min(extent, 4)) == ccob.CCOB_MAGIC:
+        return _slim_ccob(read_at, extent, (fd, offset), kept, level, spool_dir)
+    slimmed = _slim_plain(read_at, extent, (fd, offset), kept)
+    if not slimmed.removed:
+        return Slimmed(extent, slimmed.kept, (), None, pieces=[(fd, offset, extent)])
+    return slimmed
 
 
-def plain_of(data: bytes) -> bytes:
-    """The uncompressed bundle a bundle's bytes stand for."""
-    return inflate(data)[1] if data.startswith(ccob.CCOB_MAGIC) else data
+def _digest(read_at: ReadAt, offset: int, size: int) -> str:
+    sha = hashlib.sha256()
+    for at in range(offset, offset + size, CHUNK):
+        sha.update(read_at(at, min(CHUNK, offset + size - at)))
+    return sha.hexdigest()
 
 
-def selections(data: bytes, kept: Sequence[TargetId]) -> dict[str, bytes | None]:
-    """For every device setting of every kept target: the code object the runtime selects from
-    this bundle (its bytes), or None."""
-    plain = plain_of(data)
-    bundle = parse_plain(plain)
+def plain_selections(read_at: ReadAt, extent: int, kept: Sequence[TargetId]) -> dict[str, str | None]:
+    """For every device setting of every kept target: the sha256 of the code object the runtime
+    selects from this uncompressed bundle, or None. Raises FormatError."""
+    _table, bundle = read_table(read_at, extent)
     entries = _entries(bundle)
-    chosen: dict[str, bytes | None] = {}
+    digests: dict[int, str] = {}
+    chosen: dict[str, str | None] = {}
     for agent in (a for k in kept for a in agents_of(k)):
         index = selected(entries, agent)
         if index is None:
             chosen[str(agent)] = None
-        else:
+            continue
+        if index not in digests:
             entry = bundle.entries[index]
-            chosen[str(agent)] = plain[entry.offset : entry.offset + entry.size]
+            digests[index] = _digest(read_at, entry.offset, entry.size)
+        chosen[str(agent)] = digests[index]
     return chosen
 
 
-def prove_same_selection(before: bytes, after: bytes, kept: Sequence[TargetId]) -> str | None:
-    """None when ``after`` selects byte-identical code objects for every setting of every kept
-    target, else what differs (both parsed again from their bytes)."""
+def _selections_of(
+    read_at: ReadAt, extent: int, kept: Sequence[TargetId], spool_dir: str | None
+) -> dict[str, str | None]:
+    """``plain_selections`` of a bundle, plain or CCOB (inflated into a spool and checked)."""
+    if read_at(0, min(extent, 4)) != ccob.CCOB_MAGIC:
+        return plain_selections(read_at, extent, kept)
+    header = ccob.parse_header(read_at(0, min(extent, ccob.MAX_HEADER_SIZE)), 0, extent)
+    with _spool(spool_dir) as spool:
+        size = inflate_to(header, read_at, extent, spool)
+        return plain_selections(_fd_reader(spool.fileno(), 0, size), size, kept)
+
+
+def selections(data: bytes, kept: Sequence[TargetId]) -> dict[str, str | None]:
+    """``plain_selections`` of a bundle's bytes, plain or CCOB (for tests and small bundles)."""
+
+    def read_at(offset: int, size: int) -> bytes:
+        if offset < 0 or offset + size > len(data):
+            raise FormatError(offload_bundle.FMT, offset, f"{size} bytes at {offset:#x} leave the bundle")
+        return data[offset : offset + size]
+
+    return _selections_of(read_at, len(data), kept, None)
+
+
+def prove_same_selection(slimmed: Slimmed, kept: Sequence[TargetId]) -> str | None:
+    """None when ``slimmed`` selects byte-identical code objects (same sha256) for every setting
+    of every kept target as its original, else what differs. The slimmed bundle is parsed again
+    from its bytes (a CCOB inflated again and checked against its header); the original from
+    its file, or from its inflated spool, checked against its header when it was written."""
+    if slimmed.original is None:
+        return None  # nothing removed: the original itself
     try:
-        old, new = selections(before, kept), selections(after, kept)
+        old = plain_selections(slimmed.original, slimmed.original_extent, kept)
+    except FormatError as exc:
+        return f"the original bundle does not parse: {exc}"
+    try:
+        new = _selections_of(slimmed.read_at, slimmed.size, kept, slimmed.spool_dir)
     except FormatError as exc:
         return f"the slimmed bundle does not parse: {exc}"
     for agent, code in old.items():
