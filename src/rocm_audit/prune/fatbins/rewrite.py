@@ -116,11 +116,8 @@ class Slimmed:
         """Write the slimmed bundle at ``offset`` of ``out_fd``."""
         position = offset
         for chunk in self.chunks():
-            view = memoryview(chunk)
-            while view:
-                written = os.pwrite(out_fd, view, position)
-                position += written
-                view = view[written:]
+            _pwrite_all(out_fd, chunk, position)
+            position += len(chunk)
 
     def close(self) -> None:
         for spool in self.spools:
@@ -213,10 +210,70 @@ def _spool(directory: str | None) -> IO[bytes]:
     return tempfile.TemporaryFile(dir=directory)
 
 
-def inflate_to(header: ccob.CcobHeader, read_at: ReadAt, extent: int, spool: IO[bytes]) -> int:
-    """Inflate the CCOB read by ``read_at`` (``extent`` bytes from its header) into ``spool``,
-    checking the declared inflated size and the header's MD5 on the way; returns the size.
-    Raises FormatError."""
+# Given the first bytes of an inflated bundle and its size: the ranges worth keeping in the spool
+# (start, stop), or None while the entry table runs past the bytes given.
+Wanted = Callable[[bytes, int], list[tuple[int, int]] | None]
+
+
+def _kept_ranges(kept: Sequence[TargetId]) -> Wanted:
+    """The table and every entry slimming keeps or a kept target selects: nothing else of the
+    inflated bundle is read again, so nothing else is written to the spool."""
+
+    def wanted(head: bytes, size: int) -> list[tuple[int, int]] | None:
+        try:
+            bundle = offload_bundle.parse_bundle(head, 0, size)
+        except offload_bundle.IncompleteTable:
+            return None
+        except FormatError:
+            return [(0, size)]  # everything: the size and hash checks speak first, then the parse
+        entries = _entries(bundle)
+        keep = set(entries_to_keep(entries, kept))
+        keep.update(i for k in kept for a in agents_of(k) if (i := selected(entries, a)) is not None)
+        ranges = [(0, bundle.table_size)]
+        ranges += [(e.offset, e.offset + e.size) for i, e in enumerate(bundle.entries) if i in keep and e.size]
+        return sorted(ranges)
+
+    return wanted
+
+
+class _Md5Thread:
+    """MD5 of a stream of chunks on a second thread (hashlib lets go of the GIL): hashing is the
+    slowest step of inflating, and runs beside the decompressor instead of after it. At most
+    four chunks wait in the queue."""
+
+    def __init__(self) -> None:
+        import queue  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        self._md5 = hashlib.md5(usedforsecurity=False)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
+        self._thread = threading.Thread(target=self._run, name="ccob-md5", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            self._md5.update(chunk)
+
+    def update(self, chunk: bytes) -> None:
+        self._queue.put(chunk)
+
+    def digest(self) -> bytes:
+        self.close()
+        return self._md5.digest()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+
+def inflate_to(
+    header: ccob.CcobHeader, read_at: ReadAt, extent: int, spool: IO[bytes], wanted: Wanted | None = None
+) -> int:
+    """Inflate the CCOB read by ``read_at`` (``extent`` bytes from its header) into ``spool`` at
+    the same offsets, checking the declared inflated size and the header's MD5 on the way;
+    returns the size. With ``wanted``, only the ranges it names are written (the rest of the
+    spool is a hole). Raises FormatError."""
     end = header.total_size if header.total_size is not None else extent
     if header.uncompressed_size > MAX_INFLATED:
         raise FormatError(ccob.FMT, 0, f"declares {header.uncompressed_size} inflated bytes")
@@ -227,23 +284,47 @@ def inflate_to(header: ccob.CcobHeader, read_at: ReadAt, extent: int, spool: IO[
         compressed,
         header.header_size,
         header.uncompressed_size + 1,  # one byte more: a longer stream is caught
-        hashed=True,
+        hashed=False,
     )
+    md5 = _Md5Thread()
+    fd = spool.fileno()
+    ranges: list[tuple[int, int]] | None = None
+    head = b""
     try:
         while chunk := stream.read(CHUNK):
-            spool.write(chunk)
+            md5.update(chunk)
+            position = stream.position - len(chunk)
+            if wanted is not None and ranges is None and len(head) < offload_bundle.max_table_bytes():
+                head += chunk
+                ranges = wanted(head, header.uncompressed_size)
+            if ranges is None:
+                _pwrite_all(fd, chunk, position)
+                continue
+            for start, stop in ranges:
+                lo, hi = max(start, position), min(stop, position + len(chunk))
+                if lo < hi:
+                    _pwrite_all(fd, chunk[lo - position : hi - position], lo)
         if stream.position != header.uncompressed_size:
             raise FormatError(
                 ccob.FMT,
                 0,
                 f"inflates to {stream.position} bytes or more, not the declared {header.uncompressed_size}",
             )
-        if not stream.hash_matches(header):
+        if md5.digest()[:8] != header.hash64:
             raise FormatError(ccob.FMT, 0, "the inflated bundle does not match the header's hash")
     finally:
+        md5.close()
         stream.close()
-    spool.flush()
+    os.ftruncate(fd, header.uncompressed_size)
     return header.uncompressed_size
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        offset += written
+        view = view[written:]
 
 
 def compress_to(method: int, chunks: Iterator[bytes], size: int, out: IO[bytes], level: int | None = None) -> bytes:
@@ -298,7 +379,7 @@ def _slim_ccob(
     inflated = _spool(spool_dir)
     out = None
     try:
-        size = inflate_to(header, read_at, extent, inflated)
+        size = inflate_to(header, read_at, extent, inflated, _kept_ranges(kept))
         inner = _slim_plain(_fd_reader(inflated.fileno(), 0, size), size, (inflated.fileno(), 0), kept)
         if not inner.removed:
             inflated.close()  # nothing to remove: the original itself, not compressed again
