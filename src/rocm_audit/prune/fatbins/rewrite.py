@@ -40,7 +40,8 @@ MAX_ALIGN = 4096
 ZSTD_LEVEL = 9
 ZLIB_LEVEL = 6
 MAX_INFLATED = 4 << 30  # refuse a CCOB that declares more than this (it is spooled to disk)
-CHUNK = 1 << 20  # bytes copied, inflated or compressed at a time
+CHUNK = 1 << 20  # bytes copied or compressed at a time
+INFLATE_CHUNK = 256 << 10  # bytes inflated at a time (up to four more wait to be hashed)
 
 ReadAt = Callable[[int, int], bytes]  # (offset, size) -> exactly size bytes, or FormatError
 # A piece of a slimmed bundle: literal bytes, or (fd, offset, size) of a file (fd -1: zeros).
@@ -291,7 +292,7 @@ def inflate_to(
     ranges: list[tuple[int, int]] | None = None
     head = b""
     try:
-        while chunk := stream.read(CHUNK):
+        while chunk := stream.read(INFLATE_CHUNK):
             md5.update(chunk)
             position = stream.position - len(chunk)
             if wanted is not None and ranges is None and len(head) < offload_bundle.max_table_bytes():
