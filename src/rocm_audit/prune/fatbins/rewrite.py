@@ -13,8 +13,10 @@ Nothing holds a whole bundle in memory. A plain bundle is read as its entry tabl
 table, zero padding, ranges of the source file) copied 1 MiB at a time when written. A CCOB is
 inflated by a streaming decompressor into a spool (an unnamed temporary file), its size and MD5
 checked on the way; the slimmed bundle is compressed by a streaming compressor into a second
-spool, its MD5 and sizes counted as it goes, and the header is built last. The output is byte
-for byte what the one-shot compressors give (zstd with the content size in the frame, zlib 6).
+spool, its MD5 and sizes counted as it goes, and the header is built last. zlib's output is
+byte for byte the one-shot ``zlib.compress``'s; zstd's frame records its content size as the
+one-shot's does, and equals it while the bundle fits one 128 KiB block (zstd 1.5.7 splits blocks
+by content only when one call hands it several, which a stream never does).
 """
 
 from __future__ import annotations
