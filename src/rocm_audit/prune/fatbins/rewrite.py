@@ -281,6 +281,8 @@ def inflate_to(
     if header.uncompressed_size > MAX_INFLATED:
         raise FormatError(ccob.FMT, 0, f"declares {header.uncompressed_size} inflated bytes")
     compressed = end - header.header_size
+    if not ccob.plausible_size(header, compressed):
+        raise FormatError(ccob.FMT, 0, f"declares {header.uncompressed_size} inflated bytes from {compressed}")
     stream = ccob.PayloadStream(
         header,
         lambda offset, size: read_at(header.header_size + offset, size),
