@@ -106,7 +106,7 @@ def plan_fatbins(
     *,
     backup: bool = False,
 ) -> FatbinPlan:
-    """Slim each candidate library in memory (nothing is written) and keep the result. A library
+    """Work out what slimming each candidate library gives (nothing is written) and keep the result. A library
     a kept distribution owns, one no distribution owns when no backup is asked for (nothing could
     bring it back), one with several hard links, or one the slimming refuses, stays; the refusals
     are PRUNE008 findings."""
