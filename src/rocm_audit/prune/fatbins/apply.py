@@ -106,10 +106,10 @@ def plan_fatbins(
     *,
     backup: bool = False,
 ) -> FatbinPlan:
-    """Work out what slimming each candidate library gives (nothing is written) and keep the result. A library
-    a kept distribution owns, one no distribution owns when no backup is asked for (nothing could
-    bring it back), one with several hard links, or one the slimming refuses, stays; the refusals
-    are PRUNE008 findings."""
+    """Work out what slimming each candidate library gives (nothing is written) and keep the
+    result. A library a kept distribution owns, one no distribution owns when no backup is asked
+    for (nothing could bring it back), one with several hard links, or one the slimming refuses,
+    stays; the refusals are PRUNE008 findings."""
     plan = FatbinPlan(kept, kept_spelled)
     keep_names = {normalize(name) for name in keep_dists}
     for path, owner in candidates:
