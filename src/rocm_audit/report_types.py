@@ -450,6 +450,7 @@ class FatbinLibraryRecord(TypedDict):
     reason: str
     layout: str  # truncated | split | zeroed (prune/fatbins/layout.py); "" when not slimmed
     file_bytes: int  # bytes the file itself shrinks by (0 when zeroed)
+    comgr: str  # comgr's lookup: agreed | not available | knows none of the kept targets | not run: ... | ""
 
 
 class FatbinDistribution(TypedDict):

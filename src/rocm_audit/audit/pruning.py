@@ -17,6 +17,7 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune import apply as prune_apply
 from rocm_audit.prune.fatbins.apply import FatbinApplyResult, FatbinPlan, apply_fatbins, plan_fatbins, revert_fatbins
+from rocm_audit.prune.fatbins.comgr import site_comgr
 from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, Removal, make_plan
 from rocm_audit.prune.weigh import Weight, weigh
 from rocm_audit.report_types import PruneFatbinsSection, PruneRemoval, PruneSection
@@ -303,7 +304,11 @@ def _fatbin_plan(
             if code is not None and "hip-fatbin" in code.containers:
                 candidates.append((record.path, plan.owner_of.get(record.path)))
     kept = [k.pattern for k in plan.kept]
-    return plan_fatbins(candidates, kept, [k.spelled for k in plan.kept], keep_dists, backup=backup)
+    # the site's own comgr is the one the image will run (prune/fatbins/comgr.py)
+    comgr = site_comgr([record.path for record in inventory.files]) if candidates else None
+    return plan_fatbins(
+        candidates, kept, [k.spelled for k in plan.kept], keep_dists, backup=backup, comgr_library=comgr
+    )
 
 
 def _apply_fatbins(
@@ -337,6 +342,7 @@ def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | Non
                 "reason": library.refused,
                 "layout": library.result.layout if library.result is not None else "",
                 "file_bytes": library.saved,
+                "comgr": library.comgr,
             }
             for library in plan.libraries
         ],
