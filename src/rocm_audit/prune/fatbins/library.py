@@ -97,9 +97,10 @@ def _bundle_extent(fd: int, offset: int, end: int) -> tuple[int, str]:
     head = _pread(fd, offset, min(ccob.MAX_HEADER_SIZE, end - offset))
     if head.startswith(ccob.CCOB_MAGIC):
         header = ccob.parse_header(head, offset, end - offset)
-        if header.total_size is None:
-            raise Refused(f"a CCOB v1 at {offset:#x} has no size field: its end cannot be proved")
-        return header.total_size, f"ccob-v{header.version}-{header.method_name}"
+        total = header.total_size
+        if total is None:  # v1: its compressed stream's own end (formats/ccob.py)
+            total = ccob.v1_total_size(header, lambda at, size: os.pread(fd, size, offset + at), end - offset)
+        return total, f"ccob-v{header.version}-{header.method_name}"
     if head.startswith(offload_bundle.BUNDLE_MAGIC[: len(head)]) and len(head) >= 24:
         table = _pread(fd, offset, min(end - offset, offload_bundle.max_table_bytes()))
         bundle = offload_bundle.parse_bundle(table, offset, end - offset)
