@@ -18,7 +18,7 @@ from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune import apply as prune_apply
 from rocm_audit.prune.fatbins.apply import FatbinApplyResult, FatbinPlan, apply_fatbins, plan_fatbins, revert_fatbins
 from rocm_audit.prune.fatbins.comgr import site_comgr
-from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, Removal, make_plan
+from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, Removal, keep_distributions, make_plan
 from rocm_audit.prune.weigh import Weight, weigh
 from rocm_audit.report_types import PruneFatbinsSection, PruneRemoval, PruneSection
 from rocm_audit.tree.discovery import resolve_roots
@@ -54,6 +54,18 @@ def device_code_of(inventory: Inventory, selection: TargetSelection | None = Non
         return code_objects_of(inventory, record, selection)
 
     return read
+
+
+def kept_distributions(keep_dist_args: list[str]) -> list[tuple[str, str]]:
+    """The distributions prune leaves whole, each with where it was named: ``--keep-dist NAME``,
+    then a rules file's ``[policy.prune] keep_dist``."""
+    from rocm_audit.rulebook.policy import active_policy
+
+    current = active_policy()
+    where = current.setting_sources.get(("prune", "keep_dist"), "a rules file")
+    named = [(name, f"--keep-dist {name}") for name in keep_dist_args]
+    named += [(name, f"keep_dist in {where}") for name in current.area("prune").get("keep_dist", [])]
+    return named
 
 
 def weight_finding(plan: PrunePlan, weight: Weight, looked: str, fatbins: FatbinPlan | None = None) -> Finding | None:
@@ -161,6 +173,7 @@ def prune_for_check(
     file, which ``image`` turns into a per-layer weight (empty without)."""
     reader = device_code_of(inventory, selection)
     plan = make_plan(inventory, kept, reader)
+    keep_distributions(plan, kept_distributions([]))  # a rules file's [policy.prune] keep_dist
     weight = weigh(inventory, plan, reader)
     section = prune_section(plan, weight, "check", source)
     by_path = {path: (b, u, r) for path, (b, u, r) in sorted(weight.by_path.items())} if by_file else {}
@@ -239,13 +252,15 @@ def _run_prune(
             reader(record)
     progress.phase("weighing device code for other GPUs")
     plan = make_plan(inventory, kept, reader)
+    keep = kept_distributions(keep_dists or [])
+    keep_distributions(plan, keep)
     weight = weigh(inventory, plan, reader)
     where = looked[0] if len(looked) == 1 else ", ".join(looked)
     findings: list[Finding] = list(inventory.findings) + plan.findings
     fatbin_plan = None
     if fatbins:
         progress.phase("slimming fat binaries (in memory)")
-        fatbin_plan = _fatbin_plan(inventory, plan, reader, keep_dists or [], backup=backup_dir is not None)
+        fatbin_plan = _fatbin_plan(inventory, plan, reader, keep, backup=backup_dir is not None)
         findings.extend(fatbin_plan.findings)
     weight_note = weight_finding(plan, weight, where, fatbin_plan)
     if weight_note is not None:
@@ -291,7 +306,7 @@ def _run_prune(
 
 
 def _fatbin_plan(
-    inventory: Inventory, plan: PrunePlan, reader: DeviceCodeOf, keep_dists: list[str], *, backup: bool
+    inventory: Inventory, plan: PrunePlan, reader: DeviceCodeOf, keep_dists: list[tuple[str, str]], *, backup: bool
 ) -> FatbinPlan:
     """The libraries with fat binaries (gpu's scan saw a .hip_fatbin) that no removal takes, slimmed in memory."""
     removed = {r.path for removal in plan.removals for r in removal.files}

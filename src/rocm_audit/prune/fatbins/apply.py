@@ -34,9 +34,10 @@ from rocm_audit.findings import Finding, make_finding
 from rocm_audit.prune.apply import copy_into_place, reinstall_command, reinstall_findings
 from rocm_audit.prune.fatbins.comgr import AGREED, KNOWS_NONE, NOT_AVAILABLE, ComgrError, ComgrProof, system_comgr
 from rocm_audit.prune.fatbins.library import LibraryResult, Refused, prove_file, slim_library
+from rocm_audit.prune.plan import distribution_matches
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
-from rocm_audit.tree.ownership import Distribution, normalize
+from rocm_audit.tree.ownership import Distribution
 from rocm_audit.tree.targets import TargetId
 
 _CHUNK = 1 << 20
@@ -104,7 +105,7 @@ def plan_fatbins(
     candidates: Sequence[tuple[str, Distribution | None]],
     kept: list[TargetId],
     kept_spelled: list[str],
-    keep_dists: Sequence[str] = (),
+    keep_dists: Sequence[str | tuple[str, str]] = (),
     *,
     backup: bool = False,
     comgr_library: str | None = None,
@@ -118,14 +119,14 @@ def plan_fatbins(
     plan = FatbinPlan(kept, kept_spelled)
     if not candidates:
         return plan
-    keep_names = {normalize(name) for name in keep_dists}
+    keep = [(k, f"--keep-dist {k}") if isinstance(k, str) else k for k in keep_dists]
     with contextlib.ExitStack() as stack:
         proof, comgr_state = _open_comgr(stack, kept, comgr_library)
         comgr = [proof]
         for path, owner in candidates:
             library = FatbinLibrary(path, owner)
             plan.libraries.append(library)
-            _plan_one(plan, library, keep_names, comgr, comgr_state, backup=backup)
+            _plan_one(plan, library, keep, comgr, comgr_state, backup=backup)
     return plan
 
 
@@ -168,15 +169,16 @@ def _slim_proved(
 def _plan_one(
     plan: FatbinPlan,
     library: FatbinLibrary,
-    keep_names: set[str],
+    keep: Sequence[tuple[str, str]],
     comgr: list[ComgrProof | None],
     comgr_state: str,
     *,
     backup: bool,
 ) -> None:
     owner, path = library.owner, library.path
-    if owner is not None and owner.normalized in keep_names:
-        library.refused, library.status = f"--keep-dist {owner.name}", "unchanged"
+    source = distribution_matches(owner.name, keep) if owner is not None else None
+    if source is not None:
+        library.refused, library.status = f"{owner.name if owner else ''} is kept whole ({source})", "unchanged"
         return
     try:
         st = os.lstat(path)
@@ -196,7 +198,7 @@ def _plan_one(
             library.refused, library.status = "no distribution owns it: slimmed only with --backup", "unchanged"
             return
         library.result = result
-    if library.refused and not library.refused.startswith(("no .hip_fatbin", "--keep-dist")):
+    if library.refused and not library.refused.startswith("no .hip_fatbin"):
         plan.findings.append(make_finding("PRUNE008", path, f"fat binaries left as they are: {library.refused}"))
 
 
