@@ -289,6 +289,17 @@ def run_prune(
         raise Interrupted("prune", done.removed, done.planned, done.manifest if done.removed else None) from None
 
 
+def _read_code_objects(inventory: Inventory, reader: DeviceCodeOf, progress: Progress) -> None:
+    """The weight asks every file for its code objects: read them here, where the count shows."""
+    progress.phase("reading GPU code objects", len(inventory.files), "files")
+    seen_bytes = 0
+    for done, record in enumerate(inventory.files, 1):
+        seen_bytes += record.size
+        progress.update(done, seen_bytes)
+        with contextlib.suppress(OSError, FormatError):  # the plan meets the same error and reports it
+            reader(record)
+
+
 def _run_prune(
     paths: list[str] | None,
     target_args: list[str],
@@ -308,14 +319,7 @@ def _run_prune(
     kept, source, selection = kept_targets(target_args, [r.path for r in roots], environ)
     inventory = build_inventory(roots, progress)
     reader = device_code_of(inventory, selection)
-    # The weight asks every file for its code objects: read them here, where the count shows.
-    progress.phase("reading GPU code objects", len(inventory.files), "files")
-    seen_bytes = 0
-    for done, record in enumerate(inventory.files, 1):
-        seen_bytes += record.size
-        progress.update(done, seen_bytes)
-        with contextlib.suppress(OSError, FormatError):  # the plan meets the same error and reports it
-            reader(record)
+    _read_code_objects(inventory, reader, progress)
     progress.phase("weighing device code for other GPUs")
     plan = make_plan(inventory, kept, reader)
     keep = kept_distributions(keep_dists or [])
