@@ -29,9 +29,10 @@ class CommandOutcome:
     # The audited directories, spelled as the findings spell paths: text shows paths under them
     # relative to them (the CLI fills it from ``inputs`` when a command leaves it empty).
     roots: list[str] = field(default_factory=list)
-    # image only, never reported: path -> (bytes, unused bytes, removable bytes) of device code,
+    # image only, never reported: path -> (bytes, unused bytes, removable bytes, bytes --fatbins
+    # would remove, estimated) of device code,
     # from check's prune weight (CheckOptions.prune_by_file), placed in the layers that wrote them.
-    device_bytes_by_path: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    device_bytes_by_path: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
 
     def exit_code(self, fail_on: Severity) -> int:
         if self.force_failure:

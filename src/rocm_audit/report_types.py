@@ -385,6 +385,8 @@ class PruneTotals(TypedDict):
     unused_bytes: int
     removable_bytes: int
     unused_in_host_libraries_bytes: int
+    # of those, in fat binaries `prune --fatbins` would slim: an estimate from the entry tables
+    fatbins_estimate_bytes: int
 
 
 class PruneWeightRow(TypedDict):
@@ -431,6 +433,9 @@ class PruneSection(TypedDict):
     backup: str | None
     shell_preview: list[str]
     elapsed_s: float
+    # per distribution: device code for no kept target in fat binaries of host libraries, which
+    # `prune --fatbins` would remove (from the entry tables, no recompression), largest first
+    fatbins_estimate: list[FatbinDistribution]
 
 
 class PruneRevertSection(TypedDict):
@@ -450,6 +455,7 @@ class FatbinLibraryRecord(TypedDict):
     reason: str
     layout: str  # truncated | split | zeroed (prune/fatbins/layout.py); "" when not slimmed
     file_bytes: int  # bytes the file itself shrinks by (0 when zeroed)
+    comgr: str  # comgr's lookup: agreed | not available | knows none of the kept targets | not run: ... | ""
 
 
 class FatbinDistribution(TypedDict):
@@ -499,6 +505,7 @@ class PruneLayer(TypedDict):
     device_bytes: int
     unused_bytes: int
     removable_bytes: int
+    fatbins_estimate_bytes: int  # device code for other GPUs in fat binaries prune --fatbins would slim
 
 
 class WasteCopy(TypedDict):

@@ -139,7 +139,7 @@ def audit_inventory(
         _llvm_step(inventory, audit, options, progress)
     if "post-build" not in options.skip:
         _post_build_step(inventory, audit, options, progress)
-    device_bytes_by_path: dict[str, tuple[int, int, int]] = {}
+    device_bytes_by_path: dict[str, tuple[int, int, int, int]] = {}
     if choice is not None and choice.targets and "prune" not in options.skip:
         device_bytes_by_path = _prune_step(inventory, audit, choice, selection, where, options, progress)
     elapsed = time.monotonic() - audit.started
@@ -319,7 +319,7 @@ def _prune_step(
     where: str,
     options: CheckOptions,
     progress: Progress,
-) -> dict[str, tuple[int, int, int]]:
+) -> dict[str, tuple[int, int, int, int]]:
     """The weight of device code no kept target loads (one info finding), over the facts read
     above; returns the device bytes per file when ``options.prune_by_file`` (image), else {}."""
     from rocm_audit.audit.pruning import prune_for_check

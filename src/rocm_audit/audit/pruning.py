@@ -17,9 +17,19 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune import apply as prune_apply
 from rocm_audit.prune.fatbins.apply import FatbinApplyResult, FatbinPlan, apply_fatbins, plan_fatbins, revert_fatbins
-from rocm_audit.prune.plan import DeviceCode, DeviceCodeOf, Kept, PrunePlan, Removal, make_plan
-from rocm_audit.prune.weigh import Weight, weigh
-from rocm_audit.report_types import PruneFatbinsSection, PruneRemoval, PruneSection
+from rocm_audit.prune.fatbins.comgr import site_comgr
+from rocm_audit.prune.plan import (
+    DeviceCode,
+    DeviceCodeOf,
+    Kept,
+    PrunePlan,
+    Removal,
+    distribution_matches,
+    keep_distributions,
+    make_plan,
+)
+from rocm_audit.prune.weigh import NO_DISTRIBUTION, Weight, weigh
+from rocm_audit.report_types import FatbinDistribution, PruneFatbinsSection, PruneRemoval, PruneSection
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import TargetSelection, kept_target
@@ -55,15 +65,38 @@ def device_code_of(inventory: Inventory, selection: TargetSelection | None = Non
     return read
 
 
-def weight_finding(plan: PrunePlan, weight: Weight, looked: str, fatbins: FatbinPlan | None = None) -> Finding | None:
+def kept_distributions(keep_dist_args: list[str]) -> list[tuple[str, str]]:
+    """The distributions prune leaves whole, each with where it was named: ``--keep-dist NAME``,
+    then a rules file's ``[policy.prune] keep_dist``."""
+    from rocm_audit.rulebook.policy import active_policy
+
+    current = active_policy()
+    where = current.setting_sources.get(("prune", "keep_dist"), "a rules file")
+    named = [(name, f"--keep-dist {name}") for name in keep_dist_args]
+    named += [(name, f"keep_dist in {where}") for name in current.area("prune").get("keep_dist", [])]
+    return named
+
+
+def weight_finding(
+    plan: PrunePlan,
+    weight: Weight,
+    looked: str,
+    fatbins: FatbinPlan | None = None,
+    *,
+    fatbins_estimate: int = 0,
+) -> Finding | None:
     """PRUNE001 with the totals; None when every byte of device code serves a kept target.
-    ``fatbins``: the --fatbins plan, whose bytes the message then states exactly."""
-    totals = weight.totals()
+    ``fatbins``: the --fatbins plan, whose bytes the message then states exactly; else
+    ``fatbins_estimate``, what --fatbins would slim by the entry tables (fatbins_estimate())."""
+    totals = weight.totals(fatbins_estimate)
     if not totals["unused_bytes"]:
         return None
     kept = ", ".join(k.spelled for k in plan.kept)
-    removable = f"{size_text(totals['removable_bytes'])} of it can be removed by `rocm-audit prune`"
-    removable += f" ({len(plan.removals)} unit(s))"
+    if totals["removable_bytes"] or not (fatbins_estimate or (fatbins is not None and fatbins.freed)):
+        removable = f"{size_text(totals['removable_bytes'])} of it can be removed by `rocm-audit prune`"
+        removable += f" ({len(plan.removals)} unit(s))"
+    else:  # nothing whole can go, but the fat binaries can be slimmed: say that, not "0 B"
+        removable = "no whole file or distribution of it can go"
     in_libraries = totals["unused_in_host_libraries_bytes"]
     data: dict[str, object] = {**totals, "removals": len(plan.removals), "targets": [k.spelled for k in plan.kept]}
     if fatbins is not None:
@@ -73,10 +106,16 @@ def weight_finding(plan: PrunePlan, weight: Weight, looked: str, fatbins: Fatbin
             f"libraries ({size_text(fatbins.saved)} off the files on disk"
             + ("; the rest is zeroed)" if fatbins.saved < fatbins.freed else ")")
         )
+    elif fatbins_estimate:
+        rest = (
+            f"; `rocm-audit prune --fatbins` can remove about {size_text(fatbins_estimate)} from fat binaries "
+            "of host libraries (an estimate from their entry tables; `prune --fatbins --dry-run` gives the "
+            "exact figure)"
+        )
     elif in_libraries:
         rest = (
-            f"; the rest, {size_text(in_libraries)}, sits in fat binaries of host libraries: "
-            "`rocm-audit prune --fatbins` slims them in place"
+            f"; the rest, {size_text(in_libraries)}, sits in fat binaries of host libraries "
+            "`rocm-audit prune --fatbins` leaves as they are (kept whole, or no library it can slim)"
         )
     else:
         rest = ""
@@ -121,6 +160,39 @@ def shell_preview(plan: PrunePlan) -> list[str]:
     return lines
 
 
+def fatbins_estimate(
+    inventory: Inventory, plan: PrunePlan, weight: Weight, reader: DeviceCodeOf, keep: list[tuple[str, str]]
+) -> dict[str, int]:
+    """Path -> bytes of device code no kept target loads inside the fat binaries of a host library
+    that ``prune --fatbins`` would slim: the weight's figure for that file (entries no kept target
+    can load, CCOB entries by their share of the bundle's bytes on disk), read from the entry
+    tables, nothing inflated or recompressed. An estimate: the exact figure, after recompression
+    and the runtime's own selection, is ``prune --fatbins --dry-run``'s."""
+    removed = {r.path for removal in plan.removals for r in removal.files}
+    estimate: dict[str, int] = {}
+    for record in inventory.files:
+        per = weight.by_path.get(record.path)
+        if record.kind is not FileKind.SHARED_LIBRARY or record.path in removed or not per or per[1] <= per[2]:
+            continue
+        owner = plan.owner_of.get(record.path)
+        if owner is not None and distribution_matches(owner.name, keep) is not None:
+            continue
+        with contextlib.suppress(OSError, FormatError):
+            code = reader(record)
+            if code is not None and "hip-fatbin" in code.containers:
+                estimate[record.path] = per[1] - per[2]
+    return estimate
+
+
+def _by_distribution(plan: PrunePlan, by_path: dict[str, int]) -> list[FatbinDistribution]:
+    sums: dict[str, int] = {}
+    for path, nbytes in by_path.items():
+        owner = plan.owner_of.get(path)
+        name = owner.name if owner is not None else NO_DISTRIBUTION
+        sums[name] = sums.get(name, 0) + nbytes
+    return [{"distribution": d, "bytes": b} for d, b in sorted(sums.items(), key=lambda item: (-item[1], item[0]))]
+
+
 def prune_section(
     plan: PrunePlan,
     weight: Weight,
@@ -128,12 +200,15 @@ def prune_section(
     source: str,
     result: prune_apply.ApplyResult | None = None,
     elapsed_s: float = 0.0,
+    fatbins_by_path: dict[str, int] | None = None,
 ) -> PruneSection:
+    fatbins_by_path = fatbins_by_path or {}
     return {
         "mode": mode,
         "targets": [k.spelled for k in plan.kept],
         "targets_source": source,
-        "totals": weight.totals(),
+        "totals": weight.totals(sum(fatbins_by_path.values())),
+        "fatbins_estimate": _by_distribution(plan, fatbins_by_path),
         "weight": [row.to_dict() for row in weight.rows],
         "removals": [_removal_dict(r) for r in plan.removals],
         "kept_units": [{"path": k.path, "arches": list(k.arches), "reason": k.reason} for k in plan.kept_units],
@@ -154,16 +229,21 @@ def prune_for_check(
     selection: TargetSelection | None = None,
     *,
     by_file: bool = False,
-) -> tuple[Finding | None, PruneSection, dict[str, tuple[int, int, int]]]:
+) -> tuple[Finding | None, PruneSection, dict[str, tuple[int, int, int, int]]]:
     """check's part: the weight and the plan (nothing changes), as one info finding and the section.
-    With ``by_file``, also path -> (bytes, unused bytes, removable bytes) of device code in that
+    With ``by_file``, also path -> (bytes, unused bytes, removable bytes, --fatbins estimate) of device code in that
     file, which ``image`` turns into a per-layer weight (empty without)."""
     reader = device_code_of(inventory, selection)
     plan = make_plan(inventory, kept, reader)
+    keep = kept_distributions([])  # a rules file's [policy.prune] keep_dist
+    keep_distributions(plan, keep)
     weight = weigh(inventory, plan, reader)
-    section = prune_section(plan, weight, "check", source)
-    by_path = {path: (b, u, r) for path, (b, u, r) in sorted(weight.by_path.items())} if by_file else {}
-    return weight_finding(plan, weight, looked), section, by_path
+    fatbins = fatbins_estimate(inventory, plan, weight, reader, keep)
+    section = prune_section(plan, weight, "check", source, fatbins_by_path=fatbins)
+    by_path = (
+        {path: (b, u, r, fatbins.get(path, 0)) for path, (b, u, r) in sorted(weight.by_path.items())} if by_file else {}
+    )
+    return weight_finding(plan, weight, looked, fatbins_estimate=sum(fatbins.values())), section, by_path
 
 
 def run_prune(
@@ -209,6 +289,17 @@ def run_prune(
         raise Interrupted("prune", done.removed, done.planned, done.manifest if done.removed else None) from None
 
 
+def _read_code_objects(inventory: Inventory, reader: DeviceCodeOf, progress: Progress) -> None:
+    """The weight asks every file for its code objects: read them here, where the count shows."""
+    progress.phase("reading GPU code objects", len(inventory.files), "files")
+    seen_bytes = 0
+    for done, record in enumerate(inventory.files, 1):
+        seen_bytes += record.size
+        progress.update(done, seen_bytes)
+        with contextlib.suppress(OSError, FormatError):  # the plan meets the same error and reports it
+            reader(record)
+
+
 def _run_prune(
     paths: list[str] | None,
     target_args: list[str],
@@ -228,25 +319,21 @@ def _run_prune(
     kept, source, selection = kept_targets(target_args, [r.path for r in roots], environ)
     inventory = build_inventory(roots, progress)
     reader = device_code_of(inventory, selection)
-    # The weight asks every file for its code objects: read them here, where the count shows.
-    progress.phase("reading GPU code objects", len(inventory.files), "files")
-    seen_bytes = 0
-    for done, record in enumerate(inventory.files, 1):
-        seen_bytes += record.size
-        progress.update(done, seen_bytes)
-        with contextlib.suppress(OSError, FormatError):  # the plan meets the same error and reports it
-            reader(record)
+    _read_code_objects(inventory, reader, progress)
     progress.phase("weighing device code for other GPUs")
     plan = make_plan(inventory, kept, reader)
+    keep = kept_distributions(keep_dists or [])
+    keep_distributions(plan, keep)
     weight = weigh(inventory, plan, reader)
     where = looked[0] if len(looked) == 1 else ", ".join(looked)
     findings: list[Finding] = list(inventory.findings) + plan.findings
     fatbin_plan = None
     if fatbins:
         progress.phase("slimming fat binaries (in memory)")
-        fatbin_plan = _fatbin_plan(inventory, plan, reader, keep_dists or [], backup=backup_dir is not None)
+        fatbin_plan = _fatbin_plan(inventory, plan, reader, keep, backup=backup_dir is not None)
         findings.extend(fatbin_plan.findings)
-    weight_note = weight_finding(plan, weight, where, fatbin_plan)
+    estimate = fatbins_estimate(inventory, plan, weight, reader, keep)
+    weight_note = weight_finding(plan, weight, where, fatbin_plan, fatbins_estimate=sum(estimate.values()))
     if weight_note is not None:
         findings.append(weight_note)
     result = None
@@ -257,7 +344,7 @@ def _run_prune(
         if fatbin_plan is not None:
             progress.phase("writing slimmed fat binaries")
             fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings)
-    section = prune_section(plan, weight, mode, source, result, time.monotonic() - started)
+    section = prune_section(plan, weight, mode, source, result, time.monotonic() - started, estimate)
     totals = section["totals"]
     if mode == "apply":
         summary = (
@@ -290,7 +377,7 @@ def _run_prune(
 
 
 def _fatbin_plan(
-    inventory: Inventory, plan: PrunePlan, reader: DeviceCodeOf, keep_dists: list[str], *, backup: bool
+    inventory: Inventory, plan: PrunePlan, reader: DeviceCodeOf, keep_dists: list[tuple[str, str]], *, backup: bool
 ) -> FatbinPlan:
     """The libraries with fat binaries (gpu's scan saw a .hip_fatbin) that no removal takes, slimmed in memory."""
     removed = {r.path for removal in plan.removals for r in removal.files}
@@ -303,7 +390,11 @@ def _fatbin_plan(
             if code is not None and "hip-fatbin" in code.containers:
                 candidates.append((record.path, plan.owner_of.get(record.path)))
     kept = [k.pattern for k in plan.kept]
-    return plan_fatbins(candidates, kept, [k.spelled for k in plan.kept], keep_dists, backup=backup)
+    # the site's own comgr is the one the image will run (prune/fatbins/comgr.py)
+    comgr = site_comgr([record.path for record in inventory.files]) if candidates else None
+    return plan_fatbins(
+        candidates, kept, [k.spelled for k in plan.kept], keep_dists, backup=backup, comgr_library=comgr
+    )
 
 
 def _apply_fatbins(
@@ -337,6 +428,7 @@ def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | Non
                 "reason": library.refused,
                 "layout": library.result.layout if library.result is not None else "",
                 "file_bytes": library.saved,
+                "comgr": library.comgr,
             }
             for library in plan.libraries
         ],

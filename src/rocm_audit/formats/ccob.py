@@ -300,3 +300,83 @@ class _CompressedInput:
 
     def read(self, size: int | None = -1) -> bytes:
         return self._stream._next_input(PayloadStream.CHUNK if size is None or size < 0 else size)
+
+
+# --------------------------------------------------------------------------------------------
+# Where a CCOB v1 ends. v1 has no total size (LLVM 18 wrote it, formats.md 2.4): its end is where
+# its compressed stream ends. LLVM finds the next bundle by searching for "CCOB" (OffloadBundle.cpp),
+# which a payload may contain by chance; the stream's own structure says where it ends exactly.
+
+MAX_ZSTD_BLOCKS = 1 << 22  # 512 GiB of 128 KiB blocks: far beyond any bundle
+
+
+def zstd_frame_size(read_at: ReadAt, available: int) -> int:
+    """Bytes of the one zstd frame at offset 0 of ``read_at`` (``available`` bytes at most), from
+    its frame and block headers alone (RFC 8878 3.1.1): nothing is inflated, one 3-byte read per
+    block. Raises FormatError."""
+    head = read_at(0, 18)
+    if len(head) < 6 or head[:4] != ZSTD_FRAME_MAGIC:
+        raise FormatError("zstd", 0, "no zstd frame magic where the CCOB payload begins")
+    descriptor = head[4]
+    if descriptor & 0x08:
+        raise FormatError("zstd", 4, "reserved bit set in the zstd frame header descriptor")
+    single_segment = descriptor >> 5 & 1
+    content_size_bytes = (single_segment, 2, 4, 8)[descriptor >> 6]
+    position = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3] + content_size_bytes
+    for _ in range(MAX_ZSTD_BLOCKS):
+        block = read_at(position, 3)
+        if len(block) < 3:
+            raise FormatError("zstd", position, "the frame ends inside a block header")
+        value = int.from_bytes(block, "little")
+        last, kind, size = value & 1, value >> 1 & 3, value >> 3
+        if kind == 3:
+            raise FormatError("zstd", position, "reserved block type")
+        position += 3 + (1 if kind == 1 else size)  # an RLE block stores its one byte
+        if position > available:
+            raise FormatError("zstd", position, "a block runs past the end of the section")
+        if last:
+            break
+    else:
+        raise FormatError("zstd", position, f"more than {MAX_ZSTD_BLOCKS} blocks")
+    if descriptor & 0x04:
+        position += 4  # Content_Checksum
+    if position > available:
+        raise FormatError("zstd", position, "the frame's checksum runs past the end of the section")
+    return position
+
+
+def zlib_stream_size(read_at: ReadAt, available: int, inflated_limit: int) -> int:
+    """Bytes of the zlib stream at offset 0 (RFC 1950): it is inflated in bounded steps and the
+    output dropped, since deflate blocks carry no compressed size. More than ``inflated_limit``
+    bytes of output is an error (the CCOB declared less). Raises FormatError."""
+    inflater = zlib.decompressobj()
+    position = inflated = 0
+    step = 1 << 20
+    try:
+        while not inflater.eof:
+            chunk = read_at(position, min(step, available - position))
+            if not chunk:
+                raise FormatError("zlib", position, "the section ends before the zlib stream does")
+            position += len(chunk)
+            pending = chunk
+            while pending and not inflater.eof:
+                inflated += len(inflater.decompress(pending, step))
+                pending = inflater.unconsumed_tail
+                if inflated > inflated_limit:
+                    raise FormatError("zlib", position, f"inflates past the declared {inflated_limit} bytes")
+    except zlib.error as exc:
+        raise FormatError("zlib", position, f"cannot inflate: {exc}") from None
+    return position - len(inflater.unused_data)
+
+
+def v1_total_size(header: CcobHeader, read_at: ReadAt, available: int) -> int:
+    """A CCOB v1's whole size (header and compressed stream); ``read_at`` reads from the CCOB's
+    first byte, ``available`` bytes of it at most. Raises FormatError."""
+
+    def payload_at(offset: int, size: int) -> bytes:
+        return read_at(header.header_size + offset, size)
+
+    room = available - header.header_size
+    if header.method == METHOD_ZSTD:
+        return header.header_size + zstd_frame_size(payload_at, room)
+    return header.header_size + zlib_stream_size(payload_at, room, header.uncompressed_size)

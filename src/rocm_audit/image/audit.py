@@ -360,13 +360,13 @@ def audit_merged(
 
 
 def prune_layers(
-    state: merge.MergeState, by_path: dict[str, tuple[int, int, int]], layer_names: list[str]
+    state: merge.MergeState, by_path: dict[str, tuple[int, int, int, int]], layer_names: list[str]
 ) -> list[PruneLayer]:
     """Device-code bytes per layer that holds them (prune's weight by file, placed by the layer
     that wrote the file the merged view shows). A prune in a later RUN frees none of a lower
     layer's bytes: only a prune in the RUN that wrote the layer does."""
     per: dict[int, PruneLayer] = {}
-    for path, (device_bytes, unused_bytes, removable_bytes) in sorted(by_path.items()):
+    for path, (device_bytes, unused_bytes, removable_bytes, fatbins_bytes) in sorted(by_path.items()):
         layer = state.layer_of.get(path)
         if layer is None:
             continue
@@ -378,11 +378,13 @@ def prune_layers(
                 "device_bytes": 0,
                 "unused_bytes": 0,
                 "removable_bytes": 0,
+                "fatbins_estimate_bytes": 0,
             },
         )
         row["device_bytes"] += device_bytes
         row["unused_bytes"] += unused_bytes
         row["removable_bytes"] += removable_bytes
+        row["fatbins_estimate_bytes"] += fatbins_bytes
     return [per[i] for i in sorted(per)]
 
 

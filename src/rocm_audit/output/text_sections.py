@@ -19,6 +19,7 @@ from rocm_audit.report_types import (
     LlvmLibrary,
     LlvmOrder,
     LlvmProbe,
+    PruneSection,
     PruneWeightRow,
     Sections,
 )
@@ -348,6 +349,7 @@ def check_lines(sections: Sections) -> list[str]:
             f"prune: {size_text(totals['unused_bytes'])} of {size_text(totals['device_bytes'])} device code is for "
             f"no kept target; {size_text(totals['removable_bytes'])} removable by rocm-audit prune"
         )
+        lines.extend(fatbins_estimate_lines(sections["prune"]))
     if "clashes" in sections:
         lines.append(llvm_summary(sections).replace("LLVM: ", "llvm: ", 1))
         lines.extend(_interpreter_lines(sections))
@@ -381,6 +383,11 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
             f"image: layer {row['layer']} holds {size_text(row['device_bytes'])} of device code, "
             f"{size_text(row['unused_bytes'])} for no kept target, {size_text(row['removable_bytes'])} "
             "removable by prune in the RUN that wrote it"
+            + (
+                f", about {size_text(row['fatbins_estimate_bytes'])} more by prune --fatbins there"
+                if row["fatbins_estimate_bytes"]
+                else ""
+            )
         )
     return lines + check_lines(sections)
 
@@ -422,6 +429,21 @@ def weight_by_distribution(rows: Sequence[PruneWeightRow]) -> list[DistributionW
 _REMOVAL_MARK = {"planned": "would remove", "removed": "removed", "skipped": "SKIPPED", "failed": "FAILED"}
 
 
+def fatbins_estimate_lines(section: PruneSection) -> list[str]:
+    """What ``prune --fatbins`` would remove from fat binaries of host libraries, per distribution
+    (an estimate from the entry tables; no line when there is nothing)."""
+    rows = section["fatbins_estimate"]
+    if not rows:
+        return []
+    total = section["totals"]["fatbins_estimate_bytes"]
+    parts = ", ".join(f"{display(r['distribution'])} {size_text(r['bytes'])}" for r in rows[:8])
+    more = f", {len(rows) - 8} more" if len(rows) > 8 else ""
+    return [
+        f"prune --fatbins: about {size_text(total)} removable from fat binaries of host libraries ({parts}{more}); "
+        "an estimate from their entry tables, `prune --fatbins --dry-run` gives the exact figure"
+    ]
+
+
 def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int = 0, limit: int = 40) -> list[str]:
     """Totals, a table per distribution, the removals; with ``verbose`` a row per distribution
     and target too."""
@@ -435,6 +457,8 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
         "",
         f"{'distribution':32} {'targets':>7} {'on disk':>11} {'compressed':>11} {'unused':>11} {'removable':>11}",
     ]
+    if "prune_fatbins" not in sections:  # with --fatbins its own exact figures follow
+        lines[2:2] = fatbins_estimate_lines(section)
     for one in weight_by_distribution(section["weight"]):
         lines.append(
             f"{display(one['distribution']):32} {one['targets']:>7} {size_text(one['bytes']):>11} "

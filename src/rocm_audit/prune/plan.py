@@ -18,6 +18,7 @@ does not import; the audit layer passes gpu's fact reader in.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from rocm_audit.formats.offload_bundle import DEVICE_KINDS
 from rocm_audit.tree.archfiles import ArchUnit, PathUnits, device_distribution_arch, path_units
 from rocm_audit.tree.discovery import AuditRoot, enclosing_sdk_tree
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, LinkRecord
-from rocm_audit.tree.ownership import Distribution, owners, read_distributions
+from rocm_audit.tree.ownership import Distribution, normalize, owners, read_distributions
 from rocm_audit.tree.smallfile import read_small
 from rocm_audit.tree.targets import TargetId, serves_kept
 
@@ -371,6 +372,34 @@ def _plan_arch_units(plan: PrunePlan, ctx: _Context, inventory: Inventory, kept:
         removal.devel_links = [*devel_names, *devel_symlinks]
         removal.owners = {r.path: plan.owner_of[r.path] for r in files if r.path in plan.owner_of}
         plan.removals.append(removal)
+
+
+def distribution_matches(name: str, patterns: Sequence[tuple[str, str]]) -> str | None:
+    """Where the first of ``patterns`` ((PEP 503 name or glob, where it came from)) that names the
+    distribution ``name`` came from, or None."""
+    normalized = normalize(name)
+    for pattern, source in patterns:
+        if fnmatch.fnmatchcase(normalized, normalize(pattern)):
+            return source
+    return None
+
+
+def keep_distributions(plan: PrunePlan, patterns: Sequence[tuple[str, str]]) -> None:
+    """Leave whole every distribution ``patterns`` names: a removal that would uninstall it or
+    take a file it installed stays (PRUNE002, with where the name came from)."""
+    if not patterns:
+        return
+    remaining = []
+    for removal in plan.removals:
+        named = [removal.distribution] if removal.distribution is not None else []
+        named += list(removal.owners.values())
+        matched = [(d, source) for d in named if (source := distribution_matches(d.name, patterns)) is not None]
+        if not matched:
+            remaining.append(removal)
+            continue
+        owner, source = matched[0]
+        _keep(plan, removal, f"{owner.name} is kept whole ({source})")
+    plan.removals = remaining
 
 
 def _keep(plan: PrunePlan, removal: Removal, reason: str) -> None:

@@ -60,7 +60,8 @@ class Weight:
     def total(self, name: str) -> int:
         return sum(getattr(row, name) for row in self.rows)
 
-    def totals(self) -> PruneTotals:
+    def totals(self, fatbins_estimate: int = 0) -> PruneTotals:
+        """The sums; ``fatbins_estimate``: the part ``prune --fatbins`` would slim (the caller's)."""
         unused = self.total("unused_bytes")
         removable = self.total("removable_bytes")
         return {
@@ -70,6 +71,7 @@ class Weight:
             "unused_bytes": unused,
             "removable_bytes": removable,
             "unused_in_host_libraries_bytes": unused - removable,
+            "fatbins_estimate_bytes": fatbins_estimate,
         }
 
 

@@ -44,6 +44,10 @@ _KNOWN_POLICY: dict[str, dict[str, tuple[str, Any]]] = {
         "targets": _STRING_LIST,
         "extra_targets": _STRING_LIST,
     },
+    "prune": {
+        # distributions prune leaves whole (as --keep-dist NAME): PEP 503 names or globs of them
+        "keep_dist": _STRING_LIST,
+    },
 }
 
 

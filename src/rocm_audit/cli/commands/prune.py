@@ -63,7 +63,10 @@ _KeepDistOption = Annotated[
     typer.Option(
         "--keep-dist",
         metavar="NAME",
-        help="With --fatbins: leave the libraries of this distribution whole; repeatable.",
+        help=(
+            "Leave this distribution whole: none of its units removed, none of its libraries slimmed "
+            "by --fatbins; repeatable (in a rules file: [policy.prune] keep_dist)."
+        ),
         rich_help_panel=ACTION_PANEL,
     ),
 ]

@@ -32,10 +32,12 @@ from typing import Any
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.prune.apply import copy_into_place, reinstall_command, reinstall_findings
+from rocm_audit.prune.fatbins.comgr import AGREED, KNOWS_NONE, NOT_AVAILABLE, ComgrError, ComgrProof, system_comgr
 from rocm_audit.prune.fatbins.library import LibraryResult, Refused, prove_file, slim_library
+from rocm_audit.prune.plan import distribution_matches
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
-from rocm_audit.tree.ownership import Distribution, normalize
+from rocm_audit.tree.ownership import Distribution
 from rocm_audit.tree.targets import TargetId
 
 _CHUNK = 1 << 20
@@ -63,6 +65,7 @@ class FatbinLibrary:
     result: LibraryResult | None = None  # what slimming gives (dry run), None when refused
     refused: str = ""  # why the library stays as it is
     status: str = "planned"  # planned | slimmed | unchanged | skipped | failed
+    comgr: str = ""  # proof (d): agreed | not available | knows none of the kept targets | ...
 
     @property
     def freed(self) -> int:
@@ -102,43 +105,101 @@ def plan_fatbins(
     candidates: Sequence[tuple[str, Distribution | None]],
     kept: list[TargetId],
     kept_spelled: list[str],
-    keep_dists: Sequence[str] = (),
+    keep_dists: Sequence[str | tuple[str, str]] = (),
     *,
     backup: bool = False,
+    comgr_library: str | None = None,
 ) -> FatbinPlan:
     """Work out what slimming each candidate library gives (nothing is written) and keep the
     result. A library a kept distribution owns, one no distribution owns when no backup is asked
     for (nothing could bring it back), one with several hard links, or one the slimming refuses,
-    stays; the refusals are PRUNE008 findings."""
+    stays; the refusals are PRUNE008 findings.
+    ``comgr_library``: the comgr that must agree on every slimmed bundle (comgr.py; None: the
+    system's, if one loads)."""
     plan = FatbinPlan(kept, kept_spelled)
-    keep_names = {normalize(name) for name in keep_dists}
-    for path, owner in candidates:
-        library = FatbinLibrary(path, owner)
-        plan.libraries.append(library)
-        if owner is not None and owner.normalized in keep_names:
-            library.refused, library.status = f"--keep-dist {owner.name}", "unchanged"
-            continue
-        try:
-            st = os.lstat(path)
-            if st.st_nlink > 1:
-                raise Refused(f"{st.st_nlink} hard links share it: slimming one name would keep both copies")
-            result = slim_library(path, kept)
-        except Refused as exc:
-            library.refused, library.status = str(exc), "unchanged"
-        except (FormatError, OSError) as exc:
-            library.refused, library.status = f"cannot read it: {exc}", "unchanged"
-        else:
-            if not result.freed:
-                library.status = "unchanged"
-                library.result = result
-                continue
-            if owner is None and not backup:
-                library.refused, library.status = "no distribution owns it: slimmed only with --backup", "unchanged"
-                continue
-            library.result = result
-        if library.refused and not library.refused.startswith(("no .hip_fatbin", "--keep-dist")):
-            plan.findings.append(make_finding("PRUNE008", path, f"fat binaries left as they are: {library.refused}"))
+    if not candidates:
+        return plan
+    keep = [(k, f"--keep-dist {k}") if isinstance(k, str) else k for k in keep_dists]
+    with contextlib.ExitStack() as stack:
+        proof, comgr_state = _open_comgr(stack, kept, comgr_library)
+        comgr = [proof]
+        for path, owner in candidates:
+            library = FatbinLibrary(path, owner)
+            plan.libraries.append(library)
+            _plan_one(plan, library, keep, comgr, comgr_state, backup=backup)
     return plan
+
+
+def _open_comgr(
+    stack: contextlib.ExitStack, kept: list[TargetId], comgr_library: str | None
+) -> tuple[ComgrProof | None, str]:
+    """The comgr child for the run (or None) and the proof's state when it does not run."""
+    where = comgr_library or system_comgr()
+    if where is None:
+        return None, NOT_AVAILABLE
+    try:
+        proof = stack.enter_context(ComgrProof(where, kept))
+    except (ComgrError, OSError) as exc:
+        return None, f"{NOT_AVAILABLE}: {exc}"
+    if not proof.queries:
+        return None, KNOWS_NONE
+    return proof, AGREED
+
+
+def _slim_proved(
+    library: FatbinLibrary, kept: list[TargetId], comgr: list[ComgrProof | None], state: str
+) -> LibraryResult:
+    """slim_library with comgr's proof; a comgr child that fails is not asked again (the state
+    says why). Raises Refused, FormatError, OSError."""
+    proof = comgr[0]
+    if proof is None:
+        library.comgr = state
+        return slim_library(library.path, kept)
+    agreed_before = proof.checked
+    try:
+        result = slim_library(library.path, kept, comgr=proof)
+    except ComgrError as exc:
+        comgr[0] = None
+        library.comgr = f"not run: {exc}"
+        return slim_library(library.path, kept)
+    library.comgr = AGREED if proof.checked > agreed_before else ""
+    return result
+
+
+def _plan_one(
+    plan: FatbinPlan,
+    library: FatbinLibrary,
+    keep: Sequence[tuple[str, str]],
+    comgr: list[ComgrProof | None],
+    comgr_state: str,
+    *,
+    backup: bool,
+) -> None:
+    owner, path = library.owner, library.path
+    source = distribution_matches(owner.name, keep) if owner is not None else None
+    if source is not None:
+        library.refused, library.status = f"{owner.name if owner else ''} is kept whole ({source})", "unchanged"
+        return
+    try:
+        st = os.lstat(path)
+        if st.st_nlink > 1:
+            raise Refused(f"{st.st_nlink} hard links share it: slimming one name would keep both copies")
+        result = _slim_proved(library, plan.kept, comgr, comgr_state)
+    except Refused as exc:
+        library.refused, library.status = str(exc), "unchanged"
+    except (FormatError, OSError) as exc:
+        library.refused, library.status = f"cannot read it: {exc}", "unchanged"
+    else:
+        if not result.freed:
+            library.status = "unchanged"
+            library.result = result
+            return
+        if owner is None and not backup:
+            library.refused, library.status = "no distribution owns it: slimmed only with --backup", "unchanged"
+            return
+        library.result = result
+    if library.refused and not library.refused.startswith("no .hip_fatbin"):
+        plan.findings.append(make_finding("PRUNE008", path, f"fat binaries left as they are: {library.refused}"))
 
 
 # --------------------------------------------------------------------------------------------

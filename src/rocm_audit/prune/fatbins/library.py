@@ -22,6 +22,7 @@ from rocm_audit.elf.sections import Section, read_sections
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import ccob, hip_fatbin, offload_bundle
 from rocm_audit.prune.fatbins import layout as layouts
+from rocm_audit.prune.fatbins.comgr import ComgrProof
 from rocm_audit.prune.fatbins.rewrite import Slimmed, prove_same_selection, slim
 from rocm_audit.tree.targets import TargetId
 
@@ -96,9 +97,10 @@ def _bundle_extent(fd: int, offset: int, end: int) -> tuple[int, str]:
     head = _pread(fd, offset, min(ccob.MAX_HEADER_SIZE, end - offset))
     if head.startswith(ccob.CCOB_MAGIC):
         header = ccob.parse_header(head, offset, end - offset)
-        if header.total_size is None:
-            raise Refused(f"a CCOB v1 at {offset:#x} has no size field: its end cannot be proved")
-        return header.total_size, f"ccob-v{header.version}-{header.method_name}"
+        total = header.total_size
+        if total is None:  # v1: its compressed stream's own end (formats/ccob.py)
+            total = ccob.v1_total_size(header, lambda at, size: os.pread(fd, size, offset + at), end - offset)
+        return total, f"ccob-v{header.version}-{header.method_name}"
     if head.startswith(offload_bundle.BUNDLE_MAGIC[: len(head)]) and len(head) >= 24:
         table = _pread(fd, offset, min(end - offset, offload_bundle.max_table_bytes()))
         bundle = offload_bundle.parse_bundle(table, offset, end - offset)
@@ -173,13 +175,15 @@ def slim_library(
     *,
     level: int | None = None,
     spool_dir: str | None = None,
+    comgr: ComgrProof | None = None,
 ) -> LibraryResult:
     """Slim every registered bundle of ``path`` for ``kept``. With ``out_fd`` (a byte-identical
     copy of the file, opened for reading and writing) the new file is written there, shrunk as
     ``result.layout`` says; without, only the result is computed (dry run). Prove the copy with
     ``prove_file`` before it replaces anything. No bundle is held in memory: a plain one is copied
     by ranges, a CCOB inflated and compressed through temporary files in ``spool_dir`` (default:
-    the temporary directory). Raises Refused, FormatError, OSError."""
+    the temporary directory). ``comgr``: a comgr child that must pick the same code from each
+    slimmed bundle (comgr.py). Raises Refused, FormatError, OSError, ComgrError."""
     result = LibraryResult(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
@@ -202,6 +206,8 @@ def slim_library(
                     # recompression gained nothing: leave this bundle as it is
                 else:
                     problem = prove_same_selection(made, kept)
+                    if problem is None and comgr is not None and comgr.queries:
+                        problem = comgr.check_slimmed(made)
                     if problem is not None:
                         raise Refused(f"bundle at {place.offset:#x}: {problem}")
                     result.bundles.append(BundleResult(place, made.size, made.kept, made.removed))
