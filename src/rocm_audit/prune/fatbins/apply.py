@@ -8,8 +8,9 @@ Order of an applying run (the safety of prune/apply.py, for a file changed in pl
 3. per library: with ``--backup`` copy it (and its RECORD) into the backup and check the copy's
    sha256; copy it to a temporary file in its own directory, slim every bundle there
    (library.py), prove the copy (layout.py ``prove``), fsync; re-check the original's identity
-   with its ctime (nothing can change the file and leave that); ``os.replace``; fsync the directory; then rewrite its RECORD line the way
-   pip writes it (``sha256=`` urlsafe base64 without padding, and the size), atomically too.
+   with its ctime (nothing can change the file and leave that); ``os.replace``; fsync the
+   directory; then rewrite its RECORD line the way pip writes it (``sha256=`` urlsafe base64
+   without padding, and the size), atomically too.
 
 Revert puts back each journalled library whose current bytes are the slimmed ones we wrote: from
 the backup (byte-identical, sha256 checked) with its RECORD line, else it names the exact
