@@ -496,3 +496,208 @@ def test_a_kill_at_any_rename_leaves_each_library_original_or_journalled(site, t
         pytest.fail(f"the run still renamed after 11 kill points: {states}")
     # killed between journal and replace, and between the two libraries
     assert (True, True, 0) in states and (True, True, 1) in states, states
+
+
+# --- zstd CCOBs read through the frame index -------------------------------------------------
+
+
+def _counting_index(monkeypatch) -> dict[str, int]:
+    """Count the frame indexes built and the inflated bytes read through them."""
+    from rocm_audit.formats import zstd_index
+
+    counts = {"built": 0, "read": 0}
+
+    class Counting(zstd_index.FrameIndex):
+        def __init__(self, *args, **kwargs) -> None:
+            counts["built"] += 1
+            super().__init__(*args, **kwargs)
+
+        def read(self, offset: int, length: int) -> bytes:
+            chunk = super().read(offset, length)
+            counts["read"] += len(chunk)
+            return chunk
+
+    monkeypatch.setattr(zstd_index, "FrameIndex", Counting)
+    return counts
+
+
+def _needs_index() -> None:
+    from rocm_audit.formats import zstd_index
+
+    if not zstd_index.available():
+        pytest.skip("the _zstdindex extension is not built (setup.py builds it where a C compiler is)")
+
+
+def _varied(size: int, seed: int) -> bytes:
+    """Bytes that recur with small edits far apart, as code objects for many GPUs do (what
+    long-distance matching finds), with alignment padding between them."""
+    import random
+
+    rng = random.Random(seed)
+    words = [rng.randbytes(rng.randint(2, 12)) for _ in range(400)]
+    base = b"".join(rng.choice(words) for _ in range(size // 280 + 1))[: size // 40]
+    out = bytearray()
+    while len(out) < size:
+        cut = rng.randrange(len(base))
+        piece = bytearray(base[cut : cut + rng.randint(1000, 60000)])
+        for _ in range(len(piece) // 5000):
+            piece[rng.randrange(len(piece))] = rng.randrange(256)
+        out += piece
+        if rng.random() < 0.1:
+            out += b"\0" * rng.randint(1, 5000)
+    return bytes(out[:size])
+
+
+# Kept for gfx942 and gfx950: their native entries (xnack- and the bare one, for xnack+) and the
+# SPIR-V one; gfx90a, gfx1100 and the generic one (native entries serve every setting) go.
+WIDE_ARCHES = (
+    ("gfx90a", 0x53F),
+    ("gfx942:xnack-", 0x54C),
+    ("gfx942", 0x54C),
+    ("gfx1100", 0x41),
+    ("gfx9-4-generic", 0x5F),
+    ("gfx950", 0x54F),
+)
+
+
+def _wide_ccob(entry_size: int, window_log: int) -> tuple[bytes, bytes]:
+    """A CCOB v3 of a bundle with several entries compressed as clang's bundler does (one zstd
+    frame, long-distance matching, a window of 2**window_log); returns (CCOB, inflated bundle)."""
+    import zstandard
+
+    from support.gpu.arch_writers import amdgpu_header, bundle
+
+    share = _varied(entry_size * len(WIDE_ARCHES), 5)
+    entries = [("host-x86_64-unknown-linux--", b"")]
+    entries += [
+        (f"hipv4-amdgcn-amd-amdhsa--{arch}", amdgpu_header(flags) + share[k * entry_size : (k + 1) * entry_size])
+        for k, (arch, flags) in enumerate(WIDE_ARCHES)
+    ]
+    entries.append(("hip-spirv64-amd-amdhsa--amdgcnspirv", b"\x03\x02\x23\x07" + share[:4096]))
+    plain = bundle(entries)
+    params = zstandard.ZstdCompressionParameters.from_level(
+        3, enable_ldm=True, window_log=window_log, write_content_size=True
+    )
+    payload = zstandard.ZstdCompressor(compression_params=params).compress(plain)
+    digest = hashlib.md5(plain).digest()[:8]
+    return ccob_header(3, ccob.METHOD_ZSTD, len(plain), len(payload), digest) + payload, plain
+
+
+def test_the_index_and_the_stream_give_the_same_ccob(built, tmp_path, monkeypatch):
+    """Every zstd CCOB slimmed through the frame index is byte for byte the one the streaming
+    path gives, and proved the same way: clang's --offload-compress bundles (read whole through
+    the index and checked against their MD5) and a larger test-made one with several entries,
+    where the index resolves the table and the kept entries only."""
+    _needs_index()
+    kept = [kept_target("gfx942"), kept_target("gfx950")]
+    wide, plain = _wide_ccob(2 << 20, 27)
+    for original in [*_bundles(built["libccob.so"]), wide]:
+        counts = _counting_index(monkeypatch)
+        indexed, indexed_bytes, proved = _slim_bytes(original, kept, tmp_path)
+        assert proved and counts["built"] == 1 and counts["read"] > 0
+        header = ccob.parse_header(original, 0, len(original))
+        if header.uncompressed_size > (1 << 20):
+            # the table and the kept entries, not the three 2 MiB entries that go
+            assert counts["read"] < header.uncompressed_size - 3 * (2 << 20), counts
+        with monkeypatch.context() as streaming:
+            streaming.setenv("ROCM_AUDIT_NO_ZSTD_INDEX", "1")
+            streamed, streamed_bytes, streamed_proved = _slim_bytes(original, kept, tmp_path)
+        assert counts["built"] == 1, "the index was used with ROCM_AUDIT_NO_ZSTD_INDEX=1"
+        assert streamed_proved and streamed_bytes == indexed_bytes
+        assert (indexed.kept, indexed.removed) == (streamed.kept, streamed.removed)
+        monkeypatch.undo()
+    removed = sorted(r.rsplit("--", 1)[-1] for r in indexed.removed)
+    assert removed == ["gfx1100", "gfx9-4-generic", "gfx90a"]
+    assert selections(indexed_bytes, kept) == selections(wide, kept)
+    assert all(selections(indexed_bytes, kept).values())
+    assert _inflated(indexed_bytes) != plain
+
+
+def test_a_frame_the_index_refuses_is_streamed(built, tmp_path, monkeypatch):
+    """Past the index's limits (IndexTooLarge) the CCOB is streamed and slimmed all the same; a
+    damaged frame (FrameCorrupt) is streamed too, so it is refused with the stream's words."""
+    from rocm_audit.formats import zstd_index
+
+    _needs_index()
+    kept = [kept_target("gfx942")]
+    wide, _plain = _wide_ccob(1 << 20, 24)
+    _slimmed, expected, _ = _slim_bytes(wide, kept, tmp_path)
+    counts = _counting_index(monkeypatch)
+    monkeypatch.setattr(zstd_index, "MAX_RECORDS", 100)
+    _slimmed, data, proved = _slim_bytes(wide, kept, tmp_path)
+    assert counts["built"] == 1 and proved and data == expected
+    monkeypatch.undo()
+    damaged = bytearray(wide)
+    damaged[len(damaged) // 2] ^= 0x5A
+    errors = []
+    counts = _counting_index(monkeypatch)
+    for env in ("0", "1"):
+        monkeypatch.setenv("ROCM_AUDIT_NO_ZSTD_INDEX", env)
+        with pytest.raises(FormatError) as caught:
+            _slim_bytes(bytes(damaged), kept, tmp_path)
+        errors.append(str(caught.value))
+        assert counts["built"] == 1  # the index met the damage first, then the stream
+    assert errors[0] == errors[1] and "corrupt" in errors[0]
+
+
+def test_through_the_index_the_original_md5_is_not_read_the_sizes_and_selection_are(tmp_path, monkeypatch):
+    """The decision docs/prune.md states: over 1 MiB inflated, the index path does not read
+    every inflated byte, so a wrong MD5 in the original's header goes unseen (the stream refuses
+    it); a wrong declared size is refused both ways, and the new CCOB gets a correct MD5."""
+    _needs_index()
+    kept = [kept_target("gfx942")]
+    wide, _plain = _wide_ccob(1 << 20, 24)
+    header = ccob.parse_header(wide, 0, len(wide))
+    bad_hash = bytearray(wide)
+    bad_hash[header.header_size - 1] ^= 1
+    _slimmed, data, proved = _slim_bytes(bytes(bad_hash), kept, tmp_path)
+    assert proved and _inflated(data)  # _inflated checks the new header's MD5
+    bad_size = bytearray(wide)
+    struct.pack_into("<Q", bad_size, 16, header.uncompressed_size - 1)
+    for env in ("0", "1"):
+        monkeypatch.setenv("ROCM_AUDIT_NO_ZSTD_INDEX", env)
+        with pytest.raises(FormatError, match="inflates to"):
+            _slim_bytes(bytes(bad_size), kept, tmp_path)
+    with pytest.raises(FormatError, match="hash"):
+        _slim_bytes(bytes(bad_hash), kept, tmp_path)
+
+
+def test_a_wide_window_ccob_is_slimmed_without_its_window(tmp_path, monkeypatch):
+    """A CCOB of 48 MiB inflated compressed with a 128 MiB window (clang's bundler asks for
+    long-distance matching): streamed, slimming holds the window (most of the 48 MiB); through
+    the index, peak memory grows by a few MiB."""
+    import gc
+
+    from rocm_audit.formats import ccob as ccob_format
+    from support.memory import peak_rss_kib, reset_peak_rss
+
+    _needs_index()
+    kept = [kept_target("gfx942")]
+    wide, plain = _wide_ccob(8 << 20, 27)
+    del plain
+    source = tmp_path / "wide.bundle"
+    source.write_bytes(wide)
+    del wide
+    gc.collect()
+
+    def slimmed_peak() -> tuple[int, bytes]:
+        ccob_format.release_shared_decompressor()
+        gc.collect()
+        fd = os.open(source, os.O_RDONLY)
+        try:
+            before = reset_peak_rss()
+            with slim(fd, 0, os.fstat(fd).st_size, kept, None, str(tmp_path)) as slimmed:
+                assert prove_same_selection(slimmed, kept) is None
+                with open(tmp_path / "wide.out", "wb") as out:
+                    slimmed.write(out.fileno(), 0)
+            grown = peak_rss_kib() - before
+        finally:
+            os.close(fd)
+        return grown, (tmp_path / "wide.out").read_bytes()
+
+    indexed_kib, indexed = slimmed_peak()
+    monkeypatch.setenv("ROCM_AUDIT_NO_ZSTD_INDEX", "1")
+    streamed_kib, streamed = slimmed_peak()
+    assert indexed == streamed
+    assert streamed_kib > 32 * 1024, streamed_kib  # the window
+    assert indexed_kib < 16 * 1024, indexed_kib

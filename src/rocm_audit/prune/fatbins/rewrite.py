@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from rocm_audit.errors import FormatError
-from rocm_audit.formats import ccob, offload_bundle
+from rocm_audit.formats import ccob, offload_bundle, zstd_index
 from rocm_audit.prune.fatbins.select import entries_to_keep, selected
 from rocm_audit.tree.targets import TargetId, agents_of
 
@@ -44,6 +44,9 @@ ZLIB_LEVEL = 6
 MAX_INFLATED = 4 << 30  # refuse a CCOB that declares more than this (it is spooled to disk)
 CHUNK = 1 << 20  # bytes copied or compressed at a time
 INFLATE_CHUNK = 256 << 10  # bytes inflated at a time (up to four more wait to be hashed)
+# A zstd CCOB read through the index is read whole, for its MD5, up to this many inflated bytes
+# (the bundles of small libraries, clang-built ones among them: cheap, and one check more).
+INDEX_HASH_BYTES = 1 << 20
 
 ReadAt = Callable[[int, int], bytes]  # (offset, size) -> exactly size bytes, or FormatError
 # A piece of a slimmed bundle: literal bytes, or (fd, offset, size) of a file (fd -1: zeros).
@@ -270,6 +273,71 @@ class _Md5Thread:
             self._thread.join()
 
 
+def _payload_size(header: ccob.CcobHeader, extent: int) -> int:
+    """The compressed payload's size, after the checks both ways of inflating make first (the
+    declared inflated size bounded, and in proportion to the payload). Raises FormatError."""
+    end = header.total_size if header.total_size is not None else extent
+    if header.uncompressed_size > MAX_INFLATED:
+        raise FormatError(ccob.FMT, 0, f"declares {header.uncompressed_size} inflated bytes")
+    compressed = end - header.header_size
+    if not ccob.plausible_size(header, compressed):
+        raise FormatError(ccob.FMT, 0, f"declares {header.uncompressed_size} inflated bytes from {compressed}")
+    return compressed
+
+
+def indexable(header: ccob.CcobHeader, extent: int) -> bool:
+    """Whether a CCOB is read through a zstd frame index (the extension built, not turned off
+    by ROCM_AUDIT_NO_ZSTD_INDEX, a zstd payload the index may take whole)."""
+    end = header.total_size if header.total_size is not None else extent
+    return (
+        header.method == ccob.METHOD_ZSTD
+        and end - header.header_size <= zstd_index.MAX_INPUT
+        and zstd_index.available()
+    )
+
+
+def index_to(
+    header: ccob.CcobHeader, read_at: ReadAt, extent: int, spool: IO[bytes], wanted: Wanted | None = None
+) -> int:
+    """``inflate_to`` through a zstd frame index: the whole frame is decoded down to its
+    sequences (damage anywhere is found, and it must regenerate the declared size), then only the
+    ranges ``wanted`` names are resolved and written to ``spool`` at their offsets. A bundle up
+    to INDEX_HASH_BYTES is read whole and checked against the header's MD5 too; a larger one is
+    not (that is the 6 s of every 2.3 GiB the index saves). Returns the size. Raises FormatError;
+    IndexTooLarge or FrameCorrupt when the frame is past the index (the caller streams it)."""
+    compressed = _payload_size(header, extent)
+    size = header.uncompressed_size
+    # the compressed payload is passed, not kept: the index lets go of it once every block is decoded
+    index = zstd_index.FrameIndex(read_at(header.header_size, compressed), header.header_size, ccob.FMT)
+    index.decode_all()
+    if index.size != size:
+        raise FormatError(ccob.FMT, 0, f"inflates to {index.size} bytes, not the declared {size}")
+    fd = spool.fileno()
+
+    def copy(start: int, stop: int, md5: hashlib._Hash | None = None) -> None:
+        for at in range(start, stop, CHUNK):
+            chunk = index.read(at, min(CHUNK, stop - at))
+            if len(chunk) != min(CHUNK, stop - at):
+                raise FormatError(ccob.FMT, 0, f"the frame ends before inflated offset {stop:#x}")
+            if md5 is not None:
+                md5.update(chunk)
+            _pwrite_all(fd, chunk, at)
+
+    if size <= INDEX_HASH_BYTES or wanted is None:
+        md5 = hashlib.md5(usedforsecurity=False)
+        copy(0, size, md5)
+        if md5.digest()[:8] != header.hash64:
+            raise FormatError(ccob.FMT, 0, "the inflated bundle does not match the header's hash")
+    else:
+        ranges = wanted(index.read(0, min(size, COMGR_WINDOW)), size)
+        if ranges is None:
+            ranges = wanted(index.read(0, min(size, offload_bundle.max_table_bytes())), size)
+        for start, stop in ranges if ranges is not None else [(0, size)]:
+            copy(start, stop)
+    os.ftruncate(fd, size)
+    return size
+
+
 def inflate_to(
     header: ccob.CcobHeader, read_at: ReadAt, extent: int, spool: IO[bytes], wanted: Wanted | None = None
 ) -> int:
@@ -277,12 +345,7 @@ def inflate_to(
     the same offsets, checking the declared inflated size and the header's MD5 on the way;
     returns the size. With ``wanted``, only the ranges it names are written (the rest of the
     spool is a hole). Raises FormatError."""
-    end = header.total_size if header.total_size is not None else extent
-    if header.uncompressed_size > MAX_INFLATED:
-        raise FormatError(ccob.FMT, 0, f"declares {header.uncompressed_size} inflated bytes")
-    compressed = end - header.header_size
-    if not ccob.plausible_size(header, compressed):
-        raise FormatError(ccob.FMT, 0, f"declares {header.uncompressed_size} inflated bytes from {compressed}")
+    compressed = _payload_size(header, extent)
     stream = ccob.PayloadStream(
         header,
         lambda offset, size: read_at(header.header_size + offset, size),
@@ -387,7 +450,16 @@ def _slim_ccob(
     inflated = _spool(spool_dir)
     out = None
     try:
-        size = inflate_to(header, read_at, extent, inflated, _kept_ranges(kept))
+        size = None
+        if indexable(header, extent):
+            try:
+                size = index_to(header, read_at, extent, inflated, _kept_ranges(kept))
+            except (zstd_index.IndexTooLarge, zstd_index.FrameCorrupt):
+                # streamed instead: a frame past the index's limits, or one the stream judges
+                # (and names the damage of) as it always has
+                os.ftruncate(inflated.fileno(), 0)
+        if size is None:
+            size = inflate_to(header, read_at, extent, inflated, _kept_ranges(kept))
         inner = _slim_plain(_fd_reader(inflated.fileno(), 0, size), size, (inflated.fileno(), 0), kept)
         if not inner.removed:
             inflated.close()  # nothing to remove: the original itself, not compressed again
