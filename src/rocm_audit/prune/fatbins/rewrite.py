@@ -47,6 +47,11 @@ INFLATE_CHUNK = 256 << 10  # bytes inflated at a time (up to four more wait to b
 # A zstd CCOB read through the index is read whole, for its MD5, up to this many inflated bytes
 # (the bundles of small libraries, clang-built ones among them: cheap, and one check more).
 INDEX_HASH_BYTES = 1 << 20
+# Bytes read through the index at a time, and the largest gap read between two wanted ranges. A
+# read resolves a match into its own earlier output by copying it; reading gfx942's and gfx950's
+# entries of jax's plugin in one read instead of 1 MiB steps halves the time (16.8 s to 7.7 s).
+INDEX_READ = 16 << 20
+INDEX_GAP = 64 << 10
 
 ReadAt = Callable[[int, int], bytes]  # (offset, size) -> exactly size bytes, or FormatError
 # A piece of a slimmed bundle: literal bytes, or (fd, offset, size) of a file (fd -1: zeros).
@@ -296,6 +301,18 @@ def indexable(header: ccob.CcobHeader, extent: int) -> bool:
     )
 
 
+def _coalesced(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` sorted, those at most INDEX_GAP apart joined: read as one, a kept entry's matches
+    into the kept entry before it are copied from the read's own output, not followed back."""
+    joined: list[tuple[int, int]] = []
+    for start, stop in sorted(ranges):
+        if joined and start - joined[-1][1] <= INDEX_GAP:
+            joined[-1] = (joined[-1][0], max(joined[-1][1], stop))
+        else:
+            joined.append((start, stop))
+    return joined
+
+
 def index_to(
     header: ccob.CcobHeader, read_at: ReadAt, extent: int, spool: IO[bytes], wanted: Wanted | None = None
 ) -> int:
@@ -315,9 +332,9 @@ def index_to(
     fd = spool.fileno()
 
     def copy(start: int, stop: int, md5: hashlib._Hash | None = None) -> None:
-        for at in range(start, stop, CHUNK):
-            chunk = index.read(at, min(CHUNK, stop - at))
-            if len(chunk) != min(CHUNK, stop - at):
+        for at in range(start, stop, INDEX_READ):
+            chunk = index.read(at, min(INDEX_READ, stop - at))
+            if len(chunk) != min(INDEX_READ, stop - at):
                 raise FormatError(ccob.FMT, 0, f"the frame ends before inflated offset {stop:#x}")
             if md5 is not None:
                 md5.update(chunk)
@@ -332,7 +349,7 @@ def index_to(
         ranges = wanted(index.read(0, min(size, COMGR_WINDOW)), size)
         if ranges is None:
             ranges = wanted(index.read(0, min(size, offload_bundle.max_table_bytes())), size)
-        for start, stop in ranges if ranges is not None else [(0, size)]:
+        for start, stop in _coalesced(ranges if ranges is not None else [(0, size)]):
             copy(start, stop)
     os.ftruncate(fd, size)
     return size
