@@ -8,26 +8,25 @@ formats.md 8.1). A CCOB (2.4) is inflated, slimmed the same way and compressed a
 method and version; header fields are rewritten to match (v1 u32 sizes, v2 u32 total and
 inflated sizes, v3 u64 both; the hash is MD5 of the inflated bundle, low 8 bytes).
 
-Nothing holds a whole bundle in memory. A plain bundle is read as its entry table (the first
-4096 bytes, more only when the table is longer) and the slimmed one is a list of pieces (the new
-table, zero padding, ranges of the source file) copied 1 MiB at a time when written. A CCOB's
-table and the entries that stay go into a spool (an unnamed temporary file) at their inflated
-offsets. A zstd CCOB is read through the zstd frame index (formats/zstd_index.py) where it is
-built: the whole frame is decoded down to its sequences (damage anywhere is found there, and it
-must regenerate the declared size), then only the table and the kept entries are resolved, so no
-window is held (clang's bundler compresses with one as large as the bundle: 108 MiB in jax's
-plugin). The header's MD5 covers every inflated byte, so it is checked only where everything is
-read: bundles up to 1 MiB through the index, and every bundle streamed (zlib ones, zstd ones the
-index refuses, ROCM_AUDIT_NO_ZSTD_INDEX=1), where a streaming decompressor inflates all of it,
-hashed on a second thread. What proves a slimmed bundle instead is the selection proof: each kept
-setting's code object, read from the original (through the same index verify-arch reads it with,
-so the verdicts rest on the same bytes) and from the new CCOB, inflated again whole and checked
-against its own new header, must have the same sha256. The slimmed bundle is compressed by a
-streaming compressor into a second spool, its MD5 and sizes counted as it goes, and the header
-is built last. zlib's output is
-byte for byte the one-shot ``zlib.compress``'s; zstd's frame records its content size as the
-one-shot's does, and equals it while the bundle fits one 128 KiB block (zstd 1.5.7 splits blocks
-by content only when one call hands it several, which a stream never does).
+Nothing holds a whole bundle in memory. A plain bundle is read as its entry table (the first 4096
+bytes, more only when the table is longer) and the slimmed one is a list of pieces (the new table,
+zero padding, ranges of the source file) copied 1 MiB at a time when written. A CCOB's table and
+the entries that stay go into a spool (an unnamed temporary file) at their inflated offsets. A zstd
+CCOB is read through the zstd frame index (formats/zstd_index.py) where it is built: the whole
+frame is decoded down to its sequences (damage to its coding anywhere is found there, and it must
+regenerate the declared size), then only the table and the kept entries are resolved, so no window
+is held (clang's bundler compresses with one as large as the bundle: 108 MiB in jax's plugin). The
+header's MD5 covers every inflated byte, so it is checked only where everything is read: bundles up
+to 1 MiB through the index, and every bundle streamed (zlib ones, zstd ones the index refuses,
+ROCM_AUDIT_NO_ZSTD_INDEX=1), where a streaming decompressor inflates all of it, hashed on a second
+thread. What proves a slimmed bundle instead is the selection proof: each kept setting's code
+object, read from the original (through the same index verify-arch reads it with, so the verdicts
+rest on the same bytes) and from the new CCOB, inflated again whole and checked against its own new
+header, must have the same sha256. The slimmed bundle is compressed by a streaming compressor into
+a second spool, its MD5 and sizes counted as it goes, and the header is built last. zlib's output
+is byte for byte the one-shot ``zlib.compress``'s; zstd's frame records its content size as the
+one-shot's does, and equals it while the bundle fits one 128 KiB block (zstd 1.5.7 splits blocks by
+content only when one call hands it several, which a stream never does).
 """
 
 from __future__ import annotations
@@ -328,10 +327,10 @@ def index_to(
     header: ccob.CcobHeader, read_at: ReadAt, extent: int, spool: IO[bytes], wanted: Wanted | None = None
 ) -> int:
     """``inflate_to`` through a zstd frame index: the whole frame is decoded down to its
-    sequences (damage anywhere is found, and it must regenerate the declared size), then only the
+    sequences (damage to its coding is found, and it must regenerate the declared size), then the
     ranges ``wanted`` names are resolved and written to ``spool`` at their offsets. A bundle up
     to INDEX_HASH_BYTES is read whole and checked against the header's MD5 too; a larger one is
-    not (that is the 6 s of every 2.3 GiB the index saves). Returns the size. Raises FormatError;
+    not (its removed entries are never read; docs/prune.md). Returns the size. Raises FormatError;
     IndexTooLarge or FrameCorrupt when the frame is past the index (the caller streams it)."""
     compressed = _payload_size(header, extent)
     size = header.uncompressed_size
