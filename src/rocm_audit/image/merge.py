@@ -27,6 +27,7 @@ stream and LimitExceeded.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import logging
@@ -76,7 +77,9 @@ class Copy:
     layer: int
     path: str  # image path, "/usr/lib/x"
     size: int
-    digest: bytes  # BLAKE2b-256 of the content
+    # BLAKE2b-256 of the content; None while nothing needs it: the bytes are then in the merged
+    # view at ``path`` (hashed when another copy of the same size appears, or before they go).
+    digest: bytes | None
 
 
 @dataclass(slots=True)
@@ -103,6 +106,10 @@ class MergeState:
     copies: list[Copy] = field(default_factory=list)
     # image path -> index in ``copies`` of the copy the merged view shows there (hashed files only)
     visible: dict[str, int] = field(default_factory=dict)
+    # size -> index in ``copies`` of the one copy of that size not hashed yet (its bytes are in the
+    # merged view): a second copy of the same size needs both digests, a unique size needs none.
+    unhashed_by_size: dict[int, int] = field(default_factory=dict)
+    sizes_seen: set[int] = field(default_factory=set)  # of every copy so far
     # image paths sharing a copy through a tar hardlink: path -> copy index
     hardlinked: dict[str, int] = field(default_factory=dict)
     # image path -> the layer that wrote the regular file (or hardlink) the merged view shows there
@@ -431,8 +438,10 @@ def _regular(
     target: str,
     index: int,
 ) -> None:
-    hasher = hashlib.blake2b(digest_size=32) if entry.size >= HASH_MIN_BYTES else None
     keep = state.keep("/" + rel)
+    # A written file is hashed later, only if a verdict needs it (hash_when_needed); a file whose
+    # bytes are streamed past is hashed now, while they go by.
+    hasher = hashlib.blake2b(digest_size=32) if entry.size >= HASH_MIN_BYTES and not keep else None
     out = open(target, "wb") if keep else None
     try:
         for chunk in data:
@@ -448,9 +457,45 @@ def _regular(
     elif _LIBRARY_NAME in posixpath.basename(rel):
         state.streamed_past.add("/" + rel)
     state.layer_of["/" + rel] = index
-    if hasher is not None:
-        state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=hasher.digest()))
-        state.visible["/" + rel] = len(state.copies) - 1
+    if entry.size >= HASH_MIN_BYTES:
+        state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=None))
+        copy_index = len(state.copies) - 1
+        state.visible["/" + rel] = copy_index
+        _note_size(state, copy_index, hasher.digest() if hasher is not None else None)
+
+
+def _note_size(state: MergeState, copy_index: int, digest: bytes | None) -> None:
+    """Record a new copy: the first of its size may stay unhashed; from the second on, every copy
+    of that size gets its digest (the earlier unhashed one is read back from the merged view)."""
+    copy = state.copies[copy_index]
+    if digest is not None:
+        state.copies[copy_index] = dataclasses.replace(copy, digest=digest)
+    first = state.unhashed_by_size.get(copy.size)
+    if first is None and copy.size not in state.sizes_seen:
+        state.sizes_seen.add(copy.size)
+        if digest is None:
+            state.unhashed_by_size[copy.size] = copy_index
+        return
+    state.sizes_seen.add(copy.size)
+    if first is not None:
+        _hash_from_view(state, first)
+    if digest is None:
+        _hash_from_view(state, copy_index)
+
+
+def _hash_from_view(state: MergeState, copy_index: int) -> None:
+    """Hash a copy whose bytes are still in the merged view at its path (BLAKE2b-256)."""
+    copy = state.copies[copy_index]
+    if state.unhashed_by_size.get(copy.size) == copy_index:
+        del state.unhashed_by_size[copy.size]
+    if copy.digest is not None:
+        return
+    hasher = hashlib.blake2b(digest_size=32)
+    descriptor = os.open(os.path.join(state.root, copy.path[1:]), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with open(descriptor, "rb", buffering=0) as stored:
+        while piece := stored.read(tarstream.CHUNK):
+            hasher.update(piece)
+    state.copies[copy_index] = dataclasses.replace(copy, digest=hasher.digest())
 
 
 @dataclass(slots=True)
@@ -652,6 +697,7 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
         _forget(state, rel)
         shutil.rmtree(target)
         return
+    _hash_before_removal(state, state.visible.get("/" + rel))
     state.visible.pop("/" + rel, None)
     state.hardlinked.pop("/" + rel, None)
     state.streamed_past.discard("/" + rel)
@@ -659,8 +705,17 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
         os.unlink(target)
 
 
+def _hash_before_removal(state: MergeState, copy_index: int | None) -> None:
+    """A copy leaving the merged view stays in the image (its layer keeps it): an unhashed one is
+    hashed now, while its bytes are still here, in case a later copy shares its size."""
+    if copy_index is not None and state.copies[copy_index].digest is None:
+        _hash_from_view(state, copy_index)
+
+
 def _forget(state: MergeState, rel: str) -> None:
     prefix = "/" + rel
+    for key in [k for k in state.visible if k.startswith(prefix + "/")]:
+        _hash_before_removal(state, state.visible[key])
     for table in (state.visible, state.hardlinked):
         for key in [k for k in table if k == prefix or k.startswith(prefix + "/")]:
             del table[key]

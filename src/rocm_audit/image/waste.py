@@ -10,8 +10,11 @@ A group can be both (a staging copy in one layer, the core and devel copies in t
 layer's extra copies are that layer's step to free (IMG007), one copy per further layer is not.
 Copies a later layer deleted or replaced still count: they are still in the image.
 
-Identity is BLAKE2b-256 of the content plus its size, computed while streaming each layer. This is
-a report, it changes nothing, so a cryptographic digest is enough (dedup itself byte-compares).
+Identity is BLAKE2b-256 of the content plus its size. Only copies that share their size with
+another copy are hashed (image/merge.py ``_note_size``): a file streamed past unwritten while it
+streams, a written one read back from the merged view when a second copy of its size appears or
+before a later layer deletes or replaces it. This is a report, it changes nothing, so a
+cryptographic digest is enough (dedup itself byte-compares).
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
     visible_copy = {index: path for path, index in state.visible.items()}
     by_content: dict[tuple[int, bytes], list[int]] = defaultdict(list)
     for index, copy in enumerate(state.copies):
-        by_content[(copy.size, copy.digest)].append(index)
+        if copy.digest is not None:  # unhashed: no other copy has its size (merge._note_size)
+            by_content[(copy.size, copy.digest)].append(index)
     groups: list[WasteGroup] = []
     total = 0
     for (size, digest), members in by_content.items():
