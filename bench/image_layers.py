@@ -2,6 +2,7 @@
 """Decompression floors of real gzip image layers, against `rocm-audit image --archive` (issue 39).
 
     python bench/image_layers.py [--wheels DIR] [--work DIR] [--layers N] [--runs 3] [--keep]
+    python bench/image_layers.py --layer DIR:PREFIX[:NAME,NAME] --layer ... [--skip-floors]
 
 Builds a `docker save` archive (gzip layers) whose layers are site-packages of real ROCm-carrying
 wheels (the largest wheels of DIR, default ~/.cache/rocm-audit-tests, split over N layers), then
@@ -11,7 +12,13 @@ measures, each the median of interleaved runs with a warm page cache:
 - the same layers decompressed in parallel (one thread per layer, isal or zlib-ng);
 - `rocm-audit check` on the same files unpacked (the checks' own time: the target is
   image <= 1.3 x (the igzip floor + this));
-- `rocm-audit image --archive` on the archive (wall and peak RSS from /usr/bin/time when present).
+- `rocm-audit image --archive` on the archive (wall time), and in one run of its own its peak RSS
+  (bench/rss_exec.c) and its scratch disk at its largest (the private work directory under a
+  TMPDIR of its own, its allocated blocks polled every 0.2 s), with a digest of its findings so
+  two builds can be compared on the same archive.
+`--layer DIR:PREFIX` (repeatable) builds one layer per option instead: every wheel of DIR (or only
+the wheels whose names start with one of the comma-separated NAMEs) unpacked under PREFIX; the
+same PREFIX in a later layer overwrites the files of the layer below (a reinstall).
 Prints a Markdown table; `--json` prints the figures as JSON.
 """
 
@@ -38,25 +45,46 @@ from pathlib import Path
 CHUNK = 1 << 20
 
 
-def build(wheels: list[Path], work: Path, layer_count: int) -> tuple[Path, list[Path]]:
-    """A docker-save archive of ``layer_count`` gzip layers; wheels spread round-robin by size."""
-    work.mkdir(parents=True, exist_ok=True)
-    archive = work / "image.tar"
-    blobs = [work / f"layer{i}.tar.gz" for i in range(layer_count)]
-    if archive.exists() and all(b.exists() for b in blobs):
-        return archive, blobs
+SITE = "usr/lib/python3/site-packages"
+
+
+def round_robin(wheels: list[Path], layer_count: int) -> list[tuple[list[Path], str]]:
+    """The wheels spread round-robin by size over ``layer_count`` layers, all under SITE."""
     groups: list[list[Path]] = [[] for _ in range(layer_count)]
     for i, wheel in enumerate(sorted(wheels, key=lambda p: -p.stat().st_size)):
         groups[i % layer_count].append(wheel)
+    return [(group, SITE) for group in groups]
+
+
+def from_specs(specs: list[str]) -> list[tuple[list[Path], str]]:
+    """``DIR:PREFIX[:NAME,NAME]`` per layer: the wheels of DIR (those starting with a NAME) at PREFIX."""
+    layers = []
+    for spec in specs:
+        folder, prefix, *names = spec.split(":")
+        wanted = [n for n in (names[0].split(",") if names else []) if n]
+        wheels = sorted(
+            p for p in Path(folder).expanduser().glob("*.whl") if not wanted or p.name.startswith(tuple(wanted))
+        )
+        layers.append((wheels, prefix.strip("/")))
+    return layers
+
+
+def build(layers: list[tuple[list[Path], str]], work: Path) -> tuple[Path, list[Path]]:
+    """A docker-save archive of one gzip layer (level 6) per entry of ``layers``."""
+    work.mkdir(parents=True, exist_ok=True)
+    archive = work / "image.tar"
+    blobs = [work / f"layer{i}.tar.gz" for i in range(len(layers))]
+    if archive.exists() and all(b.exists() for b in blobs):
+        return archive, blobs
     digests = []
-    for blob, group in zip(blobs, groups, strict=True):
+    for blob, (group, prefix) in zip(blobs, layers, strict=True):
         with gzip.open(blob, "wb", compresslevel=6) as raw, tarfile.open(fileobj=raw, mode="w|") as tar:
             for wheel in group:
                 with zipfile.ZipFile(wheel) as zf:
                     for info in zf.infolist():
                         if info.is_dir():
                             continue
-                        member = tarfile.TarInfo(f"usr/lib/python3/site-packages/{info.filename}")
+                        member = tarfile.TarInfo(f"{prefix}/{info.filename}")
                         member.size = info.file_size
                         member.mode = 0o755 if info.filename.endswith(".so") or ".so." in info.filename else 0o644
                         with zf.open(info) as data:
@@ -129,7 +157,9 @@ def timed(action) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - start
 
 
-def measure(archive: Path, blobs: list[Path], runs: int, rocm_audit: str, floors: bool) -> dict[str, list[float]]:
+def measure(
+    archive: Path, blobs: list[Path], prefixes: list[str], runs: int, rocm_audit: str, floors: bool
+) -> dict[str, list[float]]:
     libs = deciders() if floors else {}
     jobs = (
         {}
@@ -150,8 +180,9 @@ def measure(archive: Path, blobs: list[Path], runs: int, rocm_audit: str, floors
         tree.mkdir()
         for blob in blobs:
             subprocess.run(["tar", "-xzf", str(blob), "-C", str(tree)], check=True)
+    sites = sorted({str(tree / prefix) for prefix in prefixes})
     jobs["rocm-audit check on the same files, unpacked (the checks' own time)"] = lambda: subprocess.run(
-        [*shlex.split(rocm_audit), "check", "-p", str(tree / "usr/lib/python3/site-packages")]
+        [*shlex.split(rocm_audit), "check", *[w for site in sites for w in ("-p", site)]]
         + ["gfx942", "gfx950", "-q", "--format", "json"],
         stdout=subprocess.DEVNULL,
         check=False,
@@ -186,29 +217,46 @@ def _parallel(module: object, blobs: list[Path]) -> None:
         list(pool.map(lambda b: _inflate_with(module, b), blobs))
 
 
-def peak_rss(archive: Path, rocm_audit: str) -> int | None:
-    if not shutil.which("/usr/bin/time") and not os.path.exists("/usr/bin/time"):
-        return None
-    done = subprocess.run(
-        [
-            "/usr/bin/time",
-            "-f",
-            "%M",
-            *shlex.split(rocm_audit),
-            "image",
-            "--archive",
-            str(archive),
-            "-q",
-            "--format",
-            "json",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    last = done.stderr.strip().splitlines()[-1:] or [""]
-    return int(last[0]) * 1024 if last[0].isdigit() else None
+def footprint(archive: Path, rocm_audit: str, work: Path) -> dict[str, object]:
+    """One `image --archive` run: peak RSS (rss_exec), scratch disk at its largest, findings digest."""
+    rss_exec = work / "rss_exec"
+    if not rss_exec.exists():
+        subprocess.run(["gcc", "-O2", "-o", str(rss_exec), str(Path(__file__).parent / "rss_exec.c")], check=True)
+    scratch = work / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    report = work / "report.json"
+    rss_file = work / "rss.txt"
+    command = [str(rss_exec), str(rss_file), *shlex.split(rocm_audit), "image", "--archive", str(archive)]
+    command += ["-t", "gfx942", "-t", "gfx950", "-q", "--format", "json", "-o", str(report)]
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    peak = 0
+    with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL) as process:
+        while process.poll() is None:
+            peak = max(peak, _allocated(scratch))
+            time.sleep(0.2)
+    document = json.loads(report.read_text())
+    findings = sorted(json.dumps(f, sort_keys=True) for f in document.get("findings", []))
+    waste = (document.get("image") or {}).get("waste")
+    return {
+        "peak_rss_bytes": int(rss_file.read_text()) * 1024,
+        "scratch_peak_bytes": peak,
+        "findings": len(findings),
+        "findings_digest": hashlib.sha256("\n".join(findings).encode()).hexdigest()[:16],
+        "waste_digest": hashlib.sha256(json.dumps(waste, sort_keys=True).encode()).hexdigest()[:16],
+    }
+
+
+def _allocated(folder: Path) -> int:
+    """Bytes of disk the files under ``folder`` occupy (allocated blocks: sparse files count what they hold)."""
+    total = 0
+    for directory, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
 
 
 def main() -> int:
@@ -218,6 +266,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--count", type=int, default=4, help="how many of the largest wheels")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--layer", action="append", default=[], help="DIR:PREFIX[:NAME,...], one layer each")
     parser.add_argument(
         "--rocm-audit",
         default=shutil.which("rocm-audit") or "rocm-audit",
@@ -228,15 +277,18 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     wheels = sorted(args.wheels.glob("*.whl"), key=lambda p: -p.stat().st_size)[: args.count]
-    if not wheels:
-        print(f"no wheels in {args.wheels}", file=sys.stderr)
+    layers = from_specs(args.layer) if args.layer else round_robin(wheels, args.layers)
+    if not all(group for group, _ in layers):
+        print("a layer without wheels (check --wheels or --layer)", file=sys.stderr)
         return 2
-    archive, blobs = build(wheels, args.work, args.layers)
+    archive, blobs = build(layers, args.work)
     sizes = {b.name: (b.stat().st_size, _inflate_with(zlib, b)) for b in blobs}
-    times = measure(archive, blobs, args.runs, args.rocm_audit, not args.skip_floors)
-    rss = peak_rss(archive, args.rocm_audit)
+    times = measure(archive, blobs, [prefix for _, prefix in layers], args.runs, args.rocm_audit, not args.skip_floors)
+    once = footprint(archive, args.rocm_audit, args.work)
+    rss = once["peak_rss_bytes"]
     figures = {
-        "wheels": [w.name for w in wheels],
+        "wheels": [w.name for group, _ in layers for w in group],
+        "footprint": once,
         "layers": {name: {"gzip_bytes": gz, "tar_bytes": tar} for name, (gz, tar) in sizes.items()},
         "median_seconds": {name: round(statistics.median(v), 2) for name, v in times.items()},
         "rocm_audit_peak_rss_bytes": rss,
@@ -252,8 +304,11 @@ def main() -> int:
         print("\n| what | median s |\n|---|---|")
         for name, value in figures["median_seconds"].items():
             print(f"| {name} | {value} |")
-        if rss:
-            print(f"\nrocm-audit image --archive peak RSS: {rss / 2**20:.0f} MiB")
+        tar_total = sum(tar for _, tar in sizes.values())
+        scratch = once["scratch_peak_bytes"]
+        print(f"\nrocm-audit image --archive peak RSS: {rss / 2**20:.0f} MiB; scratch disk at its largest")
+        print(f"{scratch / 2**20:.0f} MiB ({100 * scratch / tar_total:.0f}% of {tar_total / 2**20:.0f} MiB of tar);")
+        print(f"{once['findings']} findings, digest {once['findings_digest']}, waste digest {once['waste_digest']}")
     if not args.keep:
         shutil.rmtree(args.work, ignore_errors=True)
     return 0
