@@ -286,6 +286,7 @@ def new_state(workdir: str, options: ImageOptions, progress: Progress = SILENT) 
         limits=merge.Limits(options.max_bytes, options.max_entries),
         keep=wanted(options.full),
         progress=progress,
+        placeholders=not options.full,  # files no check reads: their size only (image/needed.py)
     )
 
 

@@ -27,21 +27,23 @@ stream and LimitExceeded.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
+import itertools
 import logging
 import os
 import posixpath
 import shutil
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from rocm_audit.errors import FormatError, RocmAuditError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.image import tarstream
+from rocm_audit.image import digests, needed, tarstream
+from rocm_audit.image.digests import Copy
+from rocm_audit.image.links import aim_links
 from rocm_audit.progress import SILENT, Progress
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ OPAQUE_MARKER = ".wh..wh..opq"
 DEFAULT_MAX_BYTES = 64 << 30  # a ROCm SDK image unpacks to tens of GB; override with --max-bytes
 DEFAULT_MAX_ENTRIES = 4_000_000
 HASH_MIN_BYTES = 4096  # files smaller than this are not hashed for the waste analysis
+SNIFF_BYTES = 64  # first bytes image/needed.py decides on
 _LIBRARY_NAME = ".so"  # in every soname a DT_NEEDED search opens ("libx.so.1", "ld-linux-x86-64.so.2")
 
 
@@ -68,18 +71,6 @@ class Limits:
     max_entries: int = DEFAULT_MAX_ENTRIES
     bytes_read: int = 0
     entries: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Copy:
-    """One stored copy of a file's bytes: a data-bearing tar member (hardlinks share it)."""
-
-    layer: int
-    path: str  # image path, "/usr/lib/x"
-    size: int
-    # BLAKE2b-256 of the content; None while nothing needs it: the bytes are then in the merged
-    # view at ``path`` (hashed when another copy of the same size appears, or before they go).
-    digest: bytes | None
 
 
 @dataclass(slots=True)
@@ -118,6 +109,10 @@ class MergeState:
     # not write: the loader model finds them there and knows it cannot read them.
     streamed_past: set[str] = field(default_factory=set)
     progress: Progress = SILENT  # told how far each layer's reading is (the caller names the phase)
+    # Files ``keep`` names that no check reads (image/needed.py) become sparse placeholders of
+    # their size (``image`` only; off with --full); ``sparse`` holds their image paths.
+    placeholders: bool = False
+    sparse: set[str] = field(default_factory=set)
 
 
 def normalise(name: str) -> str | None:
@@ -236,7 +231,7 @@ def _apply_entry(
         _refuse(state, stats, where, entry, f"unsupported tar member type {entry.kind!r}")
         return
     if entry.kind == tarstream.HARDLINK:
-        _hardlink(state, stats, where, entry, rel, target, index, work.pending)
+        _hardlink(state, stats, where, entry, rel, target, index, work)
         created.add(rel)
         return
     _drop(state, rel, target)
@@ -323,78 +318,8 @@ def _mark_created(created: set[str], parent: str) -> None:
 
 
 def finish(state: MergeState) -> None:
-    """After the last layer: aim every symbolic link at what the container's kernel resolves it to.
-
-    The kernel resolves a link inside the container's root: ``..`` at the root stays there, and
-    ``..`` after a link is taken from where that link led. On the host, inside the private
-    directory, the same text could climb out of it or, after a link, land elsewhere. So each link
-    is resolved as the container would (``_resolve_in_root``) and, where the host would resolve it
-    differently, its text is replaced by the relative path to that place: the merged view then
-    resolves as the container does, and nothing in it points outside the root. A link the kernel
-    could not resolve (a loop) is made to point at itself, which fails the same way."""
-    root = state.root
-    for directory, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = os.path.join(directory, name)
-            if not os.path.islink(path):
-                continue
-            rel = os.path.relpath(path, root)
-            resolved = _resolve_in_root(root, posixpath.dirname(rel), os.readlink(path))
-            if resolved is None:
-                text = name
-            else:
-                place = os.path.join(root, resolved) if resolved else root
-                if os.path.realpath(path) == place:
-                    continue
-                text = os.path.relpath(place, directory)
-            os.unlink(path)
-            os.symlink(text, path)
-
-
-MAX_LINKS_FOLLOWED = 40  # the kernel's limit on links in one resolution (fs/namei.c MAXSYMLINKS)
-
-
-def _resolve_in_root(root: str, directory: str, text: str) -> str | None:
-    """Where a link at ``directory`` (root-relative, real directories) with ``text`` leads in the
-    container: the root-relative path, "" for the root, None for a loop. Past the first part that
-    does not exist (or is no directory) the rest is taken lexically: the link dangles there."""
-    stack = [] if text.startswith("/") or not directory else directory.split("/")
-    parts = [p for p in reversed(text.split("/")) if p not in ("", ".")]
-    followed = 0
-    while parts:
-        part = parts.pop()
-        if part == "..":
-            if stack:
-                stack.pop()
-            continue
-        stack.append(part)
-        try:
-            mode = os.lstat(os.path.join(root, *stack)).st_mode
-        except OSError:  # missing, a file on the way, a name too long: the link dangles here
-            return _lexical(stack, parts)
-        if stat.S_ISLNK(mode):
-            followed += 1
-            if followed > MAX_LINKS_FOLLOWED:
-                return None
-            inner = os.readlink(os.path.join(root, *stack))
-            stack.pop()
-            if inner.startswith("/"):
-                stack = []
-            parts.extend(p for p in reversed(inner.split("/")) if p not in ("", "."))
-        elif not stat.S_ISDIR(mode) and parts:
-            return _lexical(stack, parts)
-    return "/".join(stack)
-
-
-def _lexical(stack: list[str], parts: list[str]) -> str:
-    """The rest of a resolution that left the existing tree (``parts`` reversed), ``..`` applied
-    to the names before it."""
-    for part in reversed(parts):
-        if part != "..":
-            stack.append(part)
-        elif stack:
-            stack.pop()
-    return "/".join(stack)
+    """After the last layer: every symbolic link aimed where the container resolves it (links.py)."""
+    aim_links(state.root)
 
 
 class _Budget:
@@ -439,19 +364,26 @@ def _regular(
     index: int,
 ) -> None:
     keep = state.keep("/" + rel)
-    # A written file is hashed later, only if a verdict needs it (hash_when_needed); a file whose
-    # bytes are streamed past is hashed now, while they go by.
-    hasher = hashlib.blake2b(digest_size=32) if entry.size >= HASH_MIN_BYTES and not keep else None
+    chunks = iter(data)
+    head = _head(chunks) if keep and state.placeholders and entry.size >= HASH_MIN_BYTES else []
+    sparse = bool(head) and not needed.needs_bytes("/" + rel, b"".join(head))
+    # A written file is hashed later, only if a verdict needs it (image/digests.py); a file whose bytes
+    # are not written (streamed past, or a sparse placeholder) is hashed now, while they go by.
+    hasher = hashlib.blake2b(digest_size=32) if entry.size >= HASH_MIN_BYTES and (sparse or not keep) else None
     out = open(target, "wb") if keep else None
     try:
-        for chunk in data:
+        for chunk in itertools.chain(head, chunks):
             if hasher is not None:
                 hasher.update(chunk)
-            if out is not None:
+            if out is not None and not sparse:
                 out.write(chunk)
+        if out is not None and sparse:
+            out.truncate(entry.size)  # the apparent size, no data blocks: see image/needed.py
     finally:
         if out is not None:
             out.close()
+    if sparse:
+        state.sparse.add("/" + rel)
     if out is not None:
         os.chmod(target, (entry.mode & 0o777) | 0o600)
     elif _LIBRARY_NAME in posixpath.basename(rel):
@@ -461,41 +393,15 @@ def _regular(
         state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=None))
         copy_index = len(state.copies) - 1
         state.visible["/" + rel] = copy_index
-        _note_size(state, copy_index, hasher.digest() if hasher is not None else None)
+        digests.note_size(state, copy_index, hasher.digest() if hasher is not None else None)
 
 
-def _note_size(state: MergeState, copy_index: int, digest: bytes | None) -> None:
-    """Record a new copy: the first of its size may stay unhashed; from the second on, every copy
-    of that size gets its digest (the earlier unhashed one is read back from the merged view)."""
-    copy = state.copies[copy_index]
-    if digest is not None:
-        state.copies[copy_index] = dataclasses.replace(copy, digest=digest)
-    first = state.unhashed_by_size.get(copy.size)
-    if first is None and copy.size not in state.sizes_seen:
-        state.sizes_seen.add(copy.size)
-        if digest is None:
-            state.unhashed_by_size[copy.size] = copy_index
-        return
-    state.sizes_seen.add(copy.size)
-    if first is not None:
-        _hash_from_view(state, first)
-    if digest is None:
-        _hash_from_view(state, copy_index)
-
-
-def _hash_from_view(state: MergeState, copy_index: int) -> None:
-    """Hash a copy whose bytes are still in the merged view at its path (BLAKE2b-256)."""
-    copy = state.copies[copy_index]
-    if state.unhashed_by_size.get(copy.size) == copy_index:
-        del state.unhashed_by_size[copy.size]
-    if copy.digest is not None:
-        return
-    hasher = hashlib.blake2b(digest_size=32)
-    descriptor = os.open(os.path.join(state.root, copy.path[1:]), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with open(descriptor, "rb", buffering=0) as stored:
-        while piece := stored.read(tarstream.CHUNK):
-            hasher.update(piece)
-    state.copies[copy_index] = dataclasses.replace(copy, digest=hasher.digest())
+def _head(chunks: Iterator[bytes]) -> list[bytes]:
+    """The first chunks of a member, enough to hold every magic image/needed.py sniffs."""
+    head: list[bytes] = []
+    while sum(map(len, head)) < SNIFF_BYTES and (piece := next(chunks, b"")):
+        head.append(piece)
+    return head
 
 
 @dataclass(slots=True)
@@ -520,9 +426,10 @@ def _hardlink(
     rel: str,
     target: str,
     index: int,
-    pending: dict[str, _Pending],
+    work: _LayerWork,
 ) -> None:
     # The engine joins the link name onto the layer's directory: cleaned like a member name.
+    pending = work.pending
     source_rel = normalise(entry.linkname)
     if not source_rel:
         _refuse(state, stats, where, entry, f"hardlink to unsafe name {entry.linkname!r}")
@@ -535,10 +442,15 @@ def _hardlink(
     if "/" + source_rel in state.layer_of:
         state.layer_of["/" + rel] = state.layer_of["/" + source_rel]
     safe = _parent_is_safe(state.root, source_rel)
-    if safe and _is_regular(source):
+    # A name a check reads (image/needed.py) must not share a placeholder's missing bytes: when the
+    # placeholder is this layer's, its bytes are read again into the link (the pending path).
+    refill = "/" + source_rel in state.sparse and source_rel in work.created and needed.needs_bytes_by_name("/" + rel)
+    if safe and _is_regular(source) and not refill:
         os.link(source, target, follow_symlinks=False)
+        if "/" + source_rel in state.sparse:
+            state.sparse.add("/" + rel)
         return
-    if safe and _lexists(source) or not state.keep("/" + rel):
+    if (safe and _lexists(source) and not refill) or not state.keep("/" + rel):
         if _is_real_dir(source) or state.keep("/" + rel):
             _refuse(
                 state, stats, where, entry, f"hardlink to {entry.linkname!r}, which is not a regular file of the image"
@@ -697,30 +609,25 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
         _forget(state, rel)
         shutil.rmtree(target)
         return
-    _hash_before_removal(state, state.visible.get("/" + rel))
+    digests.hash_before_removal(state, state.visible.get("/" + rel))
     state.visible.pop("/" + rel, None)
     state.hardlinked.pop("/" + rel, None)
     state.streamed_past.discard("/" + rel)
+    state.sparse.discard("/" + rel)
     if _lexists(target):
         os.unlink(target)
-
-
-def _hash_before_removal(state: MergeState, copy_index: int | None) -> None:
-    """A copy leaving the merged view stays in the image (its layer keeps it): an unhashed one is
-    hashed now, while its bytes are still here, in case a later copy shares its size."""
-    if copy_index is not None and state.copies[copy_index].digest is None:
-        _hash_from_view(state, copy_index)
 
 
 def _forget(state: MergeState, rel: str) -> None:
     prefix = "/" + rel
     for key in [k for k in state.visible if k.startswith(prefix + "/")]:
-        _hash_before_removal(state, state.visible[key])
+        digests.hash_before_removal(state, state.visible[key])
     for table in (state.visible, state.hardlinked):
         for key in [k for k in table if k == prefix or k.startswith(prefix + "/")]:
             del table[key]
-    for path in [p for p in state.streamed_past if p.startswith(prefix + "/")]:
-        state.streamed_past.discard(path)
+    for paths in (state.streamed_past, state.sparse):
+        for path in [p for p in paths if p.startswith(prefix + "/")]:
+            paths.discard(path)
 
 
 def _lexists(path: str) -> bool:

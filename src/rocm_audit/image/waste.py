@@ -11,7 +11,7 @@ layer's extra copies are that layer's step to free (IMG007), one copy per furthe
 Copies a later layer deleted or replaced still count: they are still in the image.
 
 Identity is BLAKE2b-256 of the content plus its size. Only copies that share their size with
-another copy are hashed (image/merge.py ``_note_size``): a file streamed past unwritten while it
+another copy are hashed (image/digests.py): a file streamed past unwritten while it
 streams, a written one read back from the merged view when a second copy of its size appears or
 before a later layer deletes or replaces it. This is a report, it changes nothing, so a
 cryptographic digest is enough (dedup itself byte-compares).
@@ -68,7 +68,7 @@ def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
     visible_copy = {index: path for path, index in state.visible.items()}
     by_content: dict[tuple[int, bytes], list[int]] = defaultdict(list)
     for index, copy in enumerate(state.copies):
-        if copy.digest is not None:  # unhashed: no other copy has its size (merge._note_size)
+        if copy.digest is not None:  # unhashed: no other copy has its size (image/digests.py)
             by_content[(copy.size, copy.digest)].append(index)
     groups: list[WasteGroup] = []
     total = 0
