@@ -191,3 +191,19 @@ def libs_elf(tmp_path_factory) -> bytes:
     from support.sdk_tree import build_library
 
     return build_library(tmp_path_factory.mktemp("elf"), "one", "libone.so.1", value=3).read_bytes()
+
+
+def test_no_finding_text_names_the_private_view(tmp_path):
+    """A finding's ``detail`` (LLVM verdicts say how a load order comes about) names image paths,
+    never the private directory: it differed from run to run and told nothing about the image."""
+    from rocm_audit.findings import make_finding
+    from rocm_audit.image.audit import _to_image_paths
+    from rocm_audit.outcome import CommandOutcome
+
+    root = str(tmp_path / "rootfs")
+    finding = make_finding(
+        "LLVM001", f"{root}/a/lib.so", f"{root}/a/lib.so clashes", detail=f"abort in {root}/a/lib.so then {root}/b.so"
+    )
+    fixed = _to_image_paths(CommandOutcome(command="image", findings=[finding]), root).findings[0]
+    assert (fixed.path, fixed.message) == ("/a/lib.so", "/a/lib.so clashes")
+    assert fixed.detail == "abort in /a/lib.so then /b.so"

@@ -421,6 +421,7 @@ def _to_image_paths(outcome: CommandOutcome, root: str) -> CommandOutcome:
             f,
             path=fix(f.path),
             message=fix(f.message),
+            detail=fix(f.detail),
             related_paths=fix(f.related_paths),
             data=fix(dict(f.data)),
         )
