@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -158,7 +159,13 @@ def timed(action) -> float:  # type: ignore[no-untyped-def]
 
 
 def measure(
-    archive: Path, blobs: list[Path], prefixes: list[str], runs: int, rocm_audit: str, floors: bool
+    archive: Path,
+    blobs: list[Path],
+    prefixes: list[str],
+    runs: int,
+    rocm_audit: str,
+    floors: bool,
+    baseline: str | None = None,
 ) -> dict[str, list[float]]:
     libs = deciders() if floors else {}
     jobs = (
@@ -187,23 +194,14 @@ def measure(
         stdout=subprocess.DEVNULL,
         check=False,
     )
-    jobs["rocm-audit image --archive"] = lambda: subprocess.run(
-        [
-            *shlex.split(rocm_audit),
-            "image",
-            "--archive",
-            str(archive),
-            "-t",
-            "gfx942",
-            "-t",
-            "gfx950",
-            "-q",
-            "--format",
-            "json",
-        ],
-        stdout=subprocess.DEVNULL,
-        check=False,
-    )
+    builds = {"rocm-audit image --archive": rocm_audit}
+    if baseline:
+        builds["rocm-audit image --archive (baseline build)"] = baseline
+    for name, command in builds.items():
+        image = [*shlex.split(command), "image", "--archive", str(archive), "-t", "gfx942", "-t", "gfx950"]
+        jobs[name] = lambda image=image: subprocess.run(
+            [*image, "-q", "--format", "json"], stdout=subprocess.DEVNULL, check=False
+        )
     times: dict[str, list[float]] = {name: [] for name in jobs}
     names = list(jobs)
     for run in range(runs):
@@ -235,7 +233,9 @@ def footprint(archive: Path, rocm_audit: str, work: Path) -> dict[str, object]:
         while process.poll() is None:
             peak = max(peak, _allocated(scratch))
             time.sleep(0.2)
-    document = json.loads(report.read_text())
+    # The private view's own path (in texts) and inode numbers differ from run to run: not compared.
+    text = re.sub(r"/rocm-audit-image-[A-Za-z0-9_]+/rootfs", "", report.read_text())
+    document = json.loads(text)
     findings = sorted(json.dumps(f, sort_keys=True) for f in document.get("findings", []))
     waste = (document.get("image") or {}).get("waste")
     return {
@@ -272,6 +272,7 @@ def main() -> int:
         default=shutil.which("rocm-audit") or "rocm-audit",
         help="the command to time (a shell word list: 'env PYTHONPATH=OLD/src python -m rocm_audit' for a baseline)",
     )
+    parser.add_argument("--baseline", help="another build to time in the same rotation (a shell word list)")
     parser.add_argument("--skip-floors", action="store_true", help="time rocm-audit only")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -283,12 +284,15 @@ def main() -> int:
         return 2
     archive, blobs = build(layers, args.work)
     sizes = {b.name: (b.stat().st_size, _inflate_with(zlib, b)) for b in blobs}
-    times = measure(archive, blobs, [prefix for _, prefix in layers], args.runs, args.rocm_audit, not args.skip_floors)
+    prefixes = [prefix for _, prefix in layers]
+    times = measure(archive, blobs, prefixes, args.runs, args.rocm_audit, not args.skip_floors, args.baseline)
     once = footprint(archive, args.rocm_audit, args.work)
+    before = footprint(archive, args.baseline, args.work) if args.baseline else None
     rss = once["peak_rss_bytes"]
     figures = {
         "wheels": [w.name for group, _ in layers for w in group],
         "footprint": once,
+        "baseline_footprint": before,
         "layers": {name: {"gzip_bytes": gz, "tar_bytes": tar} for name, (gz, tar) in sizes.items()},
         "median_seconds": {name: round(statistics.median(v), 2) for name, v in times.items()},
         "rocm_audit_peak_rss_bytes": rss,
@@ -309,6 +313,10 @@ def main() -> int:
         print(f"\nrocm-audit image --archive peak RSS: {rss / 2**20:.0f} MiB; scratch disk at its largest")
         print(f"{scratch / 2**20:.0f} MiB ({100 * scratch / tar_total:.0f}% of {tar_total / 2**20:.0f} MiB of tar);")
         print(f"{once['findings']} findings, digest {once['findings_digest']}, waste digest {once['waste_digest']}")
+        if before:
+            rss_mib, scratch_mib = before["peak_rss_bytes"] / 2**20, before["scratch_peak_bytes"] / 2**20
+            print(f"baseline: peak RSS {rss_mib:.0f} MiB, scratch {scratch_mib:.0f} MiB;")
+            print(f"{before['findings']} findings, digest {before['findings_digest']}, waste {before['waste_digest']}")
     if not args.keep:
         shutil.rmtree(args.work, ignore_errors=True)
     return 0
