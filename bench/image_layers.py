@@ -234,7 +234,7 @@ def footprint(archive: Path, rocm_audit: str, work: Path) -> dict[str, object]:
             peak = max(peak, _allocated(scratch))
             time.sleep(0.2)
     # The private view's own path (in texts) and inode numbers differ from run to run: not compared.
-    text = re.sub(r"/rocm-audit-image-[A-Za-z0-9_]+/rootfs", "", report.read_text())
+    text = re.sub(r"[^\"\s]*/rocm-audit-image-[A-Za-z0-9_]+/rootfs", "", report.read_text())
     document = json.loads(text)
     findings = sorted(json.dumps(f, sort_keys=True) for f in document.get("findings", []))
     waste = (document.get("image") or {}).get("waste")
