@@ -18,6 +18,7 @@ SLOW_FIXTURES = {
     "built": "toolchain",
     "many_arch_libs": "toolchain",
     "embedded_libs": "toolchain",
+    "hip_objects": "toolchain",  # tests/prune/test_fatbins_layout.py
     # real vendor wheels, sha256-pinned (tests/support/vendor.py)
     "jax_plugin": "vendor",
     "bitsandbytes_libs": "vendor",

@@ -340,6 +340,7 @@ def _big_bundle(entry_size: int) -> bytes:
     return head.ljust(4096, b"\0") + os.urandom(1 << 20) * (entry_size >> 20) + os.urandom(1 << 20) * (entry_size >> 20)
 
 
+@pytest.mark.memory
 def test_a_large_bundle_is_slimmed_in_bounded_memory(tmp_path):
     """A plain bundle with two 64 MiB entries and a zstd CCOB of it: slimming, proving and writing
     either grows the peak resident memory by far less than the bundle."""
@@ -662,6 +663,7 @@ def test_through_the_index_the_original_md5_is_not_read_the_sizes_and_selection_
         _slim_bytes(bytes(bad_hash), kept, tmp_path)
 
 
+@pytest.mark.memory
 def test_a_wide_window_ccob_is_slimmed_without_its_window(tmp_path, monkeypatch):
     """A CCOB of 48 MiB inflated compressed with a 128 MiB window (clang's bundler asks for
     long-distance matching): streamed, slimming holds the window (most of the 48 MiB); through

@@ -118,7 +118,7 @@ def _source(tu: str, kernels: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def objects(tmp_path_factory) -> dict[str, Path]:
+def hip_objects(tmp_path_factory) -> dict[str, Path]:
     """Two HIP translation units (plain and compressed), a C++ one that throws, the stand-in."""
     cxx = require_tool("clang++-19")
     out = tmp_path_factory.mktemp("layout")
@@ -144,9 +144,9 @@ def objects(tmp_path_factory) -> dict[str, Path]:
     return made
 
 
-def _link(objects: dict[str, Path], inputs: list[str], linker: str, extra: list[str], name: str) -> Path:
-    out = objects["dir"] / name
-    argv = [require_tool("clang++-19"), "-shared", *(str(objects[i]) for i in inputs), *extra, "-o", str(out)]
+def _link(hip_objects: dict[str, Path], inputs: list[str], linker: str, extra: list[str], name: str) -> Path:
+    out = hip_objects["dir"] / name
+    argv = [require_tool("clang++-19"), "-shared", *(str(hip_objects[i]) for i in inputs), *extra, "-o", str(out)]
     if linker == "lld":
         require_tool("ld.lld-19")
         argv.insert(2, "-fuse-ld=lld")
@@ -222,9 +222,11 @@ def _same_code_and_addresses(stub: Path, before: Path, after: Path, result: Libr
 
 @pytest.mark.parametrize("kind", ["plain", "ccob"])
 @pytest.mark.parametrize(("linker", "place"), [("bfd", "mid"), ("lld", "mid"), ("bfd", "end"), ("lld", "end")])
-def test_the_file_shrinks_and_every_address_stays(objects, tmp_path, kind, linker, place):
-    extra = ["-Wl,-T," + str(objects["end.ld"])] if place == "end" else []
-    library = _link(objects, [f"a.{kind}", f"b.{kind}", "thrower"], linker, extra, f"lib-{kind}-{linker}-{place}.so")
+def test_the_file_shrinks_and_every_address_stays(hip_objects, tmp_path, kind, linker, place):
+    extra = ["-Wl,-T," + str(hip_objects["end.ld"])] if place == "end" else []
+    library = _link(
+        hip_objects, [f"a.{kind}", f"b.{kind}", "thrower"], linker, extra, f"lib-{kind}-{linker}-{place}.so"
+    )
     old_phoff, old_phdrs = _phdrs(library)
     fatbin = _sections(library)[".hip_fatbin"]
     loads = [p for p in old_phdrs if p.p_type == PT_LOAD]
@@ -251,31 +253,33 @@ def test_the_file_shrinks_and_every_address_stays(objects, tmp_path, kind, linke
         )
     if place == "end":
         assert new_phoff == old_phoff
-    _same_code_and_addresses(objects["stub"], library, after, result)
+    _same_code_and_addresses(hip_objects["stub"], library, after, result)
 
 
-def test_too_few_freed_bytes_fall_back_to_zeroes(objects, tmp_path):
-    library = _link(objects, ["small", "thrower"], "bfd", [], "libsmall.so")
+def test_too_few_freed_bytes_fall_back_to_zeroes(hip_objects, tmp_path):
+    library = _link(hip_objects, ["small", "thrower"], "bfd", [], "libsmall.so")
     after = tmp_path / library.name
     result = _slim(library, after)
     assert result.layout == "zeroed" and result.saved == 0 and result.freed > 0
     assert result.plan is not None and "too few bytes" in result.plan.reason
     assert after.stat().st_size == library.stat().st_size
-    old, new = _child(objects["stub"], library), _child(objects["stub"], after)
+    old, new = _child(hip_objects["stub"], library), _child(hip_objects["stub"], after)
     assert new["caught"] == 42
     now = bytes.fromhex(new["bundles"][0])
     assert selections(now, GFX942) == selections(bytes.fromhex(old["bundles"][0]), GFX942)
     assert not any(selections(now, GFX90A).values())
 
 
-def test_a_symbol_inside_the_fat_binaries_refuses_the_file(objects, tmp_path):
-    library = _link(objects, ["a.plain", "thrower"], "bfd", ["-Wl,-T," + str(objects["inside.ld"])], "libinside.so")
+def test_a_symbol_inside_the_fat_binaries_refuses_the_file(hip_objects, tmp_path):
+    library = _link(
+        hip_objects, ["a.plain", "thrower"], "bfd", ["-Wl,-T," + str(hip_objects["inside.ld"])], "libinside.so"
+    )
     with pytest.raises(Refused, match="points inside .hip_fatbin"):
         slim_library(str(library), GFX942)
 
 
 @pytest.mark.vendor
-def test_cupy_cub_module_shrinks_and_still_registers_the_same_gfx942_code(objects, cache_dir, tmp_path):
+def test_cupy_cub_module_shrinks_and_still_registers_the_same_gfx942_code(hip_objects, cache_dir, tmp_path):
     """cupy-rocm-7-0 14.2.0's cub module (146 MiB, one plain bundle, .hip_fatbin mid-segment)."""
     from support.interpreters import find_python
     from support.postbuild.standins import build_standin, plan_standins
@@ -297,7 +301,7 @@ def test_cupy_cub_module_shrinks_and_still_registers_the_same_gfx942_code(object
         build_standin(standins, plan, drop=STUB_NAMES)
     python = find_python("3.12") or sys.executable
     env = {"LD_LIBRARY_PATH": str(standins)}
-    old, new = _child(objects["stub"], cub, env, python), _child(objects["stub"], after, env, python)
+    old, new = _child(hip_objects["stub"], cub, env, python), _child(hip_objects["stub"], after, env, python)
     assert len(new["bundles"]) == len(old["bundles"]) >= 1
     for was, now in zip(old["bundles"], new["bundles"], strict=True):
         was_bytes, now_bytes = bytes.fromhex(was), bytes.fromhex(now)
