@@ -33,9 +33,14 @@ from rocm_audit.report_types import FatbinDistribution, PruneFatbinsSection, Pru
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.targets import TargetSelection, kept_target
-from rocm_audit.units import size_text
+from rocm_audit.units import plural, size_text
 
 MODES = ("apply", "dry-run", "check")
+
+
+def _units(count: int) -> str:
+    """What whole-unit prune removes, counted: per-arch files and folders, and device wheels."""
+    return plural(count, "per-GPU file, folder or wheel", "per-GPU files, folders or wheels")
 
 
 def kept_targets(
@@ -94,7 +99,7 @@ def weight_finding(
     kept = ", ".join(k.spelled for k in plan.kept)
     if totals["removable_bytes"] or not (fatbins_estimate or (fatbins is not None and fatbins.freed)):
         removable = f"{size_text(totals['removable_bytes'])} of it can be removed by `rocm-audit prune`"
-        removable += f" ({len(plan.removals)} unit(s))"
+        removable += f" ({_units(len(plan.removals))})"
     else:  # nothing whole can go, but the fat binaries can be slimmed: say that, not "0 B"
         removable = "no whole file or distribution of it can go"
     in_libraries = totals["unused_in_host_libraries_bytes"]
@@ -104,7 +109,11 @@ def weight_finding(
         rest = (
             f"; `prune --fatbins` removes {size_text(fatbins.freed)} of device code from fat binaries of host "
             f"libraries ({size_text(fatbins.saved)} off the files on disk"
-            + ("; the rest is zeroed)" if fatbins.saved < fatbins.freed else ")")
+            + (
+                f"; {size_text(fatbins.freed - fatbins.saved)} stays in them as zeros)"
+                if fatbins.saved < fatbins.freed
+                else ")"
+            )
         )
     elif fatbins_estimate:
         rest = (
@@ -348,12 +357,12 @@ def _run_prune(
     totals = section["totals"]
     if mode == "apply":
         summary = (
-            f"prune: {result.removed if result else 0} of {len(plan.removals)} unit(s) removed, "
+            f"prune: {result.removed if result else 0} of {_units(len(plan.removals))} removed, "
             f"{size_text(result.bytes_freed if result else 0)} freed; kept {', '.join(k.spelled for k in kept)}"
         )
     else:
         summary = (
-            f"prune ({mode}): {len(plan.removals)} unit(s), {size_text(totals['removable_bytes'])} removable of "
+            f"prune ({mode}): {_units(len(plan.removals))}, {size_text(totals['removable_bytes'])} removable of "
             f"{size_text(totals['unused_bytes'])} unused device code ({size_text(totals['device_bytes'])} in all)"
         )
     sections: dict[str, object] = {"sdk_trees": inventory.sdk_trees, "prune": section}
