@@ -37,71 +37,10 @@ from rocm_audit.prune.fatbins.rewrite import (
 )
 from rocm_audit.prune.fatbins.select import entries_to_keep
 from rocm_audit.tree.targets import agents_of, kept_target
+from support.hip_host import HIP_FLAGS, TU, build_stub, load_and_read
 from support.killpoints import rocm_audit
 from support.run import run_checked
 from support.tools import require_tool
-
-HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
-TU = """\
-struct dim3 { unsigned x, y, z; };
-typedef struct ihipStream_t* hipStream_t;
-extern "C" int hipLaunchKernel(const void*, dim3, dim3, void**, unsigned long, hipStream_t);
-extern "C" __attribute__((global)) void %s(int* out) { *out = %d; }
-"""
-
-# A stand-in for libamdhip64: the registration entry points a HIP host library calls from its
-# constructor; __hipRegisterFatBinary records the binary pointer each 24-byte wrapper hands it.
-STUB_HIP = r"""
-#include <stdint.h>
-struct wrapper { uint32_t magic, version; const void* binary; void* reserved; };
-static const void* registered[256]; static uint32_t magics[256]; static int count;
-static void* handle;
-void** __hipRegisterFatBinary(const struct wrapper* w) {
-  if (count < 256) { magics[count] = w->magic; registered[count++] = w->binary; }
-  return &handle;
-}
-void __hipUnregisterFatBinary(void** h) { (void)h; }
-void __hipRegisterFunction(void) {}
-void __hipRegisterVar(void) {}
-void __hipRegisterManagedVar(void) {}
-void __hipRegisterSurface(void) {}
-void __hipRegisterTexture(void) {}
-int __hipPopCallConfiguration(void) { return 0; }
-int __hipPushCallConfiguration(void) { return 0; }
-int hipLaunchKernel(void) { return 0; }
-int stub_count(void) { return count; }
-const void* stub_binary(int i) { return registered[i]; }
-uint32_t stub_magic(int i) { return magics[i]; }
-"""
-
-# The child: load the stand-in globally, dlopen the library with RTLD_NOW, and write out each
-# registered fat binary as the runtime would see it (a CCOB up to its total size, a plain bundle
-# up to the end of its last entry).
-CHILD = r"""
-import ctypes, json, os, struct, sys
-stub = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
-ctypes.CDLL(sys.argv[2], mode=os.RTLD_NOW)
-stub.stub_binary.restype = ctypes.c_void_p
-out = []
-for i in range(stub.stub_count()):
-    ptr = stub.stub_binary(i)
-    head = ctypes.string_at(ptr, 32)
-    if head[:4] == b"CCOB":
-        version = struct.unpack_from("<H", head, 4)[0]
-        total = struct.unpack_from("<I" if version == 2 else "<Q", head, 8)[0]
-        data = ctypes.string_at(ptr, total)
-    else:
-        count = struct.unpack_from("<Q", head, 24)[0]
-        pos, end = 32, 0
-        for _ in range(count):
-            rec = ctypes.string_at(ptr + pos, 24)
-            offset, size, id_len = struct.unpack("<QQQ", rec)
-            end = max(end, offset + size)
-            pos += 24 + id_len
-        data = ctypes.string_at(ptr, max(end, pos))
-    out.append(data.hex())
-json.dump(out, sys.stdout)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +57,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
             run_checked([cxx, *HIP_FLAGS, "-c", *extra, *arches, f"{tu}.hip", "-o", f"{name}.{tu}.o"], out)
         run_checked([cxx, "-shared", f"{name}.k1.o", f"{name}.k2.o", "-o", name], out)
         made[name] = out / name
-    (out / "stub.c").write_text(STUB_HIP)
-    run_checked(["gcc", "-shared", "-fPIC", "-o", "libstubhip.so", "stub.c"], out)
-    made["stub"] = out / "libstubhip.so"
+    made["stub"] = build_stub(out)
     return made
 
 
@@ -189,11 +126,7 @@ def _inflated(data: bytes) -> bytes:
 
 
 def _registered(stub: Path, library: Path) -> list[bytes]:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(stub), str(library)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    return [bytes.fromhex(h) for h in json.loads(done.stdout)]
+    return load_and_read(stub, library, timeout=60)["bundles"]
 
 
 # --- the rule ------------------------------------------------------------------------------

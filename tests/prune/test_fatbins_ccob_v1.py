@@ -31,16 +31,12 @@ from rocm_audit.formats import ccob
 from rocm_audit.prune.fatbins.library import locate, slim_library
 from rocm_audit.prune.fatbins.rewrite import selections
 from rocm_audit.tree.targets import kept_target
+from support import hip_host
 from support.run import run_checked
 from support.tools import require_tool
 
-HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC", "--offload-compress"]
-TU = """\
-struct dim3 { unsigned x, y, z; };
-typedef struct ihipStream_t* hipStream_t;
-extern "C" int hipLaunchKernel(const void*, dim3, dim3, void**, unsigned long, hipStream_t);
-extern "C" __attribute__((global)) void %s(int* out) { *out = %d; }
-"""
+HIP_FLAGS = [*hip_host.HIP_FLAGS, "--offload-compress"]
+TU = hip_host.TU
 
 
 def _as_v1(v2: bytes, method: int) -> bytes:

@@ -25,17 +25,11 @@ from rocm_audit.prune.fatbins.comgr import KNOWS_NONE, ComgrProof, isa_queries, 
 from rocm_audit.prune.fatbins.library import locate
 from rocm_audit.prune.fatbins.rewrite import slim
 from rocm_audit.tree.targets import kept_target
+from support.hip_host import HIP_FLAGS, TU
 from support.run import run_checked
 from support.tools import require_tool
 
 DEBIAN_COMGR = "libamd_comgr.so.2"  # tests/apt-packages.txt: libamd-comgr2
-HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
-TU = """\
-struct dim3 { unsigned x, y, z; };
-typedef struct ihipStream_t* hipStream_t;
-extern "C" int hipLaunchKernel(const void*, dim3, dim3, void**, unsigned long, hipStream_t);
-extern "C" __attribute__((global)) void %s(int* out) { *out = %d; }
-"""
 ARCHES = ["--offload-arch=gfx90a", "--offload-arch=gfx1030", "--offload-arch=gfx942"]
 
 

@@ -11,17 +11,11 @@ from pathlib import Path
 import pytest
 
 from rocm_audit.units import size_text
+from support.hip_host import HIP_FLAGS, TU
 from support.image.layer_writers import docker_save, layer
 from support.run import run_checked
 from support.tools import require_tool
 
-HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-no-hip-rt", "-fPIC"]
-TU = """\
-struct dim3 { unsigned x, y, z; };
-typedef struct ihipStream_t* hipStream_t;
-extern "C" int hipLaunchKernel(const void*, dim3, dim3, void**, unsigned long, hipStream_t);
-extern "C" __attribute__((global)) void %s(int* out) { *out = %d; }
-"""
 SP = "usr/lib/python3/dist-packages"
 
 

@@ -12,7 +12,6 @@ gfx90a, and a C++ exception thrown and caught inside the library still unwinds (
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -27,16 +26,12 @@ from rocm_audit.elf.tables import PT_LOAD, PT_PHDR, read_phdrs
 from rocm_audit.prune.fatbins.library import LibraryResult, Refused, prove_file, slim_library
 from rocm_audit.prune.fatbins.rewrite import selections
 from rocm_audit.tree.targets import kept_target
+from support.hip_host import PRELUDE, STUB_NAMES, build_stub, load_and_read
 from support.run import run_checked
 from support.tools import require_tool
 
 HIP_FLAGS = ["-x", "hip", "-nogpulib", "-nogpuinc", "-fPIC", "-O2", "-Wno-unused-command-line-argument"]
 ARCHES = ["--offload-arch=gfx942", "--offload-arch=gfx90a"]
-HEAD = """\
-struct dim3 { unsigned x, y, z; };
-typedef struct ihipStream_t* hipStream_t;
-extern "C" int hipLaunchKernel(const void*, dim3, dim3, void**, unsigned long, hipStream_t);
-"""
 KERNEL = (
     'extern "C" __attribute__((global)) void {tu}_{i}(float* o, int n) '
     "{{ float a = o[n]; for (int j = 0; j < n; ++j) a = a * {i}.5f + o[j] / {i}.25f; o[n + {i}] = a; }}\n"
@@ -51,70 +46,11 @@ extern "C" int thrower(int x) {
 AT_END = "SECTIONS { .hip_fatbin : { *(.hip_fatbin) } } INSERT AFTER .bss;\n"
 # a symbol in the middle of .hip_fatbin: nothing may move bundles under it
 INSIDE = "SECTIONS { .hip_fatbin : { *(.hip_fatbin) inside_fatbin = . - 16; } } INSERT AFTER .rodata;\n"
-
-STUB_HIP = r"""
-#include <stdint.h>
-struct wrapper { uint32_t magic, version; const void* binary; void* reserved; };
-static const void* registered[256]; static int count; static void* handle;
-void** __hipRegisterFatBinary(const struct wrapper* w) {
-  if (count < 256) registered[count++] = w->binary;
-  return &handle;
-}
-void __hipUnregisterFatBinary(void** h) { (void)h; }
-void __hipRegisterFunction(void) {}
-void __hipRegisterVar(void) {}
-void __hipRegisterManagedVar(void) {}
-void __hipRegisterSurface(void) {}
-void __hipRegisterTexture(void) {}
-int __hipPopCallConfiguration(void) { return 0; }
-int __hipPushCallConfiguration(void) { return 0; }
-int hipLaunchKernel(void) { return 0; }
-int stub_count(void) { return count; }
-const void* stub_binary(int i) { return registered[i]; }
-"""
-STUB_NAMES = [
-    "__hipRegisterFatBinary",
-    "__hipUnregisterFatBinary",
-    "__hipRegisterFunction",
-    "__hipRegisterVar",
-    "__hipRegisterManagedVar",
-    "__hipRegisterSurface",
-    "__hipRegisterTexture",
-]
-
-# The child: the stand-in runtime globally, the library RTLD_NOW; each registered fat binary as the
-# runtime sees it in memory, and thrower(1) when the library has it.
-CHILD = r"""
-import ctypes, json, os, struct, sys
-stub = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
-lib = ctypes.CDLL(sys.argv[2], mode=os.RTLD_NOW)
-stub.stub_binary.restype = ctypes.c_void_p
-out = []
-for i in range(stub.stub_count()):
-    ptr = stub.stub_binary(i)
-    head = ctypes.string_at(ptr, 32)
-    if head[:4] == b"CCOB":
-        version = struct.unpack_from("<H", head, 4)[0]
-        total = struct.unpack_from("<I" if version == 2 else "<Q", head, 8)[0]
-        data = ctypes.string_at(ptr, total)
-    else:
-        count = struct.unpack_from("<Q", head, 24)[0]
-        pos, end = 32, 0
-        for _ in range(count):
-            offset, size, id_len = struct.unpack("<QQQ", ctypes.string_at(ptr + pos, 24))
-            end = max(end, offset + size)
-            pos += 24 + id_len
-        data = ctypes.string_at(ptr, max(end, pos))
-    out.append(data.hex())
-caught = lib.thrower(1) if hasattr(lib, "thrower") else None
-json.dump({"bundles": out, "caught": caught}, sys.stdout)
-"""
-
 GFX942, GFX90A = [kept_target("gfx942")], [kept_target("gfx90a")]
 
 
 def _source(tu: str, kernels: int) -> str:
-    return HEAD + "".join(KERNEL.format(tu=tu, i=i + 1) for i in range(kernels))
+    return PRELUDE + "".join(KERNEL.format(tu=tu, i=i + 1) for i in range(kernels))
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +73,7 @@ def hip_objects(tmp_path_factory) -> dict[str, Path]:
     for name, text in (("end.ld", AT_END), ("inside.ld", INSIDE)):
         (out / name).write_text(text)
         made[name] = out / name
-    (out / "stub.c").write_text(STUB_HIP)
-    run_checked(["gcc", "-shared", "-fPIC", "-o", "libstubhip.so", "stub.c"], out)
-    made["stub"] = out / "libstubhip.so"
+    made["stub"] = build_stub(out)
     made["dir"] = out
     return made
 
@@ -181,16 +115,7 @@ def _phdrs(path: Path) -> tuple[int, list]:
 
 
 def _child(stub: Path, library: Path, env: dict[str, str] | None = None, python: str = sys.executable) -> dict:
-    done = subprocess.run(
-        [python, "-c", CHILD, str(stub), str(library)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    return load_and_read(stub, library, env, python)
 
 
 def _lint(path: Path) -> set[str]:
@@ -214,10 +139,9 @@ def _same_code_and_addresses(stub: Path, before: Path, after: Path, result: Libr
     assert new["caught"] == old["caught"] == 42  # unwinding through .eh_frame_hdr still works
     assert len(new["bundles"]) == len(old["bundles"]) == len(result.bundles)
     for was, now in zip(old["bundles"], new["bundles"], strict=True):
-        was_bytes, now_bytes = bytes.fromhex(was), bytes.fromhex(now)
-        assert selections(now_bytes, GFX942) == selections(was_bytes, GFX942)
-        assert all(selections(now_bytes, GFX942).values())
-        assert any(selections(was_bytes, GFX90A).values()) and not any(selections(now_bytes, GFX90A).values())
+        assert selections(now, GFX942) == selections(was, GFX942)
+        assert all(selections(now, GFX942).values())
+        assert any(selections(was, GFX90A).values()) and not any(selections(now, GFX90A).values())
 
 
 @pytest.mark.parametrize("kind", ["plain", "ccob"])
@@ -265,8 +189,8 @@ def test_too_few_freed_bytes_fall_back_to_zeroes(hip_objects, tmp_path):
     assert after.stat().st_size == library.stat().st_size
     old, new = _child(hip_objects["stub"], library), _child(hip_objects["stub"], after)
     assert new["caught"] == 42
-    now = bytes.fromhex(new["bundles"][0])
-    assert selections(now, GFX942) == selections(bytes.fromhex(old["bundles"][0]), GFX942)
+    now = new["bundles"][0]
+    assert selections(now, GFX942) == selections(old["bundles"][0], GFX942)
     assert not any(selections(now, GFX90A).values())
 
 
@@ -304,9 +228,8 @@ def test_cupy_cub_module_shrinks_and_still_registers_the_same_gfx942_code(hip_ob
     old, new = _child(hip_objects["stub"], cub, env, python), _child(hip_objects["stub"], after, env, python)
     assert len(new["bundles"]) == len(old["bundles"]) >= 1
     for was, now in zip(old["bundles"], new["bundles"], strict=True):
-        was_bytes, now_bytes = bytes.fromhex(was), bytes.fromhex(now)
-        assert selections(now_bytes, GFX942) == selections(was_bytes, GFX942)
-        assert all(selections(now_bytes, GFX942).values())
-        assert not any(selections(now_bytes, GFX90A).values())
+        assert selections(now, GFX942) == selections(was, GFX942)
+        assert all(selections(now, GFX942).values())
+        assert not any(selections(now, GFX90A).values())
     old_sections, new_sections = _sections(cub), _sections(after)
     assert {n: a for n, (a, _s) in old_sections.items()} == {n: a for n, (a, _s) in new_sections.items()}
