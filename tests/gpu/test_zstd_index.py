@@ -96,6 +96,40 @@ def test_every_byte_is_libzstds(encoding, size):
     _check(frame, content, rng)
 
 
+def test_indexes_on_threads_let_go_of_the_gil_and_each_is_one_threads_at_a_time():
+    """Indexes decoded and read on three threads at once give libzstd's bytes; while a thread
+    decodes, another runs Python (the extension lets go of the GIL) and a second call on the same
+    index is refused with RuntimeError instead of racing it (prune --fatbins slims on threads)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    content = _codeish(24 << 20, 9, noise=False)
+    params = zstandard.ZstdCompressionParameters.from_level(3, enable_ldm=True, window_log=27)
+    frame = zstandard.ZstdCompressor(compression_params=params).compress(content)
+
+    def whole(start: int) -> bytes:
+        index = zstd_index.FrameIndex(frame, 0)
+        return index.read(start, len(content))
+
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(whole, [0, 1 << 20, 5 << 20])) == [content, content[1 << 20 :], content[5 << 20 :]]
+
+    index = zstd_index.FrameIndex(frame, 0)
+    used: list[int] = []
+    decoder = threading.Thread(target=lambda: used.append(index.decode_all()))
+    decoder.start()
+    refusals = []
+    while decoder.is_alive():
+        try:
+            index.nbytes  # noqa: B018 - a call on the index another thread is decoding
+        except RuntimeError as exc:
+            refusals.append(str(exc))
+    decoder.join()
+    assert refusals and all("in use by another thread" in r for r in refusals)
+    assert used == [len(frame)]
+    assert index.read(0, len(content)) == content  # the index is whole after the refusals
+
+
 def test_block_types_and_table_modes_seen_in_real_frames():
     """Raw, RLE and compressed blocks, 1- and 4-stream Huffman literals, treeless literals, and
     every FSE table mode (predefined, RLE, compressed, repeat) come up in these frames."""

@@ -636,3 +636,111 @@ def test_a_wide_window_ccob_is_slimmed_without_its_window(tmp_path, monkeypatch)
     assert indexed == streamed
     assert streamed_kib > 32 * 1024, streamed_kib  # the window
     assert indexed_kib < 16 * 1024, indexed_kib
+
+
+# --- bundles slimmed on several threads ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mixed_library(built, tmp_path_factory) -> Path:
+    """A library of five bundles, plain and CCOB mixed: the two fixture libraries' objects and
+    three more translation units (more bundles than two workers take at once)."""
+    cxx = require_tool("clang++-19")
+    out = built["libccob.so"].parent
+    objects = ["libplain.so.k1.o", "libccob.so.k2.o"]
+    for tu, number, extra in (("k3", 3, ["--offload-compress"]), ("k4", 4, []), ("k5", 5, ["--offload-compress"])):
+        (out / f"{tu}.hip").write_text(TU % (tu, number))
+        arches = ["--offload-arch=gfx942", "--offload-arch=gfx90a"]
+        run_checked([cxx, *HIP_FLAGS, "-c", *extra, *arches, f"{tu}.hip", "-o", f"mixed.{tu}.o"], out)
+        objects.append(f"mixed.{tu}.o")
+    run_checked([cxx, "-shared", *objects, "-o", "libmixed.so"], out)
+    return out / "libmixed.so"
+
+
+def _slim_with(path: Path, workers: int, tmp_path: Path, monkeypatch) -> tuple[bytes, object, int, set[str]]:
+    """slim_library with ``workers`` into a copy: the new file's bytes, the result's fields, the
+    most bundles slimmed at once and the threads that slimmed them."""
+    import threading
+
+    from rocm_audit.prune.fatbins import library
+
+    running, most, threads = [0], [0], set()
+    lock = threading.Lock()
+    real_slim = library.slim
+
+    def counted_slim(*args, **kwargs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            threads.add(threading.current_thread().name)
+        try:
+            return real_slim(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(library, "slim", counted_slim)
+    copy = tmp_path / f"{path.name}.{workers}"
+    shutil.copyfile(path, copy)
+    with open(path, "rb") as before, open(copy, "r+b") as after:
+        result = library.slim_library(str(path), [kept_target("gfx942")], after.fileno(), workers=workers)
+        assert library.prove_file(before.fileno(), after.fileno(), result) is None
+    monkeypatch.undo()
+    fields = ([(b.place, b.new_size, b.kept, b.removed) for b in result.bundles], result.digests, result.plan)
+    return copy.read_bytes(), fields, most[0], threads
+
+
+@pytest.mark.parametrize("name", ["libplain.so", "libccob.so", "libmixed.so"])
+def test_any_number_of_workers_writes_the_same_file(built, mixed_library, tmp_path, monkeypatch, name):
+    """One worker and two or more give byte-identical libraries and the same result, bundle for
+    bundle; with two workers at most two bundles are slimmed at once, off the calling thread."""
+    path = mixed_library if name == "libmixed.so" else built[name]
+    serial, serial_fields, most, threads = _slim_with(path, 1, tmp_path, monkeypatch)
+    assert most == 1 and threads == {"MainThread"}
+    assert serial != path.read_bytes() and all(new < place.extent for place, new, *_ in serial_fields[0])
+    for workers in (2, 3):
+        data, fields, most, threads = _slim_with(path, workers, tmp_path, monkeypatch)
+        assert data == serial and fields == serial_fields
+        assert most <= workers and "MainThread" not in threads
+    if name == "libmixed.so":
+        assert len(serial_fields[0]) == 5
+        assert {b[0].format.split("-")[0] for b in serial_fields[0]} == {"bundle", "ccob"}
+
+
+def test_the_first_damaged_bundle_is_refused_whatever_the_workers(mixed_library, tmp_path):
+    """Two damaged bundles (the third's compressed payload, the fifth's header hash): every
+    worker count raises the serial run's error, the third bundle's, and leaves no worker running."""
+    import threading
+
+    from rocm_audit.prune.fatbins.library import locate, slim_library
+
+    damaged = tmp_path / "libdamaged.so"
+    data = bytearray(mixed_library.read_bytes())
+    fd = os.open(mixed_library, os.O_RDONLY)
+    try:
+        _section, places = locate(fd)
+    finally:
+        os.close(fd)
+    third, fifth = places[2], places[4]
+    assert third.format.startswith("ccob") and fifth.format.startswith("ccob")
+    header = ccob.parse_header(bytes(data[third.offset : third.offset + 64]), third.offset, third.extent)
+    for at in range(header.header_size + 40, third.extent, 97):  # damage all through the payload
+        data[third.offset + at] ^= 0x5A
+    fifth_header = ccob.parse_header(bytes(data[fifth.offset : fifth.offset + 64]), fifth.offset, fifth.extent)
+    data[fifth.offset + fifth_header.header_size - 1] ^= 1  # the hash is the header's last field
+    damaged.write_bytes(bytes(data))
+    errors = []
+    threads = threading.active_count()
+    for workers in (1, 2, 4):
+        with pytest.raises(FormatError) as caught:
+            slim_library(str(damaged), [kept_target("gfx942")], workers=workers)
+        errors.append((type(caught.value), str(caught.value)))
+        assert threading.active_count() == threads
+    assert errors[0] == errors[1] == errors[2], errors
+    assert "corrupt" in errors[0][1], errors  # the third's, not the fifth's "hash"
+    original = mixed_library.read_bytes()
+    damaged.write_bytes(
+        bytes(data[: third.offset]) + original[third.offset : fifth.offset] + bytes(data[fifth.offset :])
+    )
+    with pytest.raises(FormatError, match="hash"):  # the fifth alone
+        slim_library(str(damaged), [kept_target("gfx942")], workers=2)

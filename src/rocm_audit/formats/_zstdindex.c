@@ -19,7 +19,23 @@ typedef struct {
     int has_view;
     Py_ssize_t step_budget;
     Py_ssize_t steps_per_byte;
+    /* Set while a call works on the frame with the GIL released: the frame and its buffers are
+     * one thread's at a time. Tested and set with the GIL held, so a second thread is refused
+     * (RuntimeError) instead of racing; callers use one index per thread (prune's workers do). */
+    int busy;
 } FrameIndexObject;
+
+/* Take the frame for this call; raises RuntimeError if another thread has it. */
+static int acquire(FrameIndexObject *self) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "this FrameIndex is in use by another thread");
+        return -1;
+    }
+    self->busy = 1;
+    return 0;
+}
+
+static void release(FrameIndexObject *self) { self->busy = 0; }
 
 static void release_input(FrameIndexObject *self) {
     if (self->has_view) {
@@ -45,9 +61,17 @@ static PyObject *raise_failed(const Frame *fr) {
     return NULL;
 }
 
-/* Decode until `upto` bytes are indexed (or the frame ends); the input is let go once it has. */
+/* Decode until `upto` bytes are indexed (or the frame ends); the input is let go once it has.
+ * The decoding runs without the GIL: the core calls no Python API and allocates with
+ * PyMem_Raw*, the input stays pinned by the held buffer view. The caller holds `busy`. */
 static int extend(FrameIndexObject *self, uint64_t upto) {
-    if (!self->fr.done && self->fr.out < upto && zi_extend(&self->fr, upto) < 0) {
+    int rc = 0;
+    if (!self->fr.done && self->fr.out < upto) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = zi_extend(&self->fr, upto);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc < 0) {
         release_input(self);
         raise_failed(&self->fr);
         return -1;
@@ -57,10 +81,20 @@ static int extend(FrameIndexObject *self, uint64_t upto) {
     return 0;
 }
 
+static PyObject *read_locked(FrameIndexObject *self, unsigned long long pos, unsigned long long length);
+
 static PyObject *FrameIndex_read(FrameIndexObject *self, PyObject *args) {
     unsigned long long pos, length;
     if (!PyArg_ParseTuple(args, "KK", &pos, &length))
         return NULL;
+    if (acquire(self) < 0)
+        return NULL;
+    PyObject *out = read_locked(self, pos, length);
+    release(self);
+    return out;
+}
+
+static PyObject *read_locked(FrameIndexObject *self, unsigned long long pos, unsigned long long length) {
     if (self->fr.has_failed)
         return raise_failed(&self->fr);
     uint64_t end = length > UINT64_MAX - pos ? UINT64_MAX : pos + length;
@@ -76,8 +110,13 @@ static PyObject *FrameIndex_read(FrameIndexObject *self, PyObject *args) {
     if (!out)
         return NULL;
     const char *why = NULL;
-    if (resolve(&self->fr.ix, (uint8_t *)PyBytes_AS_STRING(out), pos, length,
-                self->step_budget + self->steps_per_byte * (int64_t)length, &why) < 0) {
+    uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);  /* not shared yet: filled without the GIL */
+    int64_t budget = self->step_budget + self->steps_per_byte * (int64_t)length;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = resolve(&self->fr.ix, dst, pos, length, budget, &why);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
         Py_DECREF(out);
         PyErr_SetObject(TooLargeError, Py_BuildValue("(s)", why));
         return NULL;
@@ -87,28 +126,44 @@ static PyObject *FrameIndex_read(FrameIndexObject *self, PyObject *args) {
 
 static PyObject *FrameIndex_decode_all(FrameIndexObject *self, PyObject *unused) {
     (void)unused;
-    if (self->fr.has_failed)
-        return raise_failed(&self->fr);
-    if (extend(self, UINT64_MAX) < 0)
+    if (acquire(self) < 0)
         return NULL;
-    return PyLong_FromSize_t(self->fr.pos);
+    PyObject *out;
+    if (self->fr.has_failed)
+        out = raise_failed(&self->fr);
+    else if (extend(self, UINT64_MAX) < 0)
+        out = NULL;
+    else
+        out = PyLong_FromSize_t(self->fr.pos);
+    release(self);
+    return out;
 }
 
 static PyObject *FrameIndex_get_size(FrameIndexObject *self, void *closure) {
     (void)closure;
-    if (self->fr.has_failed)
-        return raise_failed(&self->fr);
-    if (self->fr.has_fcs)
-        return PyLong_FromUnsignedLongLong(self->fr.fcs);  /* decoding checks the frame holds it */
-    if (extend(self, UINT64_MAX) < 0)
+    if (acquire(self) < 0)
         return NULL;
-    return PyLong_FromUnsignedLongLong(self->fr.out);
+    PyObject *out;
+    if (self->fr.has_failed)
+        out = raise_failed(&self->fr);
+    else if (self->fr.has_fcs)
+        out = PyLong_FromUnsignedLongLong(self->fr.fcs);  /* decoding checks the frame holds it */
+    else if (extend(self, UINT64_MAX) < 0)
+        out = NULL;
+    else
+        out = PyLong_FromUnsignedLongLong(self->fr.out);
+    release(self);
+    return out;
 }
 
 static PyObject *FrameIndex_get_nbytes(FrameIndexObject *self, void *closure) {
     (void)closure;
+    if (acquire(self) < 0)  /* another thread may be growing the buffers */
+        return NULL;
     const Index *ix = &self->fr.ix;
-    return PyLong_FromSize_t(ix->cap * sizeof(Record) + ix->samplecap * sizeof(uint64_t) + ix->litcap);
+    PyObject *out = PyLong_FromSize_t(ix->cap * sizeof(Record) + ix->samplecap * sizeof(uint64_t) + ix->litcap);
+    release(self);
+    return out;
 }
 
 static PyMethodDef FrameIndex_methods[] = {
@@ -161,6 +216,7 @@ static PyObject *py_index_frame(PyObject *module, PyObject *args, PyObject *kwar
         self->fr.ix.maxlits = LIT_RLE_FLAG - 1;
     self->step_budget = step_budget;
     self->steps_per_byte = steps_per_byte;
+    self->busy = 0;
     if (zi_open(&self->fr, view.buf, (size_t)view.len) < 0) {
         raise_failed(&self->fr);
         Py_DECREF(self);

@@ -492,7 +492,10 @@ typedef struct {
     uint32_t rep[3];
 } FrameState;
 
-static FseTable LL_PREDEFINED, OF_PREDEFINED, ML_PREDEFINED;  /* built once, at import */
+/* The only file-scope state that is not const: built once by zi_init() (at import, before any
+ * frame exists) and only read after, so frames decoded on different threads share nothing
+ * mutable (_zstdindex.c decodes without the GIL). */
+static FseTable LL_PREDEFINED, OF_PREDEFINED, ML_PREDEFINED;
 
 static int read_table(FseTable *t, unsigned mode, const uint8_t *src, size_t len, size_t *pos,
                       const FseTable *predefined, unsigned maxlog, unsigned maxsym) {

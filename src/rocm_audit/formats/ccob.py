@@ -9,6 +9,7 @@ first kilobytes and skip through the rest, and a hostile declared size never dri
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -269,27 +270,28 @@ class PayloadStream:
         return done
 
 
-_DECOMPRESSOR: Any = None
+# One context per thread: python-zstandard's contexts must not be shared by threads at once
+# (prune --fatbins slims bundles on several threads).
+_DECOMPRESSORS = threading.local()
 
 
 def _shared_decompressor() -> Any:
-    """One zstd decompression context per process, for one stream at a time (every stream is
+    """One zstd decompression context per thread, for one stream at a time (every stream is
     closed before the next opens). zstd keeps the context's window buffer between frames; a new
     context per CCOB mapped and page-faulted a fresh window each time (75-113 MB per bundle in
     jax's xla_rocm_plugin.so: 1.5 s of kernel time for its 45 bundles, against 0.14 s reused)."""
-    global _DECOMPRESSOR
-    if _DECOMPRESSOR is None:
+    context = getattr(_DECOMPRESSORS, "context", None)
+    if context is None:
         import zstandard  # noqa: PLC0415 - heavy module, loaded on first use (style.md 3)
 
-        _DECOMPRESSOR = zstandard.ZstdDecompressor()
-    return _DECOMPRESSOR
+        context = _DECOMPRESSORS.context = zstandard.ZstdDecompressor()
+    return context
 
 
 def release_shared_decompressor() -> None:
-    """Free the shared context and its window now. Called before forking helpers: a child's RSS
-    starts with every page its parent has resident, a window of up to 113 MB included."""
-    global _DECOMPRESSOR
-    _DECOMPRESSOR = None
+    """Free this thread's context and its window now. Called before forking helpers: a child's
+    RSS starts with every page its parent has resident, a window of up to 113 MB included."""
+    _DECOMPRESSORS.context = None
 
 
 class _CompressedInput:

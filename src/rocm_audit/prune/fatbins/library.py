@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
@@ -29,6 +31,9 @@ from rocm_audit.tree.targets import TargetId
 FATBIN_SECTION = ".hip_fatbin"
 WRAPPER_SECTION = ".hipFatBinSegment"
 _ZERO_CHUNK = 1 << 20
+# Bundles slimmed at once at most: each holds its own index, compressor and decompressor (up to
+# about 40 MB for the largest of jax's plugin), and the whole run must stay under 150 MB.
+MAX_WORKERS = 4
 
 
 class Refused(Exception):
@@ -168,6 +173,28 @@ def _locate(fd: int) -> tuple[Section, list[BundlePlace], list[int]]:
     return fatbin, places, slots
 
 
+def workers_for(bundles: int) -> int:
+    """Bundles slimmed at once: one per core, at most MAX_WORKERS, never more than there are."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS, bundles))
+
+
+def _slim_and_prove(
+    fd: int, place: BundlePlace, kept: Sequence[TargetId], level: int | None, spool_dir: str | None
+) -> tuple[Slimmed, str | None]:
+    """One bundle's work that needs nothing from the others (run on a worker thread): slim it
+    and, where it changed and got smaller, prove it selects the same code. Returns the slimmed
+    bundle (its spools open: the caller closes them) and the proof's problem, or None."""
+    made = slim(fd, place.offset, place.extent, kept, level, spool_dir)
+    try:
+        problem = None
+        if made.removed and made.size < place.extent:
+            problem = prove_same_selection(made, kept)
+        return made, problem
+    except BaseException:
+        made.close()
+        raise
+
+
 def slim_library(
     path: str,
     kept: Sequence[TargetId],
@@ -176,6 +203,7 @@ def slim_library(
     level: int | None = None,
     spool_dir: str | None = None,
     comgr: ComgrProof | None = None,
+    workers: int | None = None,
 ) -> LibraryResult:
     """Slim every registered bundle of ``path`` for ``kept``. With ``out_fd`` (a byte-identical
     copy of the file, opened for reading and writing) the new file is written there, shrunk as
@@ -183,7 +211,10 @@ def slim_library(
     ``prove_file`` before it replaces anything. No bundle is held in memory: a plain one is copied
     by ranges, a CCOB inflated and compressed through temporary files in ``spool_dir`` (default:
     the temporary directory). ``comgr``: a comgr child that must pick the same code from each
-    slimmed bundle (comgr.py). Raises Refused, FormatError, OSError, ComgrError."""
+    slimmed bundle (comgr.py). ``workers``: bundles slimmed at once (default ``workers_for``);
+    whatever the number, the bundles are placed, checked by comgr and written in file order, so
+    the new file, the result and the first refusal are the same. Raises Refused, FormatError,
+    OSError, ComgrError."""
     result = LibraryResult(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
@@ -192,44 +223,73 @@ def slim_library(
             prepared = layouts.prepare(fd, [place.offset for place in places], slots)
         except layouts.LayoutRefused as exc:
             raise Refused(str(exc)) from None
+        count = workers_for(len(places)) if workers is None else max(1, min(workers, len(places)))
         cursor = fatbin.offset
         offsets: list[int] = []
         sizes: list[int] = []
-        for index, place in enumerate(places):
-            with slim(fd, place.offset, place.extent, kept, level, spool_dir) as made:
-                # the original itself, copied by ranges from the source file
-                slimmed = Slimmed(place.extent, made.kept, (), made.compressed, [(fd, place.offset, place.extent)])
-                if not made.removed:
-                    result.bundles.append(BundleResult(place, place.extent, made.kept, ()))
-                elif made.size >= place.extent:
-                    result.bundles.append(BundleResult(place, place.extent, made.kept + made.removed, ()))
-                    # recompression gained nothing: leave this bundle as it is
+        # Up to ``count`` bundles are slimmed at once (the index, python-zstandard and hashlib let
+        # go of the GIL); at most ``count`` results wait, their bundles in spools on disk, so
+        # memory holds ``count`` bundles' working sets at most (docs/prune.md, "--fatbins").
+        pool = ThreadPoolExecutor(count, thread_name_prefix="fatbin") if count > 1 else None
+        pending: deque[Future[tuple[Slimmed, str | None]]] = deque()
+        submitted = 0
+        try:
+            for index, place in enumerate(places):
+                if pool is None:
+                    made, problem = _slim_and_prove(fd, place, kept, level, spool_dir)
                 else:
-                    problem = prove_same_selection(made, kept)
-                    if problem is None and comgr is not None and comgr.queries:
-                        problem = comgr.check_slimmed(made)
-                    if problem is not None:
-                        raise Refused(f"bundle at {place.offset:#x}: {problem}")
-                    result.bundles.append(BundleResult(place, made.size, made.kept, made.removed))
-                    slimmed = made
-                size = result.bundles[-1].new_size
-                at = prepared.place(cursor, index)
-                if out_fd is not None:
-                    if prepared.compacts:  # the padding before the bundle holds nothing
-                        _zero_tail(out_fd, cursor, at)
-                    moved = slimmed is made or at != place.offset
-                    result.digests.append(_write_slimmed(out_fd, at, slimmed, write=moved))
-                    if slimmed is made and not prepared.compacts:
-                        _zero_tail(out_fd, at + size, place.offset + place.extent)
-            offsets.append(at)
-            sizes.append(size)
-            cursor = at + size
+                    while submitted < len(places) and len(pending) < count:
+                        pending.append(pool.submit(_slim_and_prove, fd, places[submitted], kept, level, spool_dir))
+                        submitted += 1
+                    made, problem = pending.popleft().result()
+                with made:
+                    # the original itself, copied by ranges from the source file
+                    slimmed = Slimmed(place.extent, made.kept, (), made.compressed, [(fd, place.offset, place.extent)])
+                    if not made.removed:
+                        result.bundles.append(BundleResult(place, place.extent, made.kept, ()))
+                    elif made.size >= place.extent:
+                        result.bundles.append(BundleResult(place, place.extent, made.kept + made.removed, ()))
+                        # recompression gained nothing: leave this bundle as it is
+                    else:
+                        if problem is None and comgr is not None and comgr.queries:
+                            problem = comgr.check_slimmed(made)
+                        if problem is not None:
+                            raise Refused(f"bundle at {place.offset:#x}: {problem}")
+                        result.bundles.append(BundleResult(place, made.size, made.kept, made.removed))
+                        slimmed = made
+                    size = result.bundles[-1].new_size
+                    at = prepared.place(cursor, index)
+                    if out_fd is not None:
+                        if prepared.compacts:  # the padding before the bundle holds nothing
+                            _zero_tail(out_fd, cursor, at)
+                        moved = slimmed is made or at != place.offset
+                        result.digests.append(_write_slimmed(out_fd, at, slimmed, write=moved))
+                        if slimmed is made and not prepared.compacts:
+                            _zero_tail(out_fd, at + size, place.offset + place.extent)
+                offsets.append(at)
+                sizes.append(size)
+                cursor = at + size
+        finally:
+            if pool is not None:
+                _drain(pool, pending)
         result.plan = layouts.plan(prepared, offsets, sizes)
         if out_fd is not None:
             layouts.finish_file(fd, out_fd, result.plan)
     finally:
         os.close(fd)
     return result
+
+
+def _drain(pool: ThreadPoolExecutor, pending: deque[Future[tuple[Slimmed, str | None]]]) -> None:
+    """Stop the workers after a refusal or an error (or at the end): bundles not started are
+    cancelled, those running are waited for (they read the source descriptor) and their spools
+    closed; their errors are dropped, as a serial run would never have reached them."""
+    for future in pending:
+        future.cancel()
+    pool.shutdown(wait=True)
+    for future in pending:
+        if not future.cancelled() and future.exception() is None:
+            future.result()[0].close()
 
 
 def _write_slimmed(out_fd: int, offset: int, slimmed: Slimmed, *, write: bool = True) -> str:
@@ -268,4 +328,13 @@ def prove_file(before_fd: int, after_fd: int, result: LibraryResult) -> str | No
         return f"the new file cannot be read: {exc}"
 
 
-__all__ = ["BundlePlace", "BundleResult", "LibraryResult", "Refused", "locate", "prove_file", "slim_library"]
+__all__ = [
+    "BundlePlace",
+    "BundleResult",
+    "LibraryResult",
+    "Refused",
+    "locate",
+    "prove_file",
+    "slim_library",
+    "workers_for",
+]

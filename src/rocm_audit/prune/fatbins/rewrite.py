@@ -31,10 +31,12 @@ content only when one call hands it several, which a stream never does).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import struct
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -264,7 +266,6 @@ class _Md5Thread:
 
     def __init__(self) -> None:
         import queue  # noqa: PLC0415
-        import threading  # noqa: PLC0415
 
         self._md5 = hashlib.md5(usedforsecurity=False)
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
@@ -373,6 +374,36 @@ def inflate_to(
     returns the size. With ``wanted``, only the ranges it names are written (the rest of the
     spool is a hole). Raises FormatError."""
     compressed = _payload_size(header, extent)
+    wide = _wide_window(header, read_at(header.header_size, min(compressed, _FRAME_HEADER_MAX)))
+    with _WIDE_WINDOW_LOCK if wide else contextlib.nullcontext():
+        return _inflate_to(header, read_at, compressed, spool, wanted)
+
+
+# A zstd frame's header is at most 18 bytes (RFC 8878 3.1.1.1).
+_FRAME_HEADER_MAX = 18
+# Streams whose window is larger than this inflate one at a time in a process: clang's bundler
+# writes windows as large as the bundle (108 MiB in jax's plugin), and the bundles slimmed at
+# once on several threads (library.py) must not hold one each. Ours (level 9) are 4 MiB.
+WIDE_WINDOW = 16 << 20
+_WIDE_WINDOW_LOCK = threading.Lock()
+
+
+def _wide_window(header: ccob.CcobHeader, frame_head: bytes) -> bool:
+    """Whether the payload is a zstd frame with a window past WIDE_WINDOW (or an unreadable
+    frame header: the stream reports it, one at a time)."""
+    if header.method != ccob.METHOD_ZSTD:
+        return False  # zlib's window is 32 KiB
+    import zstandard  # noqa: PLC0415 - heavy module, loaded on first use (style.md 3)
+
+    try:
+        return bool(zstandard.get_frame_parameters(frame_head).window_size > WIDE_WINDOW)
+    except zstandard.ZstdError:
+        return True
+
+
+def _inflate_to(
+    header: ccob.CcobHeader, read_at: ReadAt, compressed: int, spool: IO[bytes], wanted: Wanted | None
+) -> int:
     stream = ccob.PayloadStream(
         header,
         lambda offset, size: read_at(header.header_size + offset, size),
