@@ -744,3 +744,51 @@ def test_the_first_damaged_bundle_is_refused_whatever_the_workers(mixed_library,
     )
     with pytest.raises(FormatError, match="hash"):  # the fifth alone
         slim_library(str(damaged), [kept_target("gfx942")], workers=2)
+
+
+@pytest.mark.memory
+def test_wide_window_streams_on_two_threads_hold_one_window(tmp_path, monkeypatch):
+    """Streamed (ROCM_AUDIT_NO_ZSTD_INDEX=1), a CCOB with a 128 MiB window holds most of its
+    48 MiB inflated bundle as the window; two slimmed at once on two threads, as a library's
+    bundles are, give the same bytes (a decompression context each) and hold one window at a
+    time, not two."""
+    import gc
+    import threading
+
+    from rocm_audit.formats import ccob as ccob_format
+    from support.memory import peak_rss_kib, reset_peak_rss
+
+    kept = [kept_target("gfx942")]
+    wide, plain = _wide_ccob(8 << 20, 27)
+    del plain
+    source = tmp_path / "wide.bundle"
+    source.write_bytes(wide)
+    del wide
+    monkeypatch.setenv("ROCM_AUDIT_NO_ZSTD_INDEX", "1")
+
+    def slimmed(name: str, results: dict[str, bytes]) -> None:
+        fd = os.open(source, os.O_RDONLY)
+        try:
+            with slim(fd, 0, os.fstat(fd).st_size, kept, None, str(tmp_path)) as made:
+                assert prove_same_selection(made, kept) is None
+                results[name] = made.read_at(0, made.size)
+        finally:
+            os.close(fd)
+            ccob_format.release_shared_decompressor()
+
+    def peak_growth(names: list[str]) -> tuple[int, dict[str, bytes]]:
+        gc.collect()
+        results: dict[str, bytes] = {}
+        threads = [threading.Thread(target=slimmed, args=(name, results)) for name in names]
+        before = reset_peak_rss()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return peak_rss_kib() - before, results
+
+    one_kib, one = peak_growth(["a"])
+    two_kib, two = peak_growth(["b", "c"])
+    assert one_kib > 32 * 1024, one_kib  # the window
+    assert two["b"] == two["c"] == one["a"]
+    assert two_kib < one_kib + 24 * 1024, (one_kib, two_kib)
