@@ -87,6 +87,27 @@ def parse_header(buf: bytes | memoryview, base: int, available: int) -> CcobHead
     return CcobHeader(version, method, total, uncompressed, hash64, header_size)
 
 
+def pack_header(version: int, method: int, inflated: int, compressed: int, digest: bytes) -> bytes:
+    """The header of a CCOB of ``version`` for a payload of ``compressed`` bytes that inflates to
+    ``inflated`` bytes whose MD5 starts with ``digest`` (8 bytes). Raises FormatError where the
+    version's fields cannot hold the sizes (v1 and v2 have u32 fields)."""
+    size = HEADER_SIZES[version]
+    total = size + compressed
+    if version == 1:
+        if inflated >= 1 << 32:
+            raise FormatError(FMT, 0, "a CCOB v1 cannot hold 4 GiB")
+        head = CCOB_MAGIC + struct.pack("<HHI", version, method, inflated) + digest
+    elif version == 2:
+        if total >= 1 << 32 or inflated >= 1 << 32:
+            raise FormatError(FMT, 0, "a CCOB v2 cannot hold 4 GiB")
+        head = CCOB_MAGIC + struct.pack("<HHII", version, method, total, inflated) + digest
+    else:
+        head = CCOB_MAGIC + struct.pack("<HHQQ", version, method, total, inflated) + digest
+    if len(head) != size:
+        raise FormatError(FMT, 0, f"a {len(digest)}-byte hash does not make a v{version} header")
+    return head
+
+
 def plausible_size(header: CcobHeader, compressed_size: int) -> bool:
     """False when the declared uncompressed size is out of proportion to the payload (a bomb)."""
     return header.uncompressed_size <= max(compressed_size, 1) * MAX_PLAUSIBLE_RATIO

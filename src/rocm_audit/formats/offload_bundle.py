@@ -204,3 +204,29 @@ def comgr_selectable(entry: EntryId) -> bool:
 def max_table_bytes() -> int:
     """Upper bound of a valid entry table: what a reader may need to fetch at most."""
     return HEADER_SIZE + MAX_ENTRIES * (ENTRY_FIXED_SIZE + MAX_ID_BYTES)
+
+
+# --- writing (prune --fatbins builds slimmed bundles through these) -----------------------------
+
+
+def raw_ids(table: bytes, bundle: Bundle) -> list[bytes]:
+    """Each record's id bytes exactly as written (NUL padding kept), from the table ``bundle`` was
+    parsed from (its entries' ``table_offset`` point into ``table``)."""
+    ids = []
+    for entry in bundle.entries:
+        (id_len,) = struct.unpack_from("<Q", table, entry.table_offset + 16)
+        start = entry.table_offset + ENTRY_FIXED_SIZE
+        ids.append(table[start : start + id_len])
+    return ids
+
+
+def table_size(ids: list[bytes]) -> int:
+    """Bytes of a bundle's header and entry records for these ids."""
+    return HEADER_SIZE + sum(ENTRY_FIXED_SIZE + len(one) for one in ids)
+
+
+def pack_table(records: list[tuple[int, int, bytes]]) -> bytes:
+    """A bundle's header and entry table: (offset, size, id bytes) per entry, in order."""
+    packed = [BUNDLE_MAGIC, struct.pack("<Q", len(records))]
+    packed += [struct.pack("<QQQ", offset, size, len(raw)) + raw for offset, size, raw in records]
+    return b"".join(packed)

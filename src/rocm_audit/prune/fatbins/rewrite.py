@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import struct
 import tempfile
 import threading
 import zlib
@@ -158,16 +157,6 @@ def _entries(bundle: offload_bundle.Bundle) -> list[tuple[str, int]]:
     return [(entry.entry_id.raw, entry.size) for entry in bundle.entries]
 
 
-def _raw_ids(table: bytes, bundle: offload_bundle.Bundle) -> list[bytes]:
-    """Each record's id bytes exactly as written (NUL padding kept)."""
-    ids = []
-    for entry in bundle.entries:
-        (id_len,) = struct.unpack_from("<Q", table, entry.table_offset + 16)
-        start = entry.table_offset + offload_bundle.ENTRY_FIXED_SIZE
-        ids.append(table[start : start + id_len])
-    return ids
-
-
 def _alignment(bundle: offload_bundle.Bundle) -> int:
     """The largest power of two (at most 4096) every non-empty entry's offset is a multiple of."""
     align = MAX_ALIGN
@@ -199,19 +188,19 @@ def _slim_plain(read_at: ReadAt, extent: int, source: tuple[int, int], kept: Seq
     table, bundle = read_table(read_at, extent)
     entries = _entries(bundle)
     keep = entries_to_keep(entries, kept)
-    ids = _raw_ids(table, bundle)
-    table_size = offload_bundle.HEADER_SIZE + sum(offload_bundle.ENTRY_FIXED_SIZE + len(ids[i]) for i in keep)
+    ids = offload_bundle.raw_ids(table, bundle)
+    table_size = offload_bundle.table_size([ids[i] for i in keep])
     if table_size > COMGR_WINDOW:
         raise FormatError(offload_bundle.FMT, 0, f"the entry table would take {table_size} bytes, past the first 4096")
     align = _alignment(bundle)
-    records = [offload_bundle.BUNDLE_MAGIC, struct.pack("<Q", len(keep))]
+    records: list[tuple[int, int, bytes]] = []
     body: list[Piece] = []
     end = table_size  # one past the last byte laid out so far
     fd, base = source
     for index in keep:
         entry = bundle.entries[index]
         position = _round_up(end, align)
-        records.append(struct.pack("<QQQ", position, entry.size, len(ids[index])) + ids[index])
+        records.append((position, entry.size, ids[index]))
         if entry.size:
             if position > end:
                 body.append((-1, 0, position - end))
@@ -222,7 +211,7 @@ def _slim_plain(read_at: ReadAt, extent: int, source: tuple[int, int], kept: Seq
         kept=tuple(entries[i][0] for i in keep),
         removed=tuple(entries[i][0] for i in range(len(entries)) if i not in keep),
         compressed=None,
-        pieces=[b"".join(records), *body],
+        pieces=[offload_bundle.pack_table(records), *body],
         original=read_at,
         original_extent=extent,
     )
@@ -478,24 +467,6 @@ def compress_to(method: int, chunks: Iterator[bytes], size: int, out: IO[bytes],
     return md5.digest()[:8]
 
 
-def ccob_header(version: int, method: int, inflated: int, compressed: int, digest: bytes) -> bytes:
-    """The header of a CCOB of ``version`` for a payload of ``compressed`` bytes."""
-    size = ccob.HEADER_SIZES[version]
-    total = size + compressed
-    if version == 1:
-        if inflated >= 1 << 32:
-            raise FormatError(ccob.FMT, 0, "a CCOB v1 cannot hold 4 GiB")
-        head = ccob.CCOB_MAGIC + struct.pack("<HHI", version, method, inflated) + digest
-    elif version == 2:
-        if total >= 1 << 32 or inflated >= 1 << 32:
-            raise FormatError(ccob.FMT, 0, "a CCOB v2 cannot hold 4 GiB")
-        head = ccob.CCOB_MAGIC + struct.pack("<HHII", version, method, total, inflated) + digest
-    else:
-        head = ccob.CCOB_MAGIC + struct.pack("<HHQQ", version, method, total, inflated) + digest
-    assert len(head) == size
-    return head
-
-
 def _slim_ccob(
     read_at: ReadAt,
     extent: int,
@@ -525,7 +496,7 @@ def _slim_ccob(
         out = _spool(spool_dir)
         digest = compress_to(header.method, inner.chunks(), inner.size, out, level)
         compressed = out.tell()
-        head = ccob_header(header.version, header.method, inner.size, compressed, digest)
+        head = ccob.pack_header(header.version, header.method, inner.size, compressed, digest)
         return Slimmed(
             size=len(head) + compressed,
             kept=inner.kept,
