@@ -243,21 +243,9 @@ def slim_library(
                         submitted += 1
                     made, problem = pending.popleft().result()
                 with made:
-                    # the original itself, copied by ranges from the source file
-                    slimmed = Slimmed(place.extent, made.kept, (), made.compressed, [(fd, place.offset, place.extent)])
-                    if not made.removed:
-                        result.bundles.append(BundleResult(place, place.extent, made.kept, ()))
-                    elif made.size >= place.extent:
-                        result.bundles.append(BundleResult(place, place.extent, made.kept + made.removed, ()))
-                        # recompression gained nothing: leave this bundle as it is
-                    else:
-                        if problem is None and comgr is not None and comgr.queries:
-                            problem = comgr.check_slimmed(made)
-                        if problem is not None:
-                            raise Refused(f"bundle at {place.offset:#x}: {problem}")
-                        result.bundles.append(BundleResult(place, made.size, made.kept, made.removed))
-                        slimmed = made
-                    size = result.bundles[-1].new_size
+                    bundle, slimmed = _placed(fd, place, made, problem, comgr)
+                    result.bundles.append(bundle)
+                    size = bundle.new_size
                     at = prepared.place(cursor, index)
                     if out_fd is not None:
                         if prepared.compacts:  # the padding before the bundle holds nothing
@@ -278,6 +266,24 @@ def slim_library(
     finally:
         os.close(fd)
     return result
+
+
+def _placed(
+    fd: int, place: BundlePlace, made: Slimmed, problem: str | None, comgr: ComgrProof | None
+) -> tuple[BundleResult, Slimmed]:
+    """What goes into the bundle's place: the slimmed bundle once every proof holds, else the
+    original itself, copied by ranges from the source file (nothing to remove, or recompression
+    gained nothing). Raises Refused when a proof fails (``problem``, or comgr's)."""
+    original = Slimmed(place.extent, made.kept, (), made.compressed, [(fd, place.offset, place.extent)])
+    if not made.removed:
+        return BundleResult(place, place.extent, made.kept, ()), original
+    if made.size >= place.extent:
+        return BundleResult(place, place.extent, made.kept + made.removed, ()), original
+    if problem is None and comgr is not None and comgr.queries:
+        problem = comgr.check_slimmed(made)
+    if problem is not None:
+        raise Refused(f"bundle at {place.offset:#x}: {problem}")
+    return BundleResult(place, made.size, made.kept, made.removed), made
 
 
 def _drain(pool: ThreadPoolExecutor, pending: deque[Future[tuple[Slimmed, str | None]]]) -> None:
