@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from support.gpu.arch_writers import bundle, ccob, host_elf, kpack_archive
+from support.memory import fresh_peak
 from support.sdk_tree import build_library
 from support.toolchain import gfx942_code_object
 
@@ -50,16 +51,18 @@ def test_coverage_guided_fuzzing_finds_no_crash(tmp_path):
     seeds = tmp_path / "seeds"
     make_seeds(seeds)
     done = subprocess.run(
-        [
-            sys.executable,
-            str(FUZZER),
-            str(seeds),
-            f"-max_total_time={SECONDS}",
-            "-rss_limit_mb=1024",
-            "-timeout=20",
-            "-print_final_stats=1",
-            f"-artifact_prefix={tmp_path}/crash-",
-        ],
+        fresh_peak(
+            [
+                sys.executable,
+                str(FUZZER),
+                str(seeds),
+                f"-max_total_time={SECONDS}",
+                "-rss_limit_mb=1024",
+                "-timeout=20",
+                "-print_final_stats=1",
+                f"-artifact_prefix={tmp_path}/crash-",
+            ]
+        ),
         capture_output=True,
         text=True,
         timeout=SECONDS + 300,
@@ -69,3 +72,29 @@ def test_coverage_guided_fuzzing_finds_no_crash(tmp_path):
     runs = int(re.search(r"Done (\d+) runs", done.stderr).group(1))
     assert runs > 1000, done.stderr[-2000:]
     assert not list(tmp_path.glob("crash-*"))
+
+
+def test_the_fuzzers_peak_memory_is_its_own():
+    """-rss_limit_mb reads ru_maxrss, which an exec'ed child inherits from a big parent (pytest is
+    1 GB late in the full run): started through fresh_peak, the child's figure is its own."""
+    probe = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    parent = (
+        "import subprocess, sys\n"
+        "from support.memory import fresh_peak\n"
+        "big = bytearray(400 << 20)\n"
+        "big[::4096] = b'x' * len(big[::4096])\n"
+        f"child = [sys.executable, '-c', {probe!r}]\n"
+        "print(subprocess.run(child, capture_output=True, text=True).stdout.strip())\n"
+        "print(subprocess.run(fresh_peak(child), capture_output=True, text=True).stdout.strip())\n"
+    )
+    tests = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-c", parent],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": tests},
+    )
+    direct_kib, fresh_kib = (int(line) for line in done.stdout.split())
+    assert direct_kib > 400 << 10  # the parent's 400 MB, inherited
+    assert fresh_kib < 100 << 10

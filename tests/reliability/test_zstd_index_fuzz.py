@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from support.memory import fresh_peak
 from support.tools import require_tool
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.toolchain]  # a libFuzzer run, built with clang-19 here
@@ -90,17 +91,19 @@ def test_the_index_under_sanitizers_against_libzstd(tmp_path):
     diverged = tmp_path / "diverged"  # the fuzzer keeps each frame the two disagree on here
     diverged.mkdir()
     done = subprocess.run(
-        [
-            str(binary),
-            f"-max_total_time={SECONDS}",
-            "-rss_limit_mb=2048",
-            "-timeout=10",
-            "-max_len=131072",
-            "-print_final_stats=1",
-            f"-artifact_prefix={tmp_path}/",
-            str(corpus),
-            str(seeds),
-        ],
+        fresh_peak(
+            [
+                str(binary),
+                f"-max_total_time={SECONDS}",
+                "-rss_limit_mb=2048",
+                "-timeout=10",
+                "-max_len=131072",
+                "-print_final_stats=1",
+                f"-artifact_prefix={tmp_path}/",
+                str(corpus),
+                str(seeds),
+            ]
+        ),
         capture_output=True,
         text=True,
         timeout=SECONDS + 300,

@@ -12,6 +12,14 @@ from __future__ import annotations
 PEAK_RSS_KIB_EXPR = "int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))"
 
 
+def fresh_peak(argv: list[str]) -> list[str]:
+    """``argv`` run as a grandchild through sh, so that its ``ru_maxrss`` starts from zero: a child
+    exec'ed straight from pytest inherits pytest's high-water mark (1 GB late in the full run),
+    which libFuzzer's ``-rss_limit_mb`` reads as the fuzzer's own; a forked child gets a fresh
+    one. (``"$@"; exit $?`` keeps sh from exec'ing the command in its own place.)"""
+    return ["sh", "-c", '"$@"; exit $?', "sh", *argv]
+
+
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as status:
         return int(next(line.split()[1] for line in status if line.startswith(field + ":")))
