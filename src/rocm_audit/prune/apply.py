@@ -200,6 +200,10 @@ def _unchanged(entry: dict[str, Any], *, ctime: bool = True) -> os.stat_result:
     return st
 
 
+class CopyMismatch(OSError):
+    """The copy does not hash to the journalled sha256: its source changed under it."""
+
+
 def copy_into_place(source: str, destination: str, entry: dict[str, Any], *, check_sha256: bool = False) -> None:
     """Copy with the journalled metadata under a temporary name, fsync, rename into place; with
     ``check_sha256`` the copy must hash to the entry's sha256 first (a backup that changed)."""
@@ -215,7 +219,7 @@ def copy_into_place(source: str, destination: str, entry: dict[str, Any], *, che
             os.chown(temporary, entry["uid"], entry["gid"])
         os.utime(temporary, ns=(entry["mtime_ns"], entry["mtime_ns"]))
         if check_sha256 and sha256_of(temporary) != entry["sha256"]:
-            raise OSError(f"the backup of {destination} changed while it was copied")
+            raise CopyMismatch(f"{source} changed while it was copied to {destination}")
         os.rename(temporary, destination)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import os
 import secrets
-import shutil
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,7 +30,7 @@ from typing import Any
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.prune.apply import copy_into_place, reinstall_command, reinstall_findings
+from rocm_audit.prune.apply import CopyMismatch, copy_into_place, reinstall_command, reinstall_findings, sha256_of
 from rocm_audit.prune.fatbins.comgr import AGREED, KNOWS_NONE, NOT_AVAILABLE, ComgrError, ComgrProof, system_comgr
 from rocm_audit.prune.fatbins.library import LibraryResult, Refused, prove_file, slim_library
 from rocm_audit.prune.plan import distribution_matches
@@ -44,14 +42,6 @@ from rocm_audit.tree.targets import TargetId
 _CHUNK = 1 << 20
 ENTRY_TYPE = "fatbin-file"
 DONE_TYPE = "fatbin-done"
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def record_hash(hexdigest: str) -> str:
@@ -334,23 +324,15 @@ def _copy_whole(src_fd: int, dst_fd: int) -> None:
         done += os.pwrite(dst_fd, chunk, done)
 
 
-def _copy_checked(source: str, destination: str, sha256: str, mode: int) -> None:
-    os.makedirs(os.path.dirname(destination), exist_ok=True)
-    temporary = os.path.join(os.path.dirname(destination), TEMP_PREFIX + secrets.token_hex(6))
+def _back_up(entry: dict[str, Any]) -> None:
+    """The original into the backup with its journalled metadata, the copy checked by sha256
+    (prune/apply.py's copy). A copy, never a hardlink: a link would change the original's link
+    count and ctime, which the re-check before the replace compares."""
     try:
-        with open(source, "rb") as src, open(temporary, "wb") as dst:
-            shutil.copyfileobj(src, dst, _CHUNK)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.chmod(temporary, mode)
-        if sha256_of(temporary) != sha256:
-            raise _Changed(f"{source} changed while it was copied")
-        os.replace(temporary, destination)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    fsync_directory(os.path.dirname(destination))
+        copy_into_place(entry["path"], entry["backup"], entry, check_sha256=True)
+    except CopyMismatch as exc:
+        raise _Changed(str(exc)) from None
+    fsync_directory(os.path.dirname(entry["backup"]))
 
 
 def apply_fatbins(
@@ -453,7 +435,7 @@ def _slim_one(library: FatbinLibrary, entry: dict[str, Any], kept: list[TargetId
     path = library.path
     _same_file(entry)
     if "backup" in entry:
-        _copy_checked(path, entry["backup"], entry["sha256"], entry["mode"])
+        _back_up(entry)
     directory = os.path.dirname(path)
     temporary = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(6))
     try:
