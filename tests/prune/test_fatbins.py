@@ -35,9 +35,10 @@ from rocm_audit.prune.fatbins.rewrite import (
     slim,
 )
 from rocm_audit.prune.fatbins.select import entries_to_keep
-from rocm_audit.tree.targets import agents_of, kept_target
+from rocm_audit.tree.targets import TargetId, agents_of, kept_target
 from support.hip_host import HIP_FLAGS, TU, build_stub, load_and_read
 from support.killpoints import rocm_audit
+from support.memory import peak_rss_kib, reset_peak_rss
 from support.run import run_checked
 from support.tools import require_tool
 
@@ -274,13 +275,28 @@ def _big_bundle(entry_size: int) -> bytes:
     return head.ljust(4096, b"\0") + os.urandom(1 << 20) * (entry_size >> 20) + os.urandom(1 << 20) * (entry_size >> 20)
 
 
+def _slimmed_peak(source: Path, kept: list[TargetId], tmp_path: Path) -> tuple[int, bytes]:
+    """Slim the bundle file ``source``, prove it and write it out: how much the peak RSS grew (KiB)
+    and the bytes written."""
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        before = reset_peak_rss()
+        with slim(fd, 0, os.fstat(fd).st_size, kept, None, str(tmp_path)) as slimmed:
+            assert prove_same_selection(slimmed, kept) is None
+            with open(tmp_path / "slimmed.out", "wb") as out:
+                slimmed.write(out.fileno(), 0)
+                assert os.fstat(out.fileno()).st_size == slimmed.size
+        grown = peak_rss_kib() - before
+    finally:
+        os.close(fd)
+    return grown, (tmp_path / "slimmed.out").read_bytes()
+
+
 @pytest.mark.memory
 def test_a_large_bundle_is_slimmed_in_bounded_memory(tmp_path):
     """A plain bundle with two 64 MiB entries and a zstd CCOB of it: slimming, proving and writing
     either grows the peak resident memory by far less than the bundle."""
     import zstandard
-
-    from support.memory import peak_rss_kib, reset_peak_rss
 
     kept = [kept_target("gfx942")]
     plain = _big_bundle(64 << 20)
@@ -290,21 +306,10 @@ def test_a_large_bundle_is_slimmed_in_bounded_memory(tmp_path):
     for data in (plain, packed):
         source = tmp_path / "big.bundle"
         source.write_bytes(data)
-        fd = os.open(source, os.O_RDONLY)
-        try:
-            before = reset_peak_rss()
-            with slim(fd, 0, os.fstat(fd).st_size, kept, None, str(tmp_path)) as slimmed:
-                assert prove_same_selection(slimmed, kept) is None
-                with open(tmp_path / "big.out", "wb") as out:
-                    slimmed.write(out.fileno(), 0)
-                size = slimmed.size
-            grown = peak_rss_kib() - before
-        finally:
-            os.close(fd)
-        assert size < os.path.getsize(source) and os.path.getsize(tmp_path / "big.out") == size
+        grown, written = _slimmed_peak(source, kept, tmp_path)
+        assert len(written) < os.path.getsize(source)
         assert grown < 40 * 1024, f"peak grew by {grown} KiB slimming a {os.path.getsize(source)}-byte bundle"
         # what was written (the CCOB last) selects the original's gfx942 entry on every setting
-        written = (tmp_path / "big.out").read_bytes()
         assert set(selections(written, kept).values()) == {gfx942}
     header = ccob.parse_header(written, 0, len(written))
     frame = zstandard.get_frame_parameters(written[header.header_size :])
@@ -605,7 +610,6 @@ def test_a_wide_window_ccob_is_slimmed_without_its_window(tmp_path, monkeypatch)
     import gc
 
     from rocm_audit.formats import ccob as ccob_format
-    from support.memory import peak_rss_kib, reset_peak_rss
 
     _needs_index()
     kept = [kept_target("gfx942")]
@@ -619,17 +623,7 @@ def test_a_wide_window_ccob_is_slimmed_without_its_window(tmp_path, monkeypatch)
     def slimmed_peak() -> tuple[int, bytes]:
         ccob_format.release_shared_decompressor()
         gc.collect()
-        fd = os.open(source, os.O_RDONLY)
-        try:
-            before = reset_peak_rss()
-            with slim(fd, 0, os.fstat(fd).st_size, kept, None, str(tmp_path)) as slimmed:
-                assert prove_same_selection(slimmed, kept) is None
-                with open(tmp_path / "wide.out", "wb") as out:
-                    slimmed.write(out.fileno(), 0)
-            grown = peak_rss_kib() - before
-        finally:
-            os.close(fd)
-        return grown, (tmp_path / "wide.out").read_bytes()
+        return _slimmed_peak(source, kept, tmp_path)
 
     slimmed_peak()  # once untimed: first-use allocations (imports, the extension) are not the window
     indexed_kib, indexed = slimmed_peak()
@@ -758,7 +752,6 @@ def test_wide_window_streams_on_two_threads_hold_one_window(tmp_path, monkeypatc
     import threading
 
     from rocm_audit.formats import ccob as ccob_format
-    from support.memory import peak_rss_kib, reset_peak_rss
 
     kept = [kept_target("gfx942")]
     wide, plain = _wide_ccob(8 << 20, 27)
