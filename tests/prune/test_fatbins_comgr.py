@@ -180,3 +180,21 @@ def test_the_report_says_whether_comgr_agreed(tmp_path, built, comgr):
     assert all(r["bytes"] > 0 and r["status"] == "planned" for r in rows)
     rows = _dry_run(site, "gfx942")["prune_fatbins"]["libraries"]
     assert {r["comgr"] for r in rows} == {KNOWS_NONE}
+
+
+def test_an_applying_run_asks_comgr_as_it_slims(tmp_path, built, comgr):
+    """The applying run slims each library once, and comgr's proof is part of that one slimming."""
+    site = _site(tmp_path, built)
+    done = subprocess.run(
+        [sys.executable, "-m", "rocm_audit", "prune", "--fatbins", "-p", str(site), "gfx90a", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["prune_fatbins"]["libraries"]
+    assert {Path(r["path"]).name: (r["status"], r["comgr"]) for r in rows} == {
+        "libplain.so": ("slimmed", "agreed"),
+        "libccob.so": ("slimmed", "agreed"),
+    }

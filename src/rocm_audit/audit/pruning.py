@@ -338,21 +338,24 @@ def _run_prune(
     findings: list[Finding] = list(inventory.findings) + plan.findings
     fatbin_plan = None
     if fatbins:
-        progress.phase("slimming fat binaries (in memory)")
-        fatbin_plan = _fatbin_plan(inventory, plan, reader, keep, backup=backup_dir is not None)
+        # an applying run slims each library once, as it writes it (prune/fatbins/apply.py)
+        progress.phase("choosing the libraries to slim" if mode == "apply" else "slimming fat binaries (in memory)")
+        fatbin_plan = _fatbin_plan(inventory, plan, reader, keep, backup=backup_dir is not None, defer=mode == "apply")
         findings.extend(fatbin_plan.findings)
     estimate = fatbins_estimate(inventory, plan, weight, reader, keep)
-    weight_note = weight_finding(plan, weight, where, fatbin_plan, fatbins_estimate=sum(estimate.values()))
-    if weight_note is not None:
-        findings.append(weight_note)
+    weight_note_at = len(findings)
     result = None
     fatbin_result = None
     if mode == "apply":
         result = prune_apply.apply_plan(plan, manifest_path, backup_dir, python, findings, progress)
         applied.append(result)
         if fatbin_plan is not None:
-            progress.phase("writing slimmed fat binaries")
+            progress.phase("slimming fat binaries")
             fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings)
+    # after the apply: an applying run knows what the fat binaries gave only once they are slimmed
+    weight_note = weight_finding(plan, weight, where, fatbin_plan, fatbins_estimate=sum(estimate.values()))
+    if weight_note is not None:
+        findings.insert(weight_note_at, weight_note)
     section = prune_section(plan, weight, mode, source, result, time.monotonic() - started, estimate)
     totals = section["totals"]
     if mode == "apply":
@@ -386,9 +389,16 @@ def _run_prune(
 
 
 def _fatbin_plan(
-    inventory: Inventory, plan: PrunePlan, reader: DeviceCodeOf, keep_dists: list[tuple[str, str]], *, backup: bool
+    inventory: Inventory,
+    plan: PrunePlan,
+    reader: DeviceCodeOf,
+    keep_dists: list[tuple[str, str]],
+    *,
+    backup: bool,
+    defer: bool = False,
 ) -> FatbinPlan:
-    """The libraries with fat binaries (gpu's scan saw a .hip_fatbin) that no removal takes, slimmed in memory."""
+    """The libraries with fat binaries (gpu's scan saw a .hip_fatbin) that no removal takes,
+    slimmed in memory (``defer``: left for the applying step to slim, once)."""
     removed = {r.path for removal in plan.removals for r in removal.files}
     candidates = []
     for record in inventory.files:
@@ -402,7 +412,7 @@ def _fatbin_plan(
     # the site's own comgr is the one the image will run (prune/fatbins/comgr.py)
     comgr = site_comgr([record.path for record in inventory.files]) if candidates else None
     return plan_fatbins(
-        candidates, kept, [k.spelled for k in plan.kept], keep_dists, backup=backup, comgr_library=comgr
+        candidates, kept, [k.spelled for k in plan.kept], keep_dists, backup=backup, comgr_library=comgr, defer=defer
     )
 
 

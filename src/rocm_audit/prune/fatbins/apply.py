@@ -5,12 +5,19 @@ Order of an applying run (the safety of prune/apply.py, for a file changed in pl
 1. lock every SDK tree and audited directory (tree/journal.py, shared with dedup and prune);
 2. journal each library before the first change: its sha256, size, mode, owner, identity, the
    distribution that installed it and its RECORD line, the backup path; fsync'ed;
-3. per library: with ``--backup`` copy it (and its RECORD) into the backup and check the copy's
-   sha256; copy it to a temporary file in its own directory, slim every bundle there
-   (library.py), prove the copy (layout.py ``prove``), fsync; re-check the original's identity
-   with its ctime (nothing can change the file and leave that); ``os.replace``; fsync the
+3. per library: copy it to a temporary file in its own directory and slim every bundle there,
+   once (library.py: each bundle's selection proved by sha256, comgr's agreement asked), prove
+   the copy (layout.py ``prove``), fsync; with ``--backup`` copy the original (and its RECORD)
+   into the backup and check the copy's sha256; re-check the original's identity with its ctime
+   against the journal (nothing can change the file and leave that); ``os.replace``; fsync the
    directory; then rewrite its RECORD line the way pip writes it (``sha256=`` urlsafe base64
    without padding, and the size), atomically too.
+
+An applying run plans with ``defer=True``: the plan only refuses what needs no slimming (kept
+distributions, hard links, no owner without a backup, the structural refusals of
+``check_library``), and each library is slimmed once, by the step that writes its replacement.
+A dry run or ``--check`` slims in memory (nothing written) to give the exact figures and proofs.
+At most one temporary file exists at a time: the library being slimmed, at most its own size.
 
 Revert puts back each journalled library whose current bytes are the slimmed ones we wrote: from
 the backup (byte-identical, sha256 checked) with its RECORD line, else it names the exact
@@ -32,7 +39,7 @@ from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.prune.apply import CopyMismatch, copy_into_place, reinstall_command, reinstall_findings, sha256_of
 from rocm_audit.prune.fatbins.comgr import AGREED, KNOWS_NONE, NOT_AVAILABLE, ComgrError, ComgrProof, system_comgr
-from rocm_audit.prune.fatbins.library import LibraryResult, Refused, prove_file, slim_library
+from rocm_audit.prune.fatbins.library import LibraryResult, Refused, check_library, prove_file, slim_library
 from rocm_audit.prune.plan import distribution_matches
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
@@ -40,6 +47,8 @@ from rocm_audit.tree.ownership import Distribution
 from rocm_audit.tree.targets import TargetId
 
 _CHUNK = 1 << 20
+_UNOWNED = "no distribution owns it: slimmed only with --backup"
+_NO_FATBIN = "no .hip_fatbin"  # a refusal that is no finding: the library has nothing to slim
 ENTRY_TYPE = "fatbin-file"
 DONE_TYPE = "fatbin-done"
 
@@ -74,6 +83,8 @@ class FatbinPlan:
     kept_spelled: list[str]
     libraries: list[FatbinLibrary] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    deferred: bool = False  # the libraries are slimmed by apply_fatbins, once (nothing slimmed yet)
+    comgr_library: str | None = None
 
     @property
     def freed(self) -> int:
@@ -100,19 +111,21 @@ def plan_fatbins(
     *,
     backup: bool = False,
     comgr_library: str | None = None,
+    defer: bool = False,
 ) -> FatbinPlan:
     """Work out what slimming each candidate library gives (nothing is written) and keep the
     result. A library a kept distribution owns, one no distribution owns when no backup is asked
     for (nothing could bring it back), one with several hard links, or one the slimming refuses,
     stays; the refusals are PRUNE008 findings.
     ``comgr_library``: the comgr that must agree on every slimmed bundle (comgr.py; None: the
-    system's, if one loads)."""
-    plan = FatbinPlan(kept, kept_spelled)
+    system's, if one loads). ``defer``: slim nothing here, only refuse what needs no slimming;
+    apply_fatbins then slims each library once, with every proof, as it writes it."""
+    plan = FatbinPlan(kept, kept_spelled, deferred=defer, comgr_library=comgr_library)
     if not candidates:
         return plan
     keep = [(k, f"--keep-dist {k}") if isinstance(k, str) else k for k in keep_dists]
     with contextlib.ExitStack() as stack:
-        proof, comgr_state = _open_comgr(stack, kept, comgr_library)
+        proof, comgr_state = (None, "") if defer else _open_comgr(stack, kept, comgr_library)
         comgr = [proof]
         for path, owner in candidates:
             library = FatbinLibrary(path, owner)
@@ -138,21 +151,31 @@ def _open_comgr(
 
 
 def _slim_proved(
-    library: FatbinLibrary, kept: list[TargetId], comgr: list[ComgrProof | None], state: str
+    library: FatbinLibrary,
+    kept: list[TargetId],
+    comgr: list[ComgrProof | None],
+    state: str,
+    copy: tuple[int, int] | None = None,
 ) -> LibraryResult:
     """slim_library with comgr's proof; a comgr child that fails is not asked again (the state
-    says why). Raises Refused, FormatError, OSError."""
+    says why, and the library is slimmed again without it). ``copy``: (the original's descriptor,
+    its byte-identical copy's) to write the slimmed library into; None: a dry run. Raises Refused,
+    FormatError, OSError."""
+    out_fd = copy[1] if copy is not None else None
     proof = comgr[0]
     if proof is None:
         library.comgr = state
-        return slim_library(library.path, kept)
+        return slim_library(library.path, kept, out_fd)
     agreed_before = proof.checked
     try:
-        result = slim_library(library.path, kept, comgr=proof)
+        result = slim_library(library.path, kept, out_fd, comgr=proof)
     except ComgrError as exc:
         comgr[0] = None
         library.comgr = f"not run: {exc}"
-        return slim_library(library.path, kept)
+        if copy is not None:  # the copy is half written: start again from the original
+            os.ftruncate(copy[1], 0)
+            _copy_whole(*copy)
+        return slim_library(library.path, kept, out_fd)
     library.comgr = AGREED if proof.checked > agreed_before else ""
     return result
 
@@ -175,6 +198,11 @@ def _plan_one(
         st = os.lstat(path)
         if st.st_nlink > 1:
             raise Refused(f"{st.st_nlink} hard links share it: slimming one name would keep both copies")
+        if plan.deferred:
+            check_library(path)
+            if owner is None and not backup:
+                raise Refused(_UNOWNED)
+            return  # slimmed once, by apply_fatbins
         result = _slim_proved(library, plan.kept, comgr, comgr_state)
     except Refused as exc:
         library.refused, library.status = str(exc), "unchanged"
@@ -186,10 +214,10 @@ def _plan_one(
             library.result = result
             return
         if owner is None and not backup:
-            library.refused, library.status = "no distribution owns it: slimmed only with --backup", "unchanged"
+            library.refused, library.status = _UNOWNED, "unchanged"
             return
         library.result = result
-    if library.refused and not library.refused.startswith("no .hip_fatbin"):
+    if library.refused and not library.refused.startswith(_NO_FATBIN):
         plan.findings.append(make_finding("PRUNE008", path, f"fat binaries left as they are: {library.refused}"))
 
 
@@ -338,8 +366,14 @@ def _back_up(entry: dict[str, Any]) -> None:
 def apply_fatbins(
     plan: FatbinPlan, locked: list[str], manifest: str, backup_dir: str | None, findings: list[Finding]
 ) -> FatbinApplyResult:
-    """Journal, then slim each planned library in place (see the module docstring)."""
-    todo = [lib for lib in plan.libraries if lib.result is not None and lib.result.freed and not lib.refused]
+    """Journal, then slim each planned library in place, once (see the module docstring). A
+    deferred plan's libraries are slimmed here for the first time; a plan that slimmed them in
+    memory already names those that free nothing, which are left out."""
+    todo = [
+        lib
+        for lib in plan.libraries
+        if not lib.refused and (lib.result.freed if lib.result is not None else lib.status == "planned")
+    ]
     backup = os.path.abspath(backup_dir) if backup_dir else None
     result = FatbinApplyResult(planned=len(todo), manifest=manifest, backup=backup)
     if not todo:
@@ -367,44 +401,71 @@ def apply_fatbins(
                 make_finding("PRUNE004", manifest, f"cannot write the revert manifest: {exc.strerror}; nothing changed")
             )
             return result
-        for library, entry in zip(todo, entries, strict=True):
-            try:
-                done = _slim_one(library, entry, plan.kept)
-            except _Unproved as exc:
-                library.status, library.refused = "skipped", str(exc)
-                findings.append(
-                    make_finding(
-                        "PRUNE008", library.path, f"fat binaries left as they are: the new file failed its proof: {exc}"
-                    )
-                )
-                continue
-            except (_Changed, Refused) as exc:
-                library.status, library.refused = "skipped", str(exc)
-                findings.append(make_finding("PRUNE003", library.path, f"skipped: {exc}"))
-                continue
-            except (OSError, FormatError) as exc:
-                library.status, library.refused = "failed", str(exc)
-                findings.append(make_finding("PRUNE004", library.path, f"could not slim: {exc}"))
-                continue
-            append_records(manifest, [{"run": run, "type": DONE_TYPE, "path": library.path, "sha256_after": done}])
-            library.status = "slimmed"
-            result.slimmed += 1
-            result.bytes_zeroed += library.freed
-            result.bytes_saved += library.saved
-            findings.append(
-                make_finding(
-                    "PRUNE009",
-                    library.path,
-                    _slimmed_message(library),
-                    data={
-                        "bytes": library.freed,
-                        "file_bytes": library.saved,
-                        "layout": library.result.layout if library.result else "",
-                        "removed_targets": library.result.removed_targets if library.result else [],
-                    },
-                )
-            )
+        with contextlib.ExitStack() as stack:
+            proof, comgr_state = _open_comgr(stack, plan.kept, plan.comgr_library)
+            comgr = [proof]  # a child that fails is dropped for the libraries after it too
+            for library, entry in zip(todo, entries, strict=True):
+                _apply_one(library, entry, plan.kept, comgr, comgr_state, (manifest, run), result, findings)
     return result
+
+
+def _apply_one(
+    library: FatbinLibrary,
+    entry: dict[str, Any],
+    kept: list[TargetId],
+    comgr: list[ComgrProof | None],
+    comgr_state: str,
+    journal: tuple[str, str],
+    result: FatbinApplyResult,
+    findings: list[Finding],
+) -> None:
+    """Slim one journalled library in place and say what happened (findings, ``result``).
+    ``journal``: the manifest and the run's id."""
+    try:
+        done = _slim_one(library, entry, kept, comgr, comgr_state)
+    except _Unproved as exc:
+        library.status, library.refused = "skipped", str(exc)
+        findings.append(
+            make_finding(
+                "PRUNE008", library.path, f"fat binaries left as they are: the new file failed its proof: {exc}"
+            )
+        )
+        return
+    except Refused as exc:  # a proof failed while slimming (as a dry run would have said)
+        library.status, library.refused, library.result = "unchanged", str(exc), None
+        if not library.refused.startswith(_NO_FATBIN):
+            findings.append(make_finding("PRUNE008", library.path, f"fat binaries left as they are: {exc}"))
+        return
+    except _Changed as exc:
+        library.status, library.refused = "skipped", str(exc)
+        findings.append(make_finding("PRUNE003", library.path, f"skipped: {exc}"))
+        return
+    except (OSError, FormatError) as exc:
+        library.status, library.refused = "failed", str(exc)
+        findings.append(make_finding("PRUNE004", library.path, f"could not slim: {exc}"))
+        return
+    if done is None:  # nothing to remove after all: left as it is, nothing written
+        library.status = "unchanged"
+        return
+    manifest, run = journal
+    append_records(manifest, [{"run": run, "type": DONE_TYPE, "path": library.path, "sha256_after": done}])
+    library.status = "slimmed"
+    result.slimmed += 1
+    result.bytes_zeroed += library.freed
+    result.bytes_saved += library.saved
+    findings.append(
+        make_finding(
+            "PRUNE009",
+            library.path,
+            _slimmed_message(library),
+            data={
+                "bytes": library.freed,
+                "file_bytes": library.saved,
+                "layout": library.result.layout if library.result else "",
+                "removed_targets": library.result.removed_targets if library.result else [],
+            },
+        )
+    )
 
 
 def _slimmed_message(library: FatbinLibrary) -> str:
@@ -430,20 +491,31 @@ def _size(nbytes: int) -> str:
     return size_text(nbytes)
 
 
-def _slim_one(library: FatbinLibrary, entry: dict[str, Any], kept: list[TargetId]) -> str:
-    """Slim one library; returns the new sha256. Raises _Changed, Refused, OSError, FormatError."""
+def _slim_one(
+    library: FatbinLibrary,
+    entry: dict[str, Any],
+    kept: list[TargetId],
+    comgr: list[ComgrProof | None],
+    comgr_state: str,
+) -> str | None:
+    """Slim one library, once: into a copy in its own directory, proved, then in its place.
+    Returns the new sha256, or None when nothing is removed (nothing written). The copy is
+    removed whatever happens (an error, a refusal, Ctrl-C) unless it became the library. Raises
+    _Changed, _Unproved, Refused, OSError, FormatError."""
     path = library.path
     _same_file(entry)
-    if "backup" in entry:
-        _back_up(entry)
     directory = os.path.dirname(path)
     temporary = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(6))
     try:
         with open(path, "rb") as src, open(temporary, "w+b") as dst:
             _copy_whole(src.fileno(), dst.fileno())
-            result = slim_library(path, kept, dst.fileno())
+            result = _slim_proved(library, kept, comgr, comgr_state, (src.fileno(), dst.fileno()))
+            library.result = result
+            if not result.freed:
+                return None
             problem = prove_file(src.fileno(), dst.fileno(), result)
             if problem is not None:
+                library.result = None
                 raise _Unproved(problem)
             os.fsync(dst.fileno())
         os.chmod(temporary, entry["mode"])
@@ -451,9 +523,11 @@ def _slim_one(library: FatbinLibrary, entry: dict[str, Any], kept: list[TargetId
             os.chown(temporary, entry["uid"], entry["gid"])
         new_sha = sha256_of(temporary)
         new_size = os.path.getsize(temporary)
+        if "backup" in entry:  # only a library about to change is backed up
+            _back_up(entry)
         with one_change():  # a Ctrl-C waits until the library and its RECORD line are both new
             # The identity with the ctime: no write, chmod or rename since the journal (and the
-            # sha256 in it) can leave all of it as it was, so the file is the one hashed.
+            # sha256 in it) can leave all of it as it was, so the file slimmed is the one hashed.
             _same_file(entry, ctime=True)
             os.replace(temporary, path)
             fsync_directory(directory)
@@ -461,11 +535,9 @@ def _slim_one(library: FatbinLibrary, entry: dict[str, Any], kept: list[TargetId
             if owner is not None and "record_line" in entry:
                 relpath_field = entry["record_line"].split(",", 1)[0]
                 _rewrite_record(owner, path, lambda line: pip_record_line(line, relpath_field, new_sha, new_size))
-    except BaseException:
+    finally:  # gone already when it replaced the library
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
-        raise
-    library.result = result
     return new_sha
 
 

@@ -173,6 +173,22 @@ def _locate(fd: int) -> tuple[Section, list[BundlePlace], list[int]]:
     return fatbin, places, slots
 
 
+def check_library(path: str) -> None:
+    """Meet, without slimming anything, the refusals ``slim_library`` meets before its first
+    bundle: no ``.hip_fatbin``, wrappers that reach no bundle, kpack'd wrappers, pointers into
+    ``.hip_fatbin`` the layout cannot move. Reads the tables only. Raises Refused, FormatError,
+    OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        _fatbin, places, slots = _locate(fd)
+        try:
+            layouts.prepare(fd, [place.offset for place in places], slots)
+        except layouts.LayoutRefused as exc:
+            raise Refused(str(exc)) from None
+    finally:
+        os.close(fd)
+
+
 def workers_for(bundles: int) -> int:
     """Bundles slimmed at once: one per core, at most MAX_WORKERS, never more than there are."""
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS, bundles))
@@ -339,6 +355,7 @@ __all__ = [
     "BundleResult",
     "LibraryResult",
     "Refused",
+    "check_library",
     "locate",
     "prove_file",
     "slim_library",
