@@ -205,7 +205,8 @@ def table(rows: list[dict], targets: list[str], load: str) -> str:
         "compressed bytes removed; over 100% means the alignment padding between entries went too).",
         "s/GB: wall time over the larger of the libraries' bytes and the inflated bytes of their CCOBs.",
         "wall s, peak RSS: the whole `prune --fatbins --backup` command (interpreter start, walk, plan,",
-        "journal with each library's sha256, backup copy, fsync, RECORD). Slimming: the same library",
+        "journal with each library's sha256, each library slimmed once and proved, backup copy, fsync,",
+        "RECORD). Slimming: the same library",
         "slimmed in one process by `slim_library` and proved by `prove_file` (copy, bundles, layout,",
         "proof), no walk, journal, backup, hash or fsync.",
     ]

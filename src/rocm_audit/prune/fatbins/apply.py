@@ -14,8 +14,8 @@ Order of an applying run (the safety of prune/apply.py, for a file changed in pl
    without padding, and the size), atomically too.
 
 An applying run plans with ``defer=True``: the plan only refuses what needs no slimming (kept
-distributions, hard links, no owner without a backup, the structural refusals of
-``check_library``), and each library is slimmed once, by the step that writes its replacement.
+distributions, hard links, no owner without a backup, what ``check_library`` reads from the
+wrappers), and each library is slimmed once, by the step that writes its replacement.
 A dry run or ``--check`` slims in memory (nothing written) to give the exact figures and proofs.
 At most one temporary file exists at a time: the library being slimmed, at most its own size.
 
