@@ -205,3 +205,22 @@ def test_an_interrupted_slimming_leaves_no_temporary_file(site, monkeypatch):
     assert stopped.exit_code == EXIT_INTERRUPTED and "interrupted" in stopped.stderr
     assert {name: (site / "hippkg" / name).read_bytes() for name in NAMES} == originals
     assert not _temporaries(site)
+
+
+def test_a_library_with_nothing_to_remove_is_slimmed_once_and_not_written(site, monkeypatch):
+    """Kept gfx942 and gfx90a: every entry stays. The one slimming finds nothing to remove, so
+    nothing is written or recorded as done."""
+    originals = {name: (site / "hippkg" / name).read_bytes() for name in NAMES}
+    record_before = (site / "hippkg-1.0.dist-info" / "RECORD").read_bytes()
+    libraries, _bundles = _count_slimming(monkeypatch)
+    args = ["prune", "--fatbins", "-p", str(site), "gfx942", "gfx90a", "--format", "json"]
+    done = invoke_cli(report_validator(), args, expect=0)
+    assert libraries == dict.fromkeys(NAMES, 1)
+    assert {name: (site / "hippkg" / name).read_bytes() for name in NAMES} == originals
+    assert (site / "hippkg-1.0.dist-info" / "RECORD").read_bytes() == record_before
+    rows = done.report["prune_fatbins"]["libraries"]
+    assert {r["status"] for r in rows} == {"unchanged"} and not any(r["bytes"] for r in rows)
+    manifest = site / ".rocm-audit" / "prune-manifest.jsonl"
+    records = [json.loads(line) for line in manifest.read_text().splitlines()] if manifest.exists() else []
+    assert not [r for r in records if r.get("type") == "fatbin-done"]
+    assert not _temporaries(site)

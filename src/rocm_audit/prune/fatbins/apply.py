@@ -228,7 +228,7 @@ def _plan_one(
 @dataclass(slots=True)
 class FatbinApplyResult:
     slimmed: int = 0
-    planned: int = 0
+    planned: int = 0  # libraries with device code to remove
     bytes_zeroed: int = 0  # device code removed (kept name: the report's "bytes")
     bytes_saved: int = 0  # bytes the files shrank by on disk
     manifest: str | None = None
@@ -444,8 +444,9 @@ def _apply_one(
         library.status, library.refused = "failed", str(exc)
         findings.append(make_finding("PRUNE004", library.path, f"could not slim: {exc}"))
         return
-    if done is None:  # nothing to remove after all: left as it is, nothing written
+    if done is None:  # nothing to remove after all: left as it is, nothing written, not counted
         library.status = "unchanged"
+        result.planned -= 1
         return
     manifest, run = journal
     append_records(manifest, [{"run": run, "type": DONE_TYPE, "path": library.path, "sha256_after": done}])
