@@ -198,3 +198,43 @@ def test_an_applying_run_asks_comgr_as_it_slims(tmp_path, built, comgr):
         "libplain.so": ("slimmed", "agreed"),
         "libccob.so": ("slimmed", "agreed"),
     }
+
+
+def test_a_comgr_child_that_fails_mid_apply_leaves_the_other_proofs_and_a_whole_file(
+    tmp_path, built, comgr, monkeypatch
+):
+    """The comgr child fails on the second bundle it is asked about, once the first is written
+    into the copy: the library is slimmed without comgr (from a fresh copy) and ends up exactly
+    as a slimming without comgr writes it; its row and the next library's say comgr did not run."""
+    from rocm_audit.prune.fatbins import comgr as comgr_module
+    from rocm_audit.prune.fatbins.library import prove_file, slim_library
+    from support.cli import invoke_cli, report_validator
+
+    site = _site(tmp_path, built)
+    kept = [kept_target("gfx90a")]
+    expected = {}
+    for name in ("libplain.so", "libccob.so"):
+        copy = tmp_path / f"expected-{name}"
+        shutil.copyfile(site / "hippkg" / name, copy)
+        with open(site / "hippkg" / name, "rb") as before, open(copy, "r+b") as after:
+            result = slim_library(str(site / "hippkg" / name), kept, after.fileno())
+            assert prove_file(before.fileno(), after.fileno(), result) is None
+        expected[name] = copy.read_bytes()
+
+    real, calls = comgr_module.ComgrProof.check_slimmed, []
+
+    def fails(self, made):
+        calls.append(made)
+        if len(calls) == 1:  # the first bundle is checked and written, then the child stops
+            return real(self, made)
+        raise comgr_module.ComgrError("the child stopped")
+
+    monkeypatch.setattr(comgr_module.ComgrProof, "check_slimmed", fails)
+    done = invoke_cli(report_validator(), ["prune", "--fatbins", "-p", str(site), "gfx90a", "--format", "json"])
+    assert done.exit_code == 0, done.output
+    rows = {Path(r["path"]).name: r for r in done.report["prune_fatbins"]["libraries"]}
+    assert rows["libplain.so"]["status"] == rows["libccob.so"]["status"] == "slimmed"
+    first, second = (Path(r["path"]).name for r in done.report["prune_fatbins"]["libraries"])
+    assert len(calls) == 2 and rows[first]["comgr"] == "not run: the child stopped"
+    assert rows[second]["comgr"] == "not run: the comgr child failed on an earlier library"
+    assert {name: (site / "hippkg" / name).read_bytes() for name in expected} == expected

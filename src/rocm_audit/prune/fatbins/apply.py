@@ -164,7 +164,8 @@ def _slim_proved(
     out_fd = copy[1] if copy is not None else None
     proof = comgr[0]
     if proof is None:
-        library.comgr = state
+        # the run's child was dropped when it failed on an earlier library: say so, not "agreed"
+        library.comgr = state if state != AGREED else "not run: the comgr child failed on an earlier library"
         return slim_library(library.path, kept, out_fd)
     agreed_before = proof.checked
     try:
