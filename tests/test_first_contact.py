@@ -208,3 +208,32 @@ def test_image_archive_takes_positional_targets(app_venv, tmp_path):
     _assert_readable(run.stdout)
     assert "gfx942" in run.stdout and "gfx950" in run.stdout
     assert re.search(r"^image: \d+ errors?, \d+ warnings?, \d+ info$", run.stdout, re.MULTILINE)
+
+
+def test_image_of_the_application_reports_what_full_extraction_reports(app_venv, tmp_path):
+    """The application's site-packages as one layer: keeping only the blocks the checks read
+    (image/trim.py) gives the report of writing every byte, on less than half the disk."""
+    from rocm_audit.image import merge
+    from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
+    from support.image.layer_writers import docker_save_of_directories
+    from support.image.reports import comparable
+
+    archive = docker_save_of_directories(
+        tmp_path / "app.tar", [[(_site(app_venv), "usr/local/lib/python3.12/site-packages")]]
+    )
+    reports = {}
+    for mode in ("default", "full"):
+        out = tmp_path / f"{mode}.json"
+        args = ["image", "--archive", str(archive), "gfx942", "gfx950", "--format", "json", "-o", str(out)]
+        run = _rocm_audit(*args, *(["--full"] if mode == "full" else []))
+        assert run.returncode in (0, 1), run.stderr
+        reports[mode] = comparable(out.read_text())
+    assert reports["default"] == reports["full"]
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions())
+    extract_archive(str(archive), str(work), state)
+    merge.finish(state)
+    files = [os.path.join(d, f) for d, _, names in os.walk(state.root) for f in names]
+    allocated = sum(os.lstat(p).st_blocks * 512 for p in files)
+    assert allocated < archive.stat().st_size * 0.4, (allocated, archive.stat().st_size)

@@ -35,6 +35,13 @@ class FileWindow:
             return b""
         return os.pread(self.fd, min(length, self.size - offset), offset)
 
+    def scan(self, offset: int, length: int) -> bytes:
+        """A read for a search (ChunkWindow.load): what the search finds in it is read again."""
+        return self.read(offset, length)
+
+    def served(self, offset: int, length: int) -> None:
+        """Told of a read a ChunkWindow served from its memory (RecordingWindow notes it)."""
+
     def reader(self, start: int, limit: int) -> ReadAt:
         """A ReadAt over [start, start+limit) of the file."""
 
@@ -44,6 +51,26 @@ class FileWindow:
             return self.read(start + offset, min(length, limit - offset))
 
         return read_at
+
+
+class RecordingWindow(FileWindow):
+    """A FileWindow that notes the file range of every read but a search's (``scan``): the bytes
+    a reading of the file depends on, given what its searches find (image/trim.py)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        super().__init__(fd, size)
+        self.reads: list[tuple[int, int]] = []
+
+    def read(self, offset: int, length: int) -> bytes:
+        data = super().read(offset, length)
+        self.reads.append((offset, offset + len(data)))
+        return data
+
+    def scan(self, offset: int, length: int) -> bytes:
+        return FileWindow.read(self, offset, length)
+
+    def served(self, offset: int, length: int) -> None:
+        self.reads.append((offset, offset + length))
 
 
 def buffer_reader(buf: bytes) -> ReadAt:
@@ -65,13 +92,14 @@ class ChunkWindow:
         self.data = b""
 
     def load(self, start: int, length: int) -> None:
-        self.start, self.data = start, self.fh.read(start, length)
+        self.start, self.data = start, self.fh.scan(start, length)
 
     def holds(self, offset: int, length: int) -> bool:
         return self.start <= offset and offset + length <= self.start + len(self.data)
 
     def read(self, offset: int, length: int) -> bytes:
         if self.holds(offset, length):
+            self.fh.served(offset, length)
             return self.data[offset - self.start : offset - self.start + length]
         return self.fh.read(offset, length)
 

@@ -102,6 +102,10 @@ class ElfView:
         view._sections = sections
         return view
 
+    def pread(self, size: int, offset: int) -> bytes:
+        """``os.pread`` of the view's file: every read of a section's bytes comes through here."""
+        return os.pread(self.fd, size, offset)
+
     # -- header, program headers, dynamic section ------------------------------------------------
 
     @property
@@ -164,7 +168,7 @@ class ElfView:
             raise FormatError(
                 "ELF", self.section_header_offset(section.index), f"{section.name} lies outside the file or is absurd"
             )
-        data = os.pread(self.fd, section.size, section.offset)
+        data = self.pread(section.size, section.offset)
         if len(data) != section.size:
             raise FormatError("ELF", section.offset, f"{section.name} is truncated")
         return data
@@ -173,7 +177,7 @@ class ElfView:
         """size bytes at a file offset, all inside the file. Raises FormatError."""
         if offset < 0 or size < 0 or offset + size > self.file_size:
             raise FormatError("ELF", offset, "read past the end of the file")
-        data = os.pread(self.fd, size, offset)
+        data = self.pread(size, offset)
         if len(data) != size:
             raise FormatError("ELF", offset, "short read")
         return data
@@ -183,7 +187,7 @@ class ElfView:
         for section in self.sections:
             if section.has_file_bytes and section.addr <= vaddr < section.addr + section.size:
                 size = min(size, section.addr + section.size - vaddr)
-                return os.pread(self.fd, size, section.offset + vaddr - section.addr)
+                return self.pread(size, section.offset + vaddr - section.addr)
         return b""
 
     @staticmethod
@@ -196,7 +200,7 @@ class ElfView:
         position = 0
         while position < section.size:
             length = min(step + overlap, section.size - position)
-            chunk = os.pread(self.fd, length, section.offset + position)
+            chunk = self.pread(length, section.offset + position)
             if len(chunk) != length:
                 raise FormatError("ELF", section.offset + position, f"{section.name} is truncated")
             yield position, chunk
@@ -350,7 +354,7 @@ class ElfView:
                 section.offset,
                 f"section {section.index} of {section.size} bytes is no version section or string table",
             )
-        data = os.pread(self.fd, section.size, section.offset)
+        data = self.pread(section.size, section.offset)
         if len(data) != section.size:
             raise FormatError("ELF", section.offset, f"section {section.index} is truncated")
         return data

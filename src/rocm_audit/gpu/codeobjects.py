@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 
 from rocm_audit.elf import read as elfread
-from rocm_audit.elf.codeobject import FileWindow
+from rocm_audit.elf.codeobject import FileWindow, RecordingWindow
 from rocm_audit.elf.relocations import file_place, loaded_pointers
 from rocm_audit.elf.sections import Section, read_sections
 from rocm_audit.errors import FormatError
@@ -212,6 +212,19 @@ def _hcc_kernels(result: FileCodeObjects, fh: FileWindow, section: Section) -> N
             data={"offset": section.offset, "bundles": count, "targets": targets},
         )
     )
+
+
+def host_reads(
+    path: str, fd: int, size: int, header: elfread.ElfHeader
+) -> tuple[list[tuple[int, int]], FileCodeObjects]:
+    """What reading a host library for its code objects depends on: the file ranges it reads, its
+    searches of data sections aside (whatever they find is read again, so noted), when it reads
+    every entry (no target selection: the most it ever reads), and what it found. image/trim.py
+    keeps these bytes of a large library. Raises FormatError."""
+    window = RecordingWindow(fd, size)
+    result = FileCodeObjects(path, None)
+    _scan_host_elf(result, window, header, None)
+    return window.reads, result
 
 
 def _scan_host_elf(

@@ -28,6 +28,15 @@ class Copy:
     # BLAKE2b-256 of the content; None while nothing needs it: the bytes are then in the merged
     # view at ``path`` (hashed when another copy of the same size appears, or before they go).
     digest: bytes | None
+    offset: int = -1  # of the member's tar header in its layer: how a second reading finds it
+
+
+@dataclass(frozen=True, slots=True)
+class Trimmed:
+    """A copy the merged view holds only the checked blocks of (image/trim.py)."""
+
+    inode: tuple[int, int]
+    identity: bytes  # SHA-256 of its whole content, taken as it streamed
 
 
 class MergeState(Protocol):
@@ -37,11 +46,18 @@ class MergeState(Protocol):
     copies: list[Copy]
     unhashed_by_size: dict[int, int]
     sizes_seen: set[int]
+    trimmed: dict[int, Trimmed]
+    trimmed_by_size: dict[int, list[int]]
 
 
-def note_size(state: MergeState, copy_index: int, digest: bytes | None) -> None:
+def note_size(state: MergeState, copy_index: int, digest: bytes | None, identity: bytes | None = None) -> None:
     """Record a new copy: the first of its size may stay unhashed; from the second on, every copy
-    of that size gets its digest (the earlier unhashed one is read back from the merged view)."""
+    of that size gets its digest (the earlier unhashed one is read back from the merged view).
+
+    A trimmed copy (always the first of its size) is never hashed with BLAKE2b: a later copy of
+    its size gets its SHA-256 too (``identity``, taken as it streamed, or read back with its
+    digest), and a trimmed copy of the same SHA-256 takes that copy's digest. One whose content
+    no other copy has keeps none: it groups with nothing."""
     copy = state.copies[copy_index]
     if digest is not None:
         state.copies[copy_index] = dataclasses.replace(copy, digest=digest)
@@ -55,26 +71,43 @@ def note_size(state: MergeState, copy_index: int, digest: bytes | None) -> None:
     if first is not None:
         hash_from_view(state, first)
     if digest is None:
-        hash_from_view(state, copy_index)
+        identity = hash_from_view(state, copy_index)
+    if identity is not None:
+        _match_trimmed(state, copy_index, identity)
 
 
-def hash_from_view(state: MergeState, copy_index: int) -> None:
-    """Hash a copy whose bytes are still in the merged view at its path (BLAKE2b-256)."""
+def hash_from_view(state: MergeState, copy_index: int) -> bytes | None:
+    """Hash a copy whose bytes are still in the merged view at its path (BLAKE2b-256); returns its
+    SHA-256 as well when a trimmed copy shares its size (None otherwise)."""
     copy = state.copies[copy_index]
     if state.unhashed_by_size.get(copy.size) == copy_index:
         del state.unhashed_by_size[copy.size]
-    if copy.digest is not None:
-        return
+    if copy.digest is not None or copy_index in state.trimmed:
+        return None
     hasher = hashlib.blake2b(digest_size=32)
+    identity = hashlib.sha256() if copy.size in state.trimmed_by_size else None
     descriptor = os.open(os.path.join(state.root, copy.path[1:]), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with open(descriptor, "rb", buffering=0) as stored:
         while piece := stored.read(tarstream.CHUNK):
             hasher.update(piece)
+            if identity is not None:
+                identity.update(piece)
     state.copies[copy_index] = dataclasses.replace(copy, digest=hasher.digest())
+    return identity.digest() if identity is not None else None
+
+
+def _match_trimmed(state: MergeState, copy_index: int, identity: bytes) -> None:
+    """Give the trimmed copies whose content equals this copy's its digest."""
+    digest = state.copies[copy_index].digest
+    for trimmed_index in state.trimmed_by_size.get(state.copies[copy_index].size, []):
+        trimmed = state.copies[trimmed_index]
+        if trimmed.digest is None and state.trimmed[trimmed_index].identity == identity:
+            state.copies[trimmed_index] = dataclasses.replace(trimmed, digest=digest)
 
 
 def hash_before_removal(state: MergeState, copy_index: int | None) -> None:
     """A copy leaving the merged view stays in the image (its layer keeps it): an unhashed one is
-    hashed now, while its bytes are still here, in case a later copy shares its size."""
+    hashed now, while its bytes are still here, in case a later copy shares its size (a trimmed
+    one is not: a later copy's SHA-256 tells whether it has its content)."""
     if copy_index is not None and state.copies[copy_index].digest is None:
         hash_from_view(state, copy_index)

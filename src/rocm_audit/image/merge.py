@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 from rocm_audit.errors import FormatError, RocmAuditError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.image import digests, needed, tarstream
-from rocm_audit.image.digests import Copy
+from rocm_audit.image import digests, needed, tarstream, trim, whole
+from rocm_audit.image.digests import Copy, Trimmed
 from rocm_audit.image.links import aim_links
 from rocm_audit.progress import SILENT, Progress
 
@@ -113,6 +113,12 @@ class MergeState:
     # their size (``image`` only; off with --full); ``sparse`` holds their image paths.
     placeholders: bool = False
     sparse: set[str] = field(default_factory=set)
+    # With placeholders, a large ELF file of a size no copy had before keeps only the blocks a
+    # check reads (image/trim.py), in layers that can be read again (image/digests.py says how
+    # its digest is found); ``finish`` makes whole again those a byte comparison may read.
+    trimmed: dict[int, Trimmed] = field(default_factory=dict)  # by copy index
+    trimmed_by_size: dict[int, list[int]] = field(default_factory=dict)
+    again: dict[int, tuple[str, Callable[[], AbstractContextManager[tarstream.Readable]]]] = field(default_factory=dict)
 
 
 def normalise(name: str) -> str | None:
@@ -155,6 +161,8 @@ def apply_layer(
     """
     stats = LayerStats(index=index, name=name)
     state.layers.append(stats)
+    if again is not None and state.placeholders:
+        state.again[index] = (where, again)
     work = _LayerWork()
     for entry, data in tarstream.iter_entries(_Budget(stream, state.limits, state.progress, stats)):
         state.limits.entries += 1
@@ -318,7 +326,9 @@ def _mark_created(created: set[str], parent: str) -> None:
 
 
 def finish(state: MergeState) -> None:
-    """After the last layer: every symbolic link aimed where the container resolves it (links.py)."""
+    """After the last layer: trimmed files another file of their size may be compared with made
+    whole (``make_whole``), and every symbolic link aimed where the container resolves it (links.py)."""
+    whole.make_whole(state, lambda path: _drop(state, path[1:], os.path.join(state.root, path[1:])))
     aim_links(state.root)
 
 
@@ -367,18 +377,28 @@ def _regular(
     chunks = iter(data)
     head = _head(chunks) if keep and state.placeholders and entry.size >= HASH_MIN_BYTES else []
     sparse = bool(head) and not needed.needs_bytes("/" + rel, b"".join(head))
+    # A large ELF file keeps only the blocks the checks read (image/trim.py), and its SHA-256.
+    trimming = keep and not sparse and _trimmable(state, entry, head, index)
     # A written file is hashed later, only if a verdict needs it (image/digests.py); a file whose bytes
-    # are not written (streamed past, or a sparse placeholder) is hashed now, while they go by.
-    hasher = hashlib.blake2b(digest_size=32) if entry.size >= HASH_MIN_BYTES and (sparse or not keep) else None
-    out = open(target, "wb") if keep else None
+    # are not written (streamed past, a sparse placeholder) is hashed now, while they go by.
+    hashing = entry.size >= HASH_MIN_BYTES and (sparse or not keep)
+    hasher = hashlib.blake2b(digest_size=32) if hashing else None
+    identity = hashlib.sha256() if trimming or (hashing and entry.size in state.trimmed_by_size) else None
+    out = open(target, "w+b" if trimming else "wb") if keep else None
+    trimmed: tuple[int, int] | None = None
     try:
         for chunk in itertools.chain(head, chunks):
             if hasher is not None:
                 hasher.update(chunk)
+            if identity is not None:
+                identity.update(chunk)
             if out is not None and not sparse:
                 out.write(chunk)
         if out is not None and sparse:
             out.truncate(entry.size)  # the apparent size, no data blocks: see image/needed.py
+        if out is not None and trimming:
+            out.flush()
+            trimmed = _trim(target, out.fileno(), entry.size)
     finally:
         if out is not None:
             out.close()
@@ -390,10 +410,38 @@ def _regular(
         state.streamed_past.add("/" + rel)
     state.layer_of["/" + rel] = index
     if entry.size >= HASH_MIN_BYTES:
-        state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=None))
+        state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=None, offset=entry.offset))
         copy_index = len(state.copies) - 1
         state.visible["/" + rel] = copy_index
-        digests.note_size(state, copy_index, hasher.digest() if hasher is not None else None)
+        if trimmed is not None and identity is not None:
+            state.trimmed[copy_index] = Trimmed(trimmed, identity.digest())
+            state.trimmed_by_size.setdefault(entry.size, []).append(copy_index)
+        digests.note_size(
+            state,
+            copy_index,
+            hasher.digest() if hasher is not None else None,
+            identity.digest() if identity is not None and not trimming else None,
+        )
+
+
+def _trimmable(state: MergeState, entry: tarstream.TarEntry, head: list[bytes], index: int) -> bool:
+    """A large ELF file written in a layer that can be read again (image/trim.py), of a size no
+    copy had so far: a later copy of its size is kept whole, so a duplicate group keeps a whole
+    member to give the trimmed ones their bytes back (``make_whole``)."""
+    return (
+        entry.size >= trim.TRIM_MIN_BYTES
+        and index in state.again
+        and entry.size not in state.sizes_seen
+        and b"".join(head).startswith(needed.ELF_MAGIC)
+    )
+
+
+def _trim(path: str, fd: int, size: int) -> tuple[int, int] | None:
+    """Punch out the blocks no check reads; the file's inode when any were, else None."""
+    if not trim.punch(fd, trim.unread_ranges(path, fd, size)):
+        return None
+    info = os.fstat(fd)
+    return (info.st_dev, info.st_ino)
 
 
 def _head(chunks: Iterator[bytes]) -> list[bytes]:
@@ -461,7 +509,7 @@ def _hardlink(
     # Nothing at the source: a file of this layer the audit did not write (its bytes were streamed
     # past), or no file at all; the second reading of the layer tells which.
     waiting = pending.get(source_rel)
-    if waiting is not None and _same_inode(os.path.join(state.root, waiting.placeholder), waiting.inode):
+    if waiting is not None and whole.same_inode(os.path.join(state.root, waiting.placeholder), waiting.inode):
         os.link(os.path.join(state.root, waiting.placeholder), target, follow_symlinks=False)
         waiting.paths.append(rel)
         return
@@ -489,7 +537,7 @@ def _fill_pending(
                     if source_rel is None or waiting is None:
                         continue
                     place = os.path.join(state.root, waiting.placeholder)
-                    if _same_inode(place, waiting.inode):
+                    if whole.same_inode(place, waiting.inode):
                         descriptor = os.open(place, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
                         with open(descriptor, "wb") as out:
                             for chunk in data:
@@ -510,19 +558,11 @@ def _fill_pending(
         _drop_links(state, waiting)
 
 
-def _same_inode(path: str, inode: tuple[int, int]) -> bool:
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == inode
-
-
 def _drop_links(state: MergeState, waiting: _Pending) -> None:
     """Remove an unfilled placeholder and the links of this layer made to it."""
     for rel in waiting.paths:
         place = os.path.join(state.root, rel)
-        if _same_inode(place, waiting.inode):
+        if whole.same_inode(place, waiting.inode):
             _drop(state, rel, place)
 
 

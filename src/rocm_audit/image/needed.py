@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import posixpath
 
+ELF_MAGIC = b"\x7fELF"
 # First bytes of what a check reads by content (formats.md; gpu/scanning.py may_hold_code).
 MAGICS = (
-    b"\x7fELF",
+    ELF_MAGIC,
     b"__CLANG_OFFLOAD_BUNDLE__",
     b"CCOB",
     b"KPAK",

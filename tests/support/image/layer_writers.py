@@ -188,3 +188,37 @@ def tar_directory(directory: Path, path: Path) -> Path:
         for child in sorted(directory.rglob("*")):
             archive.add(child, arcname=str(child.relative_to(directory)), recursive=False)
     return path
+
+
+def docker_save_of_directories(path: Path, layers: list[list[tuple[Path, str]]]) -> Path:
+    """A legacy `docker save` archive whose layers are directories on disk, each ``(directory,
+    prefix)`` put under ``prefix`` (no leading /) in its layer; written through files, never held in
+    memory (real wheels and libraries of gigabytes)."""
+    work = path.parent / (path.name + ".layers")
+    work.mkdir(parents=True, exist_ok=True)
+    layer_files, diff_ids = [], []
+    for index, parts in enumerate(layers):
+        layer_file = work / f"layer{index}.tar"
+        with tarfile.open(layer_file, "w", format=tarfile.PAX_FORMAT) as archive:
+            for directory, prefix in parts:
+                archive.add(directory, arcname=prefix.strip("/"))
+        digest = hashlib.sha256()
+        with layer_file.open("rb") as stored:
+            while piece := stored.read(1 << 20):
+                digest.update(piece)
+        layer_files.append(layer_file)
+        diff_ids.append("sha256:" + digest.hexdigest())
+    config = {"architecture": "amd64", "os": "linux", "config": {"Env": []}}
+    config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
+    config_bytes = json.dumps(config).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    names = [f"{d.split(':')[1]}/layer.tar" for d in diff_ids]
+    with tarfile.open(path, "w") as archive:
+        for name, layer_file in zip(names, layer_files, strict=True):
+            archive.add(layer_file, arcname=name)
+            layer_file.unlink()
+        write_file_member(archive, config_name, config_bytes)
+        manifest = [{"Config": config_name, "RepoTags": ["test/dirs:1"], "Layers": names}]
+        write_file_member(archive, "manifest.json", json.dumps(manifest).encode())
+    work.rmdir()
+    return path

@@ -104,7 +104,8 @@ _FullOption = Annotated[
     bool,
     typer.Option(
         "--full",
-        help="Extract every file, not only site-packages and the loader's directories.",
+        help="Write every byte of every file, not only site-packages and the loader's directories "
+        "and the parts of them the checks read.",
         rich_help_panel=AUDIT_PANEL,
     ),
 ]

@@ -1,0 +1,274 @@
+"""`image` keeps only the blocks of a large ELF file that the checks read (image/trim.py).
+
+What is checked: the punched ranges never touch a byte any reader of the file reads (the ELF
+header and tables, every kept section; the checks' answers on the trimmed file equal those on the
+original); the merged view gives a trimmed file its whole bytes back before a byte comparison can
+read it (a duplicate's bytes, or its layer read again); the layer waste finds the groups of hashing
+every member; and `image` on real LLVM libraries gives the report of `image --full`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rocm_audit.elf.view import ElfView
+from rocm_audit.gpu.codeobjects import host_reads
+from rocm_audit.image import merge, trim, waste
+from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
+from rocm_audit.llvm.linkage import read_linkage
+from rocm_audit.llvm.roles import REGISTRY_STRINGS, Role, classify
+from support.image.layer_writers import docker_save, docker_save_of_directories, layer
+from support.image.reports import comparable
+
+SP = "usr/lib/python3/dist-packages"
+
+
+def _source(functions: int, seed: int) -> str:
+    """C with enough machine code, data and debug information to fill blocks of each kind."""
+    rng = random.Random(seed)
+    # LLVM's CommandLine messages (llvm/roles.py searches .rodata for them: a private copy)
+    lines = [
+        "#include <string.h>",
+        'const char message[] = "inconsistency in registered CommandLine options";',
+        'const char other[] = "CommandLine Error: Option \'";',
+    ]
+    for i in range(functions):
+        a, b = rng.randint(1, 1 << 20), rng.randint(1, 1 << 20)
+        lines.append(
+            f"int f{i}(int x) {{ int y = x * {a}; for (int k = 0; k < {i % 7 + 3}; k++) y ^= (y << 3) + {b} + k;"
+            f" return y + (int)strlen(message); }}"
+        )
+    lines.append("int table[4096] = {1};")
+    return "\n".join(lines) + "\n"
+
+
+def build(directory: Path, name: str, *, functions: int = 600, seed: int = 0) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    source = directory / f"{name}.c"
+    source.write_text(_source(functions, seed))
+    out = directory / name
+    subprocess.run(["gcc", "-g", "-O1", "-shared", "-fPIC", "-o", str(out), str(source)], check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("trim"), "libbig.so")
+
+
+def _sections(path: Path) -> dict[str, tuple[int, int, int]]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return {s.name: (s.offset, s.offset + s.size, s.flags) for s in ElfView(fd).sections if s.has_file_bytes}
+    finally:
+        os.close(fd)
+
+
+def _punched_copy(original: Path, into: Path) -> tuple[Path, list[tuple[int, int]]]:
+    copy = into / original.name
+    copy.write_bytes(original.read_bytes())
+    fd = os.open(copy, os.O_RDWR)
+    try:
+        ranges = trim.unread_ranges(str(copy), fd, os.fstat(fd).st_size)
+        given = trim.punch(fd, ranges)
+    finally:
+        os.close(fd)
+    assert given == sum(end - start for start, end in ranges)
+    return copy, ranges
+
+
+def test_only_unread_sections_lose_blocks_and_every_reader_answers_the_same(library, tmp_path):
+    copy, ranges = _punched_copy(library, tmp_path)
+    sections = _sections(library)
+    assert ranges, "a library with debug information and machine code gives blocks back"
+    assert all(start % trim.BLOCK == 0 and end % trim.BLOCK == 0 for start, end in ranges)
+    given = sum(end - start for start, end in ranges)
+    assert os.stat(copy).st_blocks * 512 <= os.stat(library).st_blocks * 512 - given
+    # Data sections are searched (device images, LLVM's messages): only what a search finds stays.
+    kept = {".dynsym", ".dynstr", ".rela.dyn", ".eh_frame_hdr", ".dynamic", ".shstrtab", ".init_array"}
+    original, trimmed = library.read_bytes(), copy.read_bytes()
+    for name, (start, end, _flags) in sections.items():
+        if name in kept:
+            assert trimmed[start:end] == original[start:end], name
+            assert not any(s < end and start < e for s, e in ranges), name
+    touched = {n for n, (s0, e0, _) in sections.items() if any(s < e0 and s0 < e for s, e in ranges)}
+    assert ".text" in touched and any(n.startswith(".debug") for n in touched)
+    searched = {n for n in sections if n.startswith((".rodata", ".data"))}
+    assert touched <= {".text", ".symtab", ".strtab", ".eh_frame", ".gcc_except_table", ".comment"} | searched | {
+        n for n in sections if n.startswith(".debug")
+    }
+    for needle in REGISTRY_STRINGS:  # what roles.py searches .rodata for stays
+        at = original.index(needle)
+        assert trimmed[at : at + len(needle)] == needle
+    # Every byte outside the ranges is the original's; inside them, zeros.
+    for start, end in ranges:
+        assert trimmed[start:end] == bytes(end - start)
+    mask = bytearray(len(original))
+    for start, end in ranges:
+        mask[start:end] = b"\1" * (end - start)
+    assert all(a == b for a, b, m in zip(original, trimmed, mask, strict=True) if not m)
+    # The readers that open ELF files answer the same on both.
+    for path_a, path_b in [(library, copy)]:
+        fa, fb = os.open(path_a, os.O_RDONLY), os.open(path_b, os.O_RDONLY)
+        try:
+            va, vb = ElfView(fa), ElfView(fb)
+            assert classify("x", va.dynamic, va) == classify("x", vb.dynamic, vb)
+            assert classify("x", vb.dynamic, vb).role is Role.PRIVATE_COPY
+            assert read_linkage("x", va.dynamic, va) == read_linkage("x", vb.dynamic, vb)
+            assert host_reads("x", fa, va.file_size, va.header)[1] == host_reads("x", fb, vb.file_size, vb.header)[1]
+        finally:
+            os.close(fa)
+            os.close(fb)
+
+
+def test_ranges_are_whole_blocks_of_the_difference(tmp_path):
+    """_subtract/_merged/_blocks against a bitmap reference on random ranges."""
+    rng = random.Random(7)
+    for _ in range(300):
+        size = 1 << 16
+        drop = [(a, a + rng.randint(0, 9000)) for a in (rng.randrange(size) for _ in range(rng.randint(0, 6)))]
+        keep = [(a, a + rng.randint(0, 3000)) for a in (rng.randrange(size) for _ in range(rng.randint(0, 6)))]
+        got = trim._blocks(trim._subtract(trim._merged(drop), trim._merged(keep)))
+        bits = bytearray(size + 20000)
+        for s, e in drop:
+            bits[s:e] = b"\1" * (e - s)
+        for s, e in keep:
+            bits[s:e] = b"\0" * (e - s)
+        want = [
+            (b, b + trim.BLOCK)
+            for b in range(0, len(bits), trim.BLOCK)
+            if bits[b : b + trim.BLOCK] == b"\1" * trim.BLOCK
+        ]
+        flat = [(b, b + trim.BLOCK) for s, e in got for b in range(s, e, trim.BLOCK)]
+        assert flat == want
+
+
+def _state(tmp_path: Path, layers: list[bytes], full: bool = False) -> merge.MergeState:
+    work = tmp_path / ("full" if full else "work")
+    work.mkdir(parents=True)
+    state = new_state(str(work), ImageOptions(full=full))
+    extract_archive(str(docker_save(tmp_path / f"save-{full}.tar", layers)), str(work), state)
+    merge.finish(state)
+    return state
+
+
+@pytest.fixture()
+def small_trim(monkeypatch):
+    monkeypatch.setattr(trim, "TRIM_MIN_BYTES", 0)
+
+
+def _variant(original: bytes, library: Path) -> bytes:
+    """The same size, one byte of machine code changed: differs only where the view is trimmed."""
+    start, end, _ = _sections(library)[".text"]
+    position = (start + end) // 2
+    return original[:position] + bytes([original[position] ^ 0xFF]) + original[position + 1 :]
+
+
+def test_duplicates_in_one_layer_get_their_bytes_back_from_the_whole_copy(tmp_path, library, small_trim):
+    content = library.read_bytes()
+    state = _state(tmp_path, [layer((f"{SP}/a/libx.so", content), (f"{SP}/b/libx.so", content))])
+    root = Path(state.root)
+    assert (root / SP / "a/libx.so").read_bytes() == content  # trimmed, then made whole
+    assert (root / SP / "b/libx.so").read_bytes() == content
+    assert state.trimmed == {}
+    groups, _ = waste.analyse(state)
+    assert [[c["path"] for c in g.copies] for g in groups] == [[f"/{SP}/a/libx.so", f"/{SP}/b/libx.so"]]
+    assert groups[0].digest == hashlib.blake2b(content, digest_size=32).hexdigest()
+
+
+def test_same_size_other_content_is_read_again_from_its_layer(tmp_path, library, small_trim):
+    content = library.read_bytes()
+    other = _variant(content, library)
+    layers = [layer((f"{SP}/a/libx.so", content)), layer((f"{SP}/b/libx.so", other))]
+    state = _state(tmp_path, layers)
+    root = Path(state.root)
+    # The first copy was trimmed; a byte comparison with the second must see every byte of it.
+    assert (root / SP / "a/libx.so").read_bytes() == content
+    assert (root / SP / "b/libx.so").read_bytes() == other
+    assert state.trimmed == {}
+    groups, _ = waste.analyse(state)
+    assert groups == []
+
+
+def test_a_unique_library_stays_trimmed_and_groups_with_nothing(tmp_path, library, small_trim):
+    content = library.read_bytes()
+    state = _state(tmp_path, [layer((f"{SP}/a/libx.so", content))])
+    path = Path(state.root) / SP / "a/libx.so"
+    assert len(state.trimmed) == 1
+    assert path.stat().st_size == len(content)
+    assert path.stat().st_blocks * 512 < len(content)
+    assert path.read_bytes() != content
+
+
+def test_trimmed_copy_replaced_then_matched_by_a_later_copy(tmp_path, library, small_trim):
+    """A trimmed copy a later layer replaces still groups with a third copy of its content."""
+    content = library.read_bytes()
+    other = _variant(content, library)
+    layers = [
+        layer((f"{SP}/a/libx.so", content)),
+        layer((f"{SP}/a/libx.so", other)),
+        layer((f"{SP}/c/liby.so", content)),
+    ]
+    state = _state(tmp_path, layers)
+    groups, _ = waste.analyse(state)
+    assert [sorted((c["layer"], c["path"]) for c in g.copies) for g in groups] == [
+        [(0, f"/{SP}/a/libx.so"), (2, f"/{SP}/c/liby.so")]
+    ]
+    root = Path(state.root)
+    assert (root / SP / "a/libx.so").read_bytes() == other
+    assert (root / SP / "c/liby.so").read_bytes() == content
+
+
+def test_a_layer_that_does_not_give_the_bytes_again_leaves_the_file_out(tmp_path, library, small_trim):
+    content = library.read_bytes()
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions())
+    state.placeholders = True
+
+    @contextlib.contextmanager
+    def changed():
+        yield io.BytesIO(layer((f"{SP}/a/libx.so", _variant(content, library))))
+
+    merge.apply_layer(state, io.BytesIO(layer((f"{SP}/a/libx.so", content))), 0, "l0", "save.tar:l0", again=changed)
+    merge.apply_layer(state, io.BytesIO(layer((f"{SP}/b/libx.so", _variant(content, library)))), 1, "l1", "save:l1")
+    merge.finish(state)
+    assert not (Path(state.root) / SP / "a/libx.so").exists()
+    assert [f.rule for f in state.findings] == ["IMG001"]
+    assert "did not give the bytes" in state.findings[0].message
+
+
+@pytest.mark.vendor
+def test_image_of_real_llvm_libraries_reports_what_full_extraction_reports(tmp_path, run_cli):
+    """Real LLVM carriers (registrants, exporters, hidden copies, plugins; sha256-pinned): trimmed
+    to the blocks the checks read, the report equals that of writing every byte."""
+    from support.llvm.carriers import build_tree
+
+    tree = build_tree(
+        tmp_path / "carriers", ("llvm15", "clang15", "rocmllvm", "llvmlite050", "triton38", "flydsl", "rocmllvm62")
+    )
+    archive = docker_save_of_directories(tmp_path / "save.tar", [[(tree.root, f"{SP}/carriers")]])
+    reports = {}
+    for mode in ("default", "full"):
+        out = tmp_path / f"{mode}.json"
+        args = ["image", "--archive", str(archive), "gfx942", "--format", "json", "-o", str(out), "-q"]
+        run_cli(*args, *(["--full"] if mode == "full" else []))
+        reports[mode] = comparable(out.read_text())
+    assert reports["default"]["findings"], "the carriers give LLVM findings"
+    assert reports["default"] == reports["full"]
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions())
+    extract_archive(str(archive), str(work), state)
+    allocated = sum(os.lstat(os.path.join(d, f)).st_blocks * 512 for d, _, files in os.walk(state.root) for f in files)
+    apparent = sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(state.root) for f in files)
+    assert len(state.trimmed) >= 5
+    assert allocated < apparent / 2, (allocated, apparent)
