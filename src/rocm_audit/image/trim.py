@@ -2,28 +2,31 @@
 
 ``image`` writes every ELF file of the extracted directories into the merged view, because the
 checks read them by path (image/needed.py). They read a small part of a large library: headers,
-the dynamic section and symbol tables, versions, notes, data sections (embedded device images),
-``.hip_fatbin``'s bundle tables and each code object's ELF structures, and the machine code only
-of libraries that may register LLVM options (llvm/linkage.py walks their static initialisers).
-So once a library is written, the blocks of what none of them reads are punched out
-(``fallocate(PUNCH_HOLE)``): the file keeps its size and every byte a check reads, and the rest
-reads as zeros. What is given back:
+the dynamic section and symbol tables, versions, notes, ``.hip_fatbin``'s bundle tables and each
+code object's ELF structures, what searches of the data sections find (embedded device images,
+LLVM's CommandLine messages), and the machine code only of libraries that may register LLVM
+options (llvm/linkage.py walks their static initialisers). So once a library is written, the
+blocks none of them reads are punched out (``fallocate(PUNCH_HOLE)``): the file keeps its size
+and every byte a check reads, and the rest reads as zeros. Which bytes stay is not a list kept
+beside the checks: the readers themselves run once on the file, through views that note every
+range they read (``_RecordingView``, elf/codeobject.py ``RecordingWindow``), so the kept ranges
+follow the checks. What is given back:
 
 - sections no check opens: ``.debug*``, ``.symtab``, ``.strtab``, ``.comment``;
-- machine code (``SHF_EXECINSTR`` sections), ``.eh_frame`` and ``.gcc_except_table``; where the
-  dynamic string table names one of the LLVM namespaces llvm/linkage.py watches, it walks the
-  code its static initialisers reach: that reading is done here through a view that notes every
-  range (``_linkage_reads``), and those ranges stay (all of the code when it fails);
-- in ``.hip_fatbin`` and the data sections searched for embedded device images, every byte the
-  code-object scan does not read when it reads every entry (gpu/codeobjects.py ``host_reads``):
-  bundle tables and each code object's ELF structures stay, and the searches find the same
-  images, since zeros hold no magic and every image found is read; a section holding a CCOB
-  stays whole (its reading may run in helper processes).
+- machine code (``SHF_EXECINSTR`` sections), ``.eh_frame`` and ``.gcc_except_table``, but the
+  ranges llvm/linkage.py reads (all of them when its reading fails);
+- in ``.hip_fatbin`` and the data sections (``.rodata*``, ``.data*``, ``.ldata``, ``.lrodata``),
+  every byte that the code-object scan (gpu/codeobjects.py ``host_reads``, every entry read) and
+  llvm/roles.py's search do not read; a search's own reading is not kept, what it finds is:
+  zeros hold no magic and no message, so a search of the trimmed file finds the same things and
+  reads the same bytes after them. A section holding a CCOB stays whole (its reading may run in
+  helper processes).
 
 The headers, the program and section header tables, every other section and every segment a
 program header names besides PT_LOAD are kept, whatever overlaps them; only whole blocks inside a
 range are punched. Byte comparisons and content digests need the whole file: image/merge.py
-reads such a file's bytes from its layer again before either (image/digests.py).
+hashes a trimmed file as it streams and image/whole.py gives it its bytes back before a byte
+comparison may read it (image/digests.py).
 """
 
 from __future__ import annotations
