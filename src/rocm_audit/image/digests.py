@@ -4,7 +4,10 @@ Two copies can be identical only if their sizes are equal, so the first copy of 
 written to the merged view is left unhashed; the second copy of that size makes both hashed (the
 first read back from the merged view). A copy a later layer deletes or replaces is hashed before
 its bytes leave the view, since a later copy of its size may still come. Files whose bytes are not
-written (streamed past, sparse placeholders) are hashed while they stream (image/merge.py).
+written (streamed past, sparse placeholders) are hashed while they stream (image/merge.py). A
+trimmed file (image/trim.py: the view keeps only the blocks the checks read; always the first copy
+of its size) gets a SHA-256 as it streams instead: a later copy of its size gets one too, and a
+trimmed file of the same SHA-256 takes that copy's BLAKE2b (``note_size``).
 """
 
 from __future__ import annotations
