@@ -26,6 +26,8 @@ MAX_SHNUM_FOR_NOTES = 4096
 class FileWindow:
     """pread reads of one open file, bounded by its size."""
 
+    inflates = True  # compressed containers are read inside; False: only located (RecordingWindow)
+
     def __init__(self, fd: int, size: int) -> None:
         self.fd = fd
         self.size = size
@@ -55,7 +57,10 @@ class FileWindow:
 
 class RecordingWindow(FileWindow):
     """A FileWindow that notes the file range of every read but a search's (``scan``): the bytes
-    a reading of the file depends on, given what its searches find (image/trim.py)."""
+    a reading of the file depends on, given what its searches find (image/trim.py). It does not
+    inflate CCOBs: image/trim.py keeps a section that holds one whole."""
+
+    inflates = False
 
     def __init__(self, fd: int, size: int) -> None:
         super().__init__(fd, size)

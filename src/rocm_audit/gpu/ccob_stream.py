@@ -45,6 +45,8 @@ def ccob_objects(
     entry head."""
     header, total = ccob_extent(fh, start, available)
     result.add_container(f"ccob-v{header.version}-{header.method_name}")
+    if not fh.inflates:
+        return total  # a reading that needs only where each container lies (image/trim.py)
     compressed = total - header.header_size
     payload_start = start + header.header_size
     if not ccob.plausible_size(header, compressed):

@@ -83,7 +83,9 @@ def read_containers(
     weight = sum(c.inflated for c in items)
     from rocm_audit.tree.forkmap import fork_imap, worker_count  # noqa: PLC0415 - fork helpers only when needed
 
-    workers = worker_count(weight, PARALLEL_INFLATE_BYTES) if sum(c.kind == "ccob" for c in items) > 1 else 1
+    workers = (
+        worker_count(weight, PARALLEL_INFLATE_BYTES) if fh.inflates and sum(c.kind == "ccob" for c in items) > 1 else 1
+    )
     if workers > 1:
         ccob.release_shared_decompressor()  # each process then holds only its own window
 

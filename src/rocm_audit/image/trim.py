@@ -42,7 +42,8 @@ from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import FormatError
 from rocm_audit.gpu.codeobjects import host_reads
 from rocm_audit.gpu.embedded import EMBEDDED_SECTION_PREFIXES
-from rocm_audit.llvm.linkage import WATCHED_PREFIXES, read_linkage
+from rocm_audit.llvm.libfacts import reads_linkage
+from rocm_audit.llvm.linkage import read_linkage
 from rocm_audit.llvm.roles import classify
 
 TRIM_MIN_BYTES = 1 << 20  # smaller files give back too little for the work of reading their tables
@@ -52,9 +53,7 @@ UNREAD_PREFIXES = (".debug", ".zdebug")
 CODE_SECTIONS = frozenset({".eh_frame", ".gcc_except_table"})  # read only with the code, if at all
 SHF_EXECINSTR = 0x4
 EM_AMDGPU = 224
-SHT_DYNSYM = 11
 PT_LOAD = 1
-MAX_DYNSTR_BYTES = 64 << 20
 
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 
@@ -74,7 +73,7 @@ def unread_ranges(path: str, fd: int, size: int) -> list[tuple[int, int]]:
     except (FormatError, OSError):
         return []
     whole = _holding_ccobs(sections, found.bundles)
-    llvm_reads = _llvm_reads(fd, size, header, sections, _may_walk_code(fd, sections))
+    llvm_reads = _llvm_reads(path, fd, size, header, sections)
     with_code = llvm_reads is None  # what llvm/ reads stays whole
     if llvm_reads is None:
         whole |= {s.index for s in sections if _searched(s)}
@@ -137,20 +136,6 @@ def _unread(section: Section, with_code: bool) -> bool:
     return not with_code and (bool(section.flags & SHF_EXECINSTR) or section.name in CODE_SECTIONS)
 
 
-def _may_walk_code(fd: int, sections: tuple[Section, ...]) -> bool:
-    """Whether llvm/linkage.py may read this library's machine code: its dynamic symbols name a
-    namespace it watches (true also when the string table cannot be read)."""
-    for table in sections:
-        if table.sh_type != SHT_DYNSYM or not table.link < len(sections):
-            continue
-        strings = sections[table.link]
-        if strings.size > MAX_DYNSTR_BYTES:
-            return True
-        data = os.pread(fd, strings.size, strings.offset)
-        return any(prefix in data for prefix in WATCHED_PREFIXES)
-    return False
-
-
 class _RecordingView(ElfView):
     """An ElfView that notes the file range of every read but a search's, and of what a search
     finds: the bytes a reading depends on (zeros elsewhere hold no needle)."""
@@ -178,17 +163,16 @@ class _RecordingView(ElfView):
 
 
 def _llvm_reads(
-    fd: int, size: int, header: elfread.ElfHeader, sections: tuple[Section, ...], walk_code: bool
+    path: str, fd: int, size: int, header: elfread.ElfHeader, sections: tuple[Section, ...]
 ) -> list[tuple[int, int]] | None:
     """The ranges llvm/ reads of this library: its role (roles.py: names and messages it searches
-    for) and, with ``walk_code``, its linkage (linkage.py: the call walk reads only the code the
-    static initialisers reach); None when a reading fails (then the sections they search and the
-    code stay whole)."""
+    for) and, where llvm/libfacts.py reads it, its linkage (linkage.py: the call walk reads only
+    the code the static initialisers reach); None when a reading fails (then the sections they
+    search and the code stay whole)."""
     view = _RecordingView(fd, size, header, sections)
     try:
-        classify("", view.dynamic, view)
-        if walk_code:
-            read_linkage("", view.dynamic, view)
+        if reads_linkage(classify(path, view.dynamic, view)):
+            read_linkage(path, view.dynamic, view)
     except (FormatError, OSError):
         return None
     return view.reads

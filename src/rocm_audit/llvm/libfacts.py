@@ -45,7 +45,7 @@ class LibraryFacts:
         if found is None:
             real = real_path or path
             record = self._records.get(real)
-            if self.of(path, identity, real).role in (Role.NONE, Role.UNKNOWN):
+            if not reads_linkage(self.of(path, identity, real)):
                 # No llvm::cl symbol and no registry in it (roles.py): libc, libstdc++, libtriton's
                 # hidden LLVM. Measured: none of those took part in a failing load.
                 self._linkage[identity] = EMPTY_LINKAGE
@@ -104,6 +104,12 @@ class LibraryFacts:
         return ClFacts(path, Role.UNKNOWN, None, None, 0, False, False, None, False, None, False)
 
 
+def reads_linkage(facts: ClFacts) -> bool:
+    """Whether a library's linkage (linkage.py: its relocations, and the code its initialisers
+    reach) is read: for exporters, registrants and private copies, never for the rest."""
+    return facts.role not in (Role.NONE, Role.UNKNOWN)
+
+
 def role_facts_of(inventory: Inventory, record: FileRecord) -> ClFacts:
     """The LLVM-role fact of one inventory file, read once per run. Raises FormatError or OSError."""
     dynamic = inventory.dynamic(record)
@@ -113,7 +119,7 @@ def role_facts_of(inventory: Inventory, record: FileRecord) -> ClFacts:
 def linkage_facts_of(inventory: Inventory, record: FileRecord) -> Linkage | None:
     """The linkage fact (linkage.py) of an exporter, registrant or private copy, read in the same
     fact pass as its role (tree/facts.py); None for other libraries."""
-    if role_facts_of(inventory, record).role in (Role.NONE, Role.UNKNOWN):
+    if not reads_linkage(role_facts_of(inventory, record)):
         return None
     dynamic = inventory.dynamic(record)
     return inventory.facts.get(record, "llvm-linkage", lambda view: read_linkage(record.path, dynamic, view))
