@@ -5,7 +5,7 @@ matching, so the window is the bundle (75-113 MB in jax's PJRT plugin) and a str
 must hold all of it to reach an entry near the end (formats.md 2.4). The index decodes only the
 entropy layer (Huffman literals, FSE sequences; RFC 8878), keeps one 24-byte record per sequence,
 a table of record numbers (one per 256 bytes of output, to find the record holding a position in
-one step) and the literals (10.4 MB for the plugin's largest bundle), and serves any byte range by
+one step) and the literals (10.3 MB for the plugin's largest bundle), and serves any byte range by
 following each match back to the literals it copies. Building it costs less than inflating the
 frame.
 
