@@ -104,18 +104,20 @@ out = sys.argv[1] + ".bench-slim"
 start = time.perf_counter()
 with open(sys.argv[1], "rb") as src, open(out, "w+b") as dst:
     os.copy_file_range(src.fileno(), dst.fileno(), os.fstat(src.fileno()).st_size, 0, 0)
-    result = slim_library(sys.argv[1], kept, dst.fileno(), spool_dir=os.path.dirname(out))
+    workers = int(sys.argv[3]) if sys.argv[3] else None
+    result = slim_library(sys.argv[1], kept, dst.fileno(), spool_dir=os.path.dirname(out), workers=workers)
     assert prove_file(src.fileno(), dst.fileno(), result) is None
 print(time.perf_counter() - start)
 os.unlink(out)
 """
 
 
-def core_seconds(library: Path, targets: list[str], measure: list[str]) -> tuple[float, float]:
+def core_seconds(library: Path, targets: list[str], measure: list[str], workers: int | None) -> tuple[float, float]:
     """In-process seconds and peak RSS (MB) of the slimming itself on one library: the copy, every
-    bundle slimmed and written, the layout, the proof; no walk, journal, backup, hash or fsync."""
+    bundle slimmed and written, the layout, the proof; no walk, journal, backup, hash or fsync.
+    ``workers``: bundles slimmed at once (None: as prune decides)."""
     done = subprocess.run(
-        [*measure, sys.executable, "-c", CORE, str(library), ",".join(targets)],
+        [*measure, sys.executable, "-c", CORE, str(library), ",".join(targets), str(workers or "")],
         capture_output=True,
         text=True,
         check=True,
@@ -123,7 +125,9 @@ def core_seconds(library: Path, targets: list[str], measure: list[str]) -> tuple
     return float(done.stdout.split()[-1]), int(Path(measure[1]).read_text()) / 1024
 
 
-def bench_wheel(wheel: Path, work: Path, rocm_audit: list[str], measure: list[str], targets: list[str]) -> dict:
+def bench_wheel(
+    wheel: Path, work: Path, rocm_audit: list[str], measure: list[str], targets: list[str], workers: int | None
+) -> dict:
     site = work / f"site-{wheel.name.split('-')[0]}" / "site-packages"
     shutil.rmtree(site.parent, ignore_errors=True)
     site.mkdir(parents=True)
@@ -136,7 +140,7 @@ def bench_wheel(wheel: Path, work: Path, rocm_audit: list[str], measure: list[st
     libraries = [Path(row["path"]) for row in dry["prune_fatbins"]["libraries"] if row["status"] == "planned"]
     unused = sum(row["unused_bytes"] for row in dry["prune"]["weight"])
     before = {lib: (lib.stat().st_size, gzip6(lib)) for lib in libraries}
-    core = [core_seconds(lib, targets, measure) for lib in libraries]
+    core = [core_seconds(lib, targets, measure, workers) for lib in libraries]
     arch_before = run_json(rocm_audit, ["verify-arch", "-p", str(site), *targets], out / f"{tag}.arch0.json")
     applied = run_json(
         rocm_audit,
@@ -220,6 +224,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "FATBINS_RESULTS.md")
     parser.add_argument("--only", default=None, help="only the wheels whose file name starts with this")
     parser.add_argument("--rocm-audit", default=None, help="the command to measure (default: this interpreter's)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="threads of the slimming-alone column (default: as prune decides)"
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     cache = Path(os.environ.get("ROCM_AUDIT_BENCH_CACHE", Path.home() / ".cache/rocm-audit-tests/bench"))
@@ -233,7 +240,7 @@ def main() -> int:
     rows = []
     for wheel in chosen:
         print(f"bench fatbins: {wheel.name} ...", file=sys.stderr)
-        rows.append(bench_wheel(wheel, args.work, rocm_audit, rss_exec(args.work), args.targets))
+        rows.append(bench_wheel(wheel, args.work, rocm_audit, rss_exec(args.work), args.targets, args.workers))
     text = table(rows, args.targets, load)
     args.out.write_text(text)
     (args.work / "fatbins.json").write_text(json.dumps(rows, indent=1))

@@ -249,9 +249,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     free(ref);
-    free(ix->rec);
-    free(ix->lits);
-    free(ix->sample);
+    zi_release(ix);
     return 0;
 }
 

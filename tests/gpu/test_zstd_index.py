@@ -221,6 +221,88 @@ def test_limits_raise_index_too_large_not_a_finding(monkeypatch):
         index.read(len(content) - 70000, 65536)
 
 
+def _boundary_reads(index: zstd_index.FrameIndex, content: bytes, rng: random.Random) -> int:
+    """Reads that start and end on both sides of block boundaries (128 KiB of output, the
+    encoder's block size) and of the index's lookup table (every 256 bytes), and reads starting
+    at every byte of a stretch (most of them inside a sequence's literals or match)."""
+    reads = 0
+    for boundary in [*range(0, len(content), 128 << 10), *rng.sample(range(0, len(content), 256), 20)]:
+        for delta in (-257, -256, -255, -1, 0, 1, 255, 256, 257):
+            start = boundary + delta
+            if not 0 <= start < len(content):
+                continue
+            for length in (1, 255, 256, 257, 4096, 140000):
+                assert index.read(start, length) == content[start : start + length], (start, length)
+                reads += 1
+    stretch = rng.randrange(len(content) - 1000)
+    for start in range(stretch, stretch + 700):
+        assert index.read(start, 300) == content[start : start + 300], start
+        reads += 1
+    return reads
+
+
+def test_reads_across_blocks_and_inside_sequences_are_libzstds():
+    """The same reads before every block is decoded (each read decodes up to its end) and after,
+    on a frame of long-distance matches over a wide window (as clang's bundler writes them)."""
+    content = _codeish(3 << 20, 21, noise=True)
+    params = zstandard.ZstdCompressionParameters.from_level(3, enable_ldm=True, window_log=27)
+    frame = zstandard.ZstdCompressor(compression_params=params).compress(content)
+    assert zstandard.ZstdDecompressor().decompress(frame) == content
+    lazy = zstd_index.FrameIndex(frame, 0)
+    assert _boundary_reads(lazy, content, random.Random(21)) > 1000
+    whole = zstd_index.FrameIndex(frame, 0)
+    whole.decode_all()
+    _boundary_reads(whole, content, random.Random(22))
+
+
+def test_reads_across_blocks_of_a_frame_clang_writes(many_arch_libs):
+    (frame,) = _ccob_frames((many_arch_libs / "libmanyc.so").read_bytes())
+    content = zstandard.ZstdDecompressor().decompress(frame)
+    _boundary_reads(zstd_index.FrameIndex(frame, 0), content, random.Random(23))
+
+
+def _rle_frame(blocks: int, size: int = 128 << 10) -> bytes:
+    """A frame of ``blocks`` RLE blocks of ``size`` bytes each, block k repeating byte k % 251:
+    4 input bytes make 128 KiB of output, and no header declares how much (no content size)."""
+    out = bytearray(b"\x28\xb5\x2f\xfd\x00\x38")  # magic; no size, no checksum; 128 KiB window
+    for k in range(blocks):
+        header = (k == blocks - 1) | 1 << 1 | size << 3
+        out += header.to_bytes(3, "little") + bytes([k % 251])
+    return bytes(out)
+
+
+def _rle_content_at(start: int, length: int, size: int = 128 << 10) -> bytes:
+    return bytes((position // size) % 251 for position in range(start, start + length))
+
+
+def test_a_frame_of_rle_blocks_cannot_make_the_lookup_table_outgrow_the_limits(monkeypatch):
+    """The lookup table (one record number per 256 bytes of output) grows with the output, and an
+    RLE block makes 128 KiB of output from 4 input bytes: 20,000 of them (80 KB of input, 2.5 GiB
+    of output) would ask for a 40 MiB table. It stops at MAX_RECORDS entries (4 bytes each),
+    counted in nbytes, and reads past it still serve the frame's bytes."""
+    small = _rle_frame(20)
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(small) == _rle_content_at(0, 20 << 17)
+    frame = _rle_frame(20000)
+    output = 20000 << 17
+    index = zstd_index.FrameIndex(frame, 0)
+    assert index.size == output
+    limit = zstd_index.MAX_RECORDS * 4 + 20000 * (24 + 1) + 20000 // 16 * 8 * 2
+    assert index.nbytes < limit, (index.nbytes, limit)
+    assert index.nbytes > zstd_index.MAX_RECORDS * 4  # the table is counted, and full
+    rng = random.Random(24)
+    starts = [0, 1, (128 << 10) - 3, output // 2 - 1, output - (128 << 10) - 2, output - 300]
+    starts += [rng.randrange(output - 300) for _ in range(40)]
+    for start in starts:
+        assert index.read(start, 300) == _rle_content_at(start, 300), start
+    # a tighter limit: the records' limit bounds the table too, and reads still hold
+    monkeypatch.setattr(zstd_index, "MAX_RECORDS", 1000)
+    index = zstd_index.FrameIndex(_rle_frame(900), 0)
+    assert index.read((900 << 17) - 5, 10) == _rle_content_at((900 << 17) - 5, 5)
+    assert index.nbytes < 64 << 10, index.nbytes  # a table of 460,800 entries would be 1.8 MB
+    for start in [0, 899 << 17, (450 << 17) - 1, *(rng.randrange(900 << 17) for _ in range(20))]:
+        assert index.read(start, 3) == _rle_content_at(start, 3)[: (900 << 17) - start], start
+
+
 def test_a_frame_that_needs_a_dictionary_is_refused():
     content = _codeish(50000, 9)
     dictionary = zstandard.train_dictionary(4096, [content[i : i + 2000] for i in range(0, 48000, 2000)])

@@ -46,9 +46,7 @@ static void release_input(FrameIndexObject *self) {
 
 static void FrameIndex_dealloc(FrameIndexObject *self) {
     release_input(self);
-    PyMem_RawFree(self->fr.ix.sample);
-    PyMem_RawFree(self->fr.ix.rec);
-    PyMem_RawFree(self->fr.ix.lits);
+    zi_release(&self->fr.ix);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -160,8 +158,7 @@ static PyObject *FrameIndex_get_nbytes(FrameIndexObject *self, void *closure) {
     (void)closure;
     if (acquire(self) < 0)  /* another thread may be growing the buffers */
         return NULL;
-    const Index *ix = &self->fr.ix;
-    PyObject *out = PyLong_FromSize_t(ix->cap * sizeof(Record) + ix->samplecap * sizeof(uint64_t) + ix->litcap);
+    PyObject *out = PyLong_FromSize_t(zi_nbytes(&self->fr.ix));
     release(self);
     return out;
 }
@@ -211,6 +208,8 @@ static PyObject *py_index_frame(PyObject *module, PyObject *args, PyObject *kwar
     self->view = view;
     self->has_view = 1;
     self->fr.ix.max = max_records > 0 ? (size_t)max_records : 0;
+    if (self->fr.ix.max > UINT32_MAX)  /* the table numbers records in 32 bits */
+        self->fr.ix.max = UINT32_MAX;
     self->fr.ix.maxlits = max_literals > 0 ? (size_t)max_literals : 0;
     if (self->fr.ix.maxlits > LIT_RLE_FLAG - 1)
         self->fr.ix.maxlits = LIT_RLE_FLAG - 1;

@@ -3,9 +3,11 @@
 Why: clang's offload bundler compresses a whole bundle as one zstd frame with long-distance
 matching, so the window is the bundle (75-113 MB in jax's PJRT plugin) and a streaming decoder
 must hold all of it to reach an entry near the end (formats.md 2.4). The index decodes only the
-entropy layer (Huffman literals, FSE sequences; RFC 8878), keeps one 24-byte record per sequence
-and the literals (8.6 MB for the plugin's largest bundle), and serves any byte range by following
-each match back to the literals it copies. Building it costs less than inflating the frame.
+entropy layer (Huffman literals, FSE sequences; RFC 8878), keeps one 24-byte record per sequence,
+a table of record numbers (one per 256 bytes of output, to find the record holding a position in
+one step) and the literals (10.3 MB for the plugin's largest bundle), and serves any byte range by
+following each match back to the literals it copies. Building it costs less than inflating the
+frame.
 
 The extension is optional (setup.py): without it ``available()`` is False and callers stream.
 ``ROCM_AUDIT_NO_ZSTD_INDEX=1`` turns it off too, to compare both paths on the same install.
@@ -22,7 +24,9 @@ from rocm_audit.errors import FormatError
 FMT = "zstd"
 # Sequences can cost no input bits at all (RLE-mode tables), so their number is capped apart from
 # the input's size: 2 Mi records are 48 MiB. A frame past it is streamed instead (real bundles:
-# 0.31 records per compressed byte, 345,680 for the plugin's largest).
+# 0.31 records per compressed byte, 345,680 for the plugin's largest). The lookup table holds at
+# most as many entries, 4 bytes each (8 MiB; an RLE block makes 128 KiB of output from 4 input
+# bytes, so the output does not bound it): past that, lookups search the records, same bytes.
 MAX_RECORDS = 2 << 20
 # Literals are bounded by the input (Huffman codes are at least one bit: 8 per input byte).
 LITERALS_PER_INPUT_BYTE = 8
