@@ -21,8 +21,9 @@ import pytest
 
 from rocm_audit.elf.view import ElfView
 from rocm_audit.gpu.codeobjects import host_reads
-from rocm_audit.image import merge, trim, waste
+from rocm_audit.image import merge, trim, waste, whole
 from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
+from rocm_audit.llvm.libfacts import LINKAGE_FACT, ROLE_FACT
 from rocm_audit.llvm.linkage import read_linkage
 from rocm_audit.llvm.roles import REGISTRY_STRINGS, Role, classify
 from support.image.layer_writers import docker_save, docker_save_of_directories, layer
@@ -77,7 +78,7 @@ def _punched_copy(original: Path, into: Path) -> tuple[Path, list[tuple[int, int
     copy.write_bytes(original.read_bytes())
     fd = os.open(copy, os.O_RDWR)
     try:
-        ranges = trim.unread_ranges(str(copy), fd, os.fstat(fd).st_size)
+        ranges, _facts = trim.unread_ranges(str(copy), fd, os.fstat(fd).st_size)
         given = trim.punch(fd, ranges)
     finally:
         os.close(fd)
@@ -272,3 +273,17 @@ def test_image_of_real_llvm_libraries_reports_what_full_extraction_reports(tmp_p
     apparent = sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(state.root) for f in files)
     assert len(state.trimmed) >= 5
     assert allocated < apparent / 2, (allocated, apparent)
+    # The LLVM facts read while trimming, handed to the checks, are those the checks read.
+    merge.finish(state)
+    known = whole.facts_still_shown(state)
+    assert any(LINKAGE_FACT in facts for facts in known.values())
+    for identity, facts in known.items():
+        path = state.read_facts[identity][0]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            view = ElfView(fd)
+            assert facts[ROLE_FACT] == classify(path, view.dynamic, view)
+            if LINKAGE_FACT in facts:
+                assert facts[LINKAGE_FACT] == read_linkage(path, view.dynamic, view)
+        finally:
+            os.close(fd)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,6 +44,9 @@ class CheckOptions:
     probe_timeout_s: float | None = None
     python: str | None = None  # --python: the interpreter probes run under (else the audited one)
     skip: frozenset[str] = frozenset()  # any of CHECKS
+    # Facts already read from the audited files' bytes, by inode and fact name (tree/facts.py):
+    # an image's LLVM facts, read while its layers streamed (image/trim.py).
+    known_facts: Mapping[tuple[int, int], Mapping[str, object]] = field(default_factory=dict)
 
 
 CHECKS = ("dedup", "verify-arch", "llvm", "post-build", "prune")
@@ -353,4 +356,7 @@ def run_check(
     else:
         looked = [r.given for r in roots]
     inventory = build_inventory(roots, progress)
+    for identity, facts in options.known_facts.items():
+        for name, value in facts.items():
+            inventory.facts.preload(identity, name, value)
     return audit_inventory(inventory, looked, options, progress)

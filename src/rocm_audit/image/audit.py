@@ -23,7 +23,7 @@ from rocm_audit.audit.check import CheckOptions, run_check
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.verify import TargetCandidate
-from rocm_audit.image import layerpipe, merge, tarstream, waste
+from rocm_audit.image import layerpipe, merge, tarstream, waste, whole
 from rocm_audit.image.archive import ImageLayout, Store, open_store, read_layout
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
@@ -317,6 +317,7 @@ def audit_merged(
         probe=False,
         recorded_targets=options.recorded,
         prune_by_file=layer_aware,
+        known_facts=whole.facts_still_shown(state),
     )
     outcome = run_check(package_dirs or [state.root], check_options, state.progress)
     section: ImageSection = {

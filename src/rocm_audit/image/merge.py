@@ -118,6 +118,8 @@ class MergeState:
     # its digest is found); ``finish`` makes whole again those a byte comparison may read.
     trimmed: dict[int, Trimmed] = field(default_factory=dict)  # by copy index
     trimmed_by_size: dict[int, list[int]] = field(default_factory=dict)
+    # Facts the checks read from a library's bytes, read while trimming it: inode -> (path, facts)
+    read_facts: dict[tuple[int, int], tuple[str, dict[str, object]]] = field(default_factory=dict)
     again: dict[int, tuple[str, Callable[[], AbstractContextManager[tarstream.Readable]]]] = field(default_factory=dict)
 
 
@@ -398,7 +400,7 @@ def _regular(
             out.truncate(entry.size)  # the apparent size, no data blocks: see image/needed.py
         if out is not None and trimming:
             out.flush()
-            trimmed = _trim(target, out.fileno(), entry.size)
+            trimmed = _trim(state, target, out.fileno(), entry.size)
     finally:
         if out is not None:
             out.close()
@@ -436,12 +438,13 @@ def _trimmable(state: MergeState, entry: tarstream.TarEntry, head: list[bytes], 
     )
 
 
-def _trim(path: str, fd: int, size: int) -> tuple[int, int] | None:
-    """Punch out the blocks no check reads; the file's inode when any were, else None."""
-    if not trim.punch(fd, trim.unread_ranges(path, fd, size)):
-        return None
-    info = os.fstat(fd)
-    return (info.st_dev, info.st_ino)
+def _trim(state: MergeState, path: str, fd: int, size: int) -> tuple[int, int] | None:
+    """Punch out the blocks no check reads; the file's inode when any were. The facts read on the
+    way are kept for the checks (``read_facts``)."""
+    identity, given, facts = trim.trim_file(path, fd, size)
+    if facts:
+        state.read_facts[identity] = (path, facts)
+    return identity if given else None
 
 
 def _head(chunks: Iterator[bytes]) -> list[bytes]:

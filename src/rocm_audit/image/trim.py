@@ -42,7 +42,7 @@ from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import FormatError
 from rocm_audit.gpu.codeobjects import host_reads
 from rocm_audit.gpu.embedded import EMBEDDED_SECTION_PREFIXES
-from rocm_audit.llvm.libfacts import reads_linkage
+from rocm_audit.llvm.libfacts import LINKAGE_FACT, ROLE_FACT, reads_linkage
 from rocm_audit.llvm.linkage import read_linkage
 from rocm_audit.llvm.roles import classify
 
@@ -58,22 +58,23 @@ PT_LOAD = 1
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 
 
-def unread_ranges(path: str, fd: int, size: int) -> list[tuple[int, int]]:
+def unread_ranges(path: str, fd: int, size: int) -> tuple[list[tuple[int, int]], dict[str, object]]:
     """Block-aligned [start, end) file ranges of the host ELF file open at ``fd`` (at ``path``)
-    that no check reads (the module docstring says which); empty for a file whose tables do not
-    read cleanly, and for AMDGPU code objects, 32-bit and big-endian files."""
+    that no check reads (the module docstring says which; none for a file whose tables do not
+    read cleanly, AMDGPU code objects, 32-bit and big-endian files), and the LLVM facts read on
+    the way (llvm/libfacts.py names), which the checks would read again from the same bytes."""
     try:
         head = os.pread(fd, 64, 0)
         header = elfread.parse_header(head)
         if not (header.is_64 and header.little_endian) or header.e_machine == EM_AMDGPU:
-            return []
+            return [], {}
         sections = read_sections(fd, header, size)
         phdrs = elfread.read_program_headers(fd, header, head, size)
         device_reads, found = host_reads(path, fd, size, header)
     except (FormatError, OSError):
-        return []
+        return [], {}
     whole = _holding_ccobs(sections, found.bundles)
-    llvm_reads = _llvm_reads(path, fd, size, header, sections)
+    llvm_reads, facts = _llvm_reads(path, fd, size, header, sections)
     with_code = llvm_reads is None  # what llvm/ reads stays whole
     if llvm_reads is None:
         whole |= {s.index for s in sections if _searched(s)}
@@ -96,7 +97,15 @@ def unread_ranges(path: str, fd: int, size: int) -> list[tuple[int, int]]:
             dropped.append(extent)
         else:
             kept.append(extent)
-    return _blocks(_subtract(_merged(dropped), _merged(kept)))
+    return _blocks(_subtract(_merged(dropped), _merged(kept))), facts
+
+
+def trim_file(path: str, fd: int, size: int) -> tuple[tuple[int, int], int, dict[str, object]]:
+    """Punch out of the file open for writing at ``fd`` the blocks no check reads: its inode, the
+    bytes given back, and the facts read on the way (``unread_ranges``)."""
+    ranges, facts = unread_ranges(path, fd, size)
+    info = os.fstat(fd)
+    return (info.st_dev, info.st_ino), punch(fd, ranges), facts
 
 
 def punch(fd: int, ranges: Iterable[tuple[int, int]]) -> int:
@@ -164,18 +173,20 @@ class _RecordingView(ElfView):
 
 def _llvm_reads(
     path: str, fd: int, size: int, header: elfread.ElfHeader, sections: tuple[Section, ...]
-) -> list[tuple[int, int]] | None:
+) -> tuple[list[tuple[int, int]] | None, dict[str, object]]:
     """The ranges llvm/ reads of this library: its role (roles.py: names and messages it searches
     for) and, where llvm/libfacts.py reads it, its linkage (linkage.py: the call walk reads only
-    the code the static initialisers reach); None when a reading fails (then the sections they
-    search and the code stay whole)."""
+    the code the static initialisers reach), and those facts; None when a reading fails (then the
+    sections they search and the code stay whole)."""
     view = _RecordingView(fd, size, header, sections)
+    facts: dict[str, object] = {}
     try:
-        if reads_linkage(classify(path, view.dynamic, view)):
-            read_linkage(path, view.dynamic, view)
+        facts[ROLE_FACT] = role = classify(path, view.dynamic, view)
+        if reads_linkage(role):
+            facts[LINKAGE_FACT] = read_linkage(path, view.dynamic, view)
     except (FormatError, OSError):
-        return None
-    return view.reads
+        return None, {}
+    return view.reads, facts
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

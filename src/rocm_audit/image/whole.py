@@ -1,6 +1,7 @@
-"""Trimmed files made whole again where a byte comparison may read them (image/trim.py keeps only
-the blocks the checks read of a large ELF file; image/merge.py calls ``make_whole`` after the last
-layer)."""
+"""What trimming leaves for after the last layer (image/trim.py keeps only the blocks the checks
+read of a large ELF file): trimmed files made whole again where a byte comparison may read them
+(``make_whole``, from image/merge.py's ``finish``), and the facts read while trimming handed to
+the checks (``facts_still_shown``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class WholeState(Protocol):
     sparse: set[str]
     findings: list[Finding]
     trimmed: dict[int, Trimmed]
+    read_facts: dict[tuple[int, int], tuple[str, dict[str, object]]]
     again: dict[int, tuple[str, Callable[[], AbstractContextManager[tarstream.Readable]]]]
 
     @property
@@ -164,3 +166,17 @@ def _write_whole(state: WholeState, place: str, data: Iterable[bytes], identity:
     finally:
         os.close(descriptor)
     return hasher.digest() == identity
+
+
+def facts_still_shown(state: WholeState) -> dict[tuple[int, int], dict[str, object]]:
+    """The facts read while trimming (``read_facts``) of the files the merged view still shows at
+    the path they were read through, under no other name (a fact names the path it was read at)."""
+    known = {}
+    for identity, (path, facts) in state.read_facts.items():
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) == identity and info.st_nlink == 1 and stat.S_ISREG(info.st_mode):
+            known[identity] = facts
+    return known

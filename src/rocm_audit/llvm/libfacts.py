@@ -27,6 +27,12 @@ def identities(paths: Iterable[str]) -> frozenset[tuple[int, int]]:
     return frozenset(identities)
 
 
+# Names of the per-file facts (tree/facts.py) this module reads: classify() and read_linkage() of
+# the file at the record's path with its dynamic section. image/trim.py reads the same two while a
+# layer streams and hands them over (``CheckOptions.known_facts``).
+ROLE_FACT, LINKAGE_FACT = "llvm-role", "llvm-linkage"
+
+
 class LibraryFacts:
     """ClFacts by file identity: every file is classified once, scanned or reached by a closure."""
 
@@ -54,7 +60,7 @@ class LibraryFacts:
                 dynamic = self.dynamic(real) or elfread.EMPTY_DYNAMIC
                 if record is not None:
                     found = self.inventory.facts.get(
-                        record, "llvm-linkage", lambda view: read_linkage(real, dynamic, view)
+                        record, LINKAGE_FACT, lambda view: read_linkage(real, dynamic, view)
                     )
                 else:
                     found = read_linkage(real, dynamic)
@@ -113,7 +119,7 @@ def reads_linkage(facts: ClFacts) -> bool:
 def role_facts_of(inventory: Inventory, record: FileRecord) -> ClFacts:
     """The LLVM-role fact of one inventory file, read once per run. Raises FormatError or OSError."""
     dynamic = inventory.dynamic(record)
-    return inventory.facts.get(record, "llvm-role", lambda view: classify(record.path, dynamic, view))
+    return inventory.facts.get(record, ROLE_FACT, lambda view: classify(record.path, dynamic, view))
 
 
 def linkage_facts_of(inventory: Inventory, record: FileRecord) -> Linkage | None:
@@ -122,4 +128,4 @@ def linkage_facts_of(inventory: Inventory, record: FileRecord) -> Linkage | None
     if not reads_linkage(role_facts_of(inventory, record)):
         return None
     dynamic = inventory.dynamic(record)
-    return inventory.facts.get(record, "llvm-linkage", lambda view: read_linkage(record.path, dynamic, view))
+    return inventory.facts.get(record, LINKAGE_FACT, lambda view: read_linkage(record.path, dynamic, view))

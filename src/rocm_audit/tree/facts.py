@@ -87,6 +87,11 @@ class FileFacts:
         self._values[key] = value
         return value
 
+    def preload(self, identity: tuple[int, int], name: str, value: object) -> None:
+        """A fact read before this run from the same bytes by the same reader (image/trim.py reads
+        a library's LLVM facts while its layer streams)."""
+        self._values.setdefault((identity, name), value)
+
     def known(self, record: HasIdentity, name: str, *, per_path: bool = False) -> bool:
         key: tuple[object, ...] = (record.identity, name, record.path) if per_path else (record.identity, name)
         return key in self._values or key in self._failures
