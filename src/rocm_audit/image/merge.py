@@ -380,12 +380,16 @@ def _regular(
     head = _head(chunks) if keep and state.placeholders and entry.size >= HASH_MIN_BYTES else []
     sparse = bool(head) and not needed.needs_bytes("/" + rel, b"".join(head))
     # A large ELF file keeps only the blocks the checks read (image/trim.py), and its SHA-256.
-    trimming = keep and not sparse and _trimmable(state, entry, head, index)
+    trimming = keep and not sparse and trim.worth_trimming(entry.size, head, index in state.again, state.sizes_seen)
     # A written file is hashed later, only if a verdict needs it (image/digests.py); a file whose bytes
     # are not written (streamed past, a sparse placeholder) is hashed now, while they go by.
     hashing = entry.size >= HASH_MIN_BYTES and (sparse or not keep)
     hasher = hashlib.blake2b(digest_size=32) if hashing else None
-    identity = hashlib.sha256() if trimming or (hashing and entry.size in state.trimmed_by_size) else None
+    identity: digests.ThreadedSha256 | hashlib._Hash | None = None
+    if trimming:
+        identity = digests.ThreadedSha256()
+    elif hashing and entry.size in state.trimmed_by_size:
+        identity = hashlib.sha256()
     out = open(target, "w+b" if trimming else "wb") if keep else None
     trimmed: tuple[int, int] | None = None
     try:
@@ -404,6 +408,8 @@ def _regular(
     finally:
         if out is not None:
             out.close()
+        if isinstance(identity, digests.ThreadedSha256):
+            identity.close()  # its thread ends whatever happened (the digest stays readable)
     if sparse:
         state.sparse.add("/" + rel)
     if out is not None:
@@ -424,18 +430,6 @@ def _regular(
             hasher.digest() if hasher is not None else None,
             identity.digest() if identity is not None and not trimming else None,
         )
-
-
-def _trimmable(state: MergeState, entry: tarstream.TarEntry, head: list[bytes], index: int) -> bool:
-    """A large ELF file written in a layer that can be read again (image/trim.py), of a size no
-    copy had so far: a later copy of its size is kept whole, so a duplicate group keeps a whole
-    member to give the trimmed ones their bytes back (``make_whole``)."""
-    return (
-        entry.size >= trim.TRIM_MIN_BYTES
-        and index in state.again
-        and entry.size not in state.sizes_seen
-        and b"".join(head).startswith(needed.ELF_MAGIC)
-    )
 
 
 def _trim(state: MergeState, path: str, fd: int, size: int) -> tuple[int, int] | None:

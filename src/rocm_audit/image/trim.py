@@ -42,6 +42,7 @@ from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import FormatError
 from rocm_audit.gpu.codeobjects import host_reads
 from rocm_audit.gpu.embedded import EMBEDDED_SECTION_PREFIXES
+from rocm_audit.image.needed import ELF_MAGIC
 from rocm_audit.llvm.libfacts import LINKAGE_FACT, ROLE_FACT, reads_linkage
 from rocm_audit.llvm.linkage import read_linkage
 from rocm_audit.llvm.roles import classify
@@ -98,6 +99,13 @@ def unread_ranges(path: str, fd: int, size: int) -> tuple[list[tuple[int, int]],
         else:
             kept.append(extent)
     return _blocks(_subtract(_merged(dropped), _merged(kept))), facts
+
+
+def worth_trimming(size: int, head: list[bytes], read_again: bool, sizes_seen: set[int]) -> bool:
+    """Whether to trim a file of ``size`` starting with ``head``: a large ELF file, in a layer that
+    can be read again, of a size no copy had so far (a later copy of its size is kept whole, so a
+    duplicate group keeps a whole member to give the trimmed ones their bytes: image/whole.py)."""
+    return size >= TRIM_MIN_BYTES and read_again and size not in sizes_seen and b"".join(head).startswith(ELF_MAGIC)
 
 
 def trim_file(path: str, fd: int, size: int) -> tuple[tuple[int, int], int, dict[str, object]]:
