@@ -11,6 +11,7 @@ plus the addend), which hip-clang of ROCm 4.0 used for rccl's bundle in ``.data`
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import compress, count
 
 from rocm_audit.elf.read import ElfHeader
 from rocm_audit.elf.sections import SHF_ALLOC, Section
@@ -46,7 +47,7 @@ def loaded_pointers(
         if section.size > MAX_RELA_BYTES:
             raise FormatError("ELF", section.offset, f"{section.name} of {section.size:,} bytes is absurd")
         offsets, infos, addends = view.relocation_columns(section)
-        for row in [i for i, r_offset in enumerate(offsets) if r_offset in wanted]:
+        for row in compress(count(), map(wanted.__contains__, offsets)):  # no object per entry
             r_offset, r_info, addend = offsets[row], infos[row], addends[row]
             kind, symbol = r_info & 0xFFFFFFFF, r_info >> 32
             if kind == R_X86_64_RELATIVE:

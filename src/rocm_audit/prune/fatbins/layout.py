@@ -60,7 +60,16 @@ from dataclasses import dataclass, field
 from rocm_audit.elf import read as elfread
 from rocm_audit.elf.relocations import R_X86_64_64, R_X86_64_GLOB_DAT, R_X86_64_RELATIVE, file_place
 from rocm_audit.elf.sections import SHF_ALLOC, Section
-from rocm_audit.elf.tables import PT_LOAD, PT_PHDR, Phdr, Shdr, defined_symbols_in, header_with, read_phdrs, relocations
+from rocm_audit.elf.tables import (
+    PT_LOAD,
+    PT_PHDR,
+    Phdr,
+    Shdr,
+    defined_symbols_in,
+    header_with,
+    read_phdrs,
+    relocations_touching,
+)
 from rocm_audit.elf.tables import read_shdrs as read_shdr_table
 from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import FormatError
@@ -181,8 +190,13 @@ def prepare(fd: int, starts: Sequence[int], slots: Sequence[int]) -> Prepared:
             )
         prepared.pointer_moves.append((symbol.value_offset, symbol.value))
     in_fatbin = {(s.table.index, s.index) for s in symbols}
+    by_table: dict[int, set[int]] = {}
+    for table_index, symbol_index in in_fatbin:
+        by_table.setdefault(table_index, set()).add(symbol_index)
     slot_set = set(slots)
-    for reloc in relocations(view):
+    # Only the entries the checks below can act on: the others are not decoded (see
+    # relocations_touching); the order, and so the first refusal, is the file's.
+    for reloc in relocations_touching(view, addends=range(low, high), symbols=by_table, r_offsets=slot_set):
         if reloc.kind == R_X86_64_RELATIVE and low <= reloc.addend < high:
             if reloc.addend not in starts_v:
                 raise LayoutRefused(
