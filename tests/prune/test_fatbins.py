@@ -316,6 +316,41 @@ def test_a_large_bundle_is_slimmed_in_bounded_memory(tmp_path):
     assert frame.content_size == header.uncompressed_size < len(plain)
 
 
+def test_the_proof_compares_the_selected_code_byte_for_byte(tmp_path):
+    """A byte changed in the original's kept entry (its last byte, past the first MiB compared)
+    fails the proof of a plain bundle and of a CCOB; one changed in the removed entry does not."""
+    import zstandard
+
+    kept = [kept_target("gfx942")]
+    plain = _big_bundle(2 << 20)
+    payload = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(plain)
+    packed = ccob.pack_header(3, ccob.METHOD_ZSTD, len(plain), len(payload), hashlib.md5(plain).digest()[:8]) + payload
+    kept_last, removed_first = 4096 + (2 << 20) - 1, 4096 + (2 << 20)
+    for data in (plain, packed):
+        source = tmp_path / "bundle"
+        source.write_bytes(data)
+        fd = os.open(source, os.O_RDONLY)
+        try:
+            with slim(fd, 0, len(data), kept, None, str(tmp_path)) as slimmed:
+                assert prove_same_selection(slimmed, kept) is None
+                original = slimmed.original
+                assert original is not None
+                for changed, verdict in ((kept_last, "for gfx942"), (removed_first, None)):
+
+                    def altered(offset: int, size: int, changed: int = changed, original=original) -> bytes:
+                        chunk = bytearray(original(offset, size))
+                        if offset <= changed < offset + size:
+                            chunk[changed - offset] ^= 0xFF
+                        return bytes(chunk)
+
+                    slimmed.original = altered
+                    problem = prove_same_selection(slimmed, kept)
+                    assert (problem is None) if verdict is None else (verdict in (problem or ""))
+                slimmed.original = original
+        finally:
+            os.close(fd)
+
+
 # --- applied to a site-packages -------------------------------------------------------------
 
 

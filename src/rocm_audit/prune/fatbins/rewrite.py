@@ -578,22 +578,71 @@ def selections(data: bytes, kept: Sequence[TargetId]) -> dict[str, str | None]:
     return _selections_of(read_at, len(data), kept, None)
 
 
+def _selected_entries(
+    read_at: ReadAt, extent: int, kept: Sequence[TargetId]
+) -> tuple[offload_bundle.Bundle, dict[str, int | None]]:
+    """The uncompressed bundle, and for every device setting of every kept target the index of
+    the entry the runtime selects from it, or None. Raises FormatError."""
+    _table, bundle = read_table(read_at, extent)
+    entries = _entries(bundle)
+    return bundle, {str(agent): selected(entries, agent) for k in kept for agent in agents_of(k)}
+
+
+def _same_bytes(old: ReadAt, old_at: int, new: ReadAt, new_at: int, size: int) -> bool:
+    done = 0
+    while done < size:
+        step = min(CHUNK, size - done)
+        if old(old_at + done, step) != new(new_at + done, step):
+            return False
+        done += step
+    return True
+
+
 def prove_same_selection(slimmed: Slimmed, kept: Sequence[TargetId]) -> str | None:
-    """None when ``slimmed`` selects byte-identical code objects (same sha256) for every setting
-    of every kept target as its original, else what differs. The slimmed bundle is parsed again
-    from its bytes (a CCOB inflated again and checked against its header); the original from
-    its file, or from its inflated spool, checked against its header when it was written."""
+    """None when ``slimmed`` selects byte-identical code objects for every setting of every kept
+    target as its original, else what differs. The slimmed bundle is parsed again from its bytes
+    (a CCOB inflated again and checked against its header); the original from its file, or from
+    its inflated spool, checked against its header when it was written. The two code objects are
+    compared byte for byte, once per pair of entries (the settings of a target mostly share one)."""
     if slimmed.original is None:
         return None  # nothing removed: the original itself
+    original = slimmed.original
     try:
-        old = plain_selections(slimmed.original, slimmed.original_extent, kept)
+        old_bundle, old = _selected_entries(original, slimmed.original_extent, kept)
     except FormatError as exc:
         return f"the original bundle does not parse: {exc}"
-    try:
-        new = _selections_of(slimmed.read_at, slimmed.size, kept, slimmed.spool_dir)
-    except FormatError as exc:
-        return f"the slimmed bundle does not parse: {exc}"
-    for agent, code in old.items():
-        if new.get(agent) != code:
-            return f"for {agent} the slimmed bundle selects other code"
+    with contextlib.ExitStack() as stack:
+        try:
+            read_new, extent = _opened(slimmed.read_at, slimmed.size, slimmed.spool_dir, stack)
+            new_bundle, new = _selected_entries(read_new, extent, kept)
+        except FormatError as exc:
+            return f"the slimmed bundle does not parse: {exc}"
+        compared: dict[tuple[int, int], bool] = {}
+        for agent, index in old.items():
+            there = new.get(agent)
+            if index is None or there is None:
+                if index != there:
+                    return f"for {agent} the slimmed bundle selects other code"
+                continue
+            if (index, there) not in compared:
+                a, b = old_bundle.entries[index], new_bundle.entries[there]
+                try:
+                    compared[index, there] = a.size == b.size and _same_bytes(
+                        original, a.offset, read_new, b.offset, a.size
+                    )
+                except FormatError as exc:
+                    return f"the slimmed bundle does not parse: {exc}"
+            if not compared[index, there]:
+                return f"for {agent} the slimmed bundle selects other code"
     return None
+
+
+def _opened(read_at: ReadAt, extent: int, spool_dir: str | None, stack: contextlib.ExitStack) -> tuple[ReadAt, int]:
+    """A reader of the bundle's uncompressed bytes and their size: the bundle itself, or a CCOB
+    inflated into a spool (closed with ``stack``) and checked against its header."""
+    if read_at(0, min(extent, 4)) != ccob.CCOB_MAGIC:
+        return read_at, extent
+    header = ccob.parse_header(read_at(0, min(extent, ccob.MAX_HEADER_SIZE)), 0, extent)
+    spool = stack.enter_context(_spool(spool_dir))
+    size = inflate_to(header, read_at, extent, spool)
+    return _fd_reader(spool.fileno(), 0, size), size
