@@ -10,7 +10,6 @@ either original or journalled with a whole backup.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -36,7 +35,7 @@ from rocm_audit.prune.fatbins.rewrite import (
 )
 from rocm_audit.prune.fatbins.select import entries_to_keep
 from rocm_audit.tree.targets import TargetId, agents_of, kept_target
-from support.hip_host import HIP_FLAGS, TU, build_stub, load_and_read
+from support.hip_host import HIP_FLAGS, TU, build_stub, hippkg_site, load_and_read, record_hash
 from support.killpoints import rocm_audit
 from support.memory import peak_rss_kib, reset_peak_rss
 from support.run import run_checked
@@ -61,27 +60,10 @@ def built(tmp_path_factory) -> dict[str, Path]:
     return made
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 @pytest.fixture
 def site(tmp_path, built) -> Path:
     """A site-packages: one distribution owning both libraries, with a RECORD as pip writes it."""
-    root = tmp_path / "site-packages"
-    (root / "hippkg").mkdir(parents=True)
-    info = root / "hippkg-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hippkg\nVersion: 1.0\n")
-    rows = []
-    for name in ("libplain.so", "libccob.so"):
-        shutil.copy2(built[name], root / "hippkg" / name)
-        data = (root / "hippkg" / name).read_bytes()
-        rows.append(f"hippkg/{name},{_record_hash(data)},{len(data)}")
-    rows.append("hippkg-1.0.dist-info/METADATA,,")
-    rows.append("hippkg-1.0.dist-info/RECORD,,")
-    (info / "RECORD").write_text("\n".join(rows) + "\n")
-    return root
+    return hippkg_site(tmp_path / "site-packages", {name: built[name] for name in ("libplain.so", "libccob.so")})
 
 
 def _bundles(path: Path) -> list[bytes]:
@@ -386,7 +368,7 @@ def test_apply_loads_registers_the_same_code_rewrites_record_and_reverts(site, b
         path = site / "hippkg" / name
         now = path.read_bytes()
         assert len(now) <= len(data) and now != data
-        assert f"hippkg/{name},{_record_hash(now)},{len(now)}" in record
+        assert f"hippkg/{name},{record_hash(now)},{len(now)}" in record
         # the slimmed library still loads, and registers bundles selecting the same gfx942 code
         registered = _registered(built["stub"], path)
         assert len(registered) == len(registered_before[name]) == 2

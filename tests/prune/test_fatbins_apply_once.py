@@ -8,7 +8,6 @@ put back: only its ctime tells) is refused with PRUNE003 and left byte for byte 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -25,7 +24,7 @@ from rocm_audit.prune.fatbins.library import prove_file, slim_library
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.targets import kept_target
 from support.cli import invoke_cli, report_validator
-from support.hip_host import HIP_FLAGS, TU
+from support.hip_host import HIP_FLAGS, TU, hippkg_site
 from support.run import run_checked
 from support.tools import require_tool
 
@@ -48,25 +47,9 @@ def built(tmp_path_factory) -> dict[str, Path]:
     return made
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 @pytest.fixture
 def site(tmp_path, built) -> Path:
-    root = tmp_path / "site-packages"
-    (root / "hippkg").mkdir(parents=True)
-    info = root / "hippkg-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hippkg\nVersion: 1.0\n")
-    rows = []
-    for name in NAMES:
-        shutil.copy2(built[name], root / "hippkg" / name)
-        data = (root / "hippkg" / name).read_bytes()
-        rows.append(f"hippkg/{name},{_record_hash(data)},{len(data)}")
-    rows += ["hippkg-1.0.dist-info/METADATA,,", "hippkg-1.0.dist-info/RECORD,,"]
-    (info / "RECORD").write_text("\n".join(rows) + "\n")
-    return root
+    return hippkg_site(tmp_path / "site-packages", {name: built[name] for name in NAMES})
 
 
 def _count_slimming(monkeypatch, after=None) -> tuple[Counter[str], Counter[str]]:

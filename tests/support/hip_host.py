@@ -11,8 +11,11 @@ are read from the process's memory where the runtime would read them.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +119,25 @@ def load_and_read(
     loaded: dict[str, Any] = json.loads(done.stdout)
     loaded["bundles"] = [bytes.fromhex(h) for h in loaded["bundles"]]
     return loaded
+
+
+def record_hash(data: bytes) -> str:
+    """A RECORD row's hash field as pip writes it."""
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def hippkg_site(root: Path, libraries: dict[str, Path]) -> Path:
+    """A site-packages at ``root``: one distribution (hippkg 1.0) owning copies of ``libraries``
+    (name -> built file) under hippkg/, with a RECORD as pip writes it."""
+    (root / "hippkg").mkdir(parents=True)
+    info = root / "hippkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hippkg\nVersion: 1.0\n")
+    rows = []
+    for name, built in libraries.items():
+        shutil.copy2(built, root / "hippkg" / name)
+        data = (root / "hippkg" / name).read_bytes()
+        rows.append(f"hippkg/{name},{record_hash(data)},{len(data)}")
+    rows += ["hippkg-1.0.dist-info/METADATA,,", "hippkg-1.0.dist-info/RECORD,,"]
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
+    return root
