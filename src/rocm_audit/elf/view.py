@@ -26,6 +26,7 @@ import struct
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from rocm_audit.elf import read as elfread
 from rocm_audit.elf.sections import Section, read_sections
@@ -79,6 +80,9 @@ def string_at(table: bytes, offset: int, where: int, encoding: str = "utf-8", er
     return table[offset:end].decode(encoding, errors)
 
 
+_View = TypeVar("_View", bound="ElfView")
+
+
 class ElfView:
     """The lazily parsed structures of the ELF file open at ``fd`` (see the module docstring).
 
@@ -96,7 +100,9 @@ class ElfView:
         self._notes: tuple[Note, ...] | None = None
 
     @classmethod
-    def of_sections(cls, fd: int, header: elfread.ElfHeader, sections: tuple[Section, ...], file_size: int) -> ElfView:
+    def of_sections(
+        cls: type[_View], fd: int, header: elfread.ElfHeader, sections: tuple[Section, ...], file_size: int
+    ) -> _View:
         """A view whose header and section table the caller already read."""
         view = cls(fd, file_size=file_size, header=header)
         view._sections = sections

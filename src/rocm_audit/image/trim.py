@@ -157,9 +157,8 @@ class _RecordingView(ElfView):
     """An ElfView that notes the file range of every read but a search's, and of what a search
     finds: the bytes a reading depends on (zeros elsewhere hold no needle)."""
 
-    def __init__(self, fd: int, size: int, header: elfread.ElfHeader, sections: tuple[Section, ...]) -> None:
-        super().__init__(fd, file_size=size, header=header)
-        self._sections = sections
+    def __init__(self, fd: int, *, file_size: int | None = None, header: elfread.ElfHeader | None = None) -> None:
+        super().__init__(fd, file_size=file_size, header=header)
         self.reads: list[tuple[int, int]] = []
         self._searching = False
 
@@ -186,7 +185,7 @@ def _llvm_reads(
     for) and, where llvm/libfacts.py reads it, its linkage (linkage.py: the call walk reads only
     the code the static initialisers reach), and those facts; None when a reading fails (then the
     sections they search and the code stay whole)."""
-    view = _RecordingView(fd, size, header, sections)
+    view = _RecordingView.of_sections(fd, header, sections, size)
     facts: dict[str, object] = {}
     try:
         facts[ROLE_FACT] = role = classify(path, view.dynamic, view)
