@@ -227,6 +227,26 @@ def test_trimmed_copy_replaced_then_matched_by_a_later_copy(tmp_path, library, s
     assert (root / SP / "c/liby.so").read_bytes() == content
 
 
+@pytest.mark.parametrize("how", ["replaced", "whiteout", "opaque", "directory"])
+def test_facts_of_a_removed_trimmed_library_never_reach_the_file_after_it(tmp_path, library, monkeypatch, how):
+    """ext4 gives a freed inode to the next file it creates: the facts read while trimming a
+    library a later layer removes must not pass for those of the file then at its path."""
+    plain = build(tmp_path / "plain", "libplain.so", functions=3, seed=1)
+    plain_text = plain.read_bytes().replace(b"CommandLine", b"commandline")  # no LLVM message
+    monkeypatch.setattr(trim, "TRIM_MIN_BYTES", len(plain_text) + 1)  # the library is trimmed, not its successor
+    path = f"{SP}/a/libx.so"
+    later = {
+        "replaced": [layer((path, plain_text))],
+        "whiteout": [layer((f"{SP}/a/.wh.libx.so", b"")), layer((path, plain_text))],
+        "opaque": [layer((f"{SP}/a/.wh..wh..opq", b""), (f"{SP}/a/other", b"")), layer((path, plain_text))],
+        "directory": [layer((f"{SP}/.wh.a", b"")), layer((path, plain_text))],
+    }[how]
+    state = _state(tmp_path, [layer((path, library.read_bytes())), *later])
+    assert len(state.read_facts) <= 1
+    known = whole.facts_still_shown(state)
+    assert known == {}, "the facts of the removed library, for the file now at its path"
+
+
 def test_a_layer_that_does_not_give_the_bytes_again_leaves_the_file_out(tmp_path, library, small_trim):
     content = library.read_bytes()
     work = tmp_path / "work"

@@ -644,6 +644,7 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
     """Remove a path of the merged view (a directory with its children) and forget its copies."""
     if _is_real_dir(target):
         _forget(state, rel)
+        _forget_facts(state, target, below=True)
         shutil.rmtree(target)
         return
     digests.hash_before_removal(state, state.visible.get("/" + rel))
@@ -652,7 +653,26 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
     state.streamed_past.discard("/" + rel)
     state.sparse.discard("/" + rel)
     if _lexists(target):
+        _forget_facts(state, target)
         os.unlink(target)
+
+
+def _forget_facts(state: MergeState, target: str, *, below: bool = False) -> None:
+    """Forget the facts read while trimming the file at ``target`` (every file under it with
+    ``below``) before it goes: ext4 gives a freed inode number to the next file it creates, often
+    the one a later layer puts at the same path, and ``read_facts`` is keyed by inode."""
+    if below:
+        prefix = target + os.sep
+        for identity in [i for i, (path, _) in state.read_facts.items() if path.startswith(prefix)]:
+            del state.read_facts[identity]
+        return
+    try:
+        info = os.lstat(target)
+    except OSError:
+        return
+    known = state.read_facts.get((info.st_dev, info.st_ino))
+    if known is not None and known[0] == target:
+        del state.read_facts[(info.st_dev, info.st_ino)]
 
 
 def _forget(state: MergeState, rel: str) -> None:
