@@ -115,6 +115,30 @@ def test_hardlink_into_site_packages_from_a_file_not_extracted(tmp_path, run_cli
     assert not Path(state.root, "opt/stage/libamd_comgr.so.3").exists()  # streamed past, as before
 
 
+@pytest.mark.parametrize("source", ["stored", "absent"])
+def test_a_link_waiting_for_its_bytes_then_replaced_in_its_layer_leaves_the_replacement(tmp_path, libs, source):
+    # The last member of a name wins (as the engine extracts). The file that replaces a link
+    # waiting for the second reading may get the waiting placeholder's freed inode number (ext4
+    # reuses it at once): it must keep its own bytes, and no refusal of the link may remove it.
+    lib = f"{SP}/_rocm_sdk_core/lib"
+    stage = [("opt/stage/libamd_comgr.so.3", libs["comgr"])] if source == "stored" else []
+    core = layer(
+        *stage,
+        member(f"{lib}/libamd_comgr.so.3", kind=tarfile.LNKTYPE, link="opt/stage/libamd_comgr.so.3"),
+        (f"{lib}/libamd_comgr.so.3", libs["other"]),
+        member(f"{lib}/libghost.so.1", kind=tarfile.LNKTYPE, link="opt/stage/none.so"),
+        member(f"{lib}/libghost.so", kind=tarfile.LNKTYPE, link="opt/stage/none.so"),
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions())
+    extract_archive(str(docker_save(tmp_path / "save.tar", [core])), str(work), state)
+    assert Path(state.root, lib, "libamd_comgr.so.3").read_bytes() == libs["other"]
+    # A link to no file fails the layer in the engine: refused (a finding), whatever replaced it.
+    assert [f.rule for f in state.findings] == ["IMG002"] * (1 if source == "stored" else 2)
+    assert not any(Path(state.root, lib).glob("libghost*")), "every link to no file is taken away"
+
+
 @pytest.mark.parametrize("full", [False, True], ids=["default", "full"])
 def test_libraries_outside_the_extracted_directories_still_resolve(tmp_path, run_cli, full):
     # A site-packages library with RUNPATH /opt/vendor/lib: the default mode does not write /opt,

@@ -121,6 +121,9 @@ class MergeState:
     # Facts the checks read from a library's bytes, read while trimming it: inode -> (path, facts)
     read_facts: dict[tuple[int, int], tuple[str, dict[str, object]]] = field(default_factory=dict)
     again: dict[int, tuple[str, Callable[[], AbstractContextManager[tarstream.Readable]]]] = field(default_factory=dict)
+    # This layer's kept hardlinks waiting for its second reading, by root-relative path: a later
+    # member of the same name removes its path from the wait (``_drop``).
+    waiting_links: dict[str, _Pending] = field(default_factory=dict)
 
 
 def normalise(name: str) -> str | None:
@@ -188,6 +191,7 @@ def apply_layer(
             _refuse(state, stats, where, entry, f"could not be extracted: {exc.strerror}")
     if work.pending:
         _fill_pending(state, stats, where, work.pending, again)
+    state.waiting_links.clear()
     _finish_layer(state, where, index, work)
     return stats
 
@@ -454,7 +458,7 @@ class _Pending:
     """Kept hardlinks whose bytes the layer stored under a path the audit does not write: an empty
     placeholder (one inode, every such link) is filled when the layer is read again."""
 
-    paths: list[str]  # root-relative paths of the links, the placeholder first
+    paths: list[str]  # root-relative paths of the links still waiting, the placeholder first
     inode: tuple[int, int]
     entry: tarstream.TarEntry  # the first link's header, for findings
 
@@ -506,14 +510,19 @@ def _hardlink(
     # Nothing at the source: a file of this layer the audit did not write (its bytes were streamed
     # past), or no file at all; the second reading of the layer tells which.
     waiting = pending.get(source_rel)
-    if waiting is not None and whole.same_inode(os.path.join(state.root, waiting.placeholder), waiting.inode):
-        os.link(os.path.join(state.root, waiting.placeholder), target, follow_symlinks=False)
+    if (
+        waiting is not None
+        and waiting.paths
+        and whole.same_inode(waiting_place := os.path.join(state.root, waiting.placeholder), waiting.inode)
+    ):
+        os.link(waiting_place, target, follow_symlinks=False)
         waiting.paths.append(rel)
+        state.waiting_links[rel] = waiting
         return
     with open(target, "xb"):
         pass
     info = os.lstat(target)
-    pending[source_rel] = _Pending([rel], (info.st_dev, info.st_ino), entry)
+    pending[source_rel] = state.waiting_links[rel] = _Pending([rel], (info.st_dev, info.st_ino), entry)
 
 
 def _fill_pending(
@@ -533,8 +542,8 @@ def _fill_pending(
                     waiting = pending.get(source_rel) if source_rel else None
                     if source_rel is None or waiting is None:
                         continue
-                    place = os.path.join(state.root, waiting.placeholder)
-                    if whole.same_inode(place, waiting.inode):
+                    place = os.path.join(state.root, waiting.placeholder) if waiting.paths else ""
+                    if place and whole.same_inode(place, waiting.inode):
                         descriptor = os.open(place, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
                         with open(descriptor, "wb") as out:
                             for chunk in data:
@@ -557,7 +566,7 @@ def _fill_pending(
 
 def _drop_links(state: MergeState, waiting: _Pending) -> None:
     """Remove an unfilled placeholder and the links of this layer made to it."""
-    for rel in waiting.paths:
+    for rel in list(waiting.paths):  # _drop takes each out of the list
         place = os.path.join(state.root, rel)
         if whole.same_inode(place, waiting.inode):
             _drop(state, rel, place)
@@ -652,6 +661,9 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
     state.hardlinked.pop("/" + rel, None)
     state.streamed_past.discard("/" + rel)
     state.sparse.discard("/" + rel)
+    waiting = state.waiting_links.pop(rel, None)
+    if waiting is not None:  # a later member of this name: its file is not the placeholder
+        waiting.paths.remove(rel)
     if _lexists(target):
         _forget_facts(state, target)
         os.unlink(target)
@@ -685,6 +697,8 @@ def _forget(state: MergeState, rel: str) -> None:
     for paths in (state.streamed_past, state.sparse):
         for path in [p for p in paths if p.startswith(prefix + "/")]:
             paths.discard(path)
+    for path in [p for p in state.waiting_links if p.startswith(rel + "/")]:
+        state.waiting_links.pop(path).paths.remove(path)
 
 
 def _lexists(path: str) -> bool:
