@@ -1,7 +1,8 @@
 """Aim every symbolic link of the merged view at what the container's kernel resolves it to.
 
-Split from image/merge.py (which builds the view): the view's links are re-aimed once, after the
-last layer, so nothing in it points outside the private root.
+Split from image/merge.py (which builds the view): a link is stored as its layer gives it
+(``stored_link_text``), and the view's links are re-aimed once, after the last layer, so nothing
+in it points outside the private root.
 """
 
 from __future__ import annotations
@@ -83,3 +84,16 @@ def _lexical(stack: list[str], parts: list[str]) -> str:
         elif stack:
             stack.pop()
     return "/".join(stack)
+
+
+def stored_link_text(rel: str, link_text: str) -> str | None:
+    """The link text to store: an absolute target is taken from the image root (``../`` once per
+    directory above the link, then the text unchanged: its ``..`` must stay physical); None for an
+    empty text or one holding NUL. ``aim_links`` re-aims what would resolve otherwise on the host."""
+    if not link_text or "\0" in link_text:
+        return None
+    if not link_text.startswith("/"):
+        return link_text
+    depth = rel.count("/")
+    rest = link_text.lstrip("/")
+    return ("../" * depth + rest) or "."

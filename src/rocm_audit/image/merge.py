@@ -43,7 +43,7 @@ from rocm_audit.errors import FormatError, RocmAuditError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image import digests, needed, tarstream, trim, whole
 from rocm_audit.image.digests import Copy, Trimmed
-from rocm_audit.image.links import aim_links
+from rocm_audit.image.links import aim_links, stored_link_text
 from rocm_audit.progress import SILENT, Progress
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ def _apply_entry(
         return
     _drop(state, rel, target)
     if entry.kind == tarstream.SYMLINK:
-        link_text = _stored_link_text(rel, entry.linkname)
+        link_text = stored_link_text(rel, entry.linkname)
         if link_text is None:
             _refuse(state, stats, where, entry, f"symbolic link with an empty or NUL target {entry.linkname!r}")
             return
@@ -579,19 +579,6 @@ def _is_regular(path: str) -> bool:
         return False
 
 
-def _stored_link_text(rel: str, link_text: str) -> str | None:
-    """The link text to store: an absolute target is taken from the image root (``../`` once per
-    directory above the link, then the text unchanged: its ``..`` must stay physical); None for an
-    empty text or one holding NUL. ``finish`` re-aims what would resolve otherwise on the host."""
-    if not link_text or "\0" in link_text:
-        return None
-    if not link_text.startswith("/"):
-        return link_text
-    depth = rel.count("/")
-    rest = link_text.lstrip("/")
-    return ("../" * depth + rest) or "."
-
-
 def _prepare_parent(state: MergeState, parent: str, created: set[str]) -> str | None:
     """Create the parent directories of an entry. A parent a lower layer made a file or a link is
     replaced by a directory, as overlay2 makes it (the layer's own directory holds a real one,
@@ -653,7 +640,7 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
     """Remove a path of the merged view (a directory with its children) and forget its copies."""
     if _is_real_dir(target):
         _forget(state, rel)
-        _forget_facts(state, target, below=True)
+        whole.forget_facts(state, target, below=True)
         shutil.rmtree(target)
         return
     digests.hash_before_removal(state, state.visible.get("/" + rel))
@@ -665,26 +652,8 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
     if waiting is not None:  # a later member of this name: its file is not the placeholder
         waiting.paths.remove(rel)
     if _lexists(target):
-        _forget_facts(state, target)
+        whole.forget_facts(state, target)
         os.unlink(target)
-
-
-def _forget_facts(state: MergeState, target: str, *, below: bool = False) -> None:
-    """Forget the facts read while trimming the file at ``target`` (every file under it with
-    ``below``) before it goes: ext4 gives a freed inode number to the next file it creates, often
-    the one a later layer puts at the same path, and ``read_facts`` is keyed by inode."""
-    if below:
-        prefix = target + os.sep
-        for identity in [i for i, (path, _) in state.read_facts.items() if path.startswith(prefix)]:
-            del state.read_facts[identity]
-        return
-    try:
-        info = os.lstat(target)
-    except OSError:
-        return
-    known = state.read_facts.get((info.st_dev, info.st_ino))
-    if known is not None and known[0] == target:
-        del state.read_facts[(info.st_dev, info.st_ino)]
 
 
 def _forget(state: MergeState, rel: str) -> None:

@@ -1,7 +1,7 @@
 """What trimming leaves for after the last layer (image/trim.py keeps only the blocks the checks
 read of a large ELF file): trimmed files made whole again where a byte comparison may read them
 (``make_whole``, from image/merge.py's ``finish``), and the facts read while trimming handed to
-the checks (``facts_still_shown``)."""
+the checks (``facts_still_shown``) or forgotten when the view drops their file (``forget_facts``)."""
 
 from __future__ import annotations
 
@@ -180,3 +180,21 @@ def facts_still_shown(state: WholeState) -> dict[tuple[int, int], dict[str, obje
         if (info.st_dev, info.st_ino) == identity and info.st_nlink == 1 and stat.S_ISREG(info.st_mode):
             known[identity] = facts
     return known
+
+
+def forget_facts(state: WholeState, target: str, *, below: bool = False) -> None:
+    """Forget the facts read while trimming the file at ``target`` (every file under it with
+    ``below``) before it goes: ext4 gives a freed inode number to the next file it creates, often
+    the one a later layer puts at the same path, and ``read_facts`` is keyed by inode."""
+    if below:
+        prefix = target + os.sep
+        for identity in [i for i, (path, _) in state.read_facts.items() if path.startswith(prefix)]:
+            del state.read_facts[identity]
+        return
+    try:
+        info = os.lstat(target)
+    except OSError:
+        return
+    known = state.read_facts.get((info.st_dev, info.st_ino))
+    if known is not None and known[0] == target:
+        del state.read_facts[(info.st_dev, info.st_ino)]
