@@ -29,12 +29,13 @@ SLOW_FIXTURES = {
 def pytest_collection_modifyitems(config, items):
     """Tests that use a slow fixture get its marker (SLOW_FIXTURES). Tests marked slow (whole
     sweeps, big downloads) are deselected unless ROCM_AUDIT_SLOW=1; the first-contact journey
-    (marked journey) unless ROCM_AUDIT_JOURNEY=1 (scripts/test sets it in CI)."""
+    (marked journey) unless ROCM_AUDIT_JOURNEY=1 and the long integration variants (marked long)
+    unless ROCM_AUDIT_LONG=1 (scripts/test sets both in CI)."""
     for item in items:
         for fixture, marker in SLOW_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
-    wanted = {"slow": os.environ.get("ROCM_AUDIT_SLOW") == "1", "journey": os.environ.get("ROCM_AUDIT_JOURNEY") == "1"}
+    wanted = {name: os.environ.get(f"ROCM_AUDIT_{name.upper()}") == "1" for name in ("slow", "journey", "long")}
     if config.getoption("-m"):
         return  # an explicit marker expression decides
     slow = [item for item in items if any(item.get_closest_marker(m) for m, on in wanted.items() if not on)]

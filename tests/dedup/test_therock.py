@@ -103,7 +103,13 @@ def test_a_fresh_install_passes_the_gate_and_dedup_hardens_only_what_rocm_sdk_le
     assert code == 0 and report["dedup"]["groups"] == []
 
 
-@pytest.mark.parametrize("kind", SPLIT_KINDS)
+# The devel tree copied (TheRock issue 7818's split) in the default suite; the rest in CI (long).
+QUICK_SPLITS = ("devel-copy",)
+
+
+@pytest.mark.parametrize(
+    "kind", [pytest.param(kind, marks=() if kind in QUICK_SPLITS else pytest.mark.long) for kind in SPLIT_KINDS]
+)
 def test_one_run_fixes_every_split_and_rocm_sdk_keeps_it_fixed(install, kind):
     install.split(kind)
     sp = str(install.site_packages)
@@ -432,6 +438,7 @@ def test_the_nonce_ranks_like_the_tree_it_renames(tmp_path):
     assert code == 0 and "LLVM001" not in rules(modelled)
 
 
+@pytest.mark.long
 def test_upstream_unsorted_member_order_converges_too(tmp_path):
     """TheRock tars devel in the file system's os.walk order: which aliases `rocm-sdk init` leaves
     symlinks (``libX.so.1.0.0 -> libX.so.1``) and which it hardlinks (``libX.so``) is the file
@@ -513,7 +520,7 @@ def test_pip_uninstall_with_devel_first_leaves_only_therock_s_lock(install):
     assert not (install.site_packages / ".rocm-audit").exists()
 
 
-@pytest.mark.parametrize("reinstall", ["reinstall-core", "reinstall-libraries"])
+@pytest.mark.parametrize("reinstall", ["reinstall-core", pytest.param("reinstall-libraries", marks=pytest.mark.long)])
 def test_the_fix_survives_a_reinstall_and_a_second_run_restores_what_pip_split(install, reinstall):
     """Symlinks point at paths: pip writing new runtime files under them keeps the loader on one
     inode. The hardlinks TheRock (and dedup) keep for mirrored files are split by the reinstall, as

@@ -113,6 +113,7 @@ def test_docker_save_with_whiteout_and_replaced_directory(run_cli, saved):
     assert group["scope"] == "cross-layer"
 
 
+@pytest.mark.long
 def test_skopeo_oci_layout_and_oci_archive_match_docker_save(run_cli, saved, tmp_path):
     skopeo = tool("skopeo")
     layout, archive = tmp_path / "oci", tmp_path / "oci-archive.tar"
@@ -159,6 +160,7 @@ def test_skopeo_oci_layout_and_oci_archive_match_docker_save(run_cli, saved, tmp
     assert from_layout["image"]["waste"]["wasted_bytes"] == from_save["image"]["waste"]["wasted_bytes"]
 
 
+@pytest.mark.long
 def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path):
     skopeo, umoci = tool("skopeo"), tool("umoci")
     layout = tmp_path / "oci"
@@ -215,7 +217,8 @@ def test_umoci_layer_with_whiteout_and_opaque_directory(run_cli, saved, tmp_path
     json.dumps(report)
 
 
-@pytest.mark.parametrize("name", ["split_plain", "layered"])
+# --layers from a daemon stays in the default suite through test_daemon_layers_show_the_copies_in_two_layers.
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.long) for name in ("split_plain", "layered")])
 def test_daemon_layers_stream_the_save_with_the_findings_of_the_saved_file(
     run_cli, docker, docker_env, images, saved, name, tmp_path, caplog
 ):

@@ -212,7 +212,7 @@ def arg_images(docker, base_image, carrier, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("builder", ["classic", "buildkit"])
+@pytest.mark.parametrize("builder", [pytest.param("classic", marks=pytest.mark.long), "buildkit"])
 def test_real_build_with_arg_only_daemon_and_docker_save(
     run_cli, docker, docker_env, arg_images, builder, tmp_path, monkeypatch
 ):
@@ -231,6 +231,7 @@ def test_real_build_with_arg_only_daemon_and_docker_save(
 
 
 @pytest.mark.docker
+@pytest.mark.long
 def test_skopeo_and_umoci_archives_carry_the_history(run_cli, docker, arg_images, tmp_path, monkeypatch):
     monkeypatch.delenv("GPU_ARCH", raising=False)
     skopeo, umoci = _tool("skopeo"), _tool("umoci")

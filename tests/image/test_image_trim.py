@@ -267,6 +267,7 @@ def test_a_layer_that_does_not_give_the_bytes_again_leaves_the_file_out(tmp_path
 
 
 @pytest.mark.vendor
+@pytest.mark.long
 def test_image_of_real_llvm_libraries_reports_what_full_extraction_reports(tmp_path, run_cli):
     """Real LLVM carriers (registrants, exporters, hidden copies, plugins; sha256-pinned): trimmed
     to the blocks the checks read, the report equals that of writing every byte."""

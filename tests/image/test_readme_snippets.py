@@ -123,7 +123,7 @@ def sudo_image(docker, base_image, tmp_path_factory) -> str:
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("as_user", ["root", "builder"])
+@pytest.mark.parametrize("as_user", ["root", pytest.param("builder", marks=pytest.mark.long)])
 def test_setup_command_runs_as_written(docker, base_image, sudo_image, clone, index_url, as_user, tmp_path):
     work = tmp_path / "clone"
     shutil.copytree(clone, work)
@@ -244,6 +244,7 @@ def test_github_actions_snippet_steps_run_as_written(
 
 
 @pytest.mark.docker
+@pytest.mark.long
 def test_gitlab_ci_snippet_script_runs_as_written(
     docker, base_image, clone, image_tar, index_url, tmp_path, report_validator
 ):
