@@ -55,12 +55,17 @@ def soften_opt_in(findings: list[Finding], opt_in: set[str]) -> list[Finding]:
     for one in findings:
         involved = [p for p in (one.path, *one.related_paths) if p in opt_in]
         if one.severity is Severity.ERROR and one.rule.startswith("LLVM") and involved:
-            names = ", ".join(os.path.basename(p) for p in involved)
+            # The clash needs every library it names loaded together: each opt-in one too.
+            names = " and ".join(os.path.basename(p) for p in involved)
+            loaded = (
+                "is loaded: a test or instrumentation library"
+                if len(involved) == 1
+                else "are loaded: test or instrumentation libraries"
+            )
             one = dataclasses.replace(
                 one,
                 severity=Severity.WARNING,
-                message=f"{one.message} (only if {names} is loaded: a test or instrumentation library "
-                "that nothing here loads)",
+                message=f"{one.message} (only if {names} {loaded} that nothing here loads)",
                 data={**one.data, "opt_in_library": involved},
             )
         softened.append(one)
