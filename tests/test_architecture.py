@@ -16,6 +16,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "rocm_audit",
         "rocm_audit.errors",
+        "rocm_audit.hashing",
         "rocm_audit.severity",
         "rocm_audit.units",
         "rocm_audit.progress",

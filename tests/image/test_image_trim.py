@@ -21,7 +21,7 @@ import pytest
 
 from rocm_audit.elf.view import ElfView
 from rocm_audit.gpu.codeobjects import host_reads
-from rocm_audit.image import digests, merge, trim, waste, whole
+from rocm_audit.image import merge, trim, waste, whole
 from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
 from rocm_audit.llvm.libfacts import LINKAGE_FACT, ROLE_FACT
 from rocm_audit.llvm.linkage import read_linkage
@@ -307,15 +307,3 @@ def test_image_of_real_llvm_libraries_reports_what_full_extraction_reports(tmp_p
                 assert facts[LINKAGE_FACT] == read_linkage(path, view.dynamic, view)
         finally:
             os.close(fd)
-
-
-def test_the_threaded_sha256_is_the_sha256_of_the_chunks_in_order():
-    rng = random.Random(3)
-    chunks = [rng.randbytes(rng.randint(0, 300_000)) for _ in range(60)]  # more than the backlog
-    threaded = digests.ThreadedSha256()
-    for chunk in chunks:
-        threaded.update(chunk)
-    assert threaded.digest() == hashlib.sha256(b"".join(chunks)).digest()
-    threaded.close()  # idempotent, the digest stays readable
-    assert threaded.digest() == hashlib.sha256(b"".join(chunks)).digest()
-    assert not threaded._thread.is_alive()

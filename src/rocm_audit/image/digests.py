@@ -15,11 +15,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Protocol
 
+from rocm_audit.hashing import ThreadedHash
 from rocm_audit.image import tarstream
 
 
@@ -44,35 +43,9 @@ class Trimmed:
     identity: bytes  # SHA-256 of its whole content, taken as it streamed
 
 
-class ThreadedSha256:
-    """The SHA-256 of a stream, computed on a thread of its own as its chunks are handed over:
-    hashlib releases the GIL, so a trimmed file is hashed while the merge writes and trims it.
-    At most ``BACKLOG`` chunks wait (memory stays bounded when hashing falls behind)."""
-
-    BACKLOG = 16
-
-    def __init__(self) -> None:
-        self._hash = hashlib.sha256()
-        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=self.BACKLOG)
-        self._thread = threading.Thread(target=self._run, name="rocm-audit-sha256", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (chunk := self._chunks.get()) is not None:
-            self._hash.update(chunk)
-
-    def update(self, chunk: bytes) -> None:
-        self._chunks.put(chunk)
-
-    def close(self) -> None:
-        """Stop the thread once it has hashed every chunk handed over (idempotent)."""
-        if self._thread.is_alive():
-            self._chunks.put(None)
-            self._thread.join()
-
-    def digest(self) -> bytes:
-        self.close()
-        return self._hash.digest()
+def threaded_sha256() -> ThreadedHash:
+    """The SHA-256 of a trimmed file, taken on a thread of its own as the merge writes and trims it."""
+    return ThreadedHash(hashlib.sha256(), backlog=16, name="rocm-audit-sha256")
 
 
 class MergeState(Protocol):

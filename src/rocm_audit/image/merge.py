@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from rocm_audit.errors import FormatError, RocmAuditError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.hashing import ThreadedHash
 from rocm_audit.image import digests, needed, tarstream, trim, whole
 from rocm_audit.image.digests import Copy, Trimmed
 from rocm_audit.image.links import aim_links, stored_link_text
@@ -389,9 +390,9 @@ def _regular(
     # are not written (streamed past, a sparse placeholder) is hashed now, while they go by.
     hashing = entry.size >= HASH_MIN_BYTES and (sparse or not keep)
     hasher = hashlib.blake2b(digest_size=32) if hashing else None
-    identity: digests.ThreadedSha256 | hashlib._Hash | None = None
+    identity: ThreadedHash | hashlib._Hash | None = None
     if trimming:
-        identity = digests.ThreadedSha256()
+        identity = digests.threaded_sha256()
     elif hashing and entry.size in state.trimmed_by_size:
         identity = hashlib.sha256()
     out = open(target, "w+b" if trimming else "wb") if keep else None
@@ -412,7 +413,7 @@ def _regular(
     finally:
         if out is not None:
             out.close()
-        if isinstance(identity, digests.ThreadedSha256):
+        if isinstance(identity, ThreadedHash):
             identity.close()  # its thread ends whatever happened (the digest stays readable)
     if sparse:
         state.sparse.add("/" + rel)

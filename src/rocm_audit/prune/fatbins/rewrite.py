@@ -43,6 +43,7 @@ from typing import IO
 
 from rocm_audit.errors import FormatError
 from rocm_audit.formats import ccob, offload_bundle, zstd_index
+from rocm_audit.hashing import ThreadedHash
 from rocm_audit.prune.fatbins.select import entries_to_keep, selected
 from rocm_audit.tree.targets import TargetId, agents_of
 
@@ -248,36 +249,6 @@ def _kept_ranges(kept: Sequence[TargetId]) -> Wanted:
     return wanted
 
 
-class _Md5Thread:
-    """MD5 of a stream of chunks on a second thread (hashlib lets go of the GIL): hashing is the
-    slowest step of inflating, and runs beside the decompressor instead of after it. At most
-    four chunks wait in the queue."""
-
-    def __init__(self) -> None:
-        import queue  # noqa: PLC0415
-
-        self._md5 = hashlib.md5(usedforsecurity=False)
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
-        self._thread = threading.Thread(target=self._run, name="ccob-md5", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (chunk := self._queue.get()) is not None:
-            self._md5.update(chunk)
-
-    def update(self, chunk: bytes) -> None:
-        self._queue.put(chunk)
-
-    def digest(self) -> bytes:
-        self.close()
-        return self._md5.digest()
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-
-
 def _payload_size(header: ccob.CcobHeader, extent: int) -> int:
     """The compressed payload's size, after the checks both ways of inflating make first (the
     declared inflated size bounded, and in proportion to the payload). Raises FormatError."""
@@ -401,7 +372,8 @@ def _inflate_to(
         header.uncompressed_size + 1,  # one byte more: a longer stream is caught
         hashed=False,
     )
-    md5 = _Md5Thread()
+    # Hashing is the slowest step of inflating: it runs beside the decompressor, not after it.
+    md5 = ThreadedHash(hashlib.md5(usedforsecurity=False), backlog=4, name="ccob-md5")
     fd = spool.fileno()
     ranges: list[tuple[int, int]] | None = None
     head = b""
