@@ -19,10 +19,12 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from support.files import scratch_dir
 from support.interpreters import python312
 from support.vendor import APP_WHEELS, PIP_TARGET_312, pinned_wheel
 
@@ -34,22 +36,23 @@ JARGON = ("fires:", "global-local", "global-global", "decided by", "first-global
 
 
 @pytest.fixture(scope="module")
-def app_venv(tmp_path_factory, cache_dir) -> Path:
+def app_venv(tmp_path_factory, cache_dir) -> Iterator[Path]:
     """The application venv: Python 3.12 with the pinned wheels, installed by its own pip."""
     interpreter = python312()
     if interpreter is None:
         pytest.skip("no working CPython 3.12 on this machine (the journey audits a 3.12 venv)")
     wheels = [pinned_wheel(cache_dir, spec, name, digest, PIP_TARGET_312) for spec, name, digest in APP_WHEELS]
-    venv = tmp_path_factory.mktemp("journey") / "app"
-    subprocess.run([interpreter, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    # This suite's pip installs into the 3.12 venv: the venv needs no pip of its own.
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps"]
-        + ["--no-index", "--no-compile", *map(str, wheels)],
-        check=True,
-        timeout=900,
-    )
-    return venv
+    with scratch_dir(tmp_path_factory, "journey") as home:
+        venv = home / "app"
+        subprocess.run([interpreter, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        # This suite's pip installs into the 3.12 venv: the venv needs no pip of its own.
+        subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps"]
+            + ["--no-index", "--no-compile", *map(str, wheels)],
+            check=True,
+            timeout=900,
+        )
+        yield venv
 
 
 def _rocm_audit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -160,8 +160,8 @@ def _disagreements(rows):
     ]
 
 
-def test_two_whole_llvms_in_one_closure_match_real_loads(tmp_path_factory):
-    root = tmp_path_factory.mktemp("closure-pairs")
+def test_two_whole_llvms_in_one_closure_match_real_loads(tmp_path):
+    root = tmp_path
     rows = _closure_sweep(root, _closure_tree(root, CLOSURE_PAIRS))
     assert not _disagreements(rows), _disagreements(rows)
     real = {(r["first"], r["second"], r["mode"]): r["real"] for r in rows}

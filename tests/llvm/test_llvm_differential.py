@@ -35,6 +35,7 @@ import pytest
 from rocm_audit.llvm.clashes import LlvmOptions, analyse, probe_analysis
 from rocm_audit.llvm.probes import PAIR_MODES
 from rocm_audit.tree.inventory import build_inventory
+from support.files import scratch_dir
 from support.llvm.carriers import build_tree, cache_dir
 from support.llvm.realload import load, load_all
 
@@ -100,7 +101,8 @@ def _names(pairs) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def subset_tree(tmp_path_factory):
-    return build_tree(tmp_path_factory.mktemp("carriers"), _names(MECHANISMS))
+    with scratch_dir(tmp_path_factory, "carriers") as root:
+        yield build_tree(root, _names(MECHANISMS))
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +316,8 @@ def test_every_suggested_fix_works_when_applied(subset_tree, subset_analysis, tm
 @pytest.fixture(scope="module")
 def probe_tree(tmp_path_factory):
     pairs = [("llvm15", "llvm15-copy"), ("rocmllvm", "clang15"), ("rocmllvm", "rocmllvm-copy")]
-    return build_tree(tmp_path_factory.mktemp("probe-carriers"), _names(pairs)), pairs
+    with scratch_dir(tmp_path_factory, "probe-carriers") as root:
+        yield build_tree(root, _names(pairs)), pairs
 
 
 def test_probe_verdicts_agree_with_real_loads(probe_tree):
