@@ -111,6 +111,13 @@ def test_first_check_passes_and_reads_well(app_venv):
     assert clash["severity"] == "warning" and clash["data"]["opt_in_library"]
     assert clash["shipped_by"]["name"] == "triton" and clash["shipped_by"]["report_to"].startswith("https://")
     assert "shipped by triton 3.9.0" in text
+    # Each such clash names every opt-in library it needs, and the verb agrees with their number
+    # (triton 3.9.0 has one clash that needs two of them loaded together).
+    for finding in (f for f in report["findings"] if f["data"].get("opt_in_library")):
+        names = [os.path.basename(p) for p in finding["data"]["opt_in_library"]]
+        verb = "is loaded" if len(names) == 1 else "are loaded"
+        assert f"(only if {' and '.join(names)} {verb}:" in finding["message"], finding["message"]
+    assert any(len(f["data"].get("opt_in_library", ())) == 2 for f in report["findings"])
 
 
 def test_verbose_shows_the_detail(app_venv):
