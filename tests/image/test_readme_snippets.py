@@ -217,6 +217,9 @@ def test_github_actions_snippet_steps_run_as_written(
     for index, step in enumerate(job["steps"]):
         if "uses" in step:
             uses.append(step["uses"].split("@")[0])
+            if step["uses"].startswith("github/codeql-action/upload-sarif"):
+                # after the gate: it must run when the audit found something (exit 1)
+                assert index == len(job["steps"]) - 1 and "!cancelled()" in step["if"], step
             if step["uses"].startswith("actions/download-artifact"):
                 assert step["with"]["name"] == "image"
                 shutil.copy2(image_tar, workspace / "image.tar")
@@ -234,6 +237,7 @@ def test_github_actions_snippet_steps_run_as_written(
     codes = [int(line.split()[1]) for line in (runner / "codes").read_text().splitlines()]
     assert codes[:-1] == [0] * (len(codes) - 1), (codes, done.stdout[-3000:], done.stderr[-3000:])
     assert codes[-1] == 1, "the last step is the gate: gfx950 is missing"
+    assert len(codes) == 2, "one audit run writes every report: the image is read once"
     assert "::error file=/opt/venv/lib/python3.11/site-packages/app/kernels.hsaco" in done.stdout
     assert (workspace / "rocm-audit.sarif").is_file(), (done.stdout[-3000:], done.stderr[-3000:])
     sarif = json.loads((workspace / "rocm-audit.sarif").read_text())  # what upload-sarif would send

@@ -10,7 +10,7 @@ import enum
 import inspect
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -230,6 +230,16 @@ OutputOption = Annotated[
         rich_help_panel=REPORT_PANEL,
     ),
 ]
+ReportOption = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--report",
+        metavar="FORMAT=FILE",
+        help="Also write the report in FORMAT to FILE (atomically), from the same run: "
+        "--report sarif=audit.sarif --report json=audit.json; repeatable.",
+        rich_help_panel=REPORT_PANEL,
+    ),
+]
 FailOnOption = Annotated[
     FailOn,
     typer.Option(
@@ -325,6 +335,7 @@ class Report:
 
     fmt: OutputFormat = OutputFormat.text
     output: str | None = None
+    reports: tuple[str, ...] = ()  # --report FORMAT=FILE as given (parsed by ``report_files``)
     fail_on: FailOn = FailOn.error
     quiet: bool = False
     rules: tuple[str, ...] = ()
@@ -337,6 +348,7 @@ class Report:
 _SHARED_OPTIONS: dict[str, tuple[object, object]] = {
     "fmt": (FormatOption, OutputFormat.text),
     "output": (OutputOption, None),
+    "reports": (ReportOption, None),
     "fail_on": (FailOnOption, FailOn.error),
     "quiet": (QuietOption, False),
     "rules": (RulesOption, None),
@@ -384,12 +396,17 @@ def reporting_command(
         def command(**given: object) -> None:
             settings: dict[str, object] = {name: given.pop(name) for name in shared}
             settings["rules"] = tuple(typing.cast("list[str] | None", settings.get("rules")) or ())
+            settings["reports"] = tuple(typing.cast("list[str] | None", settings.get("reports")) or ())
             settings.setdefault("fail_on", fail_on)
             settings["verbose"] = _State.verbose + typing.cast("int", settings.get("verbose", 0))
             report = Report(**settings)  # type: ignore[arg-type]
             start_logging(report.verbose)
-            run(
-                lambda: emit(
+
+            def body() -> int:
+                # Every file the run will write is checked before it starts: a typo in a path must
+                # not cost an image's whole audit.
+                files = report_files(report)
+                return emit(
                     produce(report, **given),
                     report.fmt,
                     report.output,
@@ -398,9 +415,10 @@ def reporting_command(
                     baseline=report.baseline,
                     write_baseline=report.write_baseline,
                     verbose=report.verbose,
-                ),
-                list(report.rules),
-            )
+                    files=files,
+                )
+
+            run(body, list(report.rules))
 
         command.__signature__ = inspect.Signature([*own, *added])  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
@@ -426,13 +444,17 @@ def emit(
     baseline: str | None = None,
     write_baseline: str | None = None,
     verbose: int = 0,
+    files: Sequence[tuple[OutputFormat, str]] = (),
 ) -> int:
     """Apply the policy and the baseline, render the outcome, write it, and return the exit code.
 
-    When the report is machine-readable or goes to a file, the one-line summary goes to stderr
-    (unless quiet), so a person watching the build still sees what happened."""
+    ``files``: more reports of the same outcome, (format, file), each written atomically before
+    the main one. When the report is machine-readable or goes to a file, the one-line summary
+    goes to stderr (unless quiet), so a person watching the build still sees what happened."""
     _settle_findings(outcome, baseline, write_baseline)
     threshold = fail_on_severity(fail_on)
+    for file_format, path in files:
+        _write_out(_rendered(outcome, file_format, threshold, verbose), path)
     _write_out(_rendered(outcome, fmt, threshold, verbose), output)
     if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
         typer.echo(display(outcome.summary), err=True)
@@ -511,6 +533,40 @@ def _rendered(outcome: CommandOutcome, fmt: OutputFormat, threshold: Severity | 
     from rocm_audit.output.text import render_text
 
     return render_text(outcome, verbose=verbose)
+
+
+def report_files(report: Report) -> list[tuple[OutputFormat, str]]:
+    """The (format, file) pairs of --report, after checking that every file the run writes (-o,
+    --report, --write-baseline) can be written and that no two of them are one file. Raises
+    UsageError."""
+    import os
+
+    from rocm_audit.errors import UsageError
+    from rocm_audit.output.report import check_destination
+
+    files: list[tuple[OutputFormat, str]] = []
+    for given in report.reports:
+        name, equals, path = given.partition("=")
+        formats = [f.value for f in OutputFormat]
+        if not equals or not path or name not in formats:
+            raise UsageError(
+                f"--report {given}: expected FORMAT=FILE, FORMAT one of {', '.join(formats)}",
+                hint="for example --report sarif=rocm-audit.sarif",
+            )
+        files.append((OutputFormat(name), path))
+    named: list[tuple[str, str | None]] = [("-o", report.output), ("--write-baseline", report.write_baseline)]
+    named += [(f"--report {file_format.value}=", path) for file_format, path in files]
+    seen: dict[str, str] = {}
+    for option, destination in named:
+        if not destination:
+            continue
+        spelled = f"{option}{destination}" if option.endswith("=") else f"{option} {destination}"
+        check_destination(destination, spelled)
+        key = os.path.realpath(destination)
+        if key in seen:
+            raise UsageError(f"{spelled}: {seen[key]} writes this file already")
+        seen[key] = spelled
+    return files
 
 
 def _write_out(text: str, output: str | None) -> None:

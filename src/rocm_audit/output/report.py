@@ -5,16 +5,19 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import errno
 import json
 import os
 import re
-import tempfile
+import secrets
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import PurePath
 from typing import Any
 
 from rocm_audit import __version__
+from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, Severity, cause_groups, sorted_findings
 from rocm_audit.output.prefixes import rule_family
 from rocm_audit.report_types import FindingRecord, Report, Sections, SeverityCounts, Summary, SuppressedSource
@@ -246,19 +249,57 @@ def load_schema() -> dict[str, Any]:
     return json.loads(text)  # type: ignore[no-any-return]
 
 
+def check_destination(path: str, given: str) -> None:
+    """Raise UsageError unless ``write_atomic`` can put a file at ``path``: its directory exists
+    and is writable, and ``path`` is not a directory. Checked before a run starts, so a mistyped
+    path costs nothing; ``given`` is the option as the user wrote it, for the message."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        reason = "is a directory: name a file in it"
+    elif not os.path.isdir(directory):
+        reason = f"no directory {directory}"
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        reason = f"cannot create files in {directory}"
+    else:
+        return
+    raise UsageError(f"{given}: {reason}")
+
+
 def write_atomic(path: str, text: str) -> None:
-    """Write text to path atomically: temp file in the same directory, fsync, rename."""
+    """Write text to path atomically: temp file in the same directory, fsync, rename. The file
+    gets the mode a plain write would give it: the replaced file's, else 0666 less the umask (a
+    job summary or an artifact others read). Raises UsageError (naming the file) when it cannot
+    be written."""
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    fd, temp_path = tempfile.mkstemp(prefix=".rocm-audit-tmp.", dir=directory)
     try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = None
+    try:
+        for _ in range(100):  # a name taken by someone else is tried again, as mkstemp does
+            temp_path = os.path.join(directory, f".rocm-audit-tmp.{secrets.token_hex(6)}")
+            try:
+                fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(errno.EEXIST, "no free temporary name", directory)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp_path, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(temp_path)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise UsageError(f"cannot write {path}: {exc.strerror}") from None
         raise
