@@ -8,11 +8,15 @@ never a traceback, and nothing may be written outside the private extraction dir
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import json
 import os
+import shlex
 import shutil
+import subprocess
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -577,3 +581,49 @@ def test_legacy_layer_tar_may_be_a_link_to_another(tmp_path, libs):
     state, root = merged(tmp_path, archive)
     assert [s.entries for s in state.layers] == [1, 1, 1]
     assert (root / "x" / "data").read_bytes() == b"z" * 5000
+
+
+def _in_a_small_tmpdir(script: str, tmpdir: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (sh) with a 1 MiB tmpfs mounted at ``tmpdir``, in a mount namespace of its
+    own (a user namespace too, so it needs no root)."""
+    command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
+    if os.geteuid() == 0:
+        command = ["unshare", "--mount", "sh", "-c", script]
+    probe = subprocess.run([*command[:-1], "mount -t tmpfs -o size=1m tmpfs " + shlex.quote(str(tmpdir))], check=False)
+    if probe.returncode != 0:
+        pytest.skip("this machine mounts no tmpfs for the test (unprivileged user namespaces disabled)")
+    return subprocess.run(command, capture_output=True, text=True, check=False)
+
+
+def test_a_full_scratch_disk_says_where_and_what_to_do(tmp_path, libs):
+    """A runner's TMPDIR without room for the merged view: exit 2, the file system's word, where the
+    scratch was and how to move it; nothing left behind in it."""
+    payload = os.urandom(3 << 20)  # a file a check reads (JSON by name), larger than the tmpfs
+    archive = docker_save(tmp_path / "save.tar", [layer((f"{SP}/pkg/", None), (f"{SP}/pkg/data.json", payload))])
+    tmpdir = tmp_path / "small"
+    tmpdir.mkdir()
+    audit = shlex.join([sys.executable, "-m", "rocm_audit", "image", "--archive", str(archive), "-q", "gfx942"])
+    script = (
+        f"mount -t tmpfs -o size=1m tmpfs {shlex.quote(str(tmpdir))} && "
+        f'TMPDIR={shlex.quote(str(tmpdir))} {audit}; echo "exit $?"; ls -A {shlex.quote(str(tmpdir))}'
+    )
+    done = _in_a_small_tmpdir(script, tmpdir)
+    lines = done.stdout.splitlines()
+    assert lines == ["exit 2"], (done.stdout, done.stderr)  # and nothing listed in the tmpfs after
+    assert "cannot write the merged view: No space left on device" in done.stderr
+    assert (
+        f"hint: the audit's scratch files go to {tmpdir}: point TMPDIR at a file system with more room" in done.stderr
+    )
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+def test_no_room_outside_the_layer_merge_is_the_same_error(tmp_path):
+    from rocm_audit.image.audit import Workdir
+
+    with pytest.raises(merge.ExtractionError) as raised, Workdir(str(tmp_path)) as work:
+        (Path(work) / "part").write_bytes(b"x")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert raised.value.exit_code == 2
+    assert raised.value.message == "cannot write the private work directory: No space left on device"
+    assert raised.value.hint is not None and str(tmp_path) in raised.value.hint
+    assert list(tmp_path.iterdir()) == []

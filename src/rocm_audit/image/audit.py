@@ -444,18 +444,33 @@ def failed(label: str, state: merge.MergeState, rule: str, message: str, data: d
 
 
 class Workdir:
-    """A private temporary directory (0700), removed on exit whatever happened."""
+    """A private temporary directory (0700), removed on exit whatever happened. A run that finds
+    no room in it ends with an error saying where it was and how to give it more."""
 
     def __init__(self, parent: str | None) -> None:
         self.parent = parent
         self.path = ""
 
     def __enter__(self) -> str:
-        self.path = tempfile.mkdtemp(prefix="rocm-audit-image-", dir=self.parent)
+        try:
+            self.path = tempfile.mkdtemp(prefix="rocm-audit-image-", dir=self.parent)
+        except OSError as exc:
+            parent = self.parent or tempfile.gettempdir()
+            raise merge.ExtractionError(
+                f"cannot make a private work directory in {parent}: {exc.strerror}",
+                hint="set TMPDIR to a writable directory with room for what the audit reads of the image",
+            ) from None
         return self.path
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno in merge.NO_ROOM:
+            # out of room outside the layer merge (a duplicate made whole, a stream spooled)
+            error = merge.ExtractionError(f"cannot write the private work directory: {error.strerror}")
+        if isinstance(error, merge.ExtractionError) and error.hint is None:
+            parent = os.path.dirname(self.path)
+            error.hint = f"the audit's scratch files go to {parent}: point TMPDIR at a file system with more room"
+            raise error from None
 
 
 class _ChunkReader:

@@ -63,7 +63,13 @@ class LimitExceeded(RocmAuditError):
 
 
 class ExtractionError(RocmAuditError):
-    """The private work directory cannot take the merged view (disk full, read-only)."""
+    """The private work directory cannot take the merged view (disk full, read-only): exit code 2,
+    like any other setting of the user's that does not fit (here TMPDIR)."""
+
+    exit_code = 2
+
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 @dataclass(slots=True)
@@ -186,7 +192,7 @@ def apply_layer(
         try:
             _apply_entry(state, stats, where, entry, data, rel, index, work)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            if exc.errno in NO_ROOM:
                 raise ExtractionError(f"{where}: cannot write the merged view: {exc.strerror}") from None
             # ENAMETOOLONG, ELOOP, EEXIST from a hostile layout: this entry only.
             _refuse(state, stats, where, entry, f"could not be extracted: {exc.strerror}")
