@@ -308,3 +308,38 @@ def test_image_interpreter_read_from_its_files(tree: Path, tmp_path: Path) -> No
     assert found == [("POST007", "_typed.abi3.so", "3.11")], found
     (finding,) = outcome.findings
     assert "Python 3.11 of the image (/usr/bin/python3.11)" in finding.detail
+
+
+@pytest.mark.parametrize("with_lone_user", [False, True], ids=["every-consumer-maps-it", "one-consumer-does-not"])
+def test_an_underlinked_library_is_judged_in_every_load_that_maps_it(tmp_path: Path, with_lone_user: bool) -> None:
+    """libunder.so uses dep_fn without needing libdep.so. A consumer that maps libdep.so too loads
+    it; one that needs only libunder.so fails with 'undefined symbol: dep_fn' (real RTLD_NOW loads).
+    POST006 stays quiet only when every load that maps libunder.so binds the name."""
+    lib = tmp_path / SITE / "pkg" / "lib"
+    origin = "-Wl,--enable-new-dtags,-rpath,$ORIGIN"
+    build(lib / "libdep.so", "int dep_fn(void) { return 5; }\n", "-Wl,-soname,libdep.so")
+    build(lib / "libunder.so", "int dep_fn(void);\nint u(void) { return dep_fn(); }\n", "-Wl,-soname,libunder.so")
+    consumer = "int u(void);\nint uu(void) { return u(); }\n"
+    build(lib / "libfull_user.so", consumer, f"-L{lib}", "-Wl,--no-as-needed", "-l:libdep.so", "-l:libunder.so", origin)
+    if with_lone_user:
+        build(lib / "liblone_user.so", consumer, f"-L{lib}", "-Wl,--no-as-needed", "-l:libunder.so", origin)
+    real = {
+        name: subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW)",
+                str(lib / name),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stderr
+        for name in ("libfull_user.so", "liblone_user.so")
+        if (lib / name).exists()
+    }
+    assert real["libfull_user.so"] == ""
+    assert ("undefined symbol: dep_fn" in real["liblone_user.so"]) if with_lone_user else "liblone_user.so" not in real
+    reported = [os.path.basename(f.path) for f in check_findings(tmp_path / SITE).get("POST006", [])]
+    assert reported == (["libunder.so"] if with_lone_user else [])

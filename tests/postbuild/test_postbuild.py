@@ -151,3 +151,81 @@ def test_one_post002_per_library_names_every_missing_soname(site):
     assert finding.data["needed"] == finding.data["missing_sonames"][0]
     assert all(name in finding.message for name in finding.data["missing_sonames"])
     assert all(name in finding.message for name in [*missing, "libbase.so.1"])
+
+
+# -- a library judged where its consumers load it (POST002) ---------------------------------------
+
+_EXTENSION = "cpython-311-x86_64-linux-gnu.so"
+
+
+def _wheel_libs(tmp_path: Path, consumers: dict[str, str]) -> Path:
+    """auditwheel's shape: ``pkg.libs/libmid.so`` needs ``libdep.so`` beside it but has neither
+    RPATH nor RUNPATH (scipy.libs' libgfortran and libquadmath); each consumer, an extension module
+    of ``pkg``, needs libmid through ``$ORIGIN/../pkg.libs`` as DT_RPATH ("rpath") or DT_RUNPATH
+    ("runpath"), directly or through ``libouter.so`` (``"rpath-outer"``), which has no path of
+    its own either."""
+    root = tmp_path / "lib" / "python3.11" / "site-packages"
+    libs, pkg = root / "pkg.libs", root / "pkg"
+    build_library(libs, "dep", "libdep.so", value=1)
+    build_library(libs, "mid", "libmid.so", value=2, needed=("libdep.so",))
+    if "rpath-outer" in consumers.values():
+        build_library(libs, "outer", "libouter.so", value=3, needed=("libmid.so",))
+    for index, (name, kind) in enumerate(sorted(consumers.items())):
+        how = {"rpath": "rpath", "runpath": "runpath", "rpath-outer": "rpath"}[kind]
+        needed = ("libouter.so",) if kind == "rpath-outer" else ("libmid.so",)
+        built = build_library(
+            pkg,
+            name,
+            f"{name}.{_EXTENSION}",
+            value=10 + index,
+            needed=needed,
+            link_dir=libs,
+            **{how: "$ORIGIN/../pkg.libs"},
+        )
+        assert built.is_file()
+    return root
+
+
+def _post002(root: Path) -> dict[str, object]:
+    """POST002 by file name, judged with the load scopes of a real run (check's wiring)."""
+    from rocm_audit.postbuild.symbols import Resolver
+
+    inventory = build_inventory(resolve_roots([str(root)])[0])
+    loader = LoaderModel()
+    findings = post_build_findings(inventory, loader, Resolver(loader, None, inventory))
+    return {os.path.basename(f.path): f for f in findings if f.rule == "POST002"}
+
+
+@pytest.mark.parametrize(
+    "consumers",
+    [
+        {"_fast": "rpath"},
+        {"_fast": "rpath-outer"},
+        {"_fast": "runpath"},
+        {"_fast": "rpath", "_slow": "runpath"},
+    ],
+    ids=["rpath", "rpath-through-a-library", "runpath", "one-of-two"],
+)
+def test_a_library_without_paths_is_judged_where_its_consumers_load_it(tmp_path, consumers):
+    """The verdict on libmid.so follows real RTLD_NOW loads of its consumers: a loader's DT_RPATH is
+    searched for its dependencies too, a DT_RUNPATH is not (glibc dl-load.c; formats.md 4)."""
+    root = _wheel_libs(tmp_path, consumers)
+    failing = sorted(name for name in consumers if loader_error(root / "pkg" / f"{name}.{_EXTENSION}"))
+    for name in failing:
+        assert "libdep.so: cannot open shared object file" in loader_error(root / "pkg" / f"{name}.{_EXTENSION}")
+    assert "libdep.so" in loader_error(root / "pkg.libs" / "libmid.so"), "alone, it does not load"
+    reported = _post002(root)
+    assert set(reported) <= {"libmid.so"}, reported  # its consumers find libmid, and libouter finds it
+    assert bool(reported) == bool(failing), (failing, reported)
+    if failing:
+        finding = reported["libmid.so"]
+        assert finding.data["missing_sonames"] == ["libdep.so"]
+        named = [n for n in consumers if f"{n}.{_EXTENSION}" in finding.detail]
+        assert named == failing, finding.detail  # the loads that fail, not the one that works
+
+
+def test_without_the_load_scopes_every_library_is_judged_alone(tmp_path):
+    root = _wheel_libs(tmp_path, {"_fast": "rpath"})
+    inventory = build_inventory(resolve_roots([str(root)])[0])
+    alone = {os.path.basename(f.path) for f in post_build_findings(inventory, LoaderModel()) if f.rule == "POST002"}
+    assert alone == {"libmid.so"}

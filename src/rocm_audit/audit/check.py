@@ -281,17 +281,18 @@ def _post_build_step(inventory: Inventory, audit: _Audit, options: CheckOptions,
     and two builds of one library that one process maps."""
     from rocm_audit.postbuild.checks import post_build_findings
     from rocm_audit.postbuild.sonames import two_builds_findings
+    from rocm_audit.postbuild.symbols import Resolver, symbol_findings
 
     progress.phase("post-build checks: symbol versions and DT_NEEDED")
     host = HostView(options.sysroot, known_elf_keys=inventory.elf_keys(), unextracted=options.unextracted)
     loader = LoaderModel(sysroot=options.sysroot, host=host)
-    post_build = post_build_findings(inventory, loader)
+    # One set of load scopes for both steps: a library is judged where the others load it.
+    resolver = Resolver(loader, _load_host(inventory, options), inventory)
+    post_build = post_build_findings(inventory, loader, resolver)
     audit.findings.extend(post_build)
     progress.phase("post-build checks: symbols in the load scope")
-    from rocm_audit.postbuild.symbols import symbol_findings
-
     not_importable = frozenset(f.path for f in post_build if f.rule == "POST003")
-    audit.findings.extend(symbol_findings(inventory, loader, _load_host(inventory, options), not_importable))
+    audit.findings.extend(symbol_findings(inventory, loader, resolver.host, not_importable, resolver))
     progress.phase("post-build checks: two builds of one library")
     audit.findings.extend(two_builds_findings(inventory, loader))
     audit.ran.append("post-build")

@@ -63,10 +63,9 @@ class LimitExceeded(RocmAuditError):
 
 
 class ExtractionError(RocmAuditError):
-    """The private work directory cannot take the merged view (disk full, read-only): exit code 2,
-    like any other setting of the user's that does not fit (here TMPDIR)."""
+    """The private work directory cannot take the merged view (disk full, read-only): TMPDIR."""
 
-    exit_code = 2
+    exit_code = 2  # a setting of the user's that does not fit, as a usage error
 
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)

@@ -25,6 +25,7 @@ from rocm_audit.elf.versions import (
 )
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.postbuild.symbols import Resolver, is_extension
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory
 from rocm_audit.tree.loader import LoaderModel
 
@@ -92,11 +93,15 @@ def check_extension_tag(record: FileRecord) -> Finding | None:
     return None
 
 
-def post_build_findings(inventory: Inventory, loader: LoaderModel | None = None) -> list[Finding]:
-    """POST001-POST003 over every host ELF file of the inventory."""
+def post_build_findings(
+    inventory: Inventory, loader: LoaderModel | None = None, resolver: Resolver | None = None
+) -> list[Finding]:
+    """POST001-POST003 over every host ELF file of the inventory. With ``resolver`` (the load
+    scopes of the run), a library other libraries load is judged where they load it (POST002)."""
     loader = loader or LoaderModel()
     versions = _VersionCache(inventory)
     findings: list[Finding] = []
+    unresolved: list[tuple[FileRecord, DynamicInfo, list[str]]] = []
     for record in inventory.by_kind(FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE):
         tag_problem = check_extension_tag(record)
         if tag_problem is not None:
@@ -111,7 +116,9 @@ def post_build_findings(inventory: Inventory, loader: LoaderModel | None = None)
             continue
         if not dynamic.needed:
             continue
-        providers = _resolve_needed(record, dynamic, loader, findings)
+        providers, missing = _resolve_needed(record, dynamic, loader)
+        if missing:
+            unresolved.append((record, dynamic, missing))
         facts = versions.get(record.path)
         if facts is None:
             continue
@@ -128,14 +135,16 @@ def post_build_findings(inventory: Inventory, loader: LoaderModel | None = None)
                 lacking.append((needed_name, provider, missing, provided))
         if lacking:
             findings.append(_version_finding(record.path, lacking))
+    for record, dynamic, missing in unresolved:
+        finding = _missing_library_finding(record, dynamic, missing, resolver)
+        if finding is not None:
+            findings.append(finding)
     return findings
 
 
-def _resolve_needed(
-    record: FileRecord, dynamic: DynamicInfo, loader: LoaderModel, findings: list[Finding]
-) -> dict[str, str]:
-    """Providers of the file's DT_NEEDED names; the names nothing provides become ONE POST002 for
-    the file (people read one line per library: a jax plugin without the SDK lacks 12 names)."""
+def _resolve_needed(record: FileRecord, dynamic: DynamicInfo, loader: LoaderModel) -> tuple[dict[str, str], list[str]]:
+    """Providers of the file's DT_NEEDED names, and the names nothing provides when the file is
+    loaded by itself."""
     providers: dict[str, str] = {}
     missing: list[str] = []
     for name in dynamic.needed:
@@ -146,29 +155,50 @@ def _resolve_needed(
             missing.append(name)
         else:
             providers[name] = resolution.path
-    if missing:
-        names = ", ".join(missing)
-        stack = software_stack(missing)
-        findings.append(
-            make_finding(
-                "POST002",
-                record.path,
-                # One message per stack, so that every file missing ROCm's libraries is one entry of
-                # the report (the names are in the detail, and counted on the entry).
-                f"needs {stack} libraries that no search path finds"
-                if stack
-                else f"needs {names}, which no search path finds",
-                detail=f"not found: {names} (searched its own RPATH/RUNPATH, ld.so.conf and the default directories)",
-                # "needed" (the first name) is the schema-v1 field; "missing_sonames" holds them all.
-                data={
-                    "needed": missing[0],
-                    "missing_sonames": missing,
-                    "rpath": list(dynamic.rpath),
-                    "runpath": list(dynamic.runpath),
-                },
-            )
+    return providers, missing
+
+
+def _missing_library_finding(
+    record: FileRecord, dynamic: DynamicInfo, missing: list[str], resolver: Resolver | None
+) -> Finding | None:
+    """ONE POST002 for the names nothing provides (people read one line per library: a jax plugin
+    without the SDK lacks 12 names), or None.
+
+    A library the audited libraries load (their DT_NEEDED; not an extension module, which Python
+    loads by itself) is judged where they load it: glibc also searches the DT_RPATH of its loaders
+    then, so auditwheel's ``scipy.libs/libgfortran`` finds ``libquadmath`` through the RPATH of
+    the extension that needs it. No finding when every such load finds the names; else the names
+    the failing loads miss, and the detail names those loaders."""
+    consumers = resolver.loaded_by(record) if resolver is not None and not is_extension(record.path) else {}
+    failing = {consumer: names for consumer, names in consumers.items() if names}
+    if consumers and not failing:
+        return None
+    where = "searched its own RPATH/RUNPATH, ld.so.conf and the default directories"
+    if failing:
+        missing = [name for name in missing if any(name in names for names in failing.values())] or missing
+        shown = sorted(failing)
+        more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+        where = (
+            "searched its own RPATH/RUNPATH, ld.so.conf, the default directories and the DT_RPATH of "
+            f"the libraries that load it; loading {', '.join(shown[:3])}{more} fails"
         )
-    return providers
+    names = ", ".join(missing)
+    stack = software_stack(missing)
+    return make_finding(
+        "POST002",
+        record.path,
+        # One message per stack, so that every file missing ROCm's libraries is one entry of the
+        # report (the names are in the detail, and counted on the entry).
+        f"needs {stack} libraries that no search path finds" if stack else f"needs {names}, which no search path finds",
+        detail=f"not found: {names} ({where})",
+        # "needed" (the first name) is the schema-v1 field; "missing_sonames" holds them all.
+        data={
+            "needed": missing[0],
+            "missing_sonames": missing,
+            "rpath": list(dynamic.rpath),
+            "runpath": list(dynamic.runpath),
+        },
+    )
 
 
 # Library name stems (the SONAME before ".so") of the GPU software stacks whose absence explains

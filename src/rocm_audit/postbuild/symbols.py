@@ -217,6 +217,9 @@ class Resolver:
     _host_objects: list[_Object] | None = None
     _scopes: dict[str, LoadScope] = field(default_factory=dict)
     _wanted: frozenset[str] = frozenset()
+    # For loaded_by: identity -> the roots whose scope maps it; (root, identity) -> names unfound
+    _mapped_by: dict[Identity, list[str]] | None = None
+    _unfound: dict[tuple[str, Identity | None], set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.inventory is not None:
@@ -271,6 +274,27 @@ class Resolver:
         if root not in self._scopes:
             self._scopes[root] = self._scope(root)
         return self._scopes[root]
+
+    def loaded_by(self, record: FileRecord) -> dict[str, frozenset[str]]:
+        """The shared libraries of the inventory whose load maps ``record``'s file (none without an
+        inventory), each with the DT_NEEDED names of that file its load does not find."""
+        if self.inventory is None:
+            return {}
+        if self._mapped_by is None:
+            self._mapped_by = {}
+            host = {o.identity for o in self._host()}  # the interpreter's own objects load nothing here
+            for other in self.inventory.by_kind(FileKind.SHARED_LIBRARY):
+                scope = self.scope(other.path)
+                identities = dict(scope.objects)
+                for _path, identity in scope.objects:
+                    if identity != other.identity and identity not in host:
+                        self._mapped_by.setdefault(identity, []).append(other.path)
+                for requester, name in scope.missing:
+                    self._unfound.setdefault((other.path, identities.get(requester)), set()).add(name)
+        return {
+            consumer: frozenset(self._unfound.get((consumer, record.identity), ()))
+            for consumer in self._mapped_by.get(record.identity, [])
+        }
 
     def prepare(self, roots: Iterable[str]) -> None:
         """Compute the scope of every root and keep the definitions of every name their objects ask
@@ -470,11 +494,16 @@ def _inside(path: str, sysroot: str) -> str:
 
 
 def symbol_findings(
-    inventory: Inventory, loader: LoaderModel, host: PythonHost | None, skip: frozenset[str] = frozenset()
+    inventory: Inventory,
+    loader: LoaderModel,
+    host: PythonHost | None,
+    skip: frozenset[str] = frozenset(),
+    resolver: Resolver | None = None,
 ) -> list[Finding]:
     """POST006 and POST007 over every shared library of the inventory (``skip``: paths another
-    finding already says cannot be imported, POST003)."""
-    resolver = Resolver(loader, host, inventory)
+    finding already says cannot be imported, POST003; ``resolver``: the run's load scopes, made
+    here when not given)."""
+    resolver = resolver or Resolver(loader, host, inventory)
     records = [r for r in inventory.by_kind(FileKind.SHARED_LIBRARY) if r.path not in skip]
     resolver.prepare(r.path for r in records)
     misses: dict[str, list[Reference]] = {}
@@ -485,7 +514,8 @@ def symbol_findings(
     if not misses:
         return []
     # A library whose symbols come from what its consumers map (linked without its own
-    # dependencies) loads fine as their dependency: judged in the consumers' scopes.
+    # dependencies) loads fine as their dependency: judged in the consumers' scopes, and quiet
+    # only when every one of them binds its names (as POST002 judges a library's DT_NEEDED).
     consumed_by: dict[Identity, list[str]] = {}
     for record in records:
         for _path, identity in resolver.scope(record.path).objects[1:]:
@@ -497,7 +527,7 @@ def symbol_findings(
         record = by_path[path]
         if not is_extension(path):
             consumers = [c for c in consumed_by.get(record.identity, []) if c != path]
-            if consumers and any(not resolver.unbound(refs, resolver.scope(c)) for c in consumers):
+            if consumers and all(not resolver.unbound(refs, resolver.scope(c)) for c in consumers):
                 continue
         python_api = [r for r in refs if _PYTHON_API.match(r.name) and r.expected_from is None]
         others = [r for r in refs if r not in python_api]
