@@ -66,12 +66,22 @@ def read_facts(
     """The fact pass: each file is opened once for every fact the checks not skipped will ask for
     (tree/facts.py). A fact that cannot be read is remembered; the check that asks reports it.
     ``selection``: the targets verify-arch will judge, so that code objects are read only as far
-    as that judgement needs (gpu/codeobjects.scan_file)."""
+    as that judgement needs (gpu/codeobjects.scan_file). The linkage of LLVM's libraries, the
+    longest reads, comes after the pass, several at a time (llvm/libfacts.py ``read_linkages``),
+    through a second descriptor of the file the pass held."""
     from rocm_audit.gpu.verify import code_objects_of, may_hold_code
-    from rocm_audit.llvm.clashes import linkage_facts_of, role_facts_of
+    from rocm_audit.llvm.clashes import role_facts_of
+    from rocm_audit.llvm.libfacts import linkage_is_due, read_linkages
+
+    linkage_due: list[tuple[FileRecord, int]] = []
 
     def code_objects(inventory: Inventory, record: FileRecord) -> object:
         return code_objects_of(inventory, record, selection)
+
+    def linkage_later(inventory: Inventory, record: FileRecord) -> object:
+        if linkage_is_due(inventory, record) and (fd := inventory.facts.duplicate(record)) is not None:
+            linkage_due.append((record, fd))
+        return None
 
     host_kinds = (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE)
     code, elf = "verify-arch" not in skip, not {"llvm", "post-build"} <= skip
@@ -79,26 +89,32 @@ def read_facts(
     if code or elf:
         progress.phase(f"reading {label}", len(inventory.files), "files")
     seen_bytes = 0
-    for done, record in enumerate(inventory.files, 1):
-        seen_bytes += record.size
-        progress.update(done, seen_bytes)
-        readers: list[Callable[[Inventory, FileRecord], object]] = []
-        if "verify-arch" not in skip and may_hold_code(record):
-            readers.append(code_objects)
-        if "llvm" not in skip and record.kind is FileKind.SHARED_LIBRARY:
-            readers += [role_facts_of, linkage_facts_of]
-        if "post-build" not in skip and record.kind in host_kinds:
-            readers.append(_versions_if_needed)
-        if "post-build" not in skip and record.kind is FileKind.SHARED_LIBRARY:
-            readers.append(_references)
-        if not readers:
-            continue
-        with inventory.facts.holding(record):
-            for reader in readers:
-                try:
-                    reader(inventory, record)
-                except (OSError, FormatError):
-                    pass
+    try:
+        for done, record in enumerate(inventory.files, 1):
+            seen_bytes += record.size
+            progress.update(done, seen_bytes)
+            readers: list[Callable[[Inventory, FileRecord], object]] = []
+            if "verify-arch" not in skip and may_hold_code(record):
+                readers.append(code_objects)
+            if "llvm" not in skip and record.kind is FileKind.SHARED_LIBRARY:
+                readers += [role_facts_of, linkage_later]
+            if "post-build" not in skip and record.kind in host_kinds:
+                readers.append(_versions_if_needed)
+            if "post-build" not in skip and record.kind is FileKind.SHARED_LIBRARY:
+                readers.append(_references)
+            if not readers:
+                continue
+            with inventory.facts.holding(record):
+                for reader in readers:
+                    try:
+                        reader(inventory, record)
+                    except (OSError, FormatError):
+                        pass
+    except BaseException:
+        for _record, fd in linkage_due:
+            os.close(fd)
+        raise
+    read_linkages(inventory, linkage_due)
 
 
 def _versions_if_needed(inventory: Inventory, record: FileRecord) -> object:

@@ -13,7 +13,7 @@ from rocm_audit.findings import Finding, make_finding
 from rocm_audit.llvm import fixes
 from rocm_audit.llvm.clash_findings import MAX_VIA_ROOTS, at_path, clash_finding, expect_of, pair_finding
 from rocm_audit.llvm.closure import Closure, HostView, ProcessModel
-from rocm_audit.llvm.libfacts import LibraryFacts, identities
+from rocm_audit.llvm.libfacts import LibraryFacts, identities, read_linkages_of
 from rocm_audit.llvm.linkage import Linkage
 from rocm_audit.llvm.optin import opt_in_libraries, soften_opt_in
 from rocm_audit.llvm.pairs import PairJudge, PairVerdicts
@@ -480,6 +480,7 @@ def _judge_pairs(
     ]
     if carriers:
         progress.phase("LLVM: reading linkage", len(carriers), "libraries")
+        read_linkages_of(facts.inventory, carriers)  # several at a time; the loop finds them read
     for done, record in enumerate(carriers, 1):
         progress.update(done)
         if record.identity in seen:

@@ -3,16 +3,19 @@ per inode through the fact pass (tree/facts.py), and DT_NEEDED facts of files a 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Iterable
 
 from rocm_audit.elf import read as elfread
+from rocm_audit.elf.view import ElfView
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.llvm.linkage import EMPTY as EMPTY_LINKAGE
 from rocm_audit.llvm.linkage import Linkage, read_linkage
 from rocm_audit.llvm.roles import ClFacts, Role, classify
+from rocm_audit.tree.facts import open_checked
 from rocm_audit.tree.inventory import FileRecord, Inventory, read_dynamic_info
 
 
@@ -31,6 +34,9 @@ def identities(paths: Iterable[str]) -> frozenset[tuple[int, int]]:
 # the file at the record's path with its dynamic section. image/trim.py reads the same two while a
 # layer streams and hands them over (``CheckOptions.known_facts``).
 ROLE_FACT, LINKAGE_FACT = "llvm-role", "llvm-linkage"
+# Below this many bytes of libraries whose linkage is read, helpers cost more than they save
+# (a fork and the facts' pickles; a private LLVM copy of 30 MiB reads in about 0.1 s).
+PARALLEL_LINKAGE_BYTES = 256 << 20
 
 
 class LibraryFacts:
@@ -120,6 +126,59 @@ def role_facts_of(inventory: Inventory, record: FileRecord) -> ClFacts:
     """The LLVM-role fact of one inventory file, read once per run. Raises FormatError or OSError."""
     dynamic = inventory.dynamic(record)
     return inventory.facts.get(record, ROLE_FACT, lambda view: classify(record.path, dynamic, view))
+
+
+def linkage_is_due(inventory: Inventory, record: FileRecord) -> bool:
+    """Whether the linkage fact of a library is still to be read (its role reads it, and no one
+    read it before: an image hands over those it read while trimming)."""
+    return reads_linkage(role_facts_of(inventory, record)) and not inventory.facts.known(record, LINKAGE_FACT)
+
+
+def read_linkages(inventory: Inventory, due: list[tuple[FileRecord, int]]) -> None:
+    """Read the linkage facts of ``due`` (records with a descriptor of their file, which this
+    closes) in forked helpers as well as this process (tree/forkmap.py), largest first: libLLVM's
+    500 000 relocations and 150 000 symbols make these the longest reads of a check, one library
+    at a time. The helpers read through the inherited descriptors (no file is opened again) and
+    send the facts back; a library a helper could not read is read again here, where its error
+    is kept like any fact's."""
+    from rocm_audit.tree.forkmap import fork_imap, worker_count  # noqa: PLC0415 - only with LLVM carriers
+
+    def read(index: int) -> Linkage | None:
+        record, fd = due[index]
+        try:
+            return read_linkage(record.path, inventory.dynamic(record), ElfView(fd))
+        except (FormatError, OSError):
+            return None  # an exception does not pickle its fields: read again by the caller
+
+    sizes = [record.size for record, _fd in due]
+    try:
+        workers = worker_count(sum(sizes), PARALLEL_LINKAGE_BYTES) if len(due) > 1 else 1
+        for index, linkage in fork_imap(read, list(range(len(due))), sizes, workers):
+            record = due[index][0]
+            if linkage is not None:
+                inventory.facts.preload(record.identity, LINKAGE_FACT, linkage)
+            else:
+                with contextlib.suppress(FormatError, OSError):
+                    linkage_facts_of(inventory, record)
+    finally:
+        for _record, fd in due:
+            os.close(fd)
+
+
+def read_linkages_of(inventory: Inventory, records: Iterable[FileRecord]) -> None:
+    """``read_linkages`` for those of ``records`` whose linkage is due, each opened here (the
+    llvm command reads its facts without a fact pass holding the files)."""
+    due: list[tuple[FileRecord, int]] = []
+    try:
+        for record in records:
+            with contextlib.suppress(OSError, FormatError):  # the error comes again, read alone
+                if linkage_is_due(inventory, record):
+                    due.append((record, open_checked(record.path, record.identity)))
+    except BaseException:
+        for _record, fd in due:
+            os.close(fd)
+        raise
+    read_linkages(inventory, due)
 
 
 def linkage_facts_of(inventory: Inventory, record: FileRecord) -> Linkage | None:

@@ -96,6 +96,13 @@ class FileFacts:
         key: tuple[object, ...] = (record.identity, name, record.path) if per_path else (record.identity, name)
         return key in self._values or key in self._failures
 
+    def duplicate(self, record: HasIdentity) -> int | None:
+        """A second descriptor of the file held for ``record`` (the caller closes it), so a fact
+        can be read later, in a forked helper too, without opening the file again; None when
+        nothing is held."""
+        view = self._held.get(record.identity)
+        return os.dup(view.fd) if view is not None else None
+
     @contextlib.contextmanager
     def holding(self, record: HasIdentity) -> Iterator[None]:
         """Keep one view of record's file (one descriptor) open while the facts of that file are read.
