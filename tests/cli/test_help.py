@@ -250,9 +250,9 @@ def test_v_counts_before_and_after_the_command_and_reaches_the_text_renderer(
     given: list[int] = []
     real = text.render_text
 
-    def recording(outcome, verbose=0):
+    def recording(outcome, verbose=0, colour=False):
         given.append(verbose)
-        return real(outcome, verbose=verbose)
+        return real(outcome, verbose=verbose, colour=colour)
 
     monkeypatch.setattr(text, "render_text", recording)
     before = fresh_logging.level

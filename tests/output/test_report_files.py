@@ -100,3 +100,42 @@ def test_a_write_that_fails_names_the_file(tmp_path):
     gone = tmp_path / "gone" / "report.json"
     with pytest.raises(UsageError, match=re.escape(f"cannot write {gone}: No such file or directory")):
         write_atomic(str(gone), "text")
+
+
+def test_colour_goes_to_a_terminal_only_never_into_a_file(sdk, tmp_path):
+    """From a terminal (a real pty), the text on stdout is coloured; the same text written to -o or
+    --report is not (it used to follow stdout's terminal into the file)."""
+    import pty
+    import subprocess
+    import sys
+
+    def run(*extra: str) -> str:
+        primary, secondary = pty.openpty()
+        try:
+            argv = [sys.executable, "-m", "rocm_audit", "check", "-p", str(sdk.site), "gfx942", *extra]
+            env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "CI")} | {"TERM": "xterm"}
+            done = subprocess.run(argv, stdout=secondary, stderr=subprocess.DEVNULL, env=env, timeout=120, check=False)
+            assert done.returncode == 1
+            os.close(secondary)
+            secondary = -1
+            chunks = []
+            while True:
+                try:
+                    chunk = os.read(primary, 65536)
+                except OSError:  # EIO: the terminal's other end is closed
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            return b"".join(chunks).decode()
+        finally:
+            os.close(primary)
+            if secondary >= 0:
+                os.close(secondary)
+
+    on_terminal = run("--report", f"text={tmp_path / 'also.txt'}")
+    assert "\x1b[" in on_terminal and "ERROR" in on_terminal
+    run("-o", str(tmp_path / "out.txt"))
+    for name in ("also.txt", "out.txt"):
+        text = (tmp_path / name).read_text()
+        assert "ERROR DUP001" in text and "\x1b" not in text, name

@@ -455,7 +455,7 @@ def emit(
     threshold = fail_on_severity(fail_on)
     for file_format, path in files:
         _write_out(_rendered(outcome, file_format, threshold, verbose), path)
-    _write_out(_rendered(outcome, fmt, threshold, verbose), output)
+    _write_out(_rendered(outcome, fmt, threshold, verbose, terminal=not output), output)
     if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
         typer.echo(display(outcome.summary), err=True)
     if threshold is None:
@@ -498,8 +498,10 @@ def _settle_findings(outcome: CommandOutcome, baseline: str | None, write_baseli
         outcome.suppressed = sorted([*outcome.suppressed, *known], key=lambda s: (s["path"], s["rule"]))
 
 
-def _rendered(outcome: CommandOutcome, fmt: OutputFormat, threshold: Severity | None, verbose: int) -> str:
-    """The report in the format asked for."""
+def _rendered(
+    outcome: CommandOutcome, fmt: OutputFormat, threshold: Severity | None, verbose: int, *, terminal: bool = False
+) -> str:
+    """The report in the format asked for; ``terminal``: it goes to stdout, which may take colour."""
     if fmt is OutputFormat.json:
         from rocm_audit.output.report import build_report, to_json
 
@@ -530,9 +532,9 @@ def _rendered(outcome: CommandOutcome, fmt: OutputFormat, threshold: Severity | 
         from rocm_audit.output.markdown import render_markdown
 
         return render_markdown(outcome, verbose=verbose)
-    from rocm_audit.output.text import render_text
+    from rocm_audit.output.text import render_text, use_colour
 
-    return render_text(outcome, verbose=verbose)
+    return render_text(outcome, verbose=verbose, colour=terminal and use_colour())
 
 
 def report_files(report: Report) -> list[tuple[OutputFormat, str]]:

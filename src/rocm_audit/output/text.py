@@ -131,8 +131,8 @@ def count_line(command: str, findings: Sequence[Finding]) -> str:
     )
 
 
-def render_text(outcome: CommandOutcome, verbose: int = 0) -> str:
-    colour = use_colour()
+def render_text(outcome: CommandOutcome, verbose: int = 0, colour: bool = False) -> str:
+    """The text report; ``colour``: severity labels in ANSI colours (for a terminal: ``use_colour``)."""
     view = PathView(outcome.roots)
     parts: list[str] = []
     body = section_lines(outcome.command, outcome.sections, view, verbose)
