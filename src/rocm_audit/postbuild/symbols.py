@@ -277,7 +277,9 @@ class Resolver:
 
     def loaded_by(self, record: FileRecord) -> dict[str, frozenset[str]]:
         """The shared libraries of the inventory whose load maps ``record``'s file (none without an
-        inventory), each with the DT_NEEDED names of that file its load does not find."""
+        inventory), each with the DT_NEEDED names of that file its load does not find. A load the
+        model cannot follow to its end (a file not extracted, a closure cut short) is left out:
+        it cannot say the names are found."""
         if self.inventory is None:
             return {}
         if self._mapped_by is None:
@@ -285,6 +287,8 @@ class Resolver:
             host = {o.identity for o in self._host()}  # the interpreter's own objects load nothing here
             for other in self.inventory.by_kind(FileKind.SHARED_LIBRARY):
                 scope = self.scope(other.path)
+                if scope.unknown:
+                    continue
                 identities = dict(scope.objects)
                 for _path, identity in scope.objects:
                     if identity != other.identity and identity not in host:
