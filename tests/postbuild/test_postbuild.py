@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -229,3 +230,45 @@ def test_without_the_load_scopes_every_library_is_judged_alone(tmp_path):
     inventory = build_inventory(resolve_roots([str(root)])[0])
     alone = {os.path.basename(f.path) for f in post_build_findings(inventory, LoaderModel()) if f.rule == "POST002"}
     assert alone == {"libmid.so"}
+
+
+def test_a_load_the_model_cannot_follow_does_not_vouch_for_a_dependency(tmp_path):
+    """The one consumer also needs a library the image holds but the audit did not extract: its
+    load cannot be followed to the end, so libmid.so is judged alone (reported), as before."""
+    from rocm_audit.postbuild.symbols import Resolver
+    from rocm_audit.tree.loader import HostView
+
+    root = tmp_path / "image"
+    site = root / "usr" / "lib" / "python3" / "dist-packages"
+    libs, pkg, elsewhere = site / "pkg.libs", site / "pkg", tmp_path / "built"
+    build_library(libs, "dep", "libdep.so", value=1)
+    build_library(libs, "mid", "libmid.so", value=2, needed=("libdep.so",))
+    build_library(elsewhere, "ghost", "libghost.so", value=4)
+    (libs / "libghost.so").symlink_to(elsewhere / "libghost.so")  # only for the link step below
+    build_library(
+        pkg,
+        "_fast",
+        f"_fast.{_EXTENSION}",
+        value=3,
+        needed=("libmid.so", "libghost.so"),
+        link_dir=libs,
+        rpath="$ORIGIN/../pkg.libs",
+    )
+    (libs / "libghost.so").unlink()
+    (root / "usr" / "lib" / "x86_64-linux-gnu").mkdir(parents=True)
+    system = root / "lib" / "x86_64-linux-gnu"  # the image's own C library (a default directory)
+    system.mkdir(parents=True)
+    for name in ("libc.so.6", "ld-linux-x86-64.so.2"):
+        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{name}"), system / name)
+    inventory = build_inventory(resolve_roots([str(site)])[0])
+
+    def reported(unextracted: frozenset[str]) -> set[str]:
+        host = HostView(str(root), known_elf_keys=inventory.elf_keys(), unextracted=unextracted)
+        loader = LoaderModel(sysroot=str(root), host=host)
+        findings = post_build_findings(inventory, loader, Resolver(loader, None, inventory))
+        return {os.path.basename(f.path) for f in findings if f.rule == "POST002"}
+
+    # extracted nowhere: the consumer itself misses libghost.so, and its load still finds libdep.so
+    assert reported(frozenset()) == {f"_fast.{_EXTENSION}"}
+    # held by the image but not extracted: the consumer's load is unknown past it
+    assert reported(frozenset({"/usr/lib/x86_64-linux-gnu/libghost.so"})) == {"libmid.so"}
