@@ -79,8 +79,10 @@ def read_facts(
         return code_objects_of(inventory, record, selection)
 
     def linkage_later(inventory: Inventory, record: FileRecord) -> object:
-        if linkage_is_due(inventory, record) and (fd := inventory.facts.duplicate(record)) is not None:
-            linkage_due.append((record, fd))
+        if all(record.identity != due.identity for due, _fd in linkage_due) and linkage_is_due(inventory, record):
+            fd = inventory.facts.duplicate(record)
+            if fd is not None:
+                linkage_due.append((record, fd))
         return None
 
     host_kinds = (FileKind.SHARED_LIBRARY, FileKind.EXECUTABLE)

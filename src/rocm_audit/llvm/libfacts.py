@@ -169,10 +169,12 @@ def read_linkages_of(inventory: Inventory, records: Iterable[FileRecord]) -> Non
     """``read_linkages`` for those of ``records`` whose linkage is due, each opened here (the
     llvm command reads its facts without a fact pass holding the files)."""
     due: list[tuple[FileRecord, int]] = []
+    seen: set[tuple[int, int]] = set()  # one read per inode, whatever the paths
     try:
         for record in records:
             with contextlib.suppress(OSError, FormatError):  # the error comes again, read alone
-                if linkage_is_due(inventory, record):
+                if record.identity not in seen and linkage_is_due(inventory, record):
+                    seen.add(record.identity)
                     due.append((record, open_checked(record.path, record.identity)))
     except BaseException:
         for _record, fd in due:
