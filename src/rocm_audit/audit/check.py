@@ -74,14 +74,16 @@ def read_facts(
     from rocm_audit.llvm.libfacts import linkage_is_due, read_linkages
 
     linkage_due: list[tuple[FileRecord, int]] = []
+    linkage_inodes: set[tuple[int, int]] = set()  # one read per inode, whatever the paths
 
     def code_objects(inventory: Inventory, record: FileRecord) -> object:
         return code_objects_of(inventory, record, selection)
 
     def linkage_later(inventory: Inventory, record: FileRecord) -> object:
-        if all(record.identity != due.identity for due, _fd in linkage_due) and linkage_is_due(inventory, record):
+        if record.identity not in linkage_inodes and linkage_is_due(inventory, record):
             fd = inventory.facts.duplicate(record)
             if fd is not None:
+                linkage_inodes.add(record.identity)
                 linkage_due.append((record, fd))
         return None
 

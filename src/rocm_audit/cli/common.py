@@ -547,9 +547,9 @@ def report_files(report: Report) -> list[tuple[OutputFormat, str]]:
     from rocm_audit.output.report import check_destination
 
     files: list[tuple[OutputFormat, str]] = []
+    formats = [f.value for f in OutputFormat]
     for given in report.reports:
         name, equals, path = given.partition("=")
-        formats = [f.value for f in OutputFormat]
         if not equals or not path or name not in formats:
             raise UsageError(
                 f"--report {given}: expected FORMAT=FILE, FORMAT one of {', '.join(formats)}",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
-import errno
 import json
 import os
 import re
@@ -275,16 +274,11 @@ def write_atomic(path: str, text: str) -> None:
         mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
         mode = None
+    # Not mkstemp: its 0600 would stay. O_EXCL never opens a file someone else made; 64 random
+    # bits make a clash as unlikely as mkstemp's retries do.
+    temp_path = os.path.join(directory, f".rocm-audit-tmp.{secrets.token_hex(8)}")
     try:
-        for _ in range(100):  # a name taken by someone else is tried again, as mkstemp does
-            temp_path = os.path.join(directory, f".rocm-audit-tmp.{secrets.token_hex(6)}")
-            try:
-                fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise FileExistsError(errno.EEXIST, "no free temporary name", directory)
+        fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
     try:

@@ -277,9 +277,9 @@ class Resolver:
 
     def loaded_by(self, record: FileRecord) -> dict[str, frozenset[str]]:
         """The shared libraries of the inventory whose load maps ``record``'s file (none without an
-        inventory), each with the DT_NEEDED names of that file its load does not find. A load the
-        model cannot follow to its end (a file not extracted, a closure cut short) is left out:
-        it cannot say the names are found."""
+        inventory), each with the DT_NEEDED names of that file its load does not find: the one
+        consumer map of POST002 and POST006. A load the model cannot follow to its end (a file not
+        extracted, a closure cut short) is left out: it can neither vouch for the file nor fail it."""
         if self.inventory is None:
             return {}
         if self._mapped_by is None:
@@ -517,20 +517,16 @@ def symbol_findings(
             misses[record.path] = found
     if not misses:
         return []
-    # A library whose symbols come from what its consumers map (linked without its own
-    # dependencies) loads fine as their dependency: judged in the consumers' scopes, and quiet
-    # only when every one of them binds its names (as POST002 judges a library's DT_NEEDED).
-    consumed_by: dict[Identity, list[str]] = {}
-    for record in records:
-        for _path, identity in resolver.scope(record.path).objects[1:]:
-            consumed_by.setdefault(identity, []).append(record.path)
     demangled = _demangle(sorted({ref.name for refs in misses.values() for ref in refs}))
     findings: list[Finding] = []
     by_path = {r.path: r for r in records}
     for path, refs in sorted(misses.items()):
         record = by_path[path]
         if not is_extension(path):
-            consumers = [c for c in consumed_by.get(record.identity, []) if c != path]
+            # A library whose symbols come from what its consumers map (linked without its own
+            # dependencies) loads fine as their dependency: judged in the consumers' scopes, and
+            # quiet only when every one of them binds its names (as POST002 judges DT_NEEDED).
+            consumers = [c for c in resolver.loaded_by(record) if c not in skip]
             if consumers and all(not resolver.unbound(refs, resolver.scope(c)) for c in consumers):
                 continue
         python_api = [r for r in refs if _PYTHON_API.match(r.name) and r.expected_from is None]
