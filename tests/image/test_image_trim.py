@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import os
 import random
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,37 +27,11 @@ from rocm_audit.llvm.libfacts import LINKAGE_FACT, ROLE_FACT
 from rocm_audit.llvm.linkage import read_linkage
 from rocm_audit.llvm.roles import REGISTRY_STRINGS, Role, classify
 from support.image.layer_writers import docker_save, docker_save_of_directories, layer
+from support.image.libraries import build
 from support.image.reports import comparable
 
 SP = "usr/lib/python3/dist-packages"
-
-
-def _source(functions: int, seed: int) -> str:
-    """C with enough machine code, data and debug information to fill blocks of each kind."""
-    rng = random.Random(seed)
-    # LLVM's CommandLine messages (llvm/roles.py searches .rodata for them: a private copy)
-    lines = [
-        "#include <string.h>",
-        'const char message[] = "inconsistency in registered CommandLine options";',
-        'const char other[] = "CommandLine Error: Option \'";',
-    ]
-    for i in range(functions):
-        a, b = rng.randint(1, 1 << 20), rng.randint(1, 1 << 20)
-        lines.append(
-            f"int f{i}(int x) {{ int y = x * {a}; for (int k = 0; k < {i % 7 + 3}; k++) y ^= (y << 3) + {b} + k;"
-            f" return y + (int)strlen(message); }}"
-        )
-    lines.append("int table[4096] = {1};")
-    return "\n".join(lines) + "\n"
-
-
-def build(directory: Path, name: str, *, functions: int = 600, seed: int = 0) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    source = directory / f"{name}.c"
-    source.write_text(_source(functions, seed))
-    out = directory / name
-    subprocess.run(["gcc", "-g", "-O1", "-shared", "-fPIC", "-o", str(out), str(source)], check=True)
-    return out
+SDK = f"{SP}/_rocm_sdk_core/lib"  # where dedup byte-compares libraries (trimmed ones are made whole)
 
 
 @pytest.fixture(scope="module")
@@ -174,25 +148,60 @@ def _variant(original: bytes, library: Path) -> bytes:
 
 def test_duplicates_in_one_layer_get_their_bytes_back_from_the_whole_copy(tmp_path, library, small_trim):
     content = library.read_bytes()
-    state = _state(tmp_path, [layer((f"{SP}/a/libx.so", content), (f"{SP}/b/libx.so", content))])
+    state = _state(tmp_path, [layer((f"{SDK}/a/libx.so", content), (f"{SDK}/b/libx.so", content))])
     root = Path(state.root)
-    assert (root / SP / "a/libx.so").read_bytes() == content  # trimmed, then made whole
-    assert (root / SP / "b/libx.so").read_bytes() == content
+    assert (root / SDK / "a/libx.so").read_bytes() == content  # trimmed, then made whole
+    assert (root / SDK / "b/libx.so").read_bytes() == content
     assert state.trimmed == {}
+    groups, _ = waste.analyse(state)
+    assert [[c["path"] for c in g.copies] for g in groups] == [[f"/{SDK}/a/libx.so", f"/{SDK}/b/libx.so"]]
+    assert groups[0].digest == hashlib.blake2b(content, digest_size=32).hexdigest()
+
+
+def test_duplicates_outside_sdk_trees_stay_trimmed_and_still_group(tmp_path, library, small_trim):
+    """No byte comparison reads a library outside a _rocm_sdk_* tree (dedup compares only those):
+    its trimmed copy keeps its holes, and the layer waste still groups it, by the SHA-256 taken as
+    it streamed."""
+    content = library.read_bytes()
+    state = _state(tmp_path, [layer((f"{SP}/a/libx.so", content)), layer((f"{SP}/b/libx.so", content))])
+    root = Path(state.root)
+    assert (root / SP / "a/libx.so").stat().st_blocks * 512 < len(content)
+    assert (root / SP / "b/libx.so").read_bytes() == content
     groups, _ = waste.analyse(state)
     assert [[c["path"] for c in g.copies] for g in groups] == [[f"/{SP}/a/libx.so", f"/{SP}/b/libx.so"]]
     assert groups[0].digest == hashlib.blake2b(content, digest_size=32).hexdigest()
 
 
+def test_sdk_duplicates_trimmed_or_not_give_the_report_of_full_extraction(tmp_path, library, small_trim, run_cli):
+    """Identical libraries in two SDK trees (dedup byte-compares them), one copy outside and one
+    of the same size that differs in machine code: `image` reports what `image --full` does."""
+    content = library.read_bytes()
+    layers = [
+        layer((f"{SDK}/libx.so", content), (f"{SP}/other/libx.so", content)),
+        layer((f"{SP}/_rocm_sdk_libraries_gfx942/lib/libx.so", content)),
+        layer((f"{SP}/_rocm_sdk_devel/lib/libx.so", _variant(content, library))),
+    ]
+    archive = docker_save(tmp_path / "save.tar", layers)
+    reports = {}
+    for mode in ("default", "full"):
+        out = tmp_path / f"{mode}.json"
+        args = ["image", "--archive", str(archive), "gfx942", "--format", "json", "-o", str(out), "-q"]
+        run_cli(*args, *(["--full"] if mode == "full" else []))
+        reports[mode] = comparable(out.read_text())
+    assert reports["default"] == reports["full"]
+    rules = [json.loads(f)["rule"] for f in reports["default"]["findings"]]
+    assert "DUP001" in rules, rules
+
+
 def test_same_size_other_content_is_read_again_from_its_layer(tmp_path, library, small_trim):
     content = library.read_bytes()
     other = _variant(content, library)
-    layers = [layer((f"{SP}/a/libx.so", content)), layer((f"{SP}/b/libx.so", other))]
+    layers = [layer((f"{SDK}/a/libx.so", content)), layer((f"{SDK}/b/libx.so", other))]
     state = _state(tmp_path, layers)
     root = Path(state.root)
     # The first copy was trimmed; a byte comparison with the second must see every byte of it.
-    assert (root / SP / "a/libx.so").read_bytes() == content
-    assert (root / SP / "b/libx.so").read_bytes() == other
+    assert (root / SDK / "a/libx.so").read_bytes() == content
+    assert (root / SDK / "b/libx.so").read_bytes() == other
     assert state.trimmed == {}
     groups, _ = waste.analyse(state)
     assert groups == []
@@ -256,12 +265,12 @@ def test_a_layer_that_does_not_give_the_bytes_again_leaves_the_file_out(tmp_path
 
     @contextlib.contextmanager
     def changed():
-        yield io.BytesIO(layer((f"{SP}/a/libx.so", _variant(content, library))))
+        yield io.BytesIO(layer((f"{SDK}/a/libx.so", _variant(content, library))))
 
-    merge.apply_layer(state, io.BytesIO(layer((f"{SP}/a/libx.so", content))), 0, "l0", "save.tar:l0", again=changed)
-    merge.apply_layer(state, io.BytesIO(layer((f"{SP}/b/libx.so", _variant(content, library)))), 1, "l1", "save:l1")
+    merge.apply_layer(state, io.BytesIO(layer((f"{SDK}/a/libx.so", content))), 0, "l0", "save.tar:l0", again=changed)
+    merge.apply_layer(state, io.BytesIO(layer((f"{SDK}/b/libx.so", _variant(content, library)))), 1, "l1", "save:l1")
     merge.finish(state)
-    assert not (Path(state.root) / SP / "a/libx.so").exists()
+    assert not (Path(state.root) / SDK / "a/libx.so").exists()
     assert [f.rule for f in state.findings] == ["IMG001"]
     assert "did not give the bytes" in state.findings[0].message
 

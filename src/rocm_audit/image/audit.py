@@ -25,6 +25,7 @@ from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.verify import TargetCandidate
 from rocm_audit.image import layerpipe, merge, tarstream, waste, whole
 from rocm_audit.image.archive import ImageLayout, Store, open_store, read_layout
+from rocm_audit.image.offload import Offload, helper_count
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
@@ -98,10 +99,9 @@ def wanted(full: bool) -> Callable[[str], bool]:
 
 def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILENT) -> CommandOutcome:
     """`rocm-audit image --archive FILE`: a docker save tarball or an OCI layout (dir or tar)."""
-    with Workdir(options.workdir_parent) as workdir:
-        state = new_state(workdir, options, progress)
+    with merging(options, progress) as state:
         try:
-            layout = extract_archive(archive, workdir, state, options.ref)
+            layout = extract_archive(archive, os.path.dirname(state.root), state, options.ref)
         except FormatError as exc:
             return failed(archive, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
         except merge.LimitExceeded as exc:
@@ -132,8 +132,7 @@ def audit_registry(
 
     ref = registry.parse_ref(text)
     wanted_platform = registry.parse_platform(platform)
-    with Workdir(options.workdir_parent) as workdir:
-        state = new_state(workdir, options, progress)
+    with merging(options, progress) as state:
         progress.phase("reading the image manifest from the registry")
         try:
             store, layout = registry.read_image(ref, wanted_platform, insecure_hosts)
@@ -258,8 +257,7 @@ def audit_stream(
     """Audit one flattened filesystem tar (a container export) as a single layer; ``again``
     streams it once more, when a kept hardlink's bytes were stored under a path not written."""
 
-    with Workdir(options.workdir_parent) as workdir:
-        state = new_state(workdir, options, progress)
+    with merging(options, progress) as state:
         progress.phase("reading the container's files", unit="entries")
         try:
             merge.apply_layer(
@@ -277,7 +275,17 @@ def audit_stream(
         return audit_merged(state, options, source, [label], [label], layer_aware=False)
 
 
-def new_state(workdir: str, options: ImageOptions, progress: Progress = SILENT) -> merge.MergeState:
+@contextlib.contextmanager
+def merging(options: ImageOptions, progress: Progress = SILENT) -> Iterator[merge.MergeState]:
+    """A merge's state in a private work directory (``dirname(state.root)``), with its helper
+    processes (image/offload.py) forked now, before any layer thread starts; both go at the end."""
+    with Workdir(options.workdir_parent) as workdir, Offload(helper_count()) as helpers:
+        yield new_state(workdir, options, progress, helpers)
+
+
+def new_state(
+    workdir: str, options: ImageOptions, progress: Progress = SILENT, helpers: Offload | None = None
+) -> merge.MergeState:
     # Resolved, so the paths the checks report (they resolve their roots) share this prefix.
     root = os.path.join(os.path.realpath(workdir), "rootfs")
     os.mkdir(root, 0o700)
@@ -287,6 +295,7 @@ def new_state(workdir: str, options: ImageOptions, progress: Progress = SILENT) 
         keep=wanted(options.full),
         progress=progress,
         placeholders=not options.full,  # files no check reads: their size only (image/needed.py)
+        offload=helpers or Offload(),
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 from rocm_audit.errors import UsageError
@@ -116,8 +117,8 @@ def _via_save(image: Any, ref: str, options: ImageOptions, progress: Progress = 
     from rocm_audit.image import audit, merge, savestream  # noqa: PLC0415
 
     diff_ids = [str(d) for d in (image.attrs.get("RootFS") or {}).get("Layers") or []]
-    with audit.Workdir(options.workdir_parent) as workdir:
-        state = audit.new_state(workdir, options, progress)
+    with audit.merging(options, progress) as state:
+        workdir = os.path.dirname(state.root)
         progress.phase("reading the image from the Docker daemon", unit="entries")
         try:
             layout, _store, streamed = savestream.apply_save_stream(

@@ -1,9 +1,10 @@
 """Content digests for the layer waste, taken only where a verdict needs them.
 
 Two copies can be identical only if their sizes are equal, so the first copy of each size that is
-written to the merged view is left unhashed; the second copy of that size makes both hashed (the
-first read back from the merged view). A copy a later layer deletes or replaces is hashed before
-its bytes leave the view, since a later copy of its size may still come. Files whose bytes are not
+written to the merged view is left unhashed; the second copy of that size makes both hashed (read
+back from the merged view by a helper process beside the merge: image/offload.py). A copy a later
+layer deletes or replaces is opened for its hash before its path leaves the view, since a later
+copy of its size may still come. Files whose bytes are not
 written (streamed past, sparse placeholders) are hashed while they stream (image/merge.py). A
 trimmed file (image/trim.py: the view keeps only the blocks the checks read; always the first copy
 of its size) gets a SHA-256 as it streams instead: a later copy of its size gets one too, and a
@@ -15,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from rocm_audit.hashing import ThreadedHash
 from rocm_audit.image import tarstream
@@ -48,6 +50,12 @@ def threaded_sha256() -> ThreadedHash:
     return ThreadedHash(hashlib.sha256(), backlog=16, name="rocm-audit-sha256")
 
 
+class Jobs(Protocol):
+    """What these functions use of image/offload.py's Offload."""
+
+    def submit(self, kind: str, fd: int, path: str, size: int, done: Callable[[object], None]) -> None: ...
+
+
 class MergeState(Protocol):
     """What these functions use of image/merge.py's MergeState."""
 
@@ -57,6 +65,10 @@ class MergeState(Protocol):
     sizes_seen: set[int]
     trimmed: dict[int, Trimmed]
     trimmed_by_size: dict[int, list[int]]
+    hashing: set[int]
+
+    @property
+    def offload(self) -> Jobs: ...
 
 
 def note_size(state: MergeState, copy_index: int, digest: bytes | None, identity: bytes | None = None) -> None:
@@ -80,29 +92,48 @@ def note_size(state: MergeState, copy_index: int, digest: bytes | None, identity
     if first is not None:
         hash_from_view(state, first)
     if digest is None:
-        identity = hash_from_view(state, copy_index)
-    if identity is not None:
+        hash_from_view(state, copy_index)
+    elif identity is not None:
         _match_trimmed(state, copy_index, identity)
 
 
-def hash_from_view(state: MergeState, copy_index: int) -> bytes | None:
-    """Hash a copy whose bytes are still in the merged view at its path (BLAKE2b-256); returns its
-    SHA-256 as well when a trimmed copy shares its size (None otherwise)."""
+def hash_from_view(state: MergeState, copy_index: int) -> None:
+    """Hash a copy whose bytes are still in the merged view at its path (BLAKE2b-256, and its
+    SHA-256 when a trimmed copy shares its size), beside the merge (image/offload.py): the digest
+    is in ``copies`` once the merge's jobs are settled. The file is opened now, so a path the merge
+    removes or replaces meanwhile keeps its bytes for the hash."""
     copy = state.copies[copy_index]
     if state.unhashed_by_size.get(copy.size) == copy_index:
         del state.unhashed_by_size[copy.size]
-    if copy.digest is not None or copy_index in state.trimmed:
-        return None
-    hasher = hashlib.blake2b(digest_size=32)
-    identity = hashlib.sha256() if copy.size in state.trimmed_by_size else None
+    if copy.digest is not None or copy_index in state.trimmed or copy_index in state.hashing:
+        return
+    kind = "blake2b+sha256" if copy.size in state.trimmed_by_size else "blake2b"
     descriptor = os.open(os.path.join(state.root, copy.path[1:]), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with open(descriptor, "rb", buffering=0) as stored:
-        while piece := stored.read(tarstream.CHUNK):
-            hasher.update(piece)
-            if identity is not None:
-                identity.update(piece)
-    state.copies[copy_index] = dataclasses.replace(copy, digest=hasher.digest())
-    return identity.digest() if identity is not None else None
+    state.hashing.add(copy_index)
+
+    def done(answer: object) -> None:
+        state.hashing.discard(copy_index)
+        if answer is None:
+            return  # unreadable (logged): the copy groups with nothing
+        digest, identity = cast("tuple[bytes, bytes | None]", answer)
+        state.copies[copy_index] = dataclasses.replace(state.copies[copy_index], digest=digest)
+        if identity is not None:
+            _match_trimmed(state, copy_index, identity)
+
+    state.offload.submit(kind, descriptor, copy.path, copy.size, done)
+
+
+def hash_descriptor(fd: int, *, with_sha256: bool) -> tuple[bytes, bytes | None]:
+    """BLAKE2b-256 (and SHA-256) of the whole file open at ``fd``, read from its start."""
+    hasher = hashlib.blake2b(digest_size=32)
+    identity = hashlib.sha256() if with_sha256 else None
+    position = 0
+    while piece := os.pread(fd, tarstream.CHUNK, position):
+        position += len(piece)
+        hasher.update(piece)
+        if identity is not None:
+            identity.update(piece)
+    return hasher.digest(), identity.digest() if identity is not None else None
 
 
 def _match_trimmed(state: MergeState, copy_index: int, identity: bytes) -> None:

@@ -45,6 +45,7 @@ from rocm_audit.hashing import ThreadedHash
 from rocm_audit.image import digests, needed, tarstream, trim, whole
 from rocm_audit.image.digests import Copy, Trimmed
 from rocm_audit.image.links import aim_links, stored_link_text
+from rocm_audit.image.offload import Offload
 from rocm_audit.progress import SILENT, Progress
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,12 @@ class MergeState:
     # its digest is found); ``finish`` makes whole again those a byte comparison may read.
     trimmed: dict[int, Trimmed] = field(default_factory=dict)  # by copy index
     trimmed_by_size: dict[int, list[int]] = field(default_factory=dict)
-    # Facts the checks read from a library's bytes, read while trimming it: inode -> (path, facts)
+    # Facts the checks read from a library's bytes, read while trimming it: inode -> (path, facts);
+    # ``facts_due`` names the inodes (-> path) whose trim is still running (image/offload.py).
     read_facts: dict[tuple[int, int], tuple[str, dict[str, object]]] = field(default_factory=dict)
+    facts_due: dict[tuple[int, int], str] = field(default_factory=dict)
+    hashing: set[int] = field(default_factory=set)  # copies whose digest a job is computing
+    offload: Offload = field(default_factory=Offload)  # trims and hashes beside the merge
     again: dict[int, tuple[str, Callable[[], AbstractContextManager[tarstream.Readable]]]] = field(default_factory=dict)
     # This layer's kept hardlinks waiting for its second reading, by root-relative path: a later
     # member of the same name removes its path from the wait (``_drop``).
@@ -195,6 +200,7 @@ def apply_layer(
                 raise ExtractionError(f"{where}: cannot write the merged view: {exc.strerror}") from None
             # ENAMETOOLONG, ELOOP, EEXIST from a hostile layout: this entry only.
             _refuse(state, stats, where, entry, f"could not be extracted: {exc.strerror}")
+        state.offload.poll()  # the answers of trims and hashes beside the merge (image/offload.py)
     if work.pending:
         _fill_pending(state, stats, where, work.pending, again)
     state.waiting_links.clear()
@@ -340,6 +346,8 @@ def _mark_created(created: set[str], parent: str) -> None:
 def finish(state: MergeState) -> None:
     """After the last layer: trimmed files another file of their size may be compared with made
     whole (``make_whole``), and every symbolic link aimed where the container resolves it (links.py)."""
+    state.offload.settle()
+    state.offload.close()
     whole.make_whole(state, lambda path: _drop(state, path[1:], os.path.join(state.root, path[1:])))
     aim_links(state.root)
 
@@ -401,7 +409,7 @@ def _regular(
     elif hashing and entry.size in state.trimmed_by_size:
         identity = hashlib.sha256()
     out = open(target, "w+b" if trimming else "wb") if keep else None
-    trimmed: tuple[int, int] | None = None
+    trimmed: tuple[int, int] | None = None  # the inode of a file handed to a trim
     try:
         for chunk in itertools.chain(head, chunks):
             if hasher is not None:
@@ -414,7 +422,7 @@ def _regular(
             out.truncate(entry.size)  # the apparent size, no data blocks: see image/needed.py
         if out is not None and trimming:
             out.flush()
-            trimmed = _trim(state, target, out.fileno(), entry.size)
+            trimmed = whole.start_trim(state, target, out.fileno(), entry.size)
     finally:
         if out is not None:
             out.close()
@@ -440,15 +448,6 @@ def _regular(
             hasher.digest() if hasher is not None else None,
             identity.digest() if identity is not None and not trimming else None,
         )
-
-
-def _trim(state: MergeState, path: str, fd: int, size: int) -> tuple[int, int] | None:
-    """Punch out the blocks no check reads; the file's inode when any were. The facts read on the
-    way are kept for the checks (``read_facts``)."""
-    identity, given, facts = trim.trim_file(path, fd, size)
-    if facts:
-        state.read_facts[identity] = (path, facts)
-    return identity if given else None
 
 
 def _head(chunks: Iterator[bytes]) -> list[bytes]:

@@ -10,12 +10,13 @@ import os
 import stat
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Protocol, cast
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image import tarstream
-from rocm_audit.image.digests import Copy, Trimmed
+from rocm_audit.image.digests import Copy, Jobs, Trimmed
+from rocm_audit.tree.discovery import is_sdk_tree_name
 
 
 class WholeState(Protocol):
@@ -29,7 +30,11 @@ class WholeState(Protocol):
     findings: list[Finding]
     trimmed: dict[int, Trimmed]
     read_facts: dict[tuple[int, int], tuple[str, dict[str, object]]]
+    facts_due: dict[tuple[int, int], str]
     again: dict[int, tuple[str, Callable[[], AbstractContextManager[tarstream.Readable]]]]
+
+    @property
+    def offload(self) -> Jobs: ...
 
     @property
     def keep(self) -> Callable[[str], bool]: ...
@@ -45,9 +50,10 @@ def same_inode(path: str, inode: tuple[int, int]) -> bool:
 
 
 def make_whole(state: WholeState, drop: Callable[[str], None]) -> None:
-    """Give every trimmed file the merged view still shows, and another shown file shares the size
-    of, its whole bytes back: a byte comparison (dedup's) must see every byte. They come from a
-    whole file of the view with the same digest (a duplicate: the usual case), else from its layer,
+    """Give every trimmed file the merged view still shows inside a ``_rocm_sdk_*`` tree, where
+    another file so shown shares its size, its whole bytes back: a byte comparison (dedup's) must
+    see every byte. They come from a whole file of the view with the same digest (a duplicate: the
+    usual case), else from its layer,
     read again once for all such files of that layer. A file whose layer cannot give them is left
     out of the merged view (``drop`` removes an image path from it), with a finding."""
     shown: dict[int, list[str]] = {}  # copy index -> image paths the view shows it at
@@ -61,9 +67,9 @@ def make_whole(state: WholeState, drop: Callable[[str], None]) -> None:
     from_layer: dict[int, dict[int, int]] = {}  # layer -> tar offset -> copy index
     for copy_index, trimmed in list(state.trimmed.items()):
         copy = state.copies[copy_index]
-        place = _shown_at(state, shown.get(copy_index, []), trimmed.inode)
+        place = _shown_at(state, [p for p in shown.get(copy_index, []) if _compared(p)], trimmed.inode)
         peers = [i for i in by_size.get(copy.size, []) if i != copy_index]
-        if place is None or not peers:
+        if place is None or not any(_compared(p) for i in peers for p in shown[i]):
             continue
         source = next(
             (
@@ -79,6 +85,13 @@ def make_whole(state: WholeState, drop: Callable[[str], None]) -> None:
             from_layer.setdefault(copy.layer, {})[copy.offset] = copy_index
     for layer, wanted in sorted(from_layer.items()):
         _read_layer_again(state, layer, wanted, shown, drop)
+
+
+def _compared(path: str) -> bool:
+    """Whether a byte comparison may read the file at image path ``path``: dedup compares only
+    files inside ``_rocm_sdk_*`` trees (tree/inventory.py names a file's tree by its folders;
+    dedup/plan.py takes those files, in size buckets; tree/ownership.py's twins are theirs too)."""
+    return any(is_sdk_tree_name(part) for part in path.split("/")[:-1])
 
 
 def _shown_at(state: WholeState, paths: list[str], inode: tuple[int, int]) -> str | None:
@@ -168,6 +181,27 @@ def _write_whole(state: WholeState, place: str, data: Iterable[bytes], identity:
     return hasher.digest() == identity
 
 
+def start_trim(state: WholeState, path: str, fd: int, size: int) -> tuple[int, int]:
+    """Have the blocks of the file open at ``fd`` that no check reads punched out (image/trim.py),
+    beside the merge (image/offload.py); the file's inode. The facts read on the way are kept for
+    the checks (``read_facts``) unless the file leaves the view meanwhile (``forget_facts``). The
+    copy counts as trimmed from now on, even if no block goes: a trimmed copy is only ever made
+    whole, before a byte comparison, from bytes of its own SHA-256."""
+    info = os.fstat(fd)
+    inode = (info.st_dev, info.st_ino)
+    state.facts_due[inode] = path
+
+    def done(answer: object) -> None:
+        facts = cast("tuple[tuple[int, int], int, dict[str, object]]", answer)[2] if answer is not None else None
+        if state.facts_due.get(inode) == path:
+            del state.facts_due[inode]
+            if facts:
+                state.read_facts[inode] = (path, facts)
+
+    state.offload.submit("trim", os.dup(fd), path, size, done)
+    return inode
+
+
 def facts_still_shown(state: WholeState) -> dict[tuple[int, int], dict[str, object]]:
     """The facts read while trimming (``read_facts``) of the files the merged view still shows at
     the path they were read through, under no other name (a fact names the path it was read at)."""
@@ -190,11 +224,16 @@ def forget_facts(state: WholeState, target: str, *, below: bool = False) -> None
         prefix = target + os.sep
         for identity in [i for i, (path, _) in state.read_facts.items() if path.startswith(prefix)]:
             del state.read_facts[identity]
+        for identity in [i for i, path in state.facts_due.items() if path.startswith(prefix)]:
+            del state.facts_due[identity]
         return
     try:
         info = os.lstat(target)
     except OSError:
         return
-    known = state.read_facts.get((info.st_dev, info.st_ino))
+    inode = (info.st_dev, info.st_ino)
+    known = state.read_facts.get(inode)
     if known is not None and known[0] == target:
-        del state.read_facts[(info.st_dev, info.st_ino)]
+        del state.read_facts[inode]
+    if state.facts_due.get(inode) == target:
+        del state.facts_due[inode]

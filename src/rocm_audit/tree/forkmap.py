@@ -37,7 +37,7 @@ _Result = TypeVar("_Result")
 MAX_WORKERS = 4  # processes in all, this one included; memory bandwidth caps the gain beyond
 
 _TICKET = struct.Struct("<I")  # a position in the order of priority
-_FRAME = struct.Struct("<IQ")  # item index, length of the pickled answer that follows
+FRAME = struct.Struct("<IQ")  # item index, length of the pickled answer that follows
 _RESULT_PIPE_BYTES = 1 << 20  # answers a helper may have in flight before it waits for us
 
 
@@ -165,7 +165,7 @@ class _Pool:
                     os.close(fd)
                     continue
                 pending += chunk
-                yield from _frames(pending)
+                yield from read_frames(pending)
 
     def close(self) -> None:
         """Close every pipe and make sure every helper is gone (it may still run after an exception)."""
@@ -219,18 +219,18 @@ def _claim(tickets: int, order: list[int]) -> int | None:
 def _serve(tickets: int, order: list[int], answer: Callable[[int], bytes], out: int) -> None:
     while (index := _claim(tickets, order)) is not None:
         payload = answer(index)
-        view = memoryview(_FRAME.pack(index, len(payload)) + payload)
+        view = memoryview(FRAME.pack(index, len(payload)) + payload)
         while view:
             view = view[os.write(out, view) :]
 
 
-def _frames(pending: bytearray) -> Iterator[tuple[int, bytes]]:
+def read_frames(pending: bytearray) -> Iterator[tuple[int, bytes]]:
     """Take every complete frame off the front of pending."""
-    while len(pending) >= _FRAME.size:
-        index, length = _FRAME.unpack_from(pending)
-        end = _FRAME.size + length
+    while len(pending) >= FRAME.size:
+        index, length = FRAME.unpack_from(pending)
+        end = FRAME.size + length
         if len(pending) < end:
             return
-        payload = bytes(pending[_FRAME.size : end])
+        payload = bytes(pending[FRAME.size : end])
         del pending[:end]
         yield index, payload
