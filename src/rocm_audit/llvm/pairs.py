@@ -97,6 +97,10 @@ class PairJudge:
         self.preload = tuple(preload)
         self._hosts: dict[str, tuple[str, ...]] = {}
         self._linkage: dict[tuple[int, int], Linkage] = {}
+        # paths loaded in turn -> each dlopen's closure: a process maps the same objects whatever
+        # the RTLD_GLOBAL flags (glibc finds a loaded object by name in any scope), and the four
+        # modes of a pair load one sequence of paths
+        self._closures: dict[tuple[str, ...], tuple[tuple[Mapped, ...], ...]] = {}
 
     def _linkage_of(self, path: str, identity: tuple[int, int]) -> Linkage:
         found = self._linkage.get(identity)
@@ -133,11 +137,13 @@ class PairJudge:
         )
 
     def steps(self, sequence: Iterable[tuple[str, bool]]) -> list[Step]:
-        process = self.new_process()
-        steps = [Step(self._mapped(process.dlopen(path)), True) for path in self.preload]
-        for path, rtld_global in sequence:
-            steps.append(Step(self._mapped(process.dlopen(path)), rtld_global))
-        return steps
+        loads = [(path, True) for path in self.preload] + list(sequence)
+        paths = tuple(path for path, _ in loads)
+        closures = self._closures.get(paths)
+        if closures is None:
+            process = self.new_process()
+            closures = self._closures[paths] = tuple(self._mapped(process.dlopen(path)) for path in paths)
+        return [Step(objects, rtld_global) for objects, (_, rtld_global) in zip(closures, loads, strict=True)]
 
     def load_sequence(self, first: str, second: str, mode: str) -> list[tuple[str, bool]]:
         """What a process loads for this pair and mode: each library after its hosts (GLOBAL)."""
