@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,32 @@ def test_answers_equal_those_of_running_here_and_come_once_each(request, tmp_pat
     assert len(got) == len(files)
     for i, (there, local) in got.items():
         assert there == local == (hashlib.blake2b(files[i].read_bytes(), digest_size=32).digest(), None)
+
+
+def test_files_in_flight_stay_within_their_byte_bound(request, tmp_path, monkeypatch):
+    """A file waiting for a helper holds its blocks on the scratch disk: the next job waits for
+    room, and a file larger than the bound still goes, alone."""
+    if not _alone(request):
+        return
+    monkeypatch.setattr(offload, "MAX_FLIGHT_BYTES", 1000)
+    file = tmp_path / "data"
+    file.write_bytes(b"x")
+    answers: list[object] = []
+
+    def slow(kind: str, fd: int, path: str, size: int) -> object:
+        time.sleep(0.5)
+        return kind
+
+    with offload.Offload(2, run=slow) as jobs:
+        jobs.submit("first", os.open(file, os.O_RDONLY), str(file), 800, answers.append)
+        assert jobs.flight_bytes == 800
+        jobs.submit("second", os.open(file, os.O_RDONLY), str(file), 800, answers.append)
+        assert answers == ["first"], "the second file went while the first held the bound"
+        jobs.submit("huge", os.open(file, os.O_RDONLY), str(file), 5000, answers.append)
+        assert answers == ["first", "second"]
+        jobs.settle()
+        assert jobs.flight_bytes == 0
+    assert answers == ["first", "second", "huge"]
 
 
 def test_a_helper_killed_with_jobs_in_flight_costs_only_time(request, tmp_path):

@@ -344,8 +344,9 @@ def _mark_created(created: set[str], parent: str) -> None:
 
 
 def finish(state: MergeState) -> None:
-    """After the last layer: trimmed files another file of their size may be compared with made
-    whole (``make_whole``), and every symbolic link aimed where the container resolves it (links.py)."""
+    """After the last layer: every trim and hash beside the merge answered (image/offload.py), its
+    helpers gone; trimmed files a byte comparison may read made whole (``make_whole``); every
+    symbolic link aimed where the container resolves it (links.py)."""
     state.offload.settle()
     state.offload.close()
     whole.make_whole(state, lambda path: _drop(state, path[1:], os.path.join(state.root, path[1:])))
