@@ -158,18 +158,15 @@ def test_duplicates_in_one_layer_get_their_bytes_back_from_the_whole_copy(tmp_pa
     assert groups[0].digest == hashlib.blake2b(content, digest_size=32).hexdigest()
 
 
-def test_duplicates_outside_sdk_trees_stay_trimmed_and_still_group(tmp_path, library, small_trim):
-    """No byte comparison reads a library outside a _rocm_sdk_* tree (dedup compares only those):
-    its trimmed copy keeps its holes, and the layer waste still groups it, by the SHA-256 taken as
-    it streamed."""
-    content = library.read_bytes()
-    state = _state(tmp_path, [layer((f"{SP}/a/libx.so", content)), layer((f"{SP}/b/libx.so", content))])
-    root = Path(state.root)
-    assert (root / SP / "a/libx.so").stat().st_blocks * 512 < len(content)
-    assert (root / SP / "b/libx.so").read_bytes() == content
-    groups, _ = waste.analyse(state)
-    assert [[c["path"] for c in g.copies] for g in groups] == [[f"/{SP}/a/libx.so", f"/{SP}/b/libx.so"]]
-    assert groups[0].digest == hashlib.blake2b(content, digest_size=32).hexdigest()
+def _default_and_full(run_cli, archive: Path, tmp_path: Path) -> dict[str, dict]:
+    """The comparable JSON reports of `image` and `image --full` on one archive."""
+    reports = {}
+    for mode in ("default", "full"):
+        out = tmp_path / f"{mode}.json"
+        args = ["image", "--archive", str(archive), "gfx942", "--format", "json", "-o", str(out), "-q"]
+        run_cli(*args, *(["--full"] if mode == "full" else []))
+        reports[mode] = comparable(out.read_text())
+    return reports
 
 
 def test_sdk_duplicates_trimmed_or_not_give_the_report_of_full_extraction(tmp_path, library, small_trim, run_cli):
@@ -182,12 +179,7 @@ def test_sdk_duplicates_trimmed_or_not_give_the_report_of_full_extraction(tmp_pa
         layer((f"{SP}/_rocm_sdk_devel/lib/libx.so", _variant(content, library))),
     ]
     archive = docker_save(tmp_path / "save.tar", layers)
-    reports = {}
-    for mode in ("default", "full"):
-        out = tmp_path / f"{mode}.json"
-        args = ["image", "--archive", str(archive), "gfx942", "--format", "json", "-o", str(out), "-q"]
-        run_cli(*args, *(["--full"] if mode == "full" else []))
-        reports[mode] = comparable(out.read_text())
+    reports = _default_and_full(run_cli, archive, tmp_path)
     assert reports["default"] == reports["full"]
     rules = [json.loads(f)["rule"] for f in reports["default"]["findings"]]
     assert "DUP001" in rules, rules
@@ -286,12 +278,7 @@ def test_image_of_real_llvm_libraries_reports_what_full_extraction_reports(tmp_p
         tmp_path / "carriers", ("llvm15", "clang15", "rocmllvm", "llvmlite050", "triton38", "flydsl", "rocmllvm62")
     )
     archive = docker_save_of_directories(tmp_path / "save.tar", [[(tree.root, f"{SP}/carriers")]])
-    reports = {}
-    for mode in ("default", "full"):
-        out = tmp_path / f"{mode}.json"
-        args = ["image", "--archive", str(archive), "gfx942", "--format", "json", "-o", str(out), "-q"]
-        run_cli(*args, *(["--full"] if mode == "full" else []))
-        reports[mode] = comparable(out.read_text())
+    reports = _default_and_full(run_cli, archive, tmp_path)
     assert reports["default"]["findings"], "the carriers give LLVM findings"
     assert reports["default"] == reports["full"]
     work = tmp_path / "work"

@@ -16,7 +16,6 @@ from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image import tarstream
 from rocm_audit.image.digests import Copy, Jobs, Trimmed
-from rocm_audit.tree.discovery import is_sdk_tree_name
 
 
 class WholeState(Protocol):
@@ -50,10 +49,10 @@ def same_inode(path: str, inode: tuple[int, int]) -> bool:
 
 
 def make_whole(state: WholeState, drop: Callable[[str], None]) -> None:
-    """Give every trimmed file the merged view still shows inside a ``_rocm_sdk_*`` tree, where
-    another file so shown shares its size, its whole bytes back: a byte comparison (dedup's) must
-    see every byte. They come from a whole file of the view with the same digest (a duplicate: the
-    usual case), else from its layer,
+    """Give every trimmed file the merged view still shows, and another shown file shares the size
+    of, its whole bytes back: a byte comparison (dedup's, in ``_rocm_sdk_*`` trees; llvm/'s, of
+    LLVM carriers anywhere) must see every byte. They come from a whole file of the view with the
+    same digest (a duplicate: the usual case), else from its layer,
     read again once for all such files of that layer. A file whose layer cannot give them is left
     out of the merged view (``drop`` removes an image path from it), with a finding."""
     shown: dict[int, list[str]] = {}  # copy index -> image paths the view shows it at
@@ -67,9 +66,9 @@ def make_whole(state: WholeState, drop: Callable[[str], None]) -> None:
     from_layer: dict[int, dict[int, int]] = {}  # layer -> tar offset -> copy index
     for copy_index, trimmed in list(state.trimmed.items()):
         copy = state.copies[copy_index]
-        place = _shown_at(state, [p for p in shown.get(copy_index, []) if _compared(p)], trimmed.inode)
+        place = _shown_at(state, shown.get(copy_index, []), trimmed.inode)
         peers = [i for i in by_size.get(copy.size, []) if i != copy_index]
-        if place is None or not any(_compared(p) for i in peers for p in shown[i]):
+        if place is None or not peers:
             continue
         source = next(
             (
@@ -85,13 +84,6 @@ def make_whole(state: WholeState, drop: Callable[[str], None]) -> None:
             from_layer.setdefault(copy.layer, {})[copy.offset] = copy_index
     for layer, wanted in sorted(from_layer.items()):
         _read_layer_again(state, layer, wanted, shown, drop)
-
-
-def _compared(path: str) -> bool:
-    """Whether a byte comparison may read the file at image path ``path``: dedup compares only
-    files inside ``_rocm_sdk_*`` trees (tree/inventory.py names a file's tree by its folders;
-    dedup/plan.py takes those files, in size buckets; tree/ownership.py's twins are theirs too)."""
-    return any(is_sdk_tree_name(part) for part in path.split("/")[:-1])
 
 
 def _shown_at(state: WholeState, paths: list[str], inode: tuple[int, int]) -> str | None:
