@@ -193,6 +193,42 @@ def _facts(state: merge.MergeState) -> dict[str, str]:
     }
 
 
+def test_a_hash_of_a_file_the_view_shows_waits_for_no_room_until_its_path_leaves(request, tmp_path, monkeypatch):
+    """The view keeps a shown file's blocks anyway: hashing it holds nothing more, so it goes at
+    once; when its path (or a directory above it) leaves the view, its bytes count."""
+    if not _alone(request):
+        return
+    monkeypatch.setattr(offload, "MAX_FLIGHT_BYTES", 1000)
+    file = tmp_path / "data"
+    file.write_bytes(b"x")
+    answers: list[object] = []
+
+    def slow(kind: str, fd: int, path: str, size: int) -> object:
+        time.sleep(0.5)
+        return kind
+
+    def submit(jobs: offload.Offload, kind: str, path: str, size: int, *, shown: bool = False) -> None:
+        jobs.submit(kind, os.open(file, os.O_RDONLY), path, size, answers.append, shown=shown)
+
+    with offload.Offload(2, run=slow) as jobs:
+        submit(jobs, "trim", "/a/lib.so", 800)
+        submit(jobs, "hash", "/a/copy.bin", 800, shown=True)
+        submit(jobs, "hash below", "/b/c/copy.bin", 800, shown=True)
+        assert answers == [], "a hash of a shown file waited for room"
+        assert jobs.flight_bytes == 800
+        jobs.left_view("/a/copy.bin")
+        jobs.left_view("/b/c")  # a file, not a directory: nothing below it is meant
+        jobs.left_view("/b/c/copy.bi")
+        assert jobs.flight_bytes == 1600
+        jobs.left_view("/b", below=True)
+        assert jobs.flight_bytes == 2400
+        submit(jobs, "late", "/d/lib.so", 100)
+        assert answers, "a file went while the bytes held were above the bound"
+        jobs.settle()
+        assert jobs.flight_bytes == 0
+    assert sorted(map(str, answers)) == ["hash", "hash below", "late", "trim"]
+
+
 def test_a_merge_with_helpers_leaves_what_a_merge_without_them_leaves(request, tmp_path, monkeypatch):
     """Trimmed libraries (one replaced by a later layer, one duplicated inside SDK trees, one
     outside them), copies of one size read back for their digest, a removal while jobs run."""

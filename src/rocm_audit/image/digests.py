@@ -53,7 +53,11 @@ def threaded_sha256() -> ThreadedHash:
 class Jobs(Protocol):
     """What these functions use of image/offload.py's Offload."""
 
-    def submit(self, kind: str, fd: int, path: str, size: int, done: Callable[[object], None]) -> None: ...
+    def submit(
+        self, kind: str, fd: int, path: str, size: int, done: Callable[[object], None], *, shown: bool = False
+    ) -> None: ...
+
+    def left_view(self, path: str, *, below: bool = False) -> None: ...
 
 
 class MergeState(Protocol):
@@ -120,7 +124,7 @@ def hash_from_view(state: MergeState, copy_index: int) -> None:
         if identity is not None:
             _match_trimmed(state, copy_index, identity)
 
-    state.offload.submit(kind, descriptor, copy.path, copy.size, done)
+    state.offload.submit(kind, descriptor, copy.path, copy.size, done, shown=True)
 
 
 def hash_descriptor(fd: int, *, with_sha256: bool) -> tuple[bytes, bytes | None]:

@@ -647,9 +647,11 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
     if _is_real_dir(target):
         _forget(state, rel)
         whole.forget_facts(state, target, below=True)
+        state.offload.left_view("/" + rel, below=True)
         shutil.rmtree(target)
         return
     digests.hash_before_removal(state, state.visible.get("/" + rel))
+    state.offload.left_view("/" + rel)
     state.visible.pop("/" + rel, None)
     state.hardlinked.pop("/" + rel, None)
     state.streamed_past.discard("/" + rel)
