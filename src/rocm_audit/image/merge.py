@@ -243,9 +243,9 @@ def _apply_entry(
     _mark_created(created, parent)
     if entry.kind == tarstream.DIRECTORY:
         state.streamed_past.discard("/" + rel)
-        if _lexists(target) and not _is_real_dir(target):
+        if os.path.lexists(target) and not _is_real_dir(target):
             _drop(state, rel, target)
-        if not _lexists(target):
+        if not os.path.lexists(target):
             os.mkdir(target, 0o755)
         os.chmod(target, (entry.mode & 0o777) | 0o700)
         created.add(rel)
@@ -505,7 +505,7 @@ def _hardlink(
         if "/" + source_rel in state.sparse:
             state.sparse.add("/" + rel)
         return
-    if (safe and _lexists(source) and not refill) or not state.keep("/" + rel):
+    if (safe and os.path.lexists(source) and not refill) or not state.keep("/" + rel):
         if _is_real_dir(source) or state.keep("/" + rel):
             _refuse(
                 state, stats, where, entry, f"hardlink to {entry.linkname!r}, which is not a regular file of the image"
@@ -659,7 +659,7 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
     waiting = state.waiting_links.pop(rel, None)
     if waiting is not None:  # a later member of this name: its file is not the placeholder
         waiting.paths.remove(rel)
-    if _lexists(target):
+    if os.path.lexists(target):
         whole.forget_facts(state, target)
         os.unlink(target)
 
@@ -676,10 +676,6 @@ def _forget(state: MergeState, rel: str) -> None:
             paths.discard(path)
     for path in [p for p in state.waiting_links if p.startswith(rel + "/")]:
         state.waiting_links.pop(path).paths.remove(path)
-
-
-def _lexists(path: str) -> bool:
-    return os.path.lexists(path)
 
 
 def _is_real_dir(path: str) -> bool:
