@@ -94,21 +94,28 @@ def test_answers_equal_those_of_running_here_and_come_once_each(request, tmp_pat
         assert there == local == (hashlib.blake2b(files[i].read_bytes(), digest_size=32).digest(), None)
 
 
+def _slow(kind: str, fd: int, path: str, size: int) -> object:
+    """A job that takes half a second and says which it was."""
+    time.sleep(0.5)
+    return kind
+
+
+def _bound_of_1000_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A bound of 1,000 bytes in flight; the file every job of the test opens."""
+    monkeypatch.setattr(offload, "MAX_FLIGHT_BYTES", 1000)
+    file = tmp_path / "data"
+    file.write_bytes(b"x")
+    return file
+
+
 def test_files_in_flight_stay_within_their_byte_bound(request, tmp_path, monkeypatch):
     """A file waiting for a helper holds its blocks on the scratch disk: the next job waits for
     room, and a file larger than the bound still goes, alone."""
     if not _alone(request):
         return
-    monkeypatch.setattr(offload, "MAX_FLIGHT_BYTES", 1000)
-    file = tmp_path / "data"
-    file.write_bytes(b"x")
+    file = _bound_of_1000_bytes(tmp_path, monkeypatch)
     answers: list[object] = []
-
-    def slow(kind: str, fd: int, path: str, size: int) -> object:
-        time.sleep(0.5)
-        return kind
-
-    with offload.Offload(2, run=slow) as jobs:
+    with offload.Offload(2, run=_slow) as jobs:
         jobs.submit("first", os.open(file, os.O_RDONLY), str(file), 800, answers.append)
         assert jobs.flight_bytes == 800
         jobs.submit("second", os.open(file, os.O_RDONLY), str(file), 800, answers.append)
@@ -198,19 +205,13 @@ def test_a_hash_of_a_file_the_view_shows_waits_for_no_room_until_its_path_leaves
     once; when its path (or a directory above it) leaves the view, its bytes count."""
     if not _alone(request):
         return
-    monkeypatch.setattr(offload, "MAX_FLIGHT_BYTES", 1000)
-    file = tmp_path / "data"
-    file.write_bytes(b"x")
+    file = _bound_of_1000_bytes(tmp_path, monkeypatch)
     answers: list[object] = []
-
-    def slow(kind: str, fd: int, path: str, size: int) -> object:
-        time.sleep(0.5)
-        return kind
 
     def submit(jobs: offload.Offload, kind: str, path: str, size: int, *, shown: bool = False) -> None:
         jobs.submit(kind, os.open(file, os.O_RDONLY), path, size, answers.append, shown=shown)
 
-    with offload.Offload(2, run=slow) as jobs:
+    with offload.Offload(2, run=_slow) as jobs:
         submit(jobs, "trim", "/a/lib.so", 800)
         submit(jobs, "hash", "/a/copy.bin", 800, shown=True)
         submit(jobs, "hash below", "/b/c/copy.bin", 800, shown=True)
