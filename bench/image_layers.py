@@ -15,7 +15,12 @@ measures, each the median of interleaved runs with a warm page cache:
 - `rocm-audit image --archive` on the archive (wall time), and in one run of its own its peak RSS
   (bench/rss_exec.c) and its scratch disk at its largest (the private work directory under a
   TMPDIR of its own, its allocated blocks polled every 0.2 s), with a digest of its findings so
-  two builds can be compared on the same archive.
+  two builds can be compared on the same archive;
+- with `--scratch-on DIR` (a tmpfs such as /dev/shm), the same `image` run with TMPDIR=DIR in the
+  same rotation, and a probe of what the default scratch file system charges for new inodes:
+  4,000 empty files created in a fresh directory there, then removed (on ext4, creating a file
+  scans past inodes freed in the last minutes: an `image` run frees thousands when it removes its
+  scratch, and the next run pays for them; docs/benchmarks.md).
 `--layer DIR:PREFIX` (repeatable) builds one layer per option instead: every wheel of DIR (or only
 the wheels whose names start with one of the comma-separated NAMEs) unpacked under PREFIX; the
 same PREFIX in a later layer overwrites the files of the layer below (a reinstall).
@@ -38,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import zipfile
 import zlib
@@ -166,6 +172,7 @@ def measure(
     rocm_audit: str,
     floors: bool,
     baseline: str | None = None,
+    scratch_on: Path | None = None,
 ) -> dict[str, list[float]]:
     libs = deciders() if floors else {}
     jobs = (
@@ -197,6 +204,11 @@ def measure(
     builds = {"rocm-audit image --archive": rocm_audit}
     if baseline:
         builds["rocm-audit image --archive (baseline build)"] = baseline
+    if scratch_on is not None:
+        builds[f"rocm-audit image --archive, TMPDIR={scratch_on}"] = (
+            f"env TMPDIR={shlex.quote(str(scratch_on))} {rocm_audit}"
+        )
+        jobs["create and remove 4,000 files in the default TMPDIR (the inode probe)"] = _inode_probe
     for name, command in builds.items():
         image = [*shlex.split(command), "image", "--archive", str(archive), "-t", "gfx942", "-t", "gfx950"]
         jobs[name] = lambda image=image: subprocess.run(
@@ -208,6 +220,19 @@ def measure(
         for name in names[run % len(names) :] + names[: run % len(names)]:
             times[name].append(timed(jobs[name]))
     return times
+
+
+def _inode_probe() -> None:
+    """Create 4,000 empty files in 40 directories of a fresh directory under the default TMPDIR, as
+    an image's scratch does, then remove them (timed as a whole)."""
+    folder = Path(tempfile.mkdtemp(prefix="inode-probe-"))
+    try:
+        for d in range(40):
+            (folder / str(d)).mkdir()
+            for f in range(100):
+                os.close(os.open(folder / str(d) / f"{f}.h", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    finally:
+        shutil.rmtree(folder)
 
 
 def _parallel(module: object, blobs: list[Path]) -> None:
@@ -274,6 +299,9 @@ def main() -> int:
     )
     parser.add_argument("--baseline", help="another build to time in the same rotation (a shell word list)")
     parser.add_argument("--skip-floors", action="store_true", help="time rocm-audit only")
+    parser.add_argument(
+        "--scratch-on", type=Path, help="also time image with TMPDIR here (a tmpfs), and the inode probe"
+    )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -285,7 +313,9 @@ def main() -> int:
     archive, blobs = build(layers, args.work)
     sizes = {b.name: (b.stat().st_size, _inflate_with(zlib, b)) for b in blobs}
     prefixes = [prefix for _, prefix in layers]
-    times = measure(archive, blobs, prefixes, args.runs, args.rocm_audit, not args.skip_floors, args.baseline)
+    times = measure(
+        archive, blobs, prefixes, args.runs, args.rocm_audit, not args.skip_floors, args.baseline, args.scratch_on
+    )
     once = footprint(archive, args.rocm_audit, args.work)
     before = footprint(archive, args.baseline, args.work) if args.baseline else None
     rss = once["peak_rss_bytes"]
