@@ -15,7 +15,7 @@ from typing import Protocol
 class Hasher(Protocol):
     """What a hashlib object gives (``hashlib._Hash`` is private)."""
 
-    def update(self, data: bytes, /) -> None: ...
+    def update(self, data: bytes, /) -> object: ...  # None (hashlib) or the hasher (blake3)
 
     def digest(self) -> bytes: ...
 

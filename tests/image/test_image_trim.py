@@ -17,11 +17,12 @@ import os
 import random
 from pathlib import Path
 
+import blake3
 import pytest
 
 from rocm_audit.elf.view import ElfView
 from rocm_audit.gpu.codeobjects import host_reads
-from rocm_audit.image import merge, trim, waste, whole
+from rocm_audit.image import digests, merge, trim, waste, whole
 from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
 from rocm_audit.llvm.libfacts import LINKAGE_FACT, ROLE_FACT
 from rocm_audit.llvm.linkage import read_linkage
@@ -139,6 +140,24 @@ def small_trim(monkeypatch):
     monkeypatch.setattr(trim, "TRIM_MIN_BYTES", 0)
 
 
+@pytest.fixture(params=["blake3", "sha256"])
+def identity(request, monkeypatch) -> str:
+    """Each hash a trimmed file's identity is taken with (digests.new_identity): BLAKE3 from the
+    `fast` extra (the test extra installs it), or SHA-256 without it."""
+    if request.param == "sha256":
+        monkeypatch.setattr(digests, "_blake3", None)
+    return request.param
+
+
+def test_the_identity_is_blake3_with_the_fast_extra_else_sha256(identity):
+    data = bytes(range(256)) * 4099  # more than one BLAKE3 chunk and SHA-256 block, not aligned
+    hasher = digests.new_identity()
+    for start in range(0, len(data), 70_000):
+        hasher.update(data[start : start + 70_000])
+    want = blake3.blake3(data).digest() if identity == "blake3" else hashlib.sha256(data).digest()
+    assert hasher.digest() == want
+
+
 def _variant(original: bytes, library: Path) -> bytes:
     """The same size, one byte of machine code changed: differs only where the view is trimmed."""
     start, end, _ = _sections(library)[".text"]
@@ -146,7 +165,7 @@ def _variant(original: bytes, library: Path) -> bytes:
     return original[:position] + bytes([original[position] ^ 0xFF]) + original[position + 1 :]
 
 
-def test_duplicates_in_one_layer_get_their_bytes_back_from_the_whole_copy(tmp_path, library, small_trim):
+def test_duplicates_in_one_layer_get_their_bytes_back_from_the_whole_copy(tmp_path, library, small_trim, identity):
     content = library.read_bytes()
     state = _state(tmp_path, [layer((f"{SDK}/a/libx.so", content), (f"{SDK}/b/libx.so", content))])
     root = Path(state.root)
@@ -185,7 +204,7 @@ def test_sdk_duplicates_trimmed_or_not_give_the_report_of_full_extraction(tmp_pa
     assert "DUP001" in rules, rules
 
 
-def test_same_size_other_content_is_read_again_from_its_layer(tmp_path, library, small_trim):
+def test_same_size_other_content_is_read_again_from_its_layer(tmp_path, library, small_trim, identity):
     content = library.read_bytes()
     other = _variant(content, library)
     layers = [layer((f"{SDK}/a/libx.so", content)), layer((f"{SDK}/b/libx.so", other))]
@@ -209,7 +228,7 @@ def test_a_unique_library_stays_trimmed_and_groups_with_nothing(tmp_path, librar
     assert path.read_bytes() != content
 
 
-def test_trimmed_copy_replaced_then_matched_by_a_later_copy(tmp_path, library, small_trim):
+def test_trimmed_copy_replaced_then_matched_by_a_later_copy(tmp_path, library, small_trim, identity):
     """A trimmed copy a later layer replaces still groups with a third copy of its content."""
     content = library.read_bytes()
     other = _variant(content, library)

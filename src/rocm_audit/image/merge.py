@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from rocm_audit.errors import FormatError, RocmAuditError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.hashing import ThreadedHash
+from rocm_audit.hashing import Hasher, ThreadedHash
 from rocm_audit.image import digests, needed, tarstream, trim, whole
 from rocm_audit.image.digests import Copy, Trimmed
 from rocm_audit.image.links import aim_links, stored_link_text
@@ -398,17 +398,17 @@ def _regular(
     chunks = iter(data)
     head = _head(chunks) if keep and state.placeholders and entry.size >= HASH_MIN_BYTES else []
     sparse = bool(head) and not needed.needs_bytes("/" + rel, b"".join(head))
-    # A large ELF file keeps only the blocks the checks read (image/trim.py), and its SHA-256.
+    # A large ELF file keeps only the blocks the checks read (image/trim.py), and its identity.
     trimming = keep and not sparse and trim.worth_trimming(entry.size, head, index in state.again, state.sizes_seen)
     # A written file is hashed later, only if a verdict needs it (image/digests.py); a file whose bytes
     # are not written (streamed past, a sparse placeholder) is hashed now, while they go by.
     hashing = entry.size >= HASH_MIN_BYTES and (sparse or not keep)
     hasher = hashlib.blake2b(digest_size=32) if hashing else None
-    identity: ThreadedHash | hashlib._Hash | None = None
+    identity: ThreadedHash | Hasher | None = None
     if trimming:
-        identity = digests.threaded_sha256()
+        identity = digests.threaded_identity()
     elif hashing and entry.size in state.trimmed_by_size:
-        identity = hashlib.sha256()
+        identity = digests.new_identity()
     out = open(target, "w+b" if trimming else "wb") if keep else None
     trimmed: tuple[int, int] | None = None  # the inode of a file handed to a trim
     try:

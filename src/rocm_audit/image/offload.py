@@ -269,13 +269,13 @@ def _serve(jobs: socket.socket, answers: int, run: Run) -> None:
 
 def merge_jobs(kind: str, fd: int, path: str, size: int) -> object:
     """The jobs of a merge: ``trim`` (image/trim.py ``trim_file``), ``blake2b`` and
-    ``blake2b+sha256`` (image/digests.py ``hash_descriptor``). A file of the private view that
+    ``blake2b+identity`` (image/digests.py ``hash_descriptor``). A file of the private view that
     cannot be read or punched (an I/O error) keeps its bytes or gets no digest: logged, no more."""
     try:
         if kind == "trim":
             return trim.trim_file(path, fd, size)
-        if kind in ("blake2b", "blake2b+sha256"):
-            return digests.hash_descriptor(fd, with_sha256=kind.endswith("sha256"))
+        if kind in ("blake2b", "blake2b+identity"):
+            return digests.hash_descriptor(fd, with_identity=kind.endswith("identity"))
     except OSError as exc:
         log.warning("%s of %s in the private view failed: %s", kind, path, exc.strerror)
         return None

@@ -5,7 +5,6 @@ the checks (``facts_still_shown``) or forgotten when the view drops their file (
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -15,7 +14,7 @@ from typing import Protocol, cast
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image import tarstream
-from rocm_audit.image.digests import Copy, Jobs, Trimmed
+from rocm_audit.image.digests import Copy, Jobs, Trimmed, new_identity
 
 
 class WholeState(Protocol):
@@ -150,15 +149,16 @@ def _read_layer_again(
 
 
 def _same_member(copy: Copy, entry: tarstream.TarEntry) -> bool:
-    """Whether the second reading's member at the copy's offset may be the copy (its SHA-256 then
+    """Whether the second reading's member at the copy's offset may be the copy (its identity then
     decides: ``_write_whole``)."""
     return entry.kind == tarstream.REGULAR and entry.size == copy.size
 
 
 def _write_whole(state: WholeState, place: str, data: Iterable[bytes], identity: bytes) -> bool:
     """Write a member's bytes over the trimmed file at image path ``place``; False (the file then
-    holds bytes of another content) when their SHA-256 is not ``identity``."""
-    hasher = hashlib.sha256()
+    holds bytes of another content) when their identity (digests.py ``new_identity``) is not
+    ``identity``."""
+    hasher = new_identity()
     descriptor = os.open(os.path.join(state.root, place[1:]), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         position = 0
@@ -178,7 +178,7 @@ def start_trim(state: WholeState, path: str, fd: int, size: int) -> tuple[int, i
     beside the merge (image/offload.py); the file's inode. The facts read on the way are kept for
     the checks (``read_facts``) unless the file leaves the view meanwhile (``forget_facts``). The
     copy counts as trimmed from now on, even if no block goes: a trimmed copy is only ever made
-    whole, before a byte comparison, from bytes of its own SHA-256."""
+    whole, before a byte comparison, from bytes of its own identity."""
     info = os.fstat(fd)
     inode = (info.st_dev, info.st_ino)
     state.facts_due[inode] = path
