@@ -42,9 +42,11 @@ from support.image.image_base import (
 
 
 def audit_requirements() -> list[str]:
-    """What installing rocm-audit in the image needs: its dependencies and its build backend."""
+    """What installing rocm-audit in the image needs: its dependencies, its `fast` extra (the CI
+    recipes install it to read image layers) and its build backend."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    return sorted([*project["project"]["dependencies"], *project["build-system"]["requires"]])
+    fast = project["project"]["optional-dependencies"]["fast"]
+    return sorted([*project["project"]["dependencies"], *fast, *project["build-system"]["requires"]])
 
 
 def in_ci() -> bool:
