@@ -15,6 +15,7 @@ import io
 import json
 import os
 import random
+import tarfile
 from pathlib import Path
 
 import blake3
@@ -27,7 +28,7 @@ from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
 from rocm_audit.llvm.libfacts import LINKAGE_FACT, ROLE_FACT
 from rocm_audit.llvm.linkage import read_linkage
 from rocm_audit.llvm.roles import REGISTRY_STRINGS, Role, classify
-from support.image.layer_writers import docker_save, docker_save_of_directories, layer
+from support.image.layer_writers import docker_save, docker_save_of_directories, layer, member
 from support.image.libraries import build
 from support.image.reports import comparable
 
@@ -245,6 +246,103 @@ def test_trimmed_copy_replaced_then_matched_by_a_later_copy(tmp_path, library, s
     root = Path(state.root)
     assert (root / SP / "a/libx.so").read_bytes() == other
     assert (root / SP / "c/liby.so").read_bytes() == content
+
+
+def _merged(tmp_path: Path, layers: list[bytes]) -> merge.MergeState:
+    """The state after the last layer, before ``finish`` makes trimmed files whole."""
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions())
+    extract_archive(str(docker_save(tmp_path / "save.tar", layers)), str(work), state)
+    return state
+
+
+def _trimmed_paths(state: merge.MergeState) -> list[tuple[int, str]]:
+    return sorted((state.copies[i].layer, state.copies[i].path) for i in state.trimmed)
+
+
+def test_a_reinstalled_library_is_trimmed_again_and_groups_with_the_one_it_replaces(
+    tmp_path, library, small_trim, identity
+):
+    """A later layer that reinstalls a trimmed library: the view shows no other copy of its size,
+    so the new copy is trimmed as well, hashed as it streams (BLAKE2b and identity), never read
+    back; the two group by the real BLAKE2b of their bytes."""
+    content = library.read_bytes()
+    path = f"{SDK}/libx.so"
+    state = _merged(tmp_path, [layer((path, content)), layer((path, content))])
+    assert _trimmed_paths(state) == [(0, "/" + path), (1, "/" + path)]
+    merge.finish(state)
+    assert not state.hashing
+    shown = Path(state.root) / path
+    assert shown.stat().st_size == len(content)
+    assert shown.stat().st_blocks * 512 < len(content)  # alone at its size: it stays trimmed
+    groups, _ = waste.analyse(state)
+    assert [sorted((c["layer"], c["path"]) for c in g.copies) for g in groups] == [[(0, "/" + path), (1, "/" + path)]]
+    assert groups[0].digest == hashlib.blake2b(content, digest_size=32).hexdigest()
+
+
+def test_a_reinstalled_library_of_other_content_groups_with_nothing_and_a_whole_peer_fixes_it(
+    tmp_path, library, small_trim, identity
+):
+    """The reinstalled copy differs (same size): trimmed, grouped with nothing; a third copy of its
+    content at another path is then written whole (the view shows the trimmed one), and gives it
+    its bytes back before a byte comparison."""
+    content = library.read_bytes()
+    other = _variant(content, library)
+    layers = [
+        layer((f"{SDK}/a/libx.so", content)),
+        layer((f"{SDK}/a/libx.so", other)),
+        layer((f"{SDK}/b/libx.so", other)),
+    ]
+    state = _merged(tmp_path, layers)
+    assert _trimmed_paths(state) == [(0, f"/{SDK}/a/libx.so"), (1, f"/{SDK}/a/libx.so")]
+    merge.finish(state)
+    root = Path(state.root)
+    assert (root / SDK / "a/libx.so").read_bytes() == other
+    assert (root / SDK / "b/libx.so").read_bytes() == other
+    groups, _ = waste.analyse(state)
+    assert [sorted((c["layer"], c["path"]) for c in g.copies) for g in groups] == [
+        [(1, f"/{SDK}/a/libx.so"), (2, f"/{SDK}/b/libx.so")]
+    ]
+    assert groups[0].digest == hashlib.blake2b(other, digest_size=32).hexdigest()
+
+
+def test_a_trimmed_copy_groups_with_whole_copies_gone_before_it(tmp_path, library, small_trim, identity):
+    """Whole copies of a size (the second in a layer is never trimmed) that a later layer deletes
+    were hashed with BLAKE2b alone before they went: a trimmed copy of their size after them
+    takes its BLAKE2b as it streams and groups with them."""
+    content = library.read_bytes()
+    layers = [
+        layer((f"{SP}/a/libx.so", content), (f"{SP}/b/libx.so", content)),
+        layer((f"{SP}/.wh.a", b""), (f"{SP}/.wh.b", b"")),
+        layer((f"{SP}/c/libx.so", content)),
+    ]
+    state = _merged(tmp_path, layers)
+    assert _trimmed_paths(state) == [(0, f"/{SP}/a/libx.so"), (2, f"/{SP}/c/libx.so")]
+    merge.finish(state)
+    groups, _ = waste.analyse(state)
+    assert [sorted((c["layer"], c["path"]) for c in g.copies) for g in groups] == [
+        [(0, f"/{SP}/a/libx.so"), (0, f"/{SP}/b/libx.so"), (2, f"/{SP}/c/libx.so")]
+    ]
+    assert groups[0].digest == hashlib.blake2b(content, digest_size=32).hexdigest()
+
+
+def test_a_library_the_view_still_shows_through_a_hardlink_keeps_its_successor_whole(tmp_path, library, small_trim):
+    """A later layer replaces a trimmed library whose bytes a hardlink still shows: the new copy is
+    written whole, and the trimmed one gets its bytes back from it."""
+    content = library.read_bytes()
+    path, link = f"{SDK}/libx.so", f"{SDK}/libx.so.1"
+    layers = [
+        layer((path, content), member(link, kind=tarfile.LNKTYPE, link=path)),
+        layer((path, content)),
+    ]
+    state = _merged(tmp_path, layers)
+    assert _trimmed_paths(state) == [(0, "/" + path)]
+    merge.finish(state)
+    root = Path(state.root)
+    assert (root / path).read_bytes() == content
+    assert (root / link).read_bytes() == content
+    assert state.trimmed == {}
 
 
 @pytest.mark.parametrize("how", ["replaced", "whiteout", "opaque", "directory"])

@@ -4,12 +4,16 @@ Two copies can be identical only if their sizes are equal, so the first copy of 
 written to the merged view is left unhashed; the second copy of that size makes both hashed (read
 back from the merged view by a helper process beside the merge: image/offload.py). A copy a later
 layer deletes or replaces is opened for its hash before its path leaves the view, since a later
-copy of its size may still come. Files whose bytes are not
-written (streamed past, sparse placeholders) are hashed while they stream (image/merge.py). A
-trimmed file (image/trim.py: the view keeps only the blocks the checks read; always the first copy
-of its size) gets its content identity as it streams instead (``new_identity``): a later copy of
-its size gets one too, and a trimmed file of the same identity takes that copy's BLAKE2b
-(``note_size``).
+copy of its size may still come. Files whose bytes are not written (streamed past, sparse
+placeholders) are hashed while they stream (image/merge.py).
+
+A trimmed file (image/trim.py: the view keeps only the blocks the checks read) is one the view
+shows alone at its size: its bytes are hashed as they stream, on a thread of their own
+(``StreamedHashes``). They give its content identity (``new_identity``), and its BLAKE2b too when
+copies of its size came before (a reinstalled library replacing the one a lower layer trimmed).
+A trimmed copy that is the first of its size gets no BLAKE2b: every later copy of its size gets
+an identity (taken as it streams, or read back with its digest), and a trimmed copy of the same
+identity takes that copy's BLAKE2b (``note_size``).
 """
 
 from __future__ import annotations
@@ -62,9 +66,47 @@ def new_identity() -> Hasher:
     return _blake3() if _blake3 is not None else hashlib.sha256()
 
 
-def threaded_identity() -> ThreadedHash:
-    """The identity of a trimmed file, taken on a thread of its own as the merge writes and trims it."""
-    return ThreadedHash(new_identity(), backlog=16, name="rocm-audit-identity")
+class StreamedHashes:
+    """What a trimmed file's bytes are hashed for as the merge writes and trims it, on a thread of
+    their own: its identity, and its BLAKE2b-256 when ``with_digest`` (copies of its size came
+    before it, none of which the view still shows)."""
+
+    def __init__(self, *, with_digest: bool) -> None:
+        self._both = _Both(new_identity(), hashlib.blake2b(digest_size=32) if with_digest else None)
+        self._thread = ThreadedHash(self._both, backlog=16, name="rocm-audit-identity")
+
+    def update(self, chunk: bytes, /) -> None:
+        """Hand one chunk over to the hashing thread (waits while 16 are queued)."""
+        self._thread.update(chunk)
+
+    def close(self) -> None:
+        """Stop the thread once every chunk handed over is hashed (idempotent)."""
+        self._thread.close()
+
+    def digest(self) -> bytes:
+        """The identity of every chunk handed over."""
+        return self._thread.digest()
+
+    def blake2b(self) -> bytes | None:
+        """The BLAKE2b-256 of every chunk handed over, None without ``with_digest``."""
+        self.close()
+        return self._both.blake2b.digest() if self._both.blake2b is not None else None
+
+
+@dataclass(slots=True)
+class _Both:
+    """The hashes ``StreamedHashes`` feeds on its thread; its digest is the identity."""
+
+    identity: Hasher
+    blake2b: Hasher | None
+
+    def update(self, data: bytes, /) -> None:
+        self.identity.update(data)
+        if self.blake2b is not None:
+            self.blake2b.update(data)
+
+    def digest(self) -> bytes:
+        return self.identity.digest()
 
 
 class Jobs(Protocol):
@@ -83,7 +125,9 @@ class MergeState(Protocol):
     root: str
     copies: list[Copy]
     unhashed_by_size: dict[int, int]
-    sizes_seen: set[int]
+    by_size: dict[int, list[int]]
+    visible: dict[str, int]
+    hardlinked: dict[str, int]
     trimmed: dict[int, Trimmed]
     trimmed_by_size: dict[int, list[int]]
     hashing: set[int]
@@ -96,26 +140,36 @@ def note_size(state: MergeState, copy_index: int, digest: bytes | None, identity
     """Record a new copy: the first of its size may stay unhashed; from the second on, every copy
     of that size gets its digest (the earlier unhashed one is read back from the merged view).
 
-    A trimmed copy (always the first of its size) is never hashed with BLAKE2b: a later copy of
-    its size gets its identity too (``identity``, taken as it streamed, or read back with its
-    digest), and a trimmed copy of the same identity takes that copy's digest. One whose content
-    no other copy has keeps none: it groups with nothing."""
+    A trimmed copy that is the first of its size gets no BLAKE2b: a later copy of its size gets
+    its identity too (``identity``, taken as it streamed, or read back with its digest), and a
+    trimmed copy of the same identity takes that copy's digest. One whose content no other copy
+    has keeps none: it groups with nothing."""
     copy = state.copies[copy_index]
     if digest is not None:
         state.copies[copy_index] = dataclasses.replace(copy, digest=digest)
+    of_size = state.by_size.setdefault(copy.size, [])
+    of_size.append(copy_index)
     first = state.unhashed_by_size.get(copy.size)
-    if first is None and copy.size not in state.sizes_seen:
-        state.sizes_seen.add(copy.size)
+    if first is None and len(of_size) == 1:
         if digest is None:
             state.unhashed_by_size[copy.size] = copy_index
         return
-    state.sizes_seen.add(copy.size)
     if first is not None:
         hash_from_view(state, first)
     if digest is None:
         hash_from_view(state, copy_index)
     elif identity is not None:
         _match_trimmed(state, copy_index, identity)
+
+
+def shows_size(state: MergeState, size: int) -> bool:
+    """Whether the merged view shows a copy of ``size``, at its own path or through a hardlink. A
+    file is trimmed only while none is: a later copy of its size is then kept whole, so a duplicate
+    group the view shows keeps a whole member to give a trimmed one its bytes (image/whole.py)."""
+    of_size = state.by_size.get(size, [])
+    if any(state.visible.get(state.copies[i].path) == i for i in of_size):
+        return True
+    return bool(of_size) and not set(of_size).isdisjoint(state.hardlinked.values())
 
 
 def hash_from_view(state: MergeState, copy_index: int) -> None:

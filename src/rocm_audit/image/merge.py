@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 
 from rocm_audit.errors import FormatError, RocmAuditError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.hashing import Hasher, ThreadedHash
+from rocm_audit.hashing import Hasher
 from rocm_audit.image import digests, needed, tarstream, trim, whole
-from rocm_audit.image.digests import Copy, Trimmed
+from rocm_audit.image.digests import Copy, StreamedHashes, Trimmed
 from rocm_audit.image.links import aim_links, stored_link_text
 from rocm_audit.image.offload import Offload
 from rocm_audit.progress import SILENT, Progress
@@ -107,7 +107,7 @@ class MergeState:
     # size -> index in ``copies`` of the one copy of that size not hashed yet (its bytes are in the
     # merged view): a second copy of the same size needs both digests, a unique size needs none.
     unhashed_by_size: dict[int, int] = field(default_factory=dict)
-    sizes_seen: set[int] = field(default_factory=set)  # of every copy so far
+    by_size: dict[int, list[int]] = field(default_factory=dict)  # size -> index of every copy so far
     # image paths sharing a copy through a tar hardlink: path -> copy index
     hardlinked: dict[str, int] = field(default_factory=dict)
     # image path -> the layer that wrote the regular file (or hardlink) the merged view shows there
@@ -399,14 +399,15 @@ def _regular(
     head = _head(chunks) if keep and state.placeholders and entry.size >= HASH_MIN_BYTES else []
     sparse = bool(head) and not needed.needs_bytes("/" + rel, b"".join(head))
     # A large ELF file keeps only the blocks the checks read (image/trim.py), and its identity.
-    trimming = keep and not sparse and trim.worth_trimming(entry.size, head, index in state.again, state.sizes_seen)
+    trimming = keep and not sparse and trim.worth_trimming(entry.size, head, index in state.again)
+    trimming = trimming and not digests.shows_size(state, entry.size)
     # A written file is hashed later, only if a verdict needs it (image/digests.py); a file whose bytes
     # are not written (streamed past, a sparse placeholder) is hashed now, while they go by.
     hashing = entry.size >= HASH_MIN_BYTES and (sparse or not keep)
     hasher = hashlib.blake2b(digest_size=32) if hashing else None
-    identity: ThreadedHash | Hasher | None = None
+    identity: StreamedHashes | Hasher | None = None
     if trimming:
-        identity = digests.threaded_identity()
+        identity = StreamedHashes(with_digest=entry.size in state.by_size)
     elif hashing and entry.size in state.trimmed_by_size:
         identity = digests.new_identity()
     out = open(target, "w+b" if trimming else "wb") if keep else None
@@ -427,8 +428,8 @@ def _regular(
     finally:
         if out is not None:
             out.close()
-        if isinstance(identity, ThreadedHash):
-            identity.close()  # its thread ends whatever happened (the digest stays readable)
+        if isinstance(identity, StreamedHashes):
+            identity.close()  # its thread ends whatever happened (the digests stay readable)
     if sparse:
         state.sparse.add("/" + rel)
     if out is not None:
@@ -440,15 +441,13 @@ def _regular(
         state.copies.append(Copy(layer=index, path="/" + rel, size=entry.size, digest=None, offset=entry.offset))
         copy_index = len(state.copies) - 1
         state.visible["/" + rel] = copy_index
-        if trimmed is not None and identity is not None:
+        digest = hasher.digest() if hasher is not None else None
+        if trimmed is not None and isinstance(identity, StreamedHashes):
             state.trimmed[copy_index] = Trimmed(trimmed, identity.digest())
             state.trimmed_by_size.setdefault(entry.size, []).append(copy_index)
-        digests.note_size(
-            state,
-            copy_index,
-            hasher.digest() if hasher is not None else None,
-            identity.digest() if identity is not None and not trimming else None,
-        )
+            digest = identity.blake2b()
+        known = identity.digest() if identity is not None and (not trimming or digest is not None) else None
+        digests.note_size(state, copy_index, digest, known)
 
 
 def _head(chunks: Iterator[bytes]) -> list[bytes]:

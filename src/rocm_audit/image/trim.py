@@ -101,11 +101,12 @@ def unread_ranges(path: str, fd: int, size: int) -> tuple[list[tuple[int, int]],
     return _blocks(_subtract(_merged(dropped), _merged(kept))), facts
 
 
-def worth_trimming(size: int, head: list[bytes], read_again: bool, sizes_seen: set[int]) -> bool:
-    """Whether to trim a file of ``size`` starting with ``head``: a large ELF file, in a layer that
-    can be read again, of a size no copy had so far (a later copy of its size is kept whole, so a
-    duplicate group keeps a whole member to give the trimmed ones their bytes: image/whole.py)."""
-    return size >= TRIM_MIN_BYTES and read_again and size not in sizes_seen and b"".join(head).startswith(ELF_MAGIC)
+def worth_trimming(size: int, head: list[bytes], read_again: bool) -> bool:
+    """Whether a file of ``size`` starting with ``head`` is worth trimming: a large ELF file, in a
+    layer that can be read again. image/merge.py trims it only if the view shows no copy of its
+    size (image/digests.py ``shows_size``: a later copy of its size is then kept whole, so a
+    duplicate group keeps a whole member to give the trimmed one its bytes: image/whole.py)."""
+    return size >= TRIM_MIN_BYTES and read_again and b"".join(head).startswith(ELF_MAGIC)
 
 
 def trim_file(path: str, fd: int, size: int) -> tuple[tuple[int, int], int, dict[str, object]]:
