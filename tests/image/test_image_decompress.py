@@ -155,7 +155,8 @@ def test_limit_reached_mid_image_stops_every_thread(tmp_path):
     state = new_state(str(work), ImageOptions(full=True, max_bytes=900_000))
     with pytest.raises(merge.LimitExceeded):
         extract_archive(str(archive), str(work), state)
-    leftover = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("rocm-audit-layer")]
+    # Layer threads, and the threads that hash their blobs beside them.
+    leftover = [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("rocm-audit-")]
     assert leftover == []
 
 
@@ -180,6 +181,29 @@ def test_pipeline_memory_is_bounded_while_the_caller_waits(tmp_path):
         for s, b in zip(streams, raw, strict=True):
             assert _read_all(s, 1 << 20) == gzip.decompress(b)
             assert s.matches()
+
+
+def test_a_pipeline_left_mid_layer_leaves_no_thread(tmp_path):
+    """The caller stops after one piece of a layer larger than its queue: the layer's thread,
+    waiting at its bound, and the thread hashing its blob both end."""
+    import contextlib
+
+    data = gzip.compress(os.urandom(64 << 10) * 512)  # 32 MiB of tar: 4x the queue's bound
+
+    @contextlib.contextmanager
+    def open_it():
+        yield io.BytesIO(data)
+
+    before = {t.ident for t in threading.enumerate()}
+    with layerpipe.Pipeline([layerpipe.Blob(open_it, None)], workers=1) as streams:
+        stream = next(streams)
+        assert stream.read(1 << 20)
+        threading.Event().wait(0.3)
+        assert stream.queue.full()
+        names = {t.name for t in threading.enumerate() if t.ident not in before}
+        assert {"rocm-audit-blob-digest"} < names, names
+    leftover = [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("rocm-audit-")]
+    assert leftover == []
 
 
 def _save_stream(layout: Path, order: list[str]) -> list[bytes]:
