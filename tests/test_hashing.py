@@ -29,3 +29,32 @@ def test_close_before_any_chunk_ends_the_thread():
     threaded.close()
     assert not threaded._thread.is_alive()
     assert threaded.digest() == hashlib.sha256().digest()
+
+
+class _Recording:
+    """A hasher that notes the size of every update it is given (on the hashing thread)."""
+
+    def __init__(self) -> None:
+        self.inner = hashlib.sha256()
+        self.sizes: list[int] = []
+
+    def update(self, data: bytes, /) -> None:
+        self.sizes.append(len(data))
+        self.inner.update(data)
+
+    def digest(self) -> bytes:
+        return self.inner.digest()
+
+
+def test_small_chunks_are_handed_over_in_batches_and_the_digest_is_unchanged():
+    """image/savestream.py hashes what a tar parser reads (512-byte headers among large pieces)."""
+    rng = random.Random(5)
+    chunks = [rng.randbytes(rng.choice((0, 1, 512, 512, 4096, 70_000, 300_000))) for _ in range(400)]
+    recording = _Recording()
+    threaded = ThreadedHash(recording, backlog=3, name="test-hash", batch=100_000)
+    for chunk in chunks:
+        threaded.update(chunk)
+    assert threaded.digest() == hashlib.sha256(b"".join(chunks)).digest()
+    assert sum(recording.sizes) == sum(map(len, chunks))
+    assert all(size >= 100_000 for size in recording.sizes[:-1])  # only the last may be short
+    assert len(recording.sizes) <= sum(map(len, chunks)) // 100_000 + 1

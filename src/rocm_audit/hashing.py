@@ -23,9 +23,14 @@ class Hasher(Protocol):
 class ThreadedHash:
     """``hasher`` fed on a thread named ``name``; ``digest`` waits for every chunk handed over."""
 
-    def __init__(self, hasher: Hasher, *, backlog: int, name: str) -> None:
+    def __init__(self, hasher: Hasher, *, backlog: int, name: str, batch: int = 0) -> None:
         self._hasher = hasher
         self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=backlog)
+        # Chunks under ``batch`` bytes are joined until they make ``batch``: a tar parser's 512-byte
+        # reads would otherwise cost a hand-over each.
+        self._batch = batch
+        self._held: list[bytes] = []
+        self._held_bytes = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -34,11 +39,22 @@ class ThreadedHash:
             self._hasher.update(chunk)
 
     def update(self, chunk: bytes) -> None:
+        if self._held or len(chunk) < self._batch:
+            self._held.append(chunk)
+            self._held_bytes += len(chunk)
+            if self._held_bytes < self._batch:
+                return
+            chunk = b"".join(self._held)
+            self._held.clear()
+            self._held_bytes = 0
         self._chunks.put(chunk)
 
     def close(self) -> None:
         """Stop the thread once it has hashed every chunk handed over (idempotent)."""
         if self._thread.is_alive():
+            if self._held:
+                self._chunks.put(b"".join(self._held))
+                self._held.clear()
             self._chunks.put(None)
             self._thread.join()
 

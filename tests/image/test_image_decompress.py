@@ -296,3 +296,36 @@ def test_docker_save_stream_reports_a_layer_that_is_not_its_digest(tmp_path):
     )
     assert streamed == 2
     assert [(f.rule, f.data["layer"]) for f in state.findings if f.rule == "IMG005"] == [("IMG005", 0)]
+
+
+def test_docker_save_stream_stopped_mid_layer_leaves_no_thread(tmp_path):
+    """A limit reached inside a layer applied as it streams: the thread hashing it ends too."""
+    import contextlib
+    import json
+
+    from rocm_audit.image import audit, savestream
+
+    layers = [layer(*((f"{SP}/f{i}.bin", os.urandom(64 << 10)) for i in range(40)))]
+    layout = oci_layout(tmp_path / "oci", layers, compress=False, docker_manifest=True)
+    manifest = json.loads((layout / "manifest.json").read_text())[0]
+    blobs = sorted(str(p.relative_to(layout)) for p in (layout / "blobs" / "sha256").iterdir())
+    order = [*manifest["Layers"], *[b for b in blobs if b not in manifest["Layers"]], "index.json", "manifest.json"]
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(full=True, max_entries=10))
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(merge.LimitExceeded):
+        savestream.apply_save_stream(
+            _save_stream(layout, order),
+            ["sha256:" + hashlib.sha256(layers[0]).hexdigest()],
+            state,
+            str(work),
+            "img",
+            audit.apply_layer_stream,
+            lambda member: contextlib.nullcontext(io.BytesIO(b"")),
+            lambda store, found, start: audit.apply_layers(store, found, state, "img", start),
+            1 << 30,
+        )
+    assert len(state.layers) == 1  # it stopped inside the streamed layer
+    leftover = [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("rocm-audit-")]
+    assert leftover == []

@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager
 from typing import BinaryIO
 
 from rocm_audit.errors import FormatError, UsageError
+from rocm_audit.hashing import ThreadedHash
 from rocm_audit.image import tarstream
 from rocm_audit.image.archive import MAX_JSON_BYTES, ImageLayout, Store, _clean, read_layout, tarstream_name
 from rocm_audit.image.merge import MergeState
@@ -60,25 +61,31 @@ class ChunkReader:
 
 
 class _MemberStream:
-    """One member's data read as a stream, hashed; the rest is drained by ``finish``."""
+    """One member's data read as a stream, hashed on a thread of its own (beside the merge that
+    reads it: an export's layers are uncompressed tars, so their SHA-256 is most of the reading);
+    the rest is drained by ``finish``; ``close`` ends the hash's thread whatever happened."""
 
     def __init__(self, data: Iterable[bytes], digest: str) -> None:
         self.digest = digest
         self.reader = ChunkReader(data)
-        self.hasher = hashlib.sha256()
+        self.hasher = ThreadedHash(hashlib.sha256(), backlog=8, name="rocm-audit-blob-digest", batch=1 << 20)
         self.done = ""
 
     def read(self, size: int = -1, /) -> bytes:
         piece = self.reader.read(size)
-        self.hasher.update(piece)
+        if piece:
+            self.hasher.update(piece)
         return piece
 
     def finish(self) -> str:
         if not self.done:
             while self.read(tarstream.CHUNK):
                 pass
-            self.done = self.hasher.hexdigest()
+            self.done = self.hasher.digest().hex()
         return self.done
+
+    def close(self) -> None:
+        self.hasher.close()
 
     def matches(self) -> bool:
         return self.digest.split(":", 1)[1] == self.finish()
@@ -177,17 +184,20 @@ def apply_save_stream(
             and entry.size > MAX_MEMORY_MEMBER
         ):
             stream = _MemberStream(data, digest)
-            apply(
-                state,
-                stream,
-                digest,
-                index,
-                digest,
-                f"{label}:{name}",
-                len(diff_ids),
-                functools_partial(again, name),
-            )
-            stream.finish()
+            try:
+                apply(
+                    state,
+                    stream,
+                    digest,
+                    index,
+                    digest,
+                    f"{label}:{name}",
+                    len(diff_ids),
+                    functools_partial(again, name),
+                )
+                stream.finish()
+            finally:
+                stream.close()
             streamed.append(name)
             continue
         store.keep(name, data, entry.size)
