@@ -345,6 +345,124 @@ def test_a_library_the_view_still_shows_through_a_hardlink_keeps_its_successor_w
     assert state.trimmed == {}
 
 
+def _punched_and_facts(original: bytes, place: Path, named: Path) -> tuple[bytes, dict]:
+    """What trimming ``original`` written at ``place`` leaves there, and the facts it reads when
+    the file is named ``named`` (facts name the path they were read at)."""
+    place.parent.mkdir(parents=True, exist_ok=True)
+    place.write_bytes(original)
+    fd = os.open(place, os.O_RDWR)
+    try:
+        _inode, _given, facts, _punched = trim.trim_file(str(named), fd, len(original))
+    finally:
+        os.close(fd)
+    return place.read_bytes(), facts
+
+
+@pytest.fixture()
+def start_trims(monkeypatch) -> list[bool]:
+    """Whether each trim the merge starts reuses the result of the trim before it at its path."""
+    reused: list[bool] = []
+    real = whole.start_trim
+
+    def spy(state, path, fd, size, reuse=None, identity=None):
+        reused.append(reuse is not None)
+        return real(state, path, fd, size, reuse, identity)
+
+    monkeypatch.setattr(whole, "start_trim", spy)
+    return reused
+
+
+def test_a_reinstalled_library_takes_the_trim_of_the_one_it_replaces(tmp_path, library, small_trim, start_trims):
+    """The same bytes at the same path in a later layer: written without the blocks the first
+    trim gave back, no trim of its own, and what the view then holds (bytes, holes, facts) is
+    what trimming it would give."""
+    content = library.read_bytes()
+    path = f"{SP}/a/libx.so"
+    state = _merged(tmp_path, [layer((path, content)), layer((path, content))])
+    assert start_trims == [False, True]
+    shown = Path(state.root) / path
+    want_bytes, want_facts = _punched_and_facts(content, tmp_path / "reference" / path, shown)
+    assert want_facts, "the test library carries LLVM facts"
+    assert shown.read_bytes() == want_bytes
+    assert shown.stat().st_blocks <= (tmp_path / "reference" / path).stat().st_blocks
+    info = shown.stat()
+    assert whole.facts_still_shown(state) == {(info.st_dev, info.st_ino): want_facts}
+    assert state.incomplete == {}
+    merge.finish(state)
+    groups, _ = waste.analyse(state)
+    assert [sorted(c["layer"] for c in g.copies) for g in groups] == [[0, 1]]
+
+
+def test_a_reinstalled_library_of_other_bytes_is_made_whole_from_its_layer(
+    tmp_path, library, small_trim, start_trims, identity
+):
+    """Same path and size, other bytes: the reused trim left holes where this file has bytes of
+    its own, so it is made whole from its layer after the last layer, and no fact of the first
+    passes for its."""
+    content = library.read_bytes()
+    other = _variant(content, library)
+    path = f"{SP}/a/libx.so"
+    state = _merged(tmp_path, [layer((path, content)), layer((path, other))])
+    assert start_trims == [False, True]
+    shown = Path(state.root) / path
+    assert shown.read_bytes() != other
+    assert list(state.incomplete.values()) == [str(shown)]
+    assert whole.facts_still_shown(state) == {}
+    merge.finish(state)
+    assert shown.read_bytes() == other
+    assert list(state.trimmed) == [0]  # the first copy, no longer shown; the second is whole
+    assert not state.findings
+    groups, _ = waste.analyse(state)
+    assert groups == []
+
+
+def test_reinstalled_libraries_give_the_report_of_full_extraction(tmp_path, library, small_trim, run_cli):
+    """Through the command (helpers beside the merge): a reinstall of the same bytes, one of
+    other bytes, and one that a later layer removes again."""
+    content = library.read_bytes()
+    other = _variant(content, library)
+    layers = [
+        layer((f"{SP}/a/libx.so", content), (f"{SP}/b/libx.so", content), (f"{SP}/c/liby.so", other)),
+        layer((f"{SP}/a/libx.so", content), (f"{SP}/b/libx.so", other), (f"{SP}/c/liby.so", other)),
+        layer((f"{SP}/c/.wh.liby.so", b"")),
+    ]
+    archive = docker_save(tmp_path / "save.tar", layers)
+    reports = _default_and_full(run_cli, archive, tmp_path)
+    assert reports["default"] == reports["full"]
+    groups = reports["default"]["image"]["waste"]["groups"]
+    assert sorted(sorted((c["layer"], c["path"]) for c in g["copies"]) for g in groups) == [
+        [(0, f"/{SP}/a/libx.so"), (0, f"/{SP}/b/libx.so"), (1, f"/{SP}/a/libx.so")],
+        [(0, f"/{SP}/c/liby.so"), (1, f"/{SP}/b/libx.so"), (1, f"/{SP}/c/liby.so")],
+    ]
+
+
+def test_a_file_written_without_punched_ranges_equals_one_punched_after(tmp_path):
+    rng = random.Random(11)
+    for round_ in range(20):
+        size = rng.randrange(1, 40) * trim.BLOCK + rng.randrange(trim.BLOCK)
+        data = rng.randbytes(size)
+        blocks = sorted(rng.sample(range(size // trim.BLOCK + 1), rng.randrange(size // trim.BLOCK + 1)))
+        punched = trim._merged([(b * trim.BLOCK, (b + 1) * trim.BLOCK) for b in blocks if (b + 1) * trim.BLOCK <= size])
+        reference = tmp_path / f"punched-{round_}"
+        reference.write_bytes(data)
+        fd = os.open(reference, os.O_RDWR)
+        try:
+            assert trim.punch(fd, punched) == sum(end - start for start, end in punched)
+        finally:
+            os.close(fd)
+        written = tmp_path / f"written-{round_}"
+        out = whole.KeptWriter(str(written), punched)
+        at = 0
+        while at < size:
+            step = rng.choice((1, 511, trim.BLOCK, 3 * trim.BLOCK + 7, 65536))
+            out.write(data[at : at + step])
+            at += step
+        out.truncate(size)
+        out.close()
+        assert written.read_bytes() == reference.read_bytes()
+        assert written.stat().st_blocks <= reference.stat().st_blocks
+
+
 @pytest.mark.parametrize("how", ["replaced", "whiteout", "opaque", "directory"])
 def test_facts_of_a_removed_trimmed_library_never_reach_the_file_after_it(tmp_path, library, monkeypatch, how):
     """ext4 gives a freed inode to the next file it creates: the facts read while trimming a

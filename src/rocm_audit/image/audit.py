@@ -23,7 +23,7 @@ from rocm_audit.audit.check import CheckOptions, run_check
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.verify import TargetCandidate
-from rocm_audit.image import layerpipe, merge, tarstream, waste, whole
+from rocm_audit.image import budget, layerpipe, merge, tarstream, waste, whole
 from rocm_audit.image.archive import ImageLayout, Store, open_store, read_layout
 from rocm_audit.image.offload import Offload, helper_count
 from rocm_audit.image.targets import config_history, recorded_targets
@@ -55,8 +55,8 @@ INTERPRETER = re.compile(r"/bin/python3(?:\.\d+)?$")
 class ImageOptions:
     check: CheckOptions = field(default_factory=CheckOptions)
     ref: str | None = None  # which image of a multi-image archive
-    max_bytes: int = merge.DEFAULT_MAX_BYTES
-    max_entries: int = merge.DEFAULT_MAX_ENTRIES
+    max_bytes: int = budget.DEFAULT_MAX_BYTES
+    max_entries: int = budget.DEFAULT_MAX_ENTRIES
     full: bool = False  # extract every file, not only site-packages and the loader's directories
     workdir_parent: str | None = None  # where the private temp dir goes (default: $TMPDIR)
     # Target lists the image records (its Env, its build history), most trusted first: verify-arch

@@ -43,6 +43,7 @@ from rocm_audit.errors import FormatError, RocmAuditError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.hashing import Hasher
 from rocm_audit.image import digests, needed, tarstream, trim, whole
+from rocm_audit.image.budget import Budget, LayerStats, LimitExceeded, Limits
 from rocm_audit.image.digests import Copy, StreamedHashes, Trimmed
 from rocm_audit.image.links import aim_links, stored_link_text
 from rocm_audit.image.offload import Offload
@@ -52,15 +53,9 @@ log = logging.getLogger(__name__)
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
-DEFAULT_MAX_BYTES = 64 << 30  # a ROCm SDK image unpacks to tens of GB; override with --max-bytes
-DEFAULT_MAX_ENTRIES = 4_000_000
 HASH_MIN_BYTES = 4096  # files smaller than this are not hashed for the waste analysis
 SNIFF_BYTES = 64  # first bytes image/needed.py decides on
 _LIBRARY_NAME = ".so"  # in every soname a DT_NEEDED search opens ("libx.so.1", "ld-linux-x86-64.so.2")
-
-
-class LimitExceeded(RocmAuditError):
-    """The image is larger than the extraction limits allow."""
 
 
 class ExtractionError(RocmAuditError):
@@ -70,26 +65,6 @@ class ExtractionError(RocmAuditError):
 
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
-
-
-@dataclass(slots=True)
-class Limits:
-    max_bytes: int = DEFAULT_MAX_BYTES  # tar bytes read, over all layers
-    max_entries: int = DEFAULT_MAX_ENTRIES
-    bytes_read: int = 0
-    entries: int = 0
-
-
-@dataclass(slots=True)
-class LayerStats:
-    index: int
-    name: str  # digest or archive member
-    entries: int = 0
-    files: int = 0
-    file_bytes: int = 0
-    whiteouts: int = 0
-    opaque_dirs: int = 0
-    refused: int = 0
 
 
 @dataclass(slots=True)
@@ -129,6 +104,9 @@ class MergeState:
     # ``facts_due`` names the inodes (-> path) whose trim is still running (image/offload.py).
     read_facts: dict[tuple[int, int], tuple[str, dict[str, object]]] = field(default_factory=dict)
     facts_due: dict[tuple[int, int], str] = field(default_factory=dict)
+    # inode -> (path, ranges a trim gave back); files missing bytes a reused trim left out: inode -> path
+    punched: dict[tuple[int, int], tuple[str, list[tuple[int, int]]]] = field(default_factory=dict)
+    incomplete: dict[tuple[int, int], str] = field(default_factory=dict)
     hashing: set[int] = field(default_factory=set)  # copies whose digest a job is computing
     offload: Offload = field(default_factory=Offload)  # trims and hashes beside the merge
     again: dict[int, tuple[str, Callable[[], AbstractContextManager[tarstream.Readable]]]] = field(default_factory=dict)
@@ -180,7 +158,7 @@ def apply_layer(
     if again is not None and state.placeholders:
         state.again[index] = (where, again)
     work = _LayerWork()
-    for entry, data in tarstream.iter_entries(_Budget(stream, state.limits, state.progress, stats)):
+    for entry, data in tarstream.iter_entries(Budget(stream, state.limits, state.progress, stats)):
         state.limits.entries += 1
         stats.entries += 1
         if state.limits.entries > state.limits.max_entries:
@@ -260,6 +238,7 @@ def _apply_entry(
         _hardlink(state, stats, where, entry, rel, target, index, work)
         created.add(rel)
         return
+    reuse = whole.reusable_trim(state, "/" + rel, target, entry.size) if entry.kind == tarstream.REGULAR else None
     _drop(state, rel, target)
     if entry.kind == tarstream.SYMLINK:
         link_text = stored_link_text(rel, entry.linkname)
@@ -271,7 +250,7 @@ def _apply_entry(
         return
     stats.files += 1
     stats.file_bytes += entry.size
-    _regular(state, entry, data, rel, target, index)
+    _regular(state, entry, data, rel, target, index, reuse)
     created.add(rel)
 
 
@@ -353,27 +332,6 @@ def finish(state: MergeState) -> None:
     aim_links(state.root)
 
 
-class _Budget:
-    """Counts every uncompressed tar byte against the image limit."""
-
-    def __init__(
-        self, raw: tarstream.Readable, limits: Limits, progress: Progress = SILENT, layer: LayerStats | None = None
-    ) -> None:
-        self.raw = raw
-        self.limits = limits
-        self.progress = progress
-        self.layer = layer
-        self.started_at = limits.bytes_read
-
-    def read(self, size: int = -1, /) -> bytes:
-        piece = self.raw.read(size)
-        self.limits.bytes_read += len(piece)
-        self.progress.update(self.layer.entries if self.layer else 0, self.limits.bytes_read - self.started_at)
-        if self.limits.bytes_read > self.limits.max_bytes:
-            raise LimitExceeded(f"image is larger than the {self.limits.max_bytes} bytes allowed (raise --max-bytes)")
-        return piece
-
-
 def _refuse(state: MergeState, stats: LayerStats, where: str, entry: tarstream.TarEntry, reason: str) -> None:
     stats.refused += 1
     state.findings.append(
@@ -393,6 +351,7 @@ def _regular(
     rel: str,
     target: str,
     index: int,
+    reuse: whole.Reuse | None,
 ) -> None:
     keep = state.keep("/" + rel)
     chunks = iter(data)
@@ -410,7 +369,10 @@ def _regular(
         identity = StreamedHashes(with_digest=entry.size in state.by_size)
     elif hashing and entry.size in state.trimmed_by_size:
         identity = digests.new_identity()
-    out = open(target, "w+b" if trimming else "wb") if keep else None
+    reuse = reuse if trimming else None  # a trimmed file's successor: written without what it gave back
+    out = (
+        (whole.KeptWriter(target, reuse.punched if reuse else []) if trimming else open(target, "wb")) if keep else None
+    )
     trimmed: tuple[int, int] | None = None  # the inode of a file handed to a trim
     try:
         for chunk in itertools.chain(head, chunks):
@@ -424,7 +386,7 @@ def _regular(
             out.truncate(entry.size)  # the apparent size, no data blocks: see image/needed.py
         if out is not None and trimming:
             out.flush()
-            trimmed = whole.start_trim(state, target, out.fileno(), entry.size)
+            trimmed = whole.start_trim(state, target, out.fileno(), entry.size, reuse, identity)
     finally:
         if out is not None:
             out.close()

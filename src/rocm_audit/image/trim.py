@@ -109,12 +109,15 @@ def worth_trimming(size: int, head: list[bytes], read_again: bool) -> bool:
     return size >= TRIM_MIN_BYTES and read_again and b"".join(head).startswith(ELF_MAGIC)
 
 
-def trim_file(path: str, fd: int, size: int) -> tuple[tuple[int, int], int, dict[str, object]]:
+def trim_file(path: str, fd: int, size: int) -> tuple[tuple[int, int], int, dict[str, object], list[tuple[int, int]]]:
     """Punch out of the file open for writing at ``fd`` the blocks no check reads: its inode, the
-    bytes given back, and the facts read on the way (``unread_ranges``)."""
+    bytes given back, the facts read on the way (``unread_ranges``), and the ranges punched (none
+    where the file system cannot punch holes)."""
     ranges, facts = unread_ranges(path, fd, size)
     info = os.fstat(fd)
-    return (info.st_dev, info.st_ino), punch(fd, ranges), facts
+    given = punch(fd, ranges)
+    punched = ranges if given == sum(end - start for start, end in ranges) else []
+    return (info.st_dev, info.st_ino), given, facts, punched
 
 
 def punch(fd: int, ranges: Iterable[tuple[int, int]]) -> int:

@@ -1,7 +1,13 @@
 """What trimming leaves for after the last layer (image/trim.py keeps only the blocks the checks
 read of a large ELF file): trimmed files made whole again where a byte comparison may read them
 (``make_whole``, from image/merge.py's ``finish``), and the facts read while trimming handed to
-the checks (``facts_still_shown``) or forgotten when the view drops their file (``forget_facts``)."""
+the checks (``facts_still_shown``) or forgotten when the view drops their file (``forget_facts``).
+
+A trim's result is also handed on: a later layer that puts a file of the same size at the same
+path (a reinstalled wheel) gets it written without the blocks the earlier trim gave back, hashed
+whole as it streams, and, when its identity shows the same content, takes that trim's result as
+its own (trimming is a function of the path and the bytes). A different content is made whole
+from its layer after the last layer, like a trimmed file a byte comparison may read."""
 
 from __future__ import annotations
 
@@ -9,12 +15,13 @@ import os
 import stat
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol, cast
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image import tarstream
-from rocm_audit.image.digests import Copy, Jobs, Trimmed, new_identity
+from rocm_audit.image.digests import Copy, Jobs, StreamedHashes, Trimmed, new_identity
 
 
 class WholeState(Protocol):
@@ -29,6 +36,8 @@ class WholeState(Protocol):
     trimmed: dict[int, Trimmed]
     read_facts: dict[tuple[int, int], tuple[str, dict[str, object]]]
     facts_due: dict[tuple[int, int], str]
+    punched: dict[tuple[int, int], tuple[str, list[tuple[int, int]]]]
+    incomplete: dict[tuple[int, int], str]
     again: dict[int, tuple[str, Callable[[], AbstractContextManager[tarstream.Readable]]]]
 
     @property
@@ -67,7 +76,7 @@ def make_whole(state: WholeState, drop: Callable[[str], None]) -> None:
         copy = state.copies[copy_index]
         place = _shown_at(state, shown.get(copy_index, []), trimmed.inode)
         peers = [i for i in by_size.get(copy.size, []) if i != copy_index]
-        if place is None or not peers:
+        if place is None or (not peers and trimmed.inode not in state.incomplete):
             continue
         source = next(
             (
@@ -173,22 +182,108 @@ def _write_whole(state: WholeState, place: str, data: Iterable[bytes], identity:
     return hasher.digest() == identity
 
 
-def start_trim(state: WholeState, path: str, fd: int, size: int) -> tuple[int, int]:
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """What the trim of a file the view drops leaves for its successor at the same path."""
+
+    identity: bytes  # of the trimmed file's whole content
+    punched: list[tuple[int, int]]  # the ranges its trim gave back
+    facts: dict[str, object]  # the facts read while trimming it
+
+
+def reusable_trim(state: WholeState, path: str, target: str, size: int) -> Reuse | None:
+    """Before the view drops the file at image path ``path`` (``target`` in the view) for one of
+    ``size``: what its trim found, if it is a trimmed file of that size whose trim has answered."""
+    copy_index = state.visible.get(path)
+    trimmed = state.trimmed.get(copy_index) if copy_index is not None else None
+    if copy_index is None or trimmed is None or trimmed.inode in state.facts_due:
+        return None
+    if state.copies[copy_index].size != size:
+        return None
+    punched = state.punched.get(trimmed.inode)
+    if punched is None or punched[0] != target or not same_inode(target, trimmed.inode):
+        return None
+    known = state.read_facts.get(trimmed.inode)
+    facts = known[1] if known is not None and known[0] == target else {}
+    return Reuse(trimmed.identity, punched[1], facts)
+
+
+class KeptWriter:
+    """A new file at ``target`` written without the bytes of the ``punched`` ranges (sorted, whole
+    blocks): they stay holes, as punching them out would leave them, and take no disk."""
+
+    def __init__(self, target: str, punched: list[tuple[int, int]]) -> None:
+        self._fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self._punched = punched
+        self._next = 0  # the first range that may still lie ahead
+        self._position = 0
+
+    def write(self, chunk: bytes) -> None:
+        start = at = self._position
+        end = start + len(chunk)
+        view = memoryview(chunk)
+        ranges = self._punched
+        while at < end:
+            while self._next < len(ranges) and ranges[self._next][1] <= at:
+                self._next += 1
+            hole = ranges[self._next] if self._next < len(ranges) else None
+            if hole is not None and hole[0] <= at:
+                at = min(end, hole[1])
+                continue
+            stop = min(end, hole[0]) if hole is not None else end
+            piece = view[at - start : stop - start]
+            while piece:
+                written = os.pwrite(self._fd, piece, at)
+                piece, at = piece[written:], at + written
+        self._position = end
+
+    def flush(self) -> None:
+        """Nothing is buffered: every write went to the file."""
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def start_trim(
+    state: WholeState, path: str, fd: int, size: int, reuse: Reuse | None = None, identity: object = None
+) -> tuple[int, int]:
     """Have the blocks of the file open at ``fd`` that no check reads punched out (image/trim.py),
     beside the merge (image/offload.py); the file's inode. The facts read on the way are kept for
     the checks (``read_facts``) unless the file leaves the view meanwhile (``forget_facts``). The
     copy counts as trimmed from now on, even if no block goes: a trimmed copy is only ever made
-    whole, before a byte comparison, from bytes of its own identity."""
+    whole, before a byte comparison, from bytes of its own identity.
+
+    A file written by ``KeptWriter`` from ``reuse`` takes that trim's result when its ``identity``
+    is the reused one; else it is ``incomplete``, made whole from its layer by ``make_whole``."""
     info = os.fstat(fd)
     inode = (info.st_dev, info.st_ino)
+    if reuse is not None and isinstance(identity, StreamedHashes):
+        os.ftruncate(fd, size)  # a hole at the end, too
+        if identity.digest() == reuse.identity:
+            state.punched[inode] = (path, reuse.punched)
+            if reuse.facts:
+                state.read_facts[inode] = (path, reuse.facts)
+        else:
+            state.incomplete[inode] = path
+        return inode
     state.facts_due[inode] = path
 
     def done(answer: object) -> None:
-        facts = cast("tuple[tuple[int, int], int, dict[str, object]]", answer)[2] if answer is not None else None
-        if state.facts_due.get(inode) == path:
-            del state.facts_due[inode]
-            if facts:
-                state.read_facts[inode] = (path, facts)
+        result = cast("tuple[tuple[int, int], int, dict[str, object], list[tuple[int, int]]]", answer)
+        if answer is None or state.facts_due.get(inode) != path:
+            return
+        del state.facts_due[inode]
+        if result[2]:
+            state.read_facts[inode] = (path, result[2])
+        state.punched[inode] = (path, result[3])
 
     state.offload.submit("trim", os.dup(fd), path, size, done)
     return inode
@@ -209,23 +304,27 @@ def facts_still_shown(state: WholeState) -> dict[tuple[int, int], dict[str, obje
 
 
 def forget_facts(state: WholeState, target: str, *, below: bool = False) -> None:
-    """Forget the facts read while trimming the file at ``target`` (every file under it with
-    ``below``) before it goes: ext4 gives a freed inode number to the next file it creates, often
-    the one a later layer puts at the same path, and ``read_facts`` is keyed by inode."""
+    """Forget what trimming the file at ``target`` (every file under it with ``below``) found,
+    before it goes: ext4 gives a freed inode number to the next file it creates, often the one a
+    later layer puts at the same path, and ``read_facts`` and ``punched`` are keyed by inode."""
     if below:
         prefix = target + os.sep
-        for identity in [i for i, (path, _) in state.read_facts.items() if path.startswith(prefix)]:
-            del state.read_facts[identity]
-        for identity in [i for i, path in state.facts_due.items() if path.startswith(prefix)]:
-            del state.facts_due[identity]
+        for table in (state.read_facts, state.punched):
+            for identity in [i for i, (path, _) in table.items() if path.startswith(prefix)]:
+                del table[identity]
+        for paths in (state.facts_due, state.incomplete):
+            for identity in [i for i, path in paths.items() if path.startswith(prefix)]:
+                del paths[identity]
         return
     try:
         info = os.lstat(target)
     except OSError:
         return
     inode = (info.st_dev, info.st_ino)
-    known = state.read_facts.get(inode)
-    if known is not None and known[0] == target:
-        del state.read_facts[inode]
-    if state.facts_due.get(inode) == target:
-        del state.facts_due[inode]
+    for table in (state.read_facts, state.punched):
+        known = table.get(inode)
+        if known is not None and known[0] == target:
+            del table[inode]
+    for paths in (state.facts_due, state.incomplete):
+        if paths.get(inode) == target:
+            del paths[inode]
