@@ -220,10 +220,9 @@ def _save_stream(layout: Path, order: list[str]) -> list[bytes]:
 
 @pytest.mark.parametrize("reverse", [False, True])
 def test_docker_save_stream_applies_layers_as_they_arrive(tmp_path, reverse):
-    import contextlib
     import json
 
-    from rocm_audit.image import audit, savestream
+    from rocm_audit.image import audit
 
     layers = [layer((f"{SP}/big{i}.bin", os.urandom(2 << 20)), (f"{SP}/shared.txt", f"{i}".encode())) for i in range(3)]
     layout = oci_layout(tmp_path / "oci", layers, compress=False, docker_manifest=True)
@@ -241,17 +240,7 @@ def test_docker_save_stream_applies_layers_as_they_arrive(tmp_path, reverse):
         seen_spool.append(len(os.listdir(work / "spool")))
         audit.apply_layers(store, found, state, "img", start)
 
-    found, _store, streamed = savestream.apply_save_stream(
-        _save_stream(layout, order),
-        diff_ids,
-        state,
-        str(work),
-        "img",
-        audit.apply_layer_stream,
-        lambda member: contextlib.nullcontext(io.BytesIO(b"")),
-        apply_rest,
-        1 << 30,
-    )
+    found, _store, streamed = _apply_save_stream(layout, order, diff_ids, state, work, apply_rest)
     merge.finish(state)
     assert (Path(state.root) / SP / "shared.txt").read_text() == "2"
     assert [s.index for s in state.layers] == [0, 1, 2]
@@ -263,11 +252,33 @@ def test_docker_save_stream_applies_layers_as_they_arrive(tmp_path, reverse):
         assert streamed == 3 and seen_spool == [0]
 
 
-def test_docker_save_stream_reports_a_layer_that_is_not_its_digest(tmp_path):
+def _apply_save_stream(layout: Path, order: list[str], diff_ids: list[str], state, work: Path, apply_rest=None):
+    """savestream.apply_save_stream over the layout streamed in ``order``, the spooled layers
+    applied after it by ``apply_rest`` (a second export gives nothing)."""
     import contextlib
-    import json
 
     from rocm_audit.image import audit, savestream
+
+    if apply_rest is None:
+
+        def apply_rest(store, found, start):
+            audit.apply_layers(store, found, state, "img", start)
+
+    return savestream.apply_save_stream(
+        _save_stream(layout, order),
+        diff_ids,
+        state,
+        str(work),
+        "img",
+        audit.apply_layer_stream,
+        lambda member: contextlib.nullcontext(io.BytesIO(b"")),
+        apply_rest,
+        1 << 30,
+    )
+
+
+def test_docker_save_stream_reports_a_layer_that_is_not_its_digest(tmp_path):
+    import json
 
     layers = [layer((f"{SP}/big{i}.bin", os.urandom(2 << 20))) for i in range(2)]
     layout = oci_layout(tmp_path / "oci", layers, compress=False, docker_manifest=True)
@@ -283,27 +294,14 @@ def test_docker_save_stream_reports_a_layer_that_is_not_its_digest(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     state = new_state(str(work), ImageOptions(full=True))
-    _, _, streamed = savestream.apply_save_stream(
-        _save_stream(layout, order),
-        diff_ids,
-        state,
-        str(work),
-        "img",
-        audit.apply_layer_stream,
-        lambda member: contextlib.nullcontext(io.BytesIO(b"")),
-        lambda store, found, start: audit.apply_layers(store, found, state, "img", start),
-        1 << 30,
-    )
+    _, _, streamed = _apply_save_stream(layout, order, diff_ids, state, work)
     assert streamed == 2
     assert [(f.rule, f.data["layer"]) for f in state.findings if f.rule == "IMG005"] == [("IMG005", 0)]
 
 
 def test_docker_save_stream_stopped_mid_layer_leaves_no_thread(tmp_path):
     """A limit reached inside a layer applied as it streams: the thread hashing it ends too."""
-    import contextlib
     import json
-
-    from rocm_audit.image import audit, savestream
 
     layers = [layer(*((f"{SP}/f{i}.bin", os.urandom(64 << 10)) for i in range(40)))]
     layout = oci_layout(tmp_path / "oci", layers, compress=False, docker_manifest=True)
@@ -315,17 +313,7 @@ def test_docker_save_stream_stopped_mid_layer_leaves_no_thread(tmp_path):
     state = new_state(str(work), ImageOptions(full=True, max_entries=10))
     before = {t.ident for t in threading.enumerate()}
     with pytest.raises(merge.LimitExceeded):
-        savestream.apply_save_stream(
-            _save_stream(layout, order),
-            ["sha256:" + hashlib.sha256(layers[0]).hexdigest()],
-            state,
-            str(work),
-            "img",
-            audit.apply_layer_stream,
-            lambda member: contextlib.nullcontext(io.BytesIO(b"")),
-            lambda store, found, start: audit.apply_layers(store, found, state, "img", start),
-            1 << 30,
-        )
+        _apply_save_stream(layout, order, ["sha256:" + hashlib.sha256(layers[0]).hexdigest()], state, work)
     assert len(state.layers) == 1  # it stopped inside the streamed layer
     leftover = [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("rocm-audit-")]
     assert leftover == []
