@@ -25,6 +25,7 @@ from rocm_audit.elf.view import ElfView
 from rocm_audit.gpu.codeobjects import host_reads
 from rocm_audit.image import digests, merge, trim, waste, whole
 from rocm_audit.image.audit import ImageOptions, extract_archive, new_state
+from rocm_audit.image.offload import Offload
 from rocm_audit.llvm.libfacts import LINKAGE_FACT, ROLE_FACT
 from rocm_audit.llvm.linkage import read_linkage
 from rocm_audit.llvm.roles import REGISTRY_STRINGS, Role, classify
@@ -391,6 +392,51 @@ def test_a_reinstalled_library_takes_the_trim_of_the_one_it_replaces(tmp_path, l
     merge.finish(state)
     groups, _ = waste.analyse(state)
     assert [sorted(c["layer"] for c in g.copies) for g in groups] == [[0, 1]]
+
+
+class _AnsweredLater(Offload):
+    """Jobs answered only when the merge settles them: a helper slower than the layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: list[tuple] = []
+
+    def submit(self, kind, fd, path, size, done, *, shown=False) -> None:
+        self.waiting.append((kind, fd, path, size, done))
+
+    def poll(self) -> None:
+        pass
+
+    def settle(self) -> None:
+        while self.waiting:
+            kind, fd, path, size, done = self.waiting.pop(0)
+            try:
+                answer = self.run(kind, fd, path, size)
+            finally:
+                os.close(fd)
+            done(answer)
+
+
+def test_a_reinstalled_library_whose_predecessor_trim_is_still_running_is_trimmed_itself(
+    tmp_path, library, small_trim, start_trims
+):
+    """The reuse never waits: with the first trim unanswered, the second file is written whole and
+    trimmed on its own, and the view ends the same; the first trim's late answer is dropped."""
+    content = library.read_bytes()
+    path = f"{SP}/a/libx.so"
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(), helpers=_AnsweredLater())
+    extract_archive(
+        str(docker_save(tmp_path / "save.tar", [layer((path, content)), layer((path, content))])), str(work), state
+    )
+    assert start_trims == [False, False]
+    merge.finish(state)
+    shown = Path(state.root) / path
+    want_bytes, want_facts = _punched_and_facts(content, tmp_path / "reference" / path, shown)
+    assert shown.read_bytes() == want_bytes
+    info = shown.stat()
+    assert whole.facts_still_shown(state) == {(info.st_dev, info.st_ino): want_facts}
 
 
 def test_a_reinstalled_library_of_other_bytes_is_made_whole_from_its_layer(
