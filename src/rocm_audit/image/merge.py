@@ -364,10 +364,9 @@ def _regular(
     # are not written (streamed past, a sparse placeholder) is hashed now, while they go by.
     hashing = entry.size >= HASH_MIN_BYTES and (sparse or not keep)
     hasher = hashlib.blake2b(digest_size=32) if hashing else None
-    identity: StreamedHashes | Hasher | None = None
-    if trimming:
-        identity = StreamedHashes(with_digest=entry.size in state.by_size)
-    elif hashing and entry.size in state.trimmed_by_size:
+    streamed = StreamedHashes(with_digest=entry.size in state.by_size) if trimming else None
+    identity: StreamedHashes | Hasher | None = streamed
+    if hashing and entry.size in state.trimmed_by_size:
         identity = digests.new_identity()
     reuse = reuse if trimming else None  # a trimmed file's successor: written without what it gave back
     out = (
@@ -386,12 +385,12 @@ def _regular(
             out.truncate(entry.size)  # the apparent size, no data blocks: see image/needed.py
         if out is not None and trimming:
             out.flush()
-            trimmed = whole.start_trim(state, target, out.fileno(), entry.size, reuse, identity)
+            trimmed = whole.start_trim(state, target, out.fileno(), entry.size, reuse, streamed)
     finally:
         if out is not None:
             out.close()
-        if isinstance(identity, StreamedHashes):
-            identity.close()  # its thread ends whatever happened (the digests stay readable)
+        if streamed is not None:
+            streamed.close()  # its thread ends whatever happened (the digests stay readable)
     if sparse:
         state.sparse.add("/" + rel)
     if out is not None:
@@ -404,10 +403,10 @@ def _regular(
         copy_index = len(state.copies) - 1
         state.visible["/" + rel] = copy_index
         digest = hasher.digest() if hasher is not None else None
-        if trimmed is not None and isinstance(identity, StreamedHashes):
-            state.trimmed[copy_index] = Trimmed(trimmed, identity.digest())
+        if trimmed is not None and streamed is not None:
+            state.trimmed[copy_index] = Trimmed(trimmed, streamed.digest())
             state.trimmed_by_size.setdefault(entry.size, []).append(copy_index)
-            digest = identity.blake2b()
+            digest = streamed.blake2b()
         known = identity.digest() if identity is not None and (not trimming or digest is not None) else None
         digests.note_size(state, copy_index, digest, known)
 

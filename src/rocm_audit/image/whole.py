@@ -253,7 +253,7 @@ class KeptWriter:
 
 
 def start_trim(
-    state: WholeState, path: str, fd: int, size: int, reuse: Reuse | None = None, identity: object = None
+    state: WholeState, path: str, fd: int, size: int, reuse: Reuse | None = None, identity: StreamedHashes | None = None
 ) -> tuple[int, int]:
     """Have the blocks of the file open at ``fd`` that no check reads punched out (image/trim.py),
     beside the merge (image/offload.py); the file's inode. The facts read on the way are kept for
@@ -265,7 +265,7 @@ def start_trim(
     is the reused one; else it is ``incomplete``, made whole from its layer by ``make_whole``."""
     info = os.fstat(fd)
     inode = (info.st_dev, info.st_ino)
-    if reuse is not None and isinstance(identity, StreamedHashes):
+    if reuse is not None and identity is not None:
         os.ftruncate(fd, size)  # a hole at the end, too
         if identity.digest() == reuse.identity:
             state.punched[inode] = (path, reuse.punched)
