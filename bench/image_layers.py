@@ -83,9 +83,11 @@ def build(layers: list[tuple[list[Path], str]], work: Path) -> tuple[Path, list[
     blobs = [work / f"layer{i}.tar.gz" for i in range(len(layers))]
     if archive.exists() and all(b.exists() for b in blobs):
         return archive, blobs
-    digests = []
     for blob, (group, prefix) in zip(blobs, layers, strict=True):
-        with gzip.open(blob, "wb", compresslevel=6) as raw, tarfile.open(fileobj=raw, mode="w|") as tar:
+        if blob.exists():
+            continue  # a kept work directory: only the archive around the blobs is written again
+        partial = blob.with_suffix(".partial")
+        with gzip.open(partial, "wb", compresslevel=6) as raw, tarfile.open(fileobj=raw, mode="w|") as tar:
             for wheel in group:
                 with zipfile.ZipFile(wheel) as zf:
                     for info in zf.infolist():
@@ -96,13 +98,16 @@ def build(layers: list[tuple[list[Path], str]], work: Path) -> tuple[Path, list[
                         member.mode = 0o755 if info.filename.endswith(".so") or ".so." in info.filename else 0o644
                         with zf.open(info) as data:
                             tar.addfile(member, data)
-        digests.append(_sha256(blob))
+        partial.rename(blob)
+    # The config's diff_ids (the uncompressed layers' digests) make it an archive `docker load` and
+    # skopeo accept, so the same image can be pushed to a registry and audited from there.
+    diff_ids = [f"sha256:{_sha256(blob, inflate=True)}" for blob in blobs]
     config = json.dumps(
         {
             "architecture": "amd64",
             "os": "linux",
             "config": {"Env": ["PATH=/usr/bin"]},
-            "rootfs": {"type": "layers", "diff_ids": []},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
         }
     ).encode()
     manifest = [{"Config": "config.json", "RepoTags": ["bench:layers"], "Layers": [b.name for b in blobs]}]
@@ -116,9 +121,9 @@ def build(layers: list[tuple[list[Path], str]], work: Path) -> tuple[Path, list[
     return archive, blobs
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, inflate: bool = False) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with gzip.open(path, "rb") if inflate else open(path, "rb") as handle:
         while piece := handle.read(CHUNK):
             digest.update(piece)
     return digest.hexdigest()

@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import importlib.util
 import io
+import json
 import os
 import threading
 import zlib
@@ -220,7 +221,6 @@ def _save_stream(layout: Path, order: list[str]) -> list[bytes]:
 
 @pytest.mark.parametrize("reverse", [False, True])
 def test_docker_save_stream_applies_layers_as_they_arrive(tmp_path, reverse):
-    import json
 
     from rocm_audit.image import audit
 
@@ -235,21 +235,148 @@ def test_docker_save_stream_applies_layers_as_they_arrive(tmp_path, reverse):
     work.mkdir()
     state = new_state(str(work), ImageOptions(full=True))
     seen_spool: list[int] = []
+    rest_from: list[int] = []
 
     def apply_rest(store, found, start):
         seen_spool.append(len(os.listdir(work / "spool")))
+        rest_from.append(start)
         audit.apply_layers(store, found, state, "img", start)
 
-    found, _store, streamed = _apply_save_stream(layout, order, diff_ids, state, work, apply_rest)
+    found, _store, streamed, early = _apply_save_stream(layout, order, diff_ids, state, work, apply_rest)
     merge.finish(state)
     assert (Path(state.root) / SP / "shared.txt").read_text() == "2"
     assert [s.index for s in state.layers] == [0, 1, 2]
     assert not [f for f in state.findings if f.rule in ("IMG001", "IMG005")]
     assert found.kind == "docker-save+oci"
+    # Every layer is applied before the manifest: nothing is left for after it.
+    assert early == 3 and rest_from == [3]
     if reverse:  # layer 2 and 1 arrive before 0: spooled; 0 streams, then 1 and 2 from the spool
         assert streamed == 1 and seen_spool == [2]
     else:  # in order: nothing spooled at all
         assert streamed == 3 and seen_spool == [0]
+
+
+def _legacy_layout(directory: Path, layers: list[bytes], linked: dict[int, int] | None = None) -> list[str]:
+    """The legacy `docker save` layout of older engines (Debian's docker.io 20.10 writes it):
+    ``<id>/VERSION``, ``<id>/json`` naming the layer id below as ``parent`` (none for the bottom
+    layer), ``<id>/layer.tar`` (a symbolic link to an earlier one for a repeated layer), the config
+    and manifest.json. Returns the layer ids, bottom first."""
+    from support.image.layer_writers import image_config
+
+    ids = [hashlib.sha256(f"v1 {i}".encode() + data).hexdigest() for i, data in enumerate(layers)]
+    for i, layer_id in enumerate(ids):
+        folder = directory / layer_id
+        folder.mkdir(parents=True)
+        (folder / "VERSION").write_text("1.0")
+        document = {"id": layer_id, "created": "1970-01-01T00:00:00Z", "os": "linux"}
+        if i:
+            document["parent"] = ids[i - 1]
+        (folder / "json").write_text(json.dumps(document))
+        if linked and i in linked:
+            (folder / "layer.tar").symlink_to(f"../{ids[linked[i]]}/layer.tar")
+        else:
+            (folder / "layer.tar").write_bytes(layers[i])
+    config = image_config(layers, None)
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    (directory / config_name).write_bytes(config)
+    manifest = [{"Config": config_name, "RepoTags": ["test/image:1"], "Layers": [f"{i}/layer.tar" for i in ids]}]
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return ids
+
+
+def _legacy_order(ids: list[str], layer_order: list[int]) -> list[str]:
+    """Members of the layers in ``layer_order`` (each directory's json before its layer.tar, as the
+    engine writes them), then the config and manifest.json."""
+    parts = ("", "/VERSION", "/json", "/layer.tar")
+    members = [ids[i] + part for i in layer_order for part in parts]
+    return [*members, "CONFIG", "manifest.json"]
+
+
+@pytest.mark.parametrize(
+    ("layer_order", "streamed_count"),
+    [([0, 1, 2, 3], 4), ([3, 2, 1, 0], 1), ([2, 0, 3, 1], 2)],
+    ids=["in-order", "reversed", "shuffled"],
+)
+def test_legacy_save_stream_places_layers_by_their_parents(tmp_path, layer_order, streamed_count):
+    """The legacy layout does not name a layer's place, but each ``<id>/json`` names the layer
+    below: a layer streams when the layers below it came first, a layer that comes early is applied
+    from the spool as soon as they have, and the result is the saved file's."""
+    layers = [
+        layer((f"{SP}/big{i}.bin", os.urandom((2 << 20) + i)), (f"{SP}/shared.txt", f"{i}".encode())) for i in range(4)
+    ]
+    layers[2] = layer((f"{SP}/big2.bin", os.urandom(2 << 20)), (f"{SP}/.wh.big0.bin", b""))
+    folder = tmp_path / "legacy"
+    ids = _legacy_layout(folder, layers)
+    config = next(p.name for p in folder.iterdir() if p.name.endswith(".json") and p.name != "manifest.json")
+    order = [config if name == "CONFIG" else name for name in _legacy_order(ids, layer_order)]
+    diff_ids = ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers]
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(full=True))
+    rest_from: list[int] = []
+
+    def apply_rest(store, found, start):
+        from rocm_audit.image import audit
+
+        rest_from.append(start)
+        audit.apply_layers(store, found, state, "img", start)
+
+    found, _store, streamed, early = _apply_save_stream(folder, order, diff_ids, state, work, apply_rest)
+    merge.finish(state)
+    assert (streamed, early, rest_from) == (streamed_count, 4, [4])
+    assert found.kind == "docker-save"
+    assert [s.name for s in state.layers] == [f"{i}/layer.tar" for i in ids]
+    assert not [f for f in state.findings if f.rule in ("IMG001", "IMG005")]
+    root = Path(state.root) / SP
+    assert (root / "shared.txt").read_text() == "3"
+    assert sorted(p.name for p in root.iterdir()) == ["big1.bin", "big2.bin", "big3.bin", "shared.txt"]
+    assert len(os.listdir(work / "spool")) == 4 - streamed_count  # only what came early was kept
+
+
+def test_legacy_save_stream_leaves_a_repeated_layer_for_the_manifest(tmp_path):
+    """A layer that two places share (a symbolic link to the first copy) has no place before the
+    manifest: it and the layers above it are applied after it, with the saved file's result."""
+    layers = [layer((f"{SP}/big{i}.bin", os.urandom(2 << 20))) for i in range(3)]
+    layers.append(layers[0])  # the same bytes again on top: docker writes a link to the first copy
+    folder = tmp_path / "legacy"
+    ids = _legacy_layout(folder, layers, linked={3: 0})
+    config = next(p.name for p in folder.iterdir() if p.name.endswith(".json") and p.name != "manifest.json")
+    order = [config if name == "CONFIG" else name for name in _legacy_order(ids, [0, 1, 2, 3])]
+    diff_ids = ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers]
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(full=True))
+    found, _store, streamed, early = _apply_save_stream(folder, order, diff_ids, state, work)
+    merge.finish(state)
+    # Layer 0's bytes are layer 3's too: kept, so it and all above it wait for the manifest.
+    assert (streamed, early) == (0, 0)
+    assert [s.index for s in state.layers] == [0, 1, 2, 3]
+    assert not [f for f in state.findings if f.rule in ("IMG001", "IMG005")]
+    assert sorted(p.name for p in (Path(state.root) / SP).iterdir()) == ["big0.bin", "big1.bin", "big2.bin"]
+
+
+def test_legacy_save_stream_that_lies_about_a_parent_is_refused(tmp_path):
+    """An export whose jsons put the layers in other places than its manifest: each layer's
+    digest is not the engine's diff ID for its place (a finding each), and the manifest check
+    refuses the export."""
+    layers = [layer((f"{SP}/big{i}.bin", os.urandom(2 << 20))) for i in range(2)]
+    folder = tmp_path / "legacy"
+    ids = _legacy_layout(folder, layers)
+    for layer_id, parent in ((ids[0], ids[1]), (ids[1], None)):  # the chain turned upside down
+        document = json.loads((folder / layer_id / "json").read_text())
+        document.pop("parent", None)
+        if parent:
+            document["parent"] = parent
+        (folder / layer_id / "json").write_text(json.dumps(document))
+    config = next(p.name for p in folder.iterdir() if p.name.endswith(".json") and p.name != "manifest.json")
+    order = [config if name == "CONFIG" else name for name in _legacy_order(ids, [1, 0])]
+    diff_ids = ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers]
+    work = tmp_path / "work"
+    work.mkdir()
+    state = new_state(str(work), ImageOptions(full=True))
+    with pytest.raises(FormatError, match="does not list"):
+        _apply_save_stream(folder, order, diff_ids, state, work)
+    assert [(f.rule, f.data["layer"]) for f in state.findings if f.rule == "IMG005"] == [("IMG005", 0), ("IMG005", 1)]
 
 
 def _apply_save_stream(layout: Path, order: list[str], diff_ids: list[str], state, work: Path, apply_rest=None):
@@ -278,7 +405,6 @@ def _apply_save_stream(layout: Path, order: list[str], diff_ids: list[str], stat
 
 
 def test_docker_save_stream_reports_a_layer_that_is_not_its_digest(tmp_path):
-    import json
 
     layers = [layer((f"{SP}/big{i}.bin", os.urandom(2 << 20))) for i in range(2)]
     layout = oci_layout(tmp_path / "oci", layers, compress=False, docker_manifest=True)
@@ -294,14 +420,13 @@ def test_docker_save_stream_reports_a_layer_that_is_not_its_digest(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     state = new_state(str(work), ImageOptions(full=True))
-    _, _, streamed = _apply_save_stream(layout, order, diff_ids, state, work)
+    _, _, streamed, _ = _apply_save_stream(layout, order, diff_ids, state, work)
     assert streamed == 2
     assert [(f.rule, f.data["layer"]) for f in state.findings if f.rule == "IMG005"] == [("IMG005", 0)]
 
 
 def test_docker_save_stream_stopped_mid_layer_leaves_no_thread(tmp_path):
     """A limit reached inside a layer applied as it streams: the thread hashing it ends too."""
-    import json
 
     layers = [layer(*((f"{SP}/f{i}.bin", os.urandom(64 << 10)) for i in range(40)))]
     layout = oci_layout(tmp_path / "oci", layers, compress=False, docker_manifest=True)

@@ -14,10 +14,12 @@ Every structural problem raises FormatError naming the member and offset.
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 import os
 import posixpath
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -168,6 +170,16 @@ class TarStore(Store):
     def open(self, name: str) -> _Region:
         start, size = self.members[self._resolve(name)]
         return _Region(self.path, start, size)
+
+
+@contextlib.contextmanager
+def read_again(store: Store, member: str) -> Iterator[tarstream.Readable]:
+    """A layer's tar stream read once more from its start (merge.apply_layer's ``again``)."""
+    raw = store.open(member)
+    try:
+        yield tarstream.decompressed(raw)
+    finally:
+        raw.close()
 
 
 def tarstream_name(name: str) -> str:

@@ -24,7 +24,7 @@ from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.verify import TargetCandidate
 from rocm_audit.image import budget, layerpipe, merge, tarstream, waste, whole
-from rocm_audit.image.archive import ImageLayout, Store, open_store, read_layout
+from rocm_audit.image.archive import ImageLayout, Store, open_store, read_again, read_layout
 from rocm_audit.image.offload import Offload, helper_count
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
@@ -181,7 +181,7 @@ def apply_layers(store: Store, layout: ImageLayout, state: merge.MergeState, lab
                 layer.digest or layer.member,
                 f"{label}:{layer.member}",
                 len(layout.layers),
-                functools.partial(_layer_again, store, layer.member),
+                functools.partial(read_again, store, layer.member),
             )
 
 
@@ -227,16 +227,6 @@ def _layer_blob(store: Store, member: str) -> Iterator[tarstream.Readable]:
     raw = store.open(member)
     try:
         yield raw
-    finally:
-        raw.close()
-
-
-@contextlib.contextmanager
-def _layer_again(store: Store, member: str) -> Iterator[tarstream.Readable]:
-    """A layer's tar stream read once more from its start (merge.apply_layer's ``again``)."""
-    raw = store.open(member)
-    try:
-        yield tarstream.decompressed(raw)
     finally:
         raw.close()
 

@@ -112,7 +112,7 @@ def _history(image: Any) -> list[str]:
 
 def _via_save(image: Any, ref: str, options: ImageOptions, progress: Progress = SILENT) -> CommandOutcome:
     """`docker save` streamed into the audit (image/savestream.py): layers whose place the export
-    shows are applied as they arrive, the others spooled until its manifest (written last)."""
+    shows are applied as they arrive, the others spooled until the layers below them are."""
     from rocm_audit.errors import FormatError  # noqa: PLC0415
     from rocm_audit.image import audit, merge, savestream  # noqa: PLC0415
 
@@ -121,7 +121,7 @@ def _via_save(image: Any, ref: str, options: ImageOptions, progress: Progress = 
         workdir = os.path.dirname(state.root)
         progress.phase("reading the image from the Docker daemon", unit="entries")
         try:
-            layout, _store, streamed = savestream.apply_save_stream(
+            layout, _store, streamed, early = savestream.apply_save_stream(
                 image.save(chunk_size=STREAM_CHUNK, named=True),
                 diff_ids,
                 state,
@@ -136,7 +136,13 @@ def _via_save(image: Any, ref: str, options: ImageOptions, progress: Progress = 
             return audit.failed(ref, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
         except merge.LimitExceeded as exc:
             return audit.failed(ref, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
-        log.info("%s: %d of %d layers applied as they streamed", ref, streamed, len(layout.layers))
+        log.info(
+            "%s: %d of %d layers applied as they streamed, %d more from the spool before the export ended",
+            ref,
+            streamed,
+            len(layout.layers),
+            early - streamed,
+        )
         source: ImageSource = {
             "kind": "daemon",
             "ref": ref,

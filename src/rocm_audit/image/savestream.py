@@ -1,32 +1,41 @@
 """Read a `docker save` export as it streams from the engine: no full copy on disk.
 
-`docker save` writes ``manifest.json`` (the layer order) last, after the layer blobs. The engine's
-image inspection gives the layers' diff IDs in order before the export starts, and Docker 25+
-names each blob by its digest (``blobs/sha256/<hex>``; uncompressed layers, so digest = diff ID).
-So a layer blob is applied while it streams past when its name says it is the next layer in order
-and its digest is used by that one layer only; its digest is checked as it streams. Every other
-member is kept until the manifest arrives: JSON documents in memory, layer blobs in a spool file
-in the private work directory, applied in order once the manifest gives their place: a layer blob
-arriving before one below it, a blob several layers share, and every layer of the legacy layout of
-Docker before 25 (``<id>/layer.tar``, whose name does not say which layer it is). Scratch disk is
-then the spooled blobs only; with Docker 25+ and layers in order, none.
+`docker save` writes ``manifest.json`` (the layer order) last, after the layers, in the order of
+their names (digests or layer ids: no order at all). The engine's image inspection gives the
+layers' diff IDs in order before the export starts, and the export shows where each layer goes
+before its bytes come:
+
+- Docker 25+ names each blob by its digest (``blobs/sha256/<hex>``; uncompressed layers, so
+  digest = diff ID): the layer whose diff ID it is, when no other layer has the same one.
+- The legacy layout of older engines (Debian's and Ubuntu's docker.io: ``<id>/layer.tar``) writes
+  ``<id>/json`` just before each ``<id>/layer.tar``, and that document names the layer id below it
+  (``parent``; none for the bottom layer): the layer's place is its number of ancestors.
+
+A layer whose place is the next one is applied while it streams past; its digest is checked
+against the engine's diff ID for that place as it streams, and the manifest must list it there.
+A layer that arrives before one below it is spooled into the private work directory and applied
+as soon as the layers below it are (still while the export streams); JSON documents stay in
+memory. What no place is known for (a layer two places share, an export that names no parent) is
+applied in order once the manifest arrives. Scratch disk is then the layers that arrived early.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
+import json
 import os
 import posixpath
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.hashing import ThreadedHash
 from rocm_audit.image import tarstream
-from rocm_audit.image.archive import MAX_JSON_BYTES, ImageLayout, Store, _clean, read_layout, tarstream_name
+from rocm_audit.image.archive import MAX_JSON_BYTES, ImageLayout, Store, _clean, read_again, read_layout, tarstream_name
 from rocm_audit.image.merge import MergeState
 
 MAX_MEMORY_MEMBER = 1 << 20  # members up to this size (manifests, configs, index) stay in memory
@@ -141,6 +150,51 @@ class SpoolStore(Store):
         self.files[name] = path
 
 
+class _Places:
+    """Where each layer member of the export goes, from what arrived before it (the module says how)."""
+
+    def __init__(self, diff_ids: list[str]) -> None:
+        self.diff_ids = diff_ids
+        self.uses: dict[str, int] = {}
+        for digest in diff_ids:
+            self.uses[digest] = self.uses.get(digest, 0) + 1
+        self.parents: dict[str, str] = {}  # legacy layer id -> the id below it ("" for the bottom one)
+
+    def note_legacy_json(self, name: str, text: bytes) -> None:
+        """``<id>/json`` of the legacy layout: remember the layer below ``<id>``."""
+        layer_id = posixpath.dirname(name)
+        try:
+            document = json.loads(text)
+        except (ValueError, UnicodeDecodeError):
+            return  # no place for this layer before the manifest: it waits for it
+        parent = document.get("parent", "") if isinstance(document, dict) else None
+        if isinstance(parent, str) and document.get("id") == layer_id:
+            self.parents[layer_id] = parent
+
+    def place(self, name: str) -> int | None:
+        """The layer index of member ``name`` when the export has shown it, else None."""
+        if name.startswith(_BLOB):
+            digest = "sha256:" + name[len(_BLOB) :]
+            index = self.diff_ids.index(digest) if digest in self.uses else None
+        elif posixpath.basename(name) == "layer.tar":
+            index = self._depth(posixpath.dirname(name))
+        else:
+            return None
+        if index is None or index >= len(self.diff_ids) or self.uses[self.diff_ids[index]] != 1:
+            return None  # a layer two places share is read from the spool once the manifest says which
+        return index
+
+    def _depth(self, layer_id: str) -> int | None:
+        depth = 0
+        while (parent := self.parents.get(layer_id)) is not None:
+            if parent == "":
+                return depth
+            layer_id, depth = parent, depth + 1
+            if depth >= len(self.diff_ids):
+                return None  # a loop, or a chain longer than the image
+        return None
+
+
 def apply_save_stream(
     chunks: Iterable[bytes],
     diff_ids: list[str],
@@ -151,20 +205,53 @@ def apply_save_stream(
     again: Callable[[str], AbstractContextManager[tarstream.Readable]],
     apply_rest: Callable[[Store, ImageLayout, int], None],
     max_bytes: int,
-) -> tuple[ImageLayout, Store, int]:
+) -> tuple[ImageLayout, Store, int, int]:
     """Apply the export's layers over ``state.root``: while streaming where the order allows,
     the rest from the spool once ``manifest.json`` arrives. ``apply(state, stream, digest, index,
     name, where, count, again)`` applies one layer (audit.apply_layer_stream); ``again(member)``
     streams one member once more from a new export; ``apply_rest(store, layout, start)`` applies
-    the spooled layers from ``start`` on. Returns the layout, the store and how many layers were
-    applied while streaming. Raises FormatError for an unusable export, UsageError past max_bytes."""
+    the layers from ``start`` on after the manifest. Returns the layout, the store, how many layers
+    were applied as they streamed past and how many before the manifest (those and the spooled
+    ones whose layers below came first). Raises FormatError for an unusable export, UsageError past
+    max_bytes."""
     spool = os.path.join(workdir, "spool")
     os.mkdir(spool, 0o700)
     store = SpoolStore(spool, label)
-    uses: dict[str, int] = {}
-    for digest in diff_ids:
-        uses[digest] = uses.get(digest, 0) + 1
-    streamed: list[str] = []  # members applied while streaming, in layer order
+    places = _Places(diff_ids)
+    applied: list[str] = []  # members applied before the manifest, in layer order
+    early: list[str] = []  # layer members kept in the store, applied once the layers below them are
+    streamed = 0
+
+    def apply_member(stream: _MemberStream, name: str, member_again: Callable[[], Any]) -> None:
+        index = len(applied)
+        legacy = not name.startswith(_BLOB)  # its layers are named by the manifest, as from a saved file
+        try:
+            apply(
+                state,
+                stream,
+                stream.digest,
+                index,
+                name if legacy else stream.digest,
+                f"{label}:{name}",
+                len(diff_ids),
+                member_again,
+            )
+            stream.finish()
+        finally:
+            stream.close()
+        applied.append(name)
+
+    def apply_early() -> None:
+        while early:
+            ready = [name for name in early if places.place(name) == len(applied)]
+            if not ready:
+                return
+            early.remove(ready[0])
+            with store.open(ready[0]) as kept:
+                pieces = iter(functools.partial(kept.read, tarstream.CHUNK), b"")
+                stream = _MemberStream(pieces, diff_ids[len(applied)])
+                apply_member(stream, ready[0], functools.partial(read_again, store, ready[0]))
+
     reader = ChunkReader(chunks, max_bytes, label)
     for entry, data in tarstream.iter_entries(reader):
         name = tarstream_name(entry.name)
@@ -174,45 +261,30 @@ def apply_save_stream(
             continue
         if entry.kind != tarstream.REGULAR:
             continue
-        digest = "sha256:" + name[len(_BLOB) :] if name.startswith(_BLOB) else ""
-        index = len(streamed)
-        if (
-            digest
-            and index < len(diff_ids)
-            and diff_ids[index] == digest
-            and uses[digest] == 1
-            and entry.size > MAX_MEMORY_MEMBER
-        ):
-            stream = _MemberStream(data, digest)
-            try:
-                apply(
-                    state,
-                    stream,
-                    digest,
-                    index,
-                    digest,
-                    f"{label}:{name}",
-                    len(diff_ids),
-                    functools_partial(again, name),
-                )
-                stream.finish()
-            finally:
-                stream.close()
-            streamed.append(name)
+        index = places.place(name)
+        if index is not None and index == len(applied) and entry.size > MAX_MEMORY_MEMBER:
+            apply_member(_MemberStream(data, diff_ids[index]), name, functools_partial(again, name))
+            streamed += 1
+            apply_early()
             continue
         store.keep(name, data, entry.size)
+        if posixpath.basename(name) == "json" and name in store.memory:
+            places.note_legacy_json(name, store.memory[name])
+        if name.startswith(_BLOB) or posixpath.basename(name) == "layer.tar":
+            early.append(name)
+        apply_early()
     if not store.exists("manifest.json"):
         raise FormatError("image", reader.total, f"{label}: the export has no manifest.json")
     if store.size("manifest.json") > MAX_JSON_BYTES:
         raise FormatError("image", 0, f"{label}: manifest.json is too large")
     layout = read_layout(store, None)
-    for index, member in enumerate(streamed):
+    for index, member in enumerate(applied):
         if index >= len(layout.layers) or layout.layers[index].member != member:
             raise FormatError(
                 "image", 0, f"{label}: manifest.json does not list {member} as layer {index}, as the engine said"
             )
-    apply_rest(store, layout, len(streamed))
-    return layout, store, len(streamed)
+    apply_rest(store, layout, len(applied))
+    return layout, store, streamed, len(applied)
 
 
 def functools_partial(
