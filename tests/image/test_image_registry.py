@@ -2,7 +2,8 @@
 
 A real registry (Debian's docker-registry, the distribution project's server) runs on loopback
 with its storage in a temporary directory and is stopped by PID; images are pushed into it with
-skopeo from docker-save archives the test writes. The token flow runs against a small registry of
+skopeo from docker-save archives the test writes; a second one asks for Basic credentials (an
+htpasswd file). The token flow runs against a small registry of
 the test's own (http.server on loopback): docker-registry's token auth needs a signing certificate
 and a token server, while the client's part of the flow (401 with a Bearer challenge, a token from
 the realm with the Docker config's credentials, the token on every request, no credentials sent
@@ -21,6 +22,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -81,19 +83,105 @@ def registry(tmp_path_factory):
         process.wait(timeout=10)
 
 
-def push(archive: Path, host: str, name: str) -> None:
+def push(archive: Path, host: str, name: str, creds: str | None = None) -> None:
     subprocess.run(
         [
             "skopeo",
             "copy",
             "--quiet",
             "--dest-tls-verify=false",
+            *([f"--dest-creds={creds}"] if creds else []),
             f"docker-archive:{archive}",
             f"docker://{host}/{name}",
         ],
         check=True,
         capture_output=True,
     )
+
+
+def _bcrypt(password: str) -> str:
+    """A bcrypt hash for docker-registry's htpasswd file, from the system's libcrypt (libxcrypt:
+    ``$2b$``), the library behind crypt(3); Python's own crypt module is going away."""
+    import ctypes
+
+    libcrypt = ctypes.CDLL("libcrypt.so.1")
+    libcrypt.crypt.restype = ctypes.c_char_p
+    alphabet = b"./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+    salt = bytes(alphabet[b % 64] for b in os.urandom(22))
+    hashed = libcrypt.crypt(password.encode(), b"$2b$05$" + salt)
+    assert hashed and hashed.startswith(b"$2b$05$"), hashed
+    return hashed.decode()
+
+
+@pytest.fixture(scope="module")
+def basic_registry(tmp_path_factory):
+    """docker-registry that asks for Basic credentials (an htpasswd file: robot / the password)."""
+    _tools_or_skip()
+    base = tmp_path_factory.mktemp("basic-registry")
+    password = base64.b32encode(os.urandom(10)).decode()
+    (base / "htpasswd").write_text(f"robot:{_bcrypt(password)}\n")
+    port = _free_port()
+    config = base / "config.yml"
+    config.write_text(
+        "version: 0.1\n"
+        "log:\n  level: error\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {base / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+        f"auth:\n  htpasswd:\n    realm: rocm-audit-test\n    path: {base / 'htpasswd'}\n"
+    )
+    process = subprocess.Popen(
+        ["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
+            except urllib.error.HTTPError as answer:
+                if answer.code == 401:  # up, and asking for credentials
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("docker-registry did not answer on /v2/ within 10 s")
+        yield {"host": f"127.0.0.1:{port}", "password": password}
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _docker_config(directory: Path, host: str, user: str, password: str) -> Path:
+    directory.mkdir()
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    (directory / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+    return directory
+
+
+def test_a_real_registry_with_basic_auth_and_what_a_refusal_tells(run_cli, basic_registry, libs, tmp_path, monkeypatch):
+    """Docker's own Basic flow against the real server: the credentials of the Docker config file
+    read the image; none, or wrong ones, give one finding that says what to do."""
+    host, password = basic_registry["host"], basic_registry["password"]
+    archive = docker_save(tmp_path / "save.tar", sdk_layers(libs, b"basic"), tag="team/app:1")
+    push(archive, host, "team/app:1", creds=f"robot:{password}")
+    ref = f"registry://{host}/team/app:1"
+    arguments = ("image", ref, "--insecure-registry", host, "--format", "json")
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "none"))
+    refused = run_cli(*arguments).report["findings"]
+    assert [f["rule"] for f in refused] == ["IMG001"]
+    assert f"no credentials for {host} in the Docker config file; `docker login {host}`" in refused[0]["message"]
+    assert "offset" not in refused[0]["message"]
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(_docker_config(tmp_path / "wrong", host, "robot", password + "x")))
+    wrong = run_cli(*arguments).report["findings"]
+    assert [f["rule"] for f in wrong] == ["IMG001"]
+    assert "HTTP 401" in wrong[0]["message"] and "refused the credentials" in wrong[0]["message"]
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(_docker_config(tmp_path / "right", host, "robot", password)))
+    report = run_cli(*arguments, expect=1).report
+    from_archive = run_cli("image", "--archive", str(archive), "--format", "json", expect=1).report
+    assert findings_of(report) == findings_of(from_archive)
+    assert not [f for f in report["findings"] if f["rule"] in ("IMG001", "IMG005")]
+    assert len(report["image"]["layers"]) == 3
 
 
 @pytest.fixture(scope="module")

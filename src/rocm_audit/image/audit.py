@@ -137,8 +137,9 @@ def audit_registry(
         try:
             store, layout = registry.read_image(ref, wanted_platform, insecure_hosts)
             apply_layers(store, layout, state, text)
-        except FormatError as exc:
-            return failed(text, state, "IMG001", exc.message, {"offset": exc.offset, "format": exc.fmt})
+        except FormatError as exc:  # a registry's answer has no offset worth a word
+            message = exc.reason if exc.fmt == "registry" else exc.message
+            return failed(text, state, "IMG001", message, {"offset": exc.offset, "format": exc.fmt})
         except merge.LimitExceeded as exc:
             return failed(text, state, "IMG004", exc.message, {"offset": state.limits.bytes_read})
         source: ImageSource = {

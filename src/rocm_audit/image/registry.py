@@ -98,8 +98,12 @@ def parse_platform(text: str) -> tuple[str, str, str | None]:
     return parts[0], parts[1], parts[2] if len(parts) == 3 else None
 
 
+HELPER_ONLY = ("", "")  # no credentials for the host, but the file names a credential helper
+
+
 def docker_config_auth(host: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
-    """(user, password) for ``host`` from the Docker config file's ``auths``, or None."""
+    """(user, password) for ``host`` from the Docker config file's ``auths``; None when it has
+    none; HELPER_ONLY when it has none but names a credential helper (not run: out of scope)."""
     env = os.environ if environ is None else environ
     directory = env.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
     path = os.path.join(directory, "config.json")
@@ -125,6 +129,7 @@ def docker_config_auth(host: str, environ: dict[str, str] | None = None) -> tupl
             return entry["username"], entry["password"]
     if config.get("credHelpers") or config.get("credsStore"):
         log.info("%s: the Docker config names a credential helper; helpers are not run", host)
+        return HELPER_ONLY
     return None
 
 
@@ -138,6 +143,7 @@ class Client:
     scheme: str = ""  # "https" or "http", decided on the first request
     tokens: dict[str, str] = field(default_factory=dict)  # scope -> bearer token
     basic: bool = False  # the registry asked for Basic
+    helper_named: bool = False  # the Docker config file names a credential helper (not run)
 
     def _connect(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
         if scheme == "http":
@@ -204,7 +210,18 @@ class Client:
                 auth_rounds += 1
                 if self._answer(response.getheader("WWW-Authenticate") or "", scope):
                     continue
-            raise FormatError("registry", 0, f"{self.host}: GET {path}: {_status(response.status, body)}")
+            status = _status(response.status, body)
+            if response.status == 401:
+                status += f": {self._login_hint()}"
+            raise FormatError("registry", 0, f"{self.host}: GET {path}: {status}")
+
+    def _login_hint(self) -> str:
+        """What a refused request asks of the user: credentials, other credentials, or a helper's."""
+        if self.credentials is not None:
+            return f"the registry refused the credentials the Docker config file has for {self.host}"
+        helper = " (it names a credential helper, which rocm-audit does not run)" if self.helper_named else ""
+        where = f"{self.host} in the Docker config file{helper}"
+        return f"no credentials for {where}; `docker login {self.host}` writes them"
 
     def _authorization(self, scope: str) -> str:
         token = self.tokens.get(scope)
@@ -345,7 +362,12 @@ def read_image(
     ref: RegistryRef, platform: tuple[str, str, str | None], insecure_hosts: frozenset[str]
 ) -> tuple[RegistryStore, ImageLayout]:
     """Resolve the reference to one image manifest (through indexes) and read its config."""
-    client = Client(ref.host, insecure=ref.host in insecure_hosts, credentials=docker_config_auth(ref.host))
+    credentials = docker_config_auth(ref.host)
+    client = Client(ref.host, insecure=ref.host in insecure_hosts)
+    if credentials is HELPER_ONLY:
+        client.helper_named = True
+    else:
+        client.credentials = credentials
     store = RegistryStore(client, ref)
     accept = MANIFEST_TYPES + INDEX_TYPES
     path = f"/v2/{ref.repository}/manifests/{ref.reference}"

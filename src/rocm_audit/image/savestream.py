@@ -195,6 +195,52 @@ class _Places:
         return None
 
 
+class _InOrder:
+    """Applies the export's layers in their order as soon as each one's turn comes (a layer that
+    arrives early waits in the store): ``applied`` names them in layer order."""
+
+    def __init__(self, places: _Places, store: SpoolStore, apply: Callable[..., None], state: MergeState) -> None:
+        self.places = places
+        self.store = store
+        self.apply = apply
+        self.state = state
+        self.applied: list[str] = []
+        self.early: list[str] = []  # layer members kept in the store, waiting for the layers below
+
+    def now(self, name: str, data: Iterable[bytes], again: Callable[[], Any]) -> None:
+        """Apply member ``name`` (its turn has come), its digest checked as it streams."""
+        stream = _MemberStream(data, self.places.diff_ids[len(self.applied)])
+        legacy = not name.startswith(_BLOB)  # its layers are named by the manifest, as from a saved file
+        try:
+            self.apply(
+                self.state,
+                stream,
+                stream.digest,
+                len(self.applied),
+                name if legacy else stream.digest,
+                f"{self.store.label}:{name}",
+                len(self.places.diff_ids),
+                again,
+            )
+            stream.finish()
+        finally:
+            stream.close()
+        self.applied.append(name)
+
+    def kept(self, name: str) -> None:
+        """Member ``name`` went to the store: apply it and what waited for it, when their turn has come."""
+        if name.startswith(_BLOB) or posixpath.basename(name) == "layer.tar":
+            self.early.append(name)
+        self.from_store()
+
+    def from_store(self) -> None:
+        while ready := [name for name in self.early if self.places.place(name) == len(self.applied)]:
+            self.early.remove(ready[0])
+            with self.store.open(ready[0]) as kept:
+                pieces = iter(functools.partial(kept.read, tarstream.CHUNK), b"")
+                self.now(ready[0], pieces, functools.partial(read_again, self.store, ready[0]))
+
+
 def apply_save_stream(
     chunks: Iterable[bytes],
     diff_ids: list[str],
@@ -218,40 +264,8 @@ def apply_save_stream(
     os.mkdir(spool, 0o700)
     store = SpoolStore(spool, label)
     places = _Places(diff_ids)
-    applied: list[str] = []  # members applied before the manifest, in layer order
-    early: list[str] = []  # layer members kept in the store, applied once the layers below them are
+    layers = _InOrder(places, store, apply, state)
     streamed = 0
-
-    def apply_member(stream: _MemberStream, name: str, member_again: Callable[[], Any]) -> None:
-        index = len(applied)
-        legacy = not name.startswith(_BLOB)  # its layers are named by the manifest, as from a saved file
-        try:
-            apply(
-                state,
-                stream,
-                stream.digest,
-                index,
-                name if legacy else stream.digest,
-                f"{label}:{name}",
-                len(diff_ids),
-                member_again,
-            )
-            stream.finish()
-        finally:
-            stream.close()
-        applied.append(name)
-
-    def apply_early() -> None:
-        while early:
-            ready = [name for name in early if places.place(name) == len(applied)]
-            if not ready:
-                return
-            early.remove(ready[0])
-            with store.open(ready[0]) as kept:
-                pieces = iter(functools.partial(kept.read, tarstream.CHUNK), b"")
-                stream = _MemberStream(pieces, diff_ids[len(applied)])
-                apply_member(stream, ready[0], functools.partial(read_again, store, ready[0]))
-
     reader = ChunkReader(chunks, max_bytes, label)
     for entry, data in tarstream.iter_entries(reader):
         name = tarstream_name(entry.name)
@@ -261,30 +275,27 @@ def apply_save_stream(
             continue
         if entry.kind != tarstream.REGULAR:
             continue
-        index = places.place(name)
-        if index is not None and index == len(applied) and entry.size > MAX_MEMORY_MEMBER:
-            apply_member(_MemberStream(data, diff_ids[index]), name, functools_partial(again, name))
+        if places.place(name) == len(layers.applied) and entry.size > MAX_MEMORY_MEMBER:
+            layers.now(name, data, functools_partial(again, name))
             streamed += 1
-            apply_early()
+            layers.from_store()
             continue
         store.keep(name, data, entry.size)
         if posixpath.basename(name) == "json" and name in store.memory:
             places.note_legacy_json(name, store.memory[name])
-        if name.startswith(_BLOB) or posixpath.basename(name) == "layer.tar":
-            early.append(name)
-        apply_early()
+        layers.kept(name)
     if not store.exists("manifest.json"):
         raise FormatError("image", reader.total, f"{label}: the export has no manifest.json")
     if store.size("manifest.json") > MAX_JSON_BYTES:
         raise FormatError("image", 0, f"{label}: manifest.json is too large")
     layout = read_layout(store, None)
-    for index, member in enumerate(applied):
+    for index, member in enumerate(layers.applied):
         if index >= len(layout.layers) or layout.layers[index].member != member:
             raise FormatError(
                 "image", 0, f"{label}: manifest.json does not list {member} as layer {index}, as the engine said"
             )
-    apply_rest(store, layout, len(applied))
-    return layout, store, streamed, len(applied)
+    apply_rest(store, layout, len(layers.applied))
+    return layout, store, streamed, len(layers.applied)
 
 
 def functools_partial(
