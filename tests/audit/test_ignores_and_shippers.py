@@ -148,3 +148,5 @@ def test_a_baseline_made_in_one_root_holds_in_another(run_cli, pip_site, tmp_pat
     bogus = tmp_path / "bogus.json"
     bogus.write_text("{}")
     assert "not a baseline" in run_cli("check", "-p", str(moved), "--baseline", str(bogus), expect=2).output
+    bogus.write_text("[" * 100_000)  # nested past Python's recursion limit
+    assert "nested too deeply" in run_cli("check", "-p", str(moved), "--baseline", str(bogus), expect=2).output

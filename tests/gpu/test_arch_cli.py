@@ -94,6 +94,11 @@ def test_targets_from_gpu_arch_then_dist_info_then_usage_error(run_cli, sdk_tree
     assert from_env.report["carriers"][0]["missing"] == ["gfx950"]
     explicit = run_cli("verify-arch", "gfx90a", "-p", str(sdk_tree), "--format", "json", expect=0)
     assert [t["target"] for t in explicit.report["targets"]] == ["gfx90a"]
+    # A dist_info.json nested past Python's recursion limit: a usage error naming it, no traceback.
+    monkeypatch.delenv("GPU_ARCH")
+    (sdk_tree / "_rocm_sdk_core" / "share" / "therock" / "dist_info.json").write_text("[" * 100_000)
+    nested = run_cli("verify-arch", "-p", str(sdk_tree), expect=2)
+    assert "dist_info.json: JSON nested too deeply" in nested.output and "Traceback" not in nested.output
 
 
 def test_unknown_targets_are_usage_errors_listing_known_ones(run_cli, sdk_tree):

@@ -131,6 +131,7 @@ def test_policy_setting_changes_the_keeper_and_is_listed_with_its_source(sdk, ru
         ('[policy.dedup]\nkinds = ["executable"]\n', ":2 [policy.dedup.kinds]", "executables are never linked"),
         ("[policy.nope]\nx = 1\n", ":1 [policy.nope]", "unknown policy area"),
         ('[rules.DUP001\nseverity = "error"\n', ":1", "not valid TOML"),
+        ("a = " + "[" * 100_000, "", "nested too deeply"),
     ],
 )
 def test_bad_rules_files_are_usage_errors_naming_file_line_and_key(sdk, run_cli, tmp_path, text, where, reason):

@@ -32,6 +32,8 @@ def parse_baseline(text: str, source: str) -> set[str]:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(source, f"not a baseline (JSON: {exc.msg}, line {exc.lineno})") from None
+    except RecursionError:  # "[[[[...": Python's parser recurses per level
+        raise ConfigError(source, "not a baseline (JSON nested too deeply)") from None
     if not isinstance(document, dict) or document.get("format") != BASELINE_FORMAT:
         raise ConfigError(source, f"not a baseline: its format is not {BASELINE_FORMAT!r} (--write-baseline makes one)")
     entries = document.get("findings")

@@ -201,6 +201,8 @@ def _targets_from_dist_info(path: str) -> list[str]:
         document = json.loads(read_small(path, MAX_DIST_INFO_BYTES))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
+    except RecursionError:  # "[[[[...": Python's parser recurses per level
+        raise UsageError(f"cannot read {path}: JSON nested too deeply") from None
     value = document.get("dist_amdgpu_targets") if isinstance(document, dict) else None
     if isinstance(value, str):
         return split_target_args([value])

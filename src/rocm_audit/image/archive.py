@@ -98,6 +98,8 @@ class Store(abc.ABC):
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise FormatError("json", getattr(exc, "pos", 0) or 0, f"{self.label}: {name}: {exc}") from None
+        except RecursionError:  # "[[[[..." of a hostile archive: Python's parser recurses per level
+            raise FormatError("json", 0, f"{self.label}: {name}: nested too deeply") from None
 
 
 class DirStore(Store):

@@ -110,7 +110,7 @@ def docker_config_auth(host: str, environ: dict[str, str] | None = None) -> tupl
     try:
         with open(path, "rb") as handle:
             config = json.loads(handle.read(MAX_DOCUMENT_BYTES))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
     auths = config.get("auths") if isinstance(config, dict) else None
     if not isinstance(auths, dict):
@@ -271,7 +271,7 @@ class Client:
             raise FormatError("registry", 0, f"{self.host}: token service: {_status(response.status, body)}")
         try:
             answer = json.loads(body[:MAX_DOCUMENT_BYTES])
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply
             answer = None
         token = answer.get("token") or answer.get("access_token") if isinstance(answer, dict) else None
         if not isinstance(token, str) or not token:
@@ -299,7 +299,7 @@ def _status(status: int, body: bytes) -> str:
     try:
         errors = json.loads(body).get("errors") or []
         detail = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict))[:300]
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, TypeError, RecursionError):  # any body a server sends
         pass
     return f"HTTP {status}" + (f" ({detail})" if detail else "")
 
@@ -309,6 +309,8 @@ def _json(body: bytes, what: str) -> dict[str, Any]:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise FormatError("json", 0, f"{what}: {exc}") from None
+    except RecursionError:  # "[[[[..." from a hostile server: Python's parser recurses per level
+        raise FormatError("json", 0, f"{what}: nested too deeply") from None
     if not isinstance(value, dict):
         raise FormatError("image", 0, f"{what} is not a JSON object")
     return value

@@ -165,7 +165,7 @@ class _Places:
         layer_id = posixpath.dirname(name)
         try:
             document = json.loads(text)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply
             return  # no place for this layer before the manifest: it waits for it
         parent = document.get("parent", "") if isinstance(document, dict) else None
         if isinstance(parent, str) and document.get("id") == layer_id:

@@ -491,7 +491,7 @@ def _devel_mirror(
     for manifest in [p for p in distribution.files if os.path.basename(os.path.dirname(p)) == ".devel_links"]:
         try:
             links = json.loads(read_small(manifest, MAX_DEVEL_LINKS_BYTES)).get("links", [])
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: nested too deeply
             continue
         libraries_root = os.path.dirname(os.path.dirname(manifest))
         for link in links if isinstance(links, list) else []:

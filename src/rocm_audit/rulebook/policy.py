@@ -180,6 +180,8 @@ def _read_rules_file(path: str) -> tuple[str, dict[str, Any]]:
     except tomllib.TOMLDecodeError as exc:
         match = re.search(r"line (\d+)", str(exc))
         raise ConfigError(path, f"not valid TOML: {exc}", line=int(match.group(1)) if match else None) from None
+    except RecursionError:  # "a = [[[[...": Python's parser recurses per level
+        raise ConfigError(path, "not valid TOML: nested too deeply") from None
     return text, document
 
 
