@@ -405,16 +405,32 @@ class _FakeRegistry(http.server.BaseHTTPRequestHandler):
 
 
 class _Storage(http.server.BaseHTTPRequestHandler):
+    """Where blobs are served. ``cuts``: blob name -> how many more of its answers stop halfway
+    through (the connection closes with the announced length not sent); ``ranges``: whether a
+    Range request gets its part (206) or, as some servers answer, the whole blob (200)."""
+
+    cuts: dict[str, int] = {}
+    ranges = True
+
     def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:
         _FakeRegistry.seen.append(("storage", self.path, self.headers.get("Authorization", "")))
-        body = _FakeRegistry.blobs.get(self.path.rsplit("/", 1)[-1])
-        self.send_response(200 if body is not None else 404)
-        self.send_header("Content-Length", str(len(body or b"")))
+        name = self.path.rsplit("/", 1)[-1]
+        body = _FakeRegistry.blobs.get(name)
+        asked = self.headers.get("Range", "")
+        start = int(asked.removeprefix("bytes=").rstrip("-")) if asked and self.ranges and body is not None else 0
+        part = (body or b"")[start:]
+        self.send_response(404 if body is None else 206 if start else 200)
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        self.send_header("Content-Length", str(len(part)))
         self.end_headers()
-        self.wfile.write(body or b"")
+        if self.cuts.get(name, 0) > 0:
+            self.cuts[name] -= 1
+            part = part[: len(part) // 2]  # and the connection closes (HTTP/1.0: one answer each)
+        self.wfile.write(part)
 
 
 @pytest.fixture
@@ -429,6 +445,7 @@ def fake_registry(libs, tmp_path, monkeypatch):
         "/v2/test/secret/manifests/1": (manifest, "application/vnd.oci.image.manifest.v1+json"),
     }
     _FakeRegistry.seen = []
+    _Storage.cuts, _Storage.ranges = {}, True
     servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in (_FakeRegistry, _Storage)]
     _FakeRegistry.storage_port = servers[1].server_address[1]
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
@@ -462,6 +479,42 @@ def test_token_and_basic_auth_with_the_docker_config(run_cli, fake_registry, mod
     assert all(authorization == "" for _, _, authorization in storage)  # no credentials leave the host
     if mode == "bearer":
         assert any(path.startswith("/token") for _, path, _ in _FakeRegistry.seen)
+
+
+@pytest.mark.parametrize("ranges", [True, False], ids=["range-requests", "server-ignores-range"])
+def test_a_layer_download_cut_short_reads_on_where_it_stopped(run_cli, fake_registry, ranges, monkeypatch):
+    """Every layer blob's first two answers stop halfway: each is asked again from the byte it
+    stopped at (or read past it when the server answers a Range request with the whole blob), and
+    the audit equals an undisturbed one, every digest checked."""
+    host, _ = fake_registry
+    arguments = ("image", f"registry://{host}/test/secret:1", "--insecure-registry", host, "--format", "json")
+    undisturbed = run_cli(*arguments, expect=1).report
+    manifest = json.loads(_FakeRegistry.documents["/v2/test/secret/manifests/1"][0])
+    layers = [descriptor["digest"] for descriptor in manifest["layers"]]
+    _FakeRegistry.seen = []
+    monkeypatch.setattr(_Storage, "cuts", dict.fromkeys(layers, 2))
+    monkeypatch.setattr(_Storage, "ranges", ranges)
+    resumed = run_cli(*arguments, expect=1).report
+    assert findings_of(resumed) == findings_of(undisturbed)
+    assert not [f for f in resumed["findings"] if f["rule"] in ("IMG001", "IMG005")]
+    assert resumed["image"]["waste"] == undisturbed["image"]["waste"]
+    for digest in layers:
+        asked = [path for server, path, _ in _FakeRegistry.seen if server == "registry" and path.endswith(digest)]
+        assert len(asked) == 3, asked  # the first answer and two resumes, each through the registry
+
+
+def test_a_layer_download_that_keeps_breaking_is_unreadable_not_retried_forever(run_cli, fake_registry, monkeypatch):
+    host, _ = fake_registry
+    manifest = json.loads(_FakeRegistry.documents["/v2/test/secret/manifests/1"][0])
+    broken = manifest["layers"][1]["digest"]
+    monkeypatch.setattr(_Storage, "cuts", {broken: 100})
+    arguments = ("image", f"registry://{host}/test/secret:1", "--insecure-registry", host, "--format", "json")
+    report = run_cli(*arguments, expect=1).report
+    unreadable = [f for f in report["findings"] if f["rule"] == "IMG001"]
+    assert len(unreadable) == 1 and "layer 1 is unreadable" in unreadable[0]["message"]
+    assert "closed" in unreadable[0]["message"] and "resumed 3 times" in unreadable[0]["message"]
+    assert _Storage.cuts[broken] == 100 - 4  # the first answer and three resumes
+    assert len(report["image"]["layers"]) == 3  # the other layers are still read
 
 
 def test_wrong_credentials_are_reported_not_retried_forever(run_cli, fake_registry, monkeypatch, tmp_path):

@@ -42,6 +42,7 @@ PREFIX = "registry://"
 MAX_DOCUMENT_BYTES = 4 << 20  # a manifest, an index, a config, a token answer
 MAX_REDIRECTS = 5
 MAX_AUTH_ROUNDS = 2
+MAX_RESUMES = 3  # a layer blob opened again where its connection broke, at most this often
 MAX_INDEX_DEPTH = 2
 TIMEOUT = 60.0
 MANIFEST_TYPES = (
@@ -173,15 +174,18 @@ class Client:
             connection.close()
         return self.scheme
 
-    def get(self, path: str, accept: tuple[str, ...] = (), scope: str = "") -> http.client.HTTPResponse:
-        """GET ``path`` of the registry, following redirects and auth challenges (bounded).
-        Returns a response with status 200; raises FormatError for any other answer."""
+    def get(self, path: str, accept: tuple[str, ...] = (), scope: str = "", start: int = 0) -> http.client.HTTPResponse:
+        """GET ``path`` of the registry, following redirects and auth challenges (bounded); from
+        byte ``start`` on when it is not 0 (a Range request). Returns a response with status 200,
+        or 206 for a Range request; raises FormatError for any other answer."""
         url = f"{self._scheme()}://{self.host}{path}"
         auth_rounds = 0
         redirects = 0
         while True:
             parts = urllib.parse.urlsplit(url)
             headers = {"User-Agent": "rocm-audit", "Accept": ", ".join(accept) or "*/*"}
+            if start:
+                headers["Range"] = f"bytes={start}-"
             if parts.netloc == self.host:
                 authorization = self._authorization(scope)
                 if authorization:
@@ -195,7 +199,7 @@ class Client:
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
                 raise FormatError("registry", 0, f"{self.host}: GET {path}: {exc}") from None
-            if response.status == 200:
+            if response.status == 200 or (start and response.status == 206):
                 return response
             body = response.read(MAX_DOCUMENT_BYTES)
             connection.close()
@@ -337,24 +341,64 @@ class RegistryStore(Store):
     def size(self, name: str) -> int:
         raise FormatError("image", 0, f"{self.label}: blob sizes are not read")
 
+    def blob_path(self, name: str) -> str:
+        return f"/v2/{self.ref.repository}/blobs/{name}"
+
     def open(self, name: str) -> _Body:  # type: ignore[override]
-        response = self.client.get(f"/v2/{self.ref.repository}/blobs/{name}", (), self.scope)
-        return _Body(response, self.label, name)
+        return _Body(self, name, self.client.get(self.blob_path(name), (), self.scope))
 
 
 class _Body:
-    """A blob's response body: network errors become FormatError (the layer is unreadable)."""
+    """A layer blob's response body. A connection that breaks, or ends before the length it
+    announced, is opened again where it stopped (a Range request; MAX_RESUMES times at most): a
+    layer of gigabytes survives a network hiccup. The layer's digest is taken over the bytes as
+    they are read, so a resumed blob is checked like any other. Other failures become FormatError
+    (the layer is unreadable)."""
 
-    def __init__(self, response: http.client.HTTPResponse, label: str, name: str) -> None:
-        self.response = response
-        self.label = label
+    def __init__(self, store: RegistryStore, name: str, response: http.client.HTTPResponse) -> None:
+        self.store = store
         self.name = name
+        self.response = response
+        self.position = 0  # bytes of the blob handed out
+        self.resumes = 0
 
     def read(self, size: int = -1, /) -> bytes:
-        try:
-            return self.response.read(tarstream.CHUNK if size < 0 else size)
-        except (OSError, http.client.HTTPException) as exc:
-            raise FormatError("registry", 0, f"{self.label}: {self.name}: {exc}") from None
+        size = tarstream.CHUNK if size < 0 else size
+        while True:
+            try:
+                piece = self.response.read(size)
+            except (OSError, http.client.HTTPException) as exc:
+                self._resume(str(exc) or type(exc).__name__)
+                continue
+            if piece or not self.response.length:  # length: what the response announced and has not sent
+                self.position += len(piece)
+                return piece
+            self._resume(f"the connection closed {self.response.length} bytes early")
+
+    def _resume(self, reason: str) -> None:
+        where = f"{self.store.label}: {self.name}"
+        if self.resumes >= MAX_RESUMES:
+            raise FormatError("registry", self.position, f"{where}: {reason} (resumed {MAX_RESUMES} times)")
+        self.resumes += 1
+        log.info("%s: %s at byte %d; reading on from there", where, reason, self.position)
+        self.response.close()
+        response = self.store.client.get(self.store.blob_path(self.name), (), self.store.scope, self.position)
+        if response.status == 206:
+            answered = (response.getheader("Content-Range") or "").removeprefix("bytes ").split("-", 1)[0]
+            if answered != str(self.position):
+                response.close()
+                raise FormatError(
+                    "registry", self.position, f"{where}: asked for byte {self.position} on, got {answered!r}"
+                )
+        else:  # 200: the server ignores Range; what was read already is read past
+            skip = self.position
+            while skip:
+                piece = response.read(min(skip, tarstream.CHUNK))
+                if not piece:
+                    response.close()
+                    raise FormatError("registry", self.position, f"{where}: {reason}, and shorter when read again")
+                skip -= len(piece)
+        self.response = response
 
     def close(self) -> None:
         self.response.close()
