@@ -8,11 +8,17 @@ directly. The only exception allowed out of them is FormatError (a finding with 
 anything else is a crash that libFuzzer reports with the input that caused it.
 
     python fuzz/fuzz_files.py SEED_DIR [libFuzzer flags, e.g. -max_total_time=60 -rss_limit_mb=512]
+
+Each input is written into a fresh directory under $ROCM_AUDIT_FUZZ_WORKDIR (default: the system's
+temp dir), removed at exit; libFuzzer can end the process past Python's exit handlers, so the test
+points that variable at its own temporary directory.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -29,7 +35,8 @@ with atheris.instrument_imports(include=["rocm_audit"]):
     from rocm_audit.tree.inventory import FileKind, build_inventory, read_dynamic_info
     from rocm_audit.tree.targets import TargetSelection, resolve_required
 
-WORKDIR = tempfile.mkdtemp(prefix="rocm-audit-fuzz-")
+WORKDIR = tempfile.mkdtemp(prefix="rocm-audit-fuzz-", dir=os.environ.get("ROCM_AUDIT_FUZZ_WORKDIR") or None)
+atexit.register(shutil.rmtree, WORKDIR, True)
 TARGET = os.path.join(WORKDIR, "libfuzz.so.1")
 ROOT = AuditRoot(WORKDIR, WORKDIR)
 # The lazy judgement's path too (verify-arch, check): only chosen entries inflated, streams cut short.

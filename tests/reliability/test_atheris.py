@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,8 @@ def make_seeds(directory: Path) -> None:
 def test_coverage_guided_fuzzing_finds_no_crash(tmp_path):
     seeds = tmp_path / "seeds"
     make_seeds(seeds)
+    system_temp = Path(tempfile.gettempdir())
+    before = set(system_temp.glob("rocm-audit-fuzz-*"))
     done = subprocess.run(
         fresh_peak(
             [
@@ -67,11 +70,13 @@ def test_coverage_guided_fuzzing_finds_no_crash(tmp_path):
         text=True,
         timeout=SECONDS + 300,
         cwd=tmp_path,
+        env={**os.environ, "ROCM_AUDIT_FUZZ_WORKDIR": str(tmp_path)},  # its files go with tmp_path
     )
     assert done.returncode == 0, done.stderr[-4000:]
     runs = int(re.search(r"Done (\d+) runs", done.stderr).group(1))
     assert runs > 1000, done.stderr[-2000:]
     assert not list(tmp_path.glob("crash-*"))
+    assert set(system_temp.glob("rocm-audit-fuzz-*")) == before  # nothing left outside tmp_path
 
 
 def test_the_fuzzers_peak_memory_is_its_own():
