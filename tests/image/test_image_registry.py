@@ -360,6 +360,12 @@ class _FakeRegistry(http.server.BaseHTTPRequestHandler):
     credentials = ("robot", "s3cret")
     storage_port = 0
     seen: list[tuple[str, str, str]] = []  # (server, path, authorization)
+    # How many requests a Bearer token serves before it expires (None: never); each expiry makes
+    # the token service hand out a new one, as registries' short-lived tokens do.
+    token_uses: int | None = None
+    served = 0
+    tokens_issued = 0
+    lock = threading.Lock()
 
     def log_message(self, *args: object) -> None:
         pass
@@ -381,9 +387,18 @@ class _FakeRegistry(http.server.BaseHTTPRequestHandler):
             if authorization != basic or "scope=repository%3Atest%2Fsecret%3Apull" not in self.path:
                 self._send(401)
                 return
-            self._send(200, json.dumps({"token": self.token}).encode())
+            with self.lock:
+                type(self).tokens_issued += 1
+                token = self.token
+            self._send(200, json.dumps({"token": token}).encode())
             return
-        wanted = f"Bearer {self.token}" if self.mode == "bearer" else basic
+        with self.lock:
+            wanted = f"Bearer {self.token}" if self.mode == "bearer" else basic
+            if authorization == wanted and self.mode == "bearer" and self.token_uses is not None:
+                type(self).served += 1
+                if self.served > self.token_uses:  # expired: refused, and a new one is issued
+                    type(self).token, type(self).served = "tok-" + os.urandom(8).hex(), 0
+                    wanted = ""
         if authorization != wanted:
             challenge = (
                 f'Bearer realm="http://127.0.0.1:{port}/token",service="fake",scope="repository:test/secret:pull"'
@@ -445,6 +460,7 @@ def fake_registry(libs, tmp_path, monkeypatch):
         "/v2/test/secret/manifests/1": (manifest, "application/vnd.oci.image.manifest.v1+json"),
     }
     _FakeRegistry.seen = []
+    _FakeRegistry.token_uses, _FakeRegistry.served, _FakeRegistry.tokens_issued = None, 0, 0
     _Storage.cuts, _Storage.ranges = {}, True
     servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in (_FakeRegistry, _Storage)]
     _FakeRegistry.storage_port = servers[1].server_address[1]
@@ -515,6 +531,22 @@ def test_a_layer_download_that_keeps_breaking_is_unreadable_not_retried_forever(
     assert "closed" in unreadable[0]["message"] and "resumed 3 times" in unreadable[0]["message"]
     assert _Storage.cuts[broken] == 100 - 4  # the first answer and three resumes
     assert len(report["image"]["layers"]) == 3  # the other layers are still read
+
+
+def test_an_expired_bearer_token_is_asked_for_again(run_cli, fake_registry, monkeypatch):
+    """Each token serves two requests (a registry's tokens expire within minutes; a large image's
+    later layers are asked for after that): every refusal gets a new token, and the audit equals
+    one whose token never expires."""
+    host, _ = fake_registry
+    arguments = ("image", f"registry://{host}/test/secret:1", "--insecure-registry", host, "--format", "json")
+    lasting = run_cli(*arguments, expect=1).report
+    assert _FakeRegistry.tokens_issued == 1
+    monkeypatch.setattr(_FakeRegistry, "token_uses", 2)
+    _FakeRegistry.tokens_issued = 0
+    expiring = run_cli(*arguments, expect=1).report
+    assert findings_of(expiring) == findings_of(lasting)
+    assert not [f for f in expiring["findings"] if f["rule"] in ("IMG001", "IMG005")]
+    assert _FakeRegistry.tokens_issued >= 3  # manifest and config, then the three layers (2 each)
 
 
 def test_wrong_credentials_are_reported_not_retried_forever(run_cli, fake_registry, monkeypatch, tmp_path):

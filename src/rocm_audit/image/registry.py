@@ -186,10 +186,9 @@ class Client:
             headers = {"User-Agent": "rocm-audit", "Accept": ", ".join(accept) or "*/*"}
             if start:
                 headers["Range"] = f"bytes={start}-"
-            if parts.netloc == self.host:
-                authorization = self._authorization(scope)
-                if authorization:
-                    headers["Authorization"] = authorization
+            authorization = self._authorization(scope) if parts.netloc == self.host else ""
+            if authorization:
+                headers["Authorization"] = authorization
             connection = self._connect(parts.scheme, parts.netloc)
             try:
                 connection.request(
@@ -212,7 +211,7 @@ class Client:
                 continue
             if response.status == 401 and auth_rounds < MAX_AUTH_ROUNDS and parts.netloc == self.host:
                 auth_rounds += 1
-                if self._answer(response.getheader("WWW-Authenticate") or "", scope):
+                if self._answer(response.getheader("WWW-Authenticate") or "", scope, authorization):
                     continue
             status = _status(response.status, body)
             if response.status == 401:
@@ -236,16 +235,21 @@ class Client:
             return "Basic " + base64.b64encode(raw).decode()
         return ""
 
-    def _answer(self, challenge: str, scope: str) -> bool:
-        """Prepare credentials for the challenge; False when there is nothing new to try."""
+    def _answer(self, challenge: str, scope: str, refused: str) -> bool:
+        """Prepare credentials for the challenge to a request that sent ``refused`` (its
+        Authorization header); False when there is nothing new to try. A refused Bearer token is
+        asked for again: registries' tokens expire within minutes (Docker Hub: 5), and a large
+        image's later layers are requested after that."""
         kind = challenge.split(" ", 1)[0].lower()
         if kind == "basic":
             if self.credentials is None or self.basic:
                 return False
             self.basic = True
             return True
-        if kind != "bearer" or scope in self.tokens:
+        if kind != "bearer":
             return False
+        if scope in self.tokens and refused != f"Bearer {self.tokens[scope]}":
+            return True  # another layer's request has got a new token meanwhile
         fields = dict(_CHALLENGE.findall(challenge))
         realm = fields.get("realm", "")
         parts = urllib.parse.urlsplit(realm)
