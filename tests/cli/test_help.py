@@ -260,3 +260,17 @@ def test_v_counts_before_and_after_the_command_and_reaches_the_text_renderer(
     assert given == [count]
     assert fresh_logging.level == (before if level is None else level)
     capsys.readouterr()
+
+
+def test_the_image_commands_byte_limit_default_is_the_librarys():
+    """The CLI spells --max-bytes' default as text (its module stays light for --help); the
+    library's DEFAULT_MAX_BYTES is what ImageOptions and the rule's text use: they must agree."""
+    import inspect
+    from pathlib import Path
+
+    from rocm_audit.cli.commands import image
+    from rocm_audit.image.budget import DEFAULT_MAX_BYTES
+
+    default = inspect.signature(image.command).parameters["max_bytes"].default
+    assert image.parse_size(default) == DEFAULT_MAX_BYTES
+    assert f"default {default} of tar" in (Path(image.__file__).parents[2] / "rules" / "image.toml").read_text()

@@ -9,7 +9,10 @@ from rocm_audit.errors import RocmAuditError
 from rocm_audit.image import tarstream
 from rocm_audit.progress import SILENT, Progress
 
-DEFAULT_MAX_BYTES = 64 << 30  # a ROCm SDK image unpacks to tens of GB; override with --max-bytes
+# ROCm images are large: rocm/pytorch is 19-20 GB compressed, sglang's ROCm images 45-73 GB, and
+# their libraries inflate 3-5 times. The scratch disk holds a fraction of what is read (the kept
+# files, trimmed), so this bounds the time a decompression bomb can take, not the disk.
+DEFAULT_MAX_BYTES = 256 << 30
 DEFAULT_MAX_ENTRIES = 4_000_000
 
 

@@ -142,7 +142,7 @@ def command(
     platform: _PlatformOption = "linux/amd64",
     insecure_registry: _InsecureRegistryOption = None,
     full: _FullOption = False,
-    max_bytes: _MaxBytesOption = "64G",
+    max_bytes: _MaxBytesOption = "256G",
     max_entries: _MaxEntriesOption = 4_000_000,
     skip: SkipOption = None,
 ) -> CommandOutcome:
