@@ -336,6 +336,24 @@ def test_unsafe_entries_are_refused_with_layer_and_offset(tmp_path, run_cli):
     assert (root / "link-to-outside" / "planted.txt").read_bytes().startswith(b"written in the image")
 
 
+def test_a_directory_replaced_by_a_link_between_two_members_below_it_is_not_written_through(tmp_path, run_cli):
+    """The merge walks a member's parents once per directory (the next member in the same
+    directory skips the walk). Between two members of ``d/x``, the same layer replaces ``d`` by a
+    link out of the image: the second member is refused, never written through the link."""
+    outside = tmp_path / "outside"
+    (outside / "x").mkdir(parents=True)
+    evil = layer(
+        (f"{SP}/d/x/first.txt", b"1"),  # in an extracted directory: written
+        member(f"{SP}/d", kind=tarfile.SYMTYPE, link=str(outside)),
+        (f"{SP}/d/x/second.txt", b"2"),
+    )
+    archive = docker_save(tmp_path / "save.tar", [evil])
+    report = run_cli("image", "--archive", str(archive), "--format", "json").report
+    finding = hostile_finding(report, "IMG002", "second.txt")
+    assert "symbolic link of the same layer" in finding["message"]
+    assert list((outside / "x").iterdir()) == []
+
+
 def test_symlink_chain_that_climbs_out_is_aimed_at_the_root(tmp_path):
     # Each link alone stays inside; together the host would leave the root (a/s -> "..",
     # a/l -> "s/../.."). In the container '..' is taken after each link and stops at the root,

@@ -22,22 +22,38 @@ def aim_links(root: str) -> None:
     differently, its text is replaced by the relative path to that place: the merged view then
     resolves as the container does, and nothing in it points outside the root. A link the kernel
     could not resolve (a loop) is made to point at itself, which fails the same way."""
-    for directory, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = os.path.join(directory, name)
-            if not os.path.islink(path):
+    for directory, name in _links(root):
+        path = os.path.join(directory, name)
+        rel = os.path.relpath(path, root)
+        resolved = _resolve_in_root(root, posixpath.dirname(rel), os.readlink(path))
+        if resolved is None:
+            text = name
+        else:
+            place = os.path.join(root, resolved) if resolved else root
+            if os.path.realpath(path) == place:
                 continue
-            rel = os.path.relpath(path, root)
-            resolved = _resolve_in_root(root, posixpath.dirname(rel), os.readlink(path))
-            if resolved is None:
-                text = name
-            else:
-                place = os.path.join(root, resolved) if resolved else root
-                if os.path.realpath(path) == place:
-                    continue
-                text = os.path.relpath(place, directory)
-            os.unlink(path)
-            os.symlink(text, path)
+            text = os.path.relpath(place, directory)
+        os.unlink(path)
+        os.symlink(text, path)
+
+
+def _links(root: str) -> list[tuple[str, str]]:
+    """(directory, name) of every symbolic link under ``root``, its directories listed before any
+    link is changed; the kind comes with the listing (no stat of each of a tree's files)."""
+    found: list[tuple[str, str]] = []
+    pending = [root]
+    while pending:
+        directory = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue  # as os.walk: a directory that cannot be listed holds nothing to aim
+        for entry in entries:
+            if entry.is_symlink():
+                found.append((directory, entry.name))
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+    return found
 
 
 MAX_LINKS_FOLLOWED = 40  # the kernel's limit on links in one resolution (fs/namei.c MAXSYMLINKS)

@@ -113,6 +113,10 @@ class MergeState:
     # This layer's kept hardlinks waiting for its second reading, by root-relative path: a later
     # member of the same name removes its path from the wait (``_drop``).
     waiting_links: dict[str, _Pending] = field(default_factory=dict)
+    # The last parent (root-relative) whose every part was checked to be a real directory: the
+    # next member in the same directory (the usual case) needs no walk. ``_drop`` forgets it when
+    # it removes that directory or one above it; a layer starts and ends without it.
+    parent_checked: str | None = None
 
 
 def normalise(name: str) -> str | None:
@@ -158,6 +162,7 @@ def apply_layer(
     if again is not None and state.placeholders:
         state.again[index] = (where, again)
     work = _LayerWork()
+    state.parent_checked = None
     for entry, data in tarstream.iter_entries(Budget(stream, state.limits, state.progress, stats)):
         state.limits.entries += 1
         stats.entries += 1
@@ -182,6 +187,7 @@ def apply_layer(
     if work.pending:
         _fill_pending(state, stats, where, work.pending, again)
     state.waiting_links.clear()
+    state.parent_checked = None  # whiteouts and opaque directories remove what they hide
     _finish_layer(state, where, index, work)
     return stats
 
@@ -369,8 +375,11 @@ def _regular(
     if hashing and entry.size in state.trimmed_by_size:
         identity = digests.new_identity()
     reuse = reuse if trimming else None  # a trimmed file's successor: written without what it gave back
+    # Unbuffered: the pieces are the tar stream's (up to 1 MiB), and most files are small.
     out = (
-        (whole.KeptWriter(target, reuse.punched if reuse else []) if trimming else open(target, "wb")) if keep else None
+        (whole.KeptWriter(target, reuse.punched if reuse else []) if trimming else open(target, "wb", buffering=0))
+        if keep
+        else None
     )
     trimmed: tuple[int, int] | None = None  # the inode of a file handed to a trim
     try:
@@ -383,8 +392,9 @@ def _regular(
                 out.write(chunk)
         if out is not None and sparse:
             out.truncate(entry.size)  # the apparent size, no data blocks: see image/needed.py
+        if out is not None:
+            os.fchmod(out.fileno(), (entry.mode & 0o777) | 0o600)
         if out is not None and trimming:
-            out.flush()
             trimmed = whole.start_trim(state, target, out.fileno(), entry.size, reuse, streamed)
     finally:
         if out is not None:
@@ -393,9 +403,7 @@ def _regular(
             streamed.close()  # its thread ends whatever happened (the digests stay readable)
     if sparse:
         state.sparse.add("/" + rel)
-    if out is not None:
-        os.chmod(target, (entry.mode & 0o777) | 0o600)
-    elif _LIBRARY_NAME in posixpath.basename(rel):
+    if out is None and _LIBRARY_NAME in posixpath.basename(rel):
         state.streamed_past.add("/" + rel)
     state.layer_of["/" + rel] = index
     if entry.size >= HASH_MIN_BYTES:
@@ -549,6 +557,8 @@ def _prepare_parent(state: MergeState, parent: str, created: set[str]) -> str | 
     """Create the parent directories of an entry. A parent a lower layer made a file or a link is
     replaced by a directory, as overlay2 makes it (the layer's own directory holds a real one,
     which hides the lower entry). A link this layer made is never written through: refused."""
+    if parent and parent == state.parent_checked:
+        return None  # every part a real directory, and nothing above or at it removed since
     root = state.root
     current = root
     so_far = ""
@@ -567,6 +577,7 @@ def _prepare_parent(state: MergeState, parent: str, created: set[str]) -> str | 
             return f"parent {so_far!r} is a symbolic link of the same layer; not written through it"
         _drop(state, so_far, current)
         os.mkdir(current, 0o755)
+    state.parent_checked = parent
     return None
 
 
@@ -604,7 +615,14 @@ def _clear_lower(state: MergeState, directory: str, created: set[str]) -> None:
 
 def _drop(state: MergeState, rel: str, target: str) -> None:
     """Remove a path of the merged view (a directory with its children) and forget its copies."""
-    if _is_real_dir(target):
+    checked = state.parent_checked
+    if checked is not None and (checked == rel or checked.startswith(rel + "/")):
+        state.parent_checked = None  # the next member there walks its parents again
+    try:
+        mode: int | None = os.lstat(target).st_mode
+    except FileNotFoundError:
+        mode = None  # a new name: the usual case
+    if mode is not None and stat.S_ISDIR(mode):
         _forget(state, rel)
         whole.forget_facts(state, target, below=True)
         state.offload.left_view("/" + rel, below=True)
@@ -619,7 +637,7 @@ def _drop(state: MergeState, rel: str, target: str) -> None:
     waiting = state.waiting_links.pop(rel, None)
     if waiting is not None:  # a later member of this name: its file is not the placeholder
         waiting.paths.remove(rel)
-    if os.path.lexists(target):
+    if mode is not None:
         whole.forget_facts(state, target)
         os.unlink(target)
 
