@@ -13,6 +13,7 @@ to the storage a blob redirect points at) is the same.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import http.server
 import json
@@ -24,6 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,18 +53,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    """docker-registry on 127.0.0.1:<free port>, storage in a temp dir; yields HOST:PORT."""
-    _tools_or_skip()
-    base = tmp_path_factory.mktemp("registry")
+@contextlib.contextmanager
+def _docker_registry(base: Path, auth: str = "") -> Iterator[str]:
+    """docker-registry on 127.0.0.1:<free port>, storage under ``base``, ``auth`` (config lines)
+    added; yields HOST:PORT once /v2/ answers (200, or 401 when it asks for credentials); stopped
+    by PID."""
     port = _free_port()
     config = base / "config.yml"
     config.write_text(
         "version: 0.1\n"
         "log:\n  level: error\n"
         f"storage:\n  filesystem:\n    rootdirectory: {base / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n" + auth
     )
     process = subprocess.Popen(
         ["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -70,17 +72,29 @@ def registry(tmp_path_factory):
     try:
         for _ in range(100):
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1) as answer:
-                    if answer.status == 200:
-                        break
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
+                break
+            except urllib.error.HTTPError as answer:
+                if answer.code == 401:  # up, and asking for credentials
+                    break
+                time.sleep(0.1)
             except OSError:
                 time.sleep(0.1)
         else:
             pytest.fail("docker-registry did not answer on /v2/ within 10 s")
-        yield {"host": f"127.0.0.1:{port}", "storage": base / "data"}
+        yield f"127.0.0.1:{port}"
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """docker-registry, anonymous; yields its HOST:PORT and storage directory."""
+    _tools_or_skip()
+    base = tmp_path_factory.mktemp("registry")
+    with _docker_registry(base) as host:
+        yield {"host": host, "storage": base / "data"}
 
 
 def push(archive: Path, host: str, name: str, creds: str | None = None) -> None:
@@ -120,33 +134,9 @@ def basic_registry(tmp_path_factory):
     base = tmp_path_factory.mktemp("basic-registry")
     password = base64.b32encode(os.urandom(10)).decode()
     (base / "htpasswd").write_text(f"robot:{_bcrypt(password)}\n")
-    port = _free_port()
-    config = base / "config.yml"
-    config.write_text(
-        "version: 0.1\n"
-        "log:\n  level: error\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {base / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
-        f"auth:\n  htpasswd:\n    realm: rocm-audit-test\n    path: {base / 'htpasswd'}\n"
-    )
-    process = subprocess.Popen(
-        ["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
-            except urllib.error.HTTPError as answer:
-                if answer.code == 401:  # up, and asking for credentials
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("docker-registry did not answer on /v2/ within 10 s")
-        yield {"host": f"127.0.0.1:{port}", "password": password}
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    auth = f"auth:\n  htpasswd:\n    realm: rocm-audit-test\n    path: {base / 'htpasswd'}\n"
+    with _docker_registry(base, auth) as host:
+        yield {"host": host, "password": password}
 
 
 def _docker_config(directory: Path, host: str, user: str, password: str) -> Path:
