@@ -33,6 +33,9 @@ class CommandOutcome:
     # would remove, estimated) of device code,
     # from check's prune weight (CheckOptions.prune_by_file), placed in the layers that wrote them.
     device_bytes_by_path: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    # The findings already name who shipped each file (image: read from the image's own RECORDs
+    # while its merged view existed; the paths they spell are not this machine's).
+    attributed: bool = False
 
     def exit_code(self, fail_on: Severity) -> int:
         if self.force_failure:

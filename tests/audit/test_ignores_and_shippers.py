@@ -9,6 +9,7 @@ METADATA (Project-URL) are pip's own. A second library beside it is the user's (
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,32 @@ def test_a_finding_names_the_distribution_that_ships_its_file(run_cli, pip_site)
     assert "shipped_by" not in found["libmine.so"]  # the user's own file: no RECORD lists it
     text = run_cli("check", "-p", str(pip_site), "--skip", "llvm").stdout
     assert "[shipped by Vendor_Pkg 1.4.2 (report to https://example.org/vendor-pkg/issues)]" in " ".join(text.split())
+
+
+def test_an_image_names_the_shippers_its_own_records_list(run_cli, pip_site, tmp_path):
+    """The same site-packages as image layers: `image` names the same distribution, read from
+    the image's RECORDs while its merged view exists (its paths are not this machine's), for the
+    checks' findings and for the image's own (copies of a file in two layers)."""
+    from support.image.layer_writers import docker_save_of_directories
+
+    # Twice, as two SDK trees in two layers (copies the waste reports), the vendor's library padded
+    # past the size the waste lists (its RECORD still lists it).
+    site = tmp_path / "site"
+    shutil.copytree(pip_site, site, symlinks=True)
+    with (site / "vendorpkg" / "libvendor.so").open("ab") as library:
+        library.write(os.urandom(100_000))
+    sdk = "usr/lib/python3/site-packages/_rocm_sdk_"
+    archive = docker_save_of_directories(tmp_path / "save.tar", [[(site, sdk + "core")], [(site, sdk + "devel")]])
+    assert not Path("/" + sdk + "core").exists()  # nothing on this machine to find them by
+    report = run_cli("image", "--archive", str(archive), "--skip", "llvm", "--format", "json").report
+    post002 = [f for f in report["findings"] if f["rule"] == "POST002"]
+    vendor = [f for f in post002 if f["path"].endswith("/vendorpkg/libvendor.so")]
+    assert {f["path"] for f in vendor} == {f"/{sdk}{tree}/vendorpkg/libvendor.so" for tree in ("core", "devel")}
+    assert all(f["shipped_by"]["name"] == "Vendor_Pkg" for f in vendor), vendor
+    assert all(f["shipped_by"]["report_to"] == "https://example.org/vendor-pkg/issues" for f in vendor)
+    assert all("shipped_by" not in f for f in post002 if f["path"].endswith("/libmine.so"))
+    waste = [f for f in report["findings"] if f["rule"] == "IMG008" and f["path"].endswith("libvendor.so")]
+    assert waste and all(f["shipped_by"]["name"] == "Vendor_Pkg" for f in waste), waste
 
 
 def test_ignores_take_rule_globs_relative_paths_and_distributions(run_cli, pip_site, tmp_path):

@@ -474,7 +474,7 @@ def _settle_findings(outcome: CommandOutcome, baseline: str | None, write_baseli
 
     if not outcome.roots:  # the audited directories as the findings spell them (resolved)
         outcome.roots = sorted({os.path.realpath(p) for p in outcome.inputs if os.path.isdir(p)})
-    shipped = with_shippers(outcome.findings)
+    shipped = outcome.findings if outcome.attributed else with_shippers(outcome.findings)
     outcome.findings, outcome.suppressed = active_policy().apply(shipped)
     keys = fingerprints(outcome.findings, outcome.roots)
     outcome.findings = [dataclasses.replace(f, fingerprint=k) for f, k in zip(outcome.findings, keys, strict=True)]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rocm_audit.audit.attribution import with_shippers
 from rocm_audit.audit.check import CheckOptions, run_check
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
@@ -30,6 +31,7 @@ from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.report_types import ImageSection, ImageSource, PruneLayer
+from rocm_audit.tree.ownership import shippers_of
 from rocm_audit.units import size_text
 
 PACKAGE_DIRS = ("site-packages", "dist-packages")
@@ -344,6 +346,11 @@ def audit_merged(
         groups, total = waste.analyse(state)
         findings.extend(waste.waste_findings(groups, layer_names))
         section["waste"] = waste.waste_section(groups, total)
+    # Who shipped each finding's file, from the image's own RECORDs while they are on disk (the
+    # CLI would look for the image's paths on this machine).
+    outcome.findings = with_shippers(outcome.findings)
+    findings = _shipped_in_view(findings, state.root)
+    outcome.attributed = True
     outcome = _to_image_paths(outcome, state.root)
     if "prune" in outcome.sections and layer_aware:
         section["prune_layers"] = prune_layers(state, outcome.device_bytes_by_path, layer_names)
@@ -359,6 +366,17 @@ def audit_merged(
         + (f"; {outcome.summary}" if outcome.summary else "")
     )
     return outcome
+
+
+def _shipped_in_view(findings: list[Finding], root: str) -> list[Finding]:
+    """``findings`` on image paths, each naming who shipped its file when the merged view (at
+    ``root``) still shows it and a RECORD there lists it."""
+    in_view = {f.path: os.path.join(root, f.path.lstrip("/")) for f in findings if f.path.startswith("/")}
+    shipped = shippers_of(in_view.values())
+    return [
+        dataclasses.replace(f, shipped_by=shipped[in_view[f.path]]) if in_view.get(f.path) in shipped else f
+        for f in findings
+    ]
 
 
 def prune_layers(
