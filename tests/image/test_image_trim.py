@@ -584,3 +584,18 @@ def test_image_of_real_llvm_libraries_reports_what_full_extraction_reports(tmp_p
                 assert facts[LINKAGE_FACT] == read_linkage(path, view.dynamic, view)
         finally:
             os.close(fd)
+
+
+def test_a_file_written_unbuffered_gets_every_byte_when_a_write_takes_part(tmp_path):
+    """The merge writes small files unbuffered; a write(2) may take part of a piece (a signal, a
+    nearly full disk): the rest is written, not dropped."""
+    from rocm_audit.image import merge
+
+    class Partial(io.FileIO):  # a real file whose every write takes at most 1,000 bytes
+        def write(self, data):  # type: ignore[override]
+            return super().write(bytes(data[:1000]))
+
+    data = os.urandom(12_345)
+    with Partial(tmp_path / "f", "wb") as out:
+        merge._write_all(out, data)
+    assert (tmp_path / "f").read_bytes() == data

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import itertools
 import logging
 import os
@@ -389,7 +390,7 @@ def _regular(
             if identity is not None:
                 identity.update(chunk)
             if out is not None and not sparse:
-                out.write(chunk)
+                _write_all(out, chunk)
         if out is not None and sparse:
             out.truncate(entry.size)  # the apparent size, no data blocks: see image/needed.py
         if out is not None:
@@ -544,6 +545,16 @@ def _drop_links(state: MergeState, waiting: _Pending) -> None:
         place = os.path.join(state.root, rel)
         if whole.same_inode(place, waiting.inode):
             _drop(state, rel, place)
+
+
+def _write_all(out: whole.KeptWriter | io.FileIO, chunk: bytes) -> None:
+    """Write all of ``chunk``: an unbuffered file's ``write`` may take part of it."""
+    if isinstance(out, whole.KeptWriter):
+        out.write(chunk)  # writes everything (pwrite to the end of each piece)
+        return
+    view = memoryview(chunk)
+    while view:
+        view = view[out.write(view) :]
 
 
 def _is_regular(path: str) -> bool:
