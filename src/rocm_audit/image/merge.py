@@ -627,8 +627,10 @@ def _clear_lower(state: MergeState, directory: str, created: set[str]) -> None:
 def _drop(state: MergeState, rel: str, target: str) -> None:
     """Remove a path of the merged view (a directory with its children) and forget its copies."""
     checked = state.parent_checked
+    # Defensive: a member's own removal is of a child of the parent just checked, which the next
+    # walk sees; this keeps the skip sound should a removal above it ever come between two members.
     if checked is not None and (checked == rel or checked.startswith(rel + "/")):
-        state.parent_checked = None  # the next member there walks its parents again
+        state.parent_checked = None
     try:
         mode: int | None = os.lstat(target).st_mode
     except FileNotFoundError:

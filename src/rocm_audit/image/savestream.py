@@ -276,7 +276,7 @@ def apply_save_stream(
         if entry.kind != tarstream.REGULAR:
             continue
         if places.place(name) == len(layers.applied) and entry.size > MAX_MEMORY_MEMBER:
-            layers.now(name, data, functools_partial(again, name))
+            layers.now(name, data, functools.partial(again, name))
             streamed += 1
             layers.from_store()
             continue
@@ -296,12 +296,6 @@ def apply_save_stream(
             )
     apply_rest(store, layout, len(layers.applied))
     return layout, store, streamed, len(layers.applied)
-
-
-def functools_partial(
-    again: Callable[[str], AbstractContextManager[tarstream.Readable]], name: str
-) -> Callable[[], AbstractContextManager[tarstream.Readable]]:
-    return lambda: again(name)
 
 
 @contextlib.contextmanager

@@ -237,9 +237,6 @@ class KeptWriter:
                 piece, at = piece[written:], at + written
         self._position = end
 
-    def flush(self) -> None:
-        """Nothing is buffered: every write went to the file."""
-
     def truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)
 
