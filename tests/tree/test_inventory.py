@@ -140,3 +140,51 @@ def test_memory_stays_bounded_on_a_huge_library(tmp_path, zoo):
     groups, peak_mb = map(int, done.stdout.split())
     assert groups == 1  # the two 700 MB files were compared to the last byte and found identical
     assert peak_mb < 100, f"peak RSS {peak_mb} MB"
+
+
+def test_a_file_changed_between_listing_and_reading_is_recorded_as_read(tmp_path, zoo):
+    """The walk lists every file first; a file that grows before it is opened is recorded with the
+    size and times of the bytes read, not those of the listing."""
+    lib = tmp_path / "_rocm_sdk_core" / "lib"
+    lib.mkdir(parents=True)
+    grown = lib / "libplain.so.1"
+    grown.write_bytes((zoo / "libplain.so.1").read_bytes())
+    listed_size = grown.stat().st_size
+
+    def grow_then_read_all(listed):
+        assert [entry.size for entry in listed] == [listed_size]
+        with open(grown, "ab") as handle:
+            handle.write(b"\0" * 4096)
+        return {entry.path for entry in listed}
+
+    roots, _ = resolve_roots([str(tmp_path)])
+    (record,) = build_inventory(roots, worth_reading=grow_then_read_all).files
+    now = grown.stat()
+    assert (record.size, record.mtime_ns, record.ctime_ns) == (now.st_size, now.st_mtime_ns, now.st_ctime_ns)
+    assert record.size == listed_size + 4096 and record.kind is FileKind.SHARED_LIBRARY
+
+
+def test_memory_per_file_of_a_large_tree(tmp_path):
+    """A Python environment holds hundreds of thousands of small files: the inventory keeps a few
+    hundred bytes for each (an ``os.stat_result`` kept per file, or a listing kept beside the
+    records, was over 1 KiB a file at its peak)."""
+    files = 20_000
+    for package in range(files // 1000):
+        folder = tmp_path / "site-packages" / f"package_{package:03}"
+        folder.mkdir(parents=True)
+        for module in range(1000):
+            (folder / f"module_{module:04}.py").write_text("x = 1\n")
+    probe = textwrap.dedent(f"""
+        import tracemalloc
+        from rocm_audit.tree.discovery import resolve_roots
+        from rocm_audit.tree.inventory import build_inventory
+        roots, _ = resolve_roots([{str(tmp_path / "site-packages")!r}])
+        tracemalloc.start()
+        inventory = build_inventory(roots)
+        print(len(inventory.files), tracemalloc.get_traced_memory()[1])
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600, check=True)
+    recorded, peak_bytes = map(int, done.stdout.split())
+    assert recorded == files
+    path_bytes = len(str(tmp_path / "site-packages" / "package_000" / "module_0000.py")) + 49  # a str object
+    assert (peak_bytes / files) - path_bytes < 600, f"{peak_bytes / files:.0f} bytes a file at the peak"

@@ -50,7 +50,7 @@ def hardlinked(listed: list[ListedFile]) -> set[str]:
     """The files dedup's inventory opens: hardlinked ones, whose kind a plan needs without any
     content comparison. Every other candidate is first opened by the comparison itself, which
     classifies one member per class of identical heads; a file of unique size is never opened."""
-    return {entry.path for entry in listed if entry.sdk_tree is not None and entry.stat.st_nlink > 1}
+    return {entry.path for entry in listed if entry.sdk_tree is not None and entry.nlink > 1}
 
 
 def _kind_filter(kinds: set[FileKind], findings: list[Finding]) -> HeadFilter:

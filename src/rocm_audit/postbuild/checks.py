@@ -45,7 +45,7 @@ class _VersionCache:
     records: dict[str, FileRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.records = {r.path: r for r in self.inventory.files}
+        self.records = {r.path: r for r in self.inventory.maybe_elf()}
 
     def get(self, path: str) -> VersionFacts | None:
         if path not in self.facts:

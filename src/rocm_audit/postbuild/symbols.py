@@ -223,8 +223,8 @@ class Resolver:
 
     def __post_init__(self) -> None:
         if self.inventory is not None:
-            self._records = {r.identity: r for r in self.inventory.files}
-            self._records_by_path = {r.path: r for r in self.inventory.files}
+            self._records = {r.identity: r for r in self.inventory.maybe_elf()}
+            self._records_by_path = {r.path: r for r in self.inventory.maybe_elf()}
 
     # -- facts, each read once per file ------------------------------------------------------------
 

@@ -103,6 +103,11 @@ class Inventory:
             self._resolved[link.path] = real if inside and os.path.exists(real) else None
         return self._resolved[link.path]
 
+    def maybe_elf(self) -> Iterator[FileRecord]:
+        """Every file but those the walk read and found not ELF: what a lookup by path or identity
+        for ELF facts needs to hold (a tree of Python modules is mostly files of no interest)."""
+        return (r for r in self.files if r.kind is not FileKind.NOT_ELF)
+
     def by_kind(self, *kinds: FileKind) -> list[FileRecord]:
         return [r for r in self.files if r.kind in kinds]
 
@@ -175,12 +180,39 @@ def _walk(root: AuditRoot, findings: list[Finding]) -> Iterator[tuple[str, os.st
 
 @dataclass(frozen=True, slots=True)
 class ListedFile:
-    """A regular file as the walk saw it, before anything was opened."""
+    """A regular file as the walk saw it (its lstat), before anything was opened.
+
+    Only the fields a record keeps: an ``os.stat_result`` costs about 500 bytes a file (a tuple of
+    19 fields, three of them floats), which at 300,000 files was a third of the peak memory.
+    """
 
     path: str
     root: AuditRoot
     sdk_tree: str | None
-    stat: os.stat_result
+    dev: int
+    ino: int
+    nlink: int
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+class _Listing:
+    """Makes ListedFiles, sharing the int objects of the values most files repeat (device and mode
+    are large ints, a new object in every stat result)."""
+
+    def __init__(self) -> None:
+        self._shared: dict[int, int] = {}
+
+    def listed(self, path: str, root: AuditRoot, sdk_tree: str | None, st: os.stat_result) -> ListedFile:
+        share = self._shared.setdefault
+        return ListedFile(
+            path, root, sdk_tree, share(st.st_dev, st.st_dev), st.st_ino, st.st_nlink, st.st_size,
+            share(st.st_mode, st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ctime_ns,
+        )  # fmt: skip
 
 
 # Given every listed regular file, the paths worth opening; the rest are recorded from lstat alone.
@@ -198,6 +230,7 @@ def build_inventory(
     inventory = Inventory(roots=list(roots))
     trees: set[str] = set()
     listed: list[ListedFile] = []
+    listing = _Listing()
     progress.phase("listing files", unit="files")
     for root in roots:
         root_tree = enclosing_sdk_tree(root.path)
@@ -227,19 +260,22 @@ def build_inventory(
                 continue  # FIFOs, sockets and devices are never opened: reading one can hang
             if root.sdk_only and sdk_tree is None:
                 continue
-            listed.append(ListedFile(path, root, sdk_tree, st))
+            listed.append(listing.listed(path, root, sdk_tree, st))
             progress.update(len(listed))
     selected = None if worth_reading is None else worth_reading(listed)
     progress.phase("scanning", len(listed), "files")
-    seen_bytes = 0
-    for seen_files, entry in enumerate(listed, 1):
+    seen_files = seen_bytes = 0
+    listed.reverse()  # taken from the end, so each listing is freed as its record is made
+    while listed:
+        entry = listed.pop()
         if selected is None or entry.path in selected:
             record = _file_record(entry, inventory.findings)
         else:
-            record = _unread_record(entry)
+            record = _record(entry, None, b"", None, None)
         if record is not None:
             inventory.files.append(record)
-        seen_bytes += entry.stat.st_size
+        seen_files += 1
+        seen_bytes += entry.size
         progress.update(seen_files, seen_bytes)
     inventory.sdk_trees = sorted(trees)
     return inventory
@@ -266,7 +302,7 @@ def _file_record(entry: ListedFile, findings: list[Finding]) -> FileRecord | Non
         return None
     try:
         opened = os.fstat(fd)
-        if (opened.st_dev, opened.st_ino) != (entry.stat.st_dev, entry.stat.st_ino):
+        if (opened.st_dev, opened.st_ino) != (entry.dev, entry.ino):
             findings.append(make_finding("SCAN001", path, "file was replaced while it was being read"))
             return None
         head = os.pread(fd, HEAD_BYTES, 0)
@@ -280,16 +316,19 @@ def _file_record(entry: ListedFile, findings: list[Finding]) -> FileRecord | Non
         return None
     finally:
         os.close(fd)
-    return _record(entry, opened, kind, head[:MAGIC_BYTES], head_digest(head), header)
+    if _changed(entry, opened):  # the record describes the bytes read: the open file's stat wins
+        entry = _Listing().listed(entry.path, entry.root, entry.sdk_tree, opened)
+    return _record(entry, kind, head[:MAGIC_BYTES], head_digest(head), header)
 
 
-def _unread_record(entry: ListedFile) -> FileRecord:
-    return _record(entry, entry.stat, None, b"", None, None)
+def _changed(entry: ListedFile, st: os.stat_result) -> bool:
+    return (st.st_size, st.st_mode, st.st_nlink, st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ctime_ns) != (
+        entry.size, entry.mode, entry.nlink, entry.uid, entry.gid, entry.mtime_ns, entry.ctime_ns
+    )  # fmt: skip
 
 
 def _record(
     entry: ListedFile,
-    st: os.stat_result,
     kind: FileKind | None,
     magic: bytes,
     head_digest: bytes | None,
@@ -300,15 +339,15 @@ def _record(
         root=entry.root.path,
         sdk_tree=entry.sdk_tree,
         kind=kind,
-        dev=st.st_dev,
-        ino=st.st_ino,
-        nlink=st.st_nlink,
-        size=st.st_size,
-        mode=st.st_mode,
-        uid=st.st_uid,
-        gid=st.st_gid,
-        mtime_ns=st.st_mtime_ns,
-        ctime_ns=st.st_ctime_ns,
+        dev=entry.dev,
+        ino=entry.ino,
+        nlink=entry.nlink,
+        size=entry.size,
+        mode=entry.mode,
+        uid=entry.uid,
+        gid=entry.gid,
+        mtime_ns=entry.mtime_ns,
+        ctime_ns=entry.ctime_ns,
         magic=magic,
         head_digest=head_digest,
         elf=header,
