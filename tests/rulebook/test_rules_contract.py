@@ -38,3 +38,13 @@ def test_the_dedup_policy_puts_runtime_packages_before_devel():
     assert order.index("_rocm_sdk_core") < order.index("_rocm_sdk_devel")
     assert order.index("_rocm_sdk_libraries*") < order.index("_rocm_sdk_devel")
     assert shipped_catalogue().policy["dedup"]["kinds"] == ["shared-library"]
+
+
+def test_only_defects_in_shipped_files_send_users_upstream():
+    """'report to URL' follows a finding about what a distribution shipped; rocm-audit's own actions
+    and notices (prune, dedup, image reading, unreadable paths) and the user's installs never."""
+    rules = shipped_catalogue().rules
+    upstream = {rule_id for rule_id, rule in rules.items() if rule.report_upstream}
+    assert {"ARCH001", "POST001", "POST006", "LLVM003", "KPACK001", "SCAN002"} <= upstream
+    never = {r for r in rules if r.startswith(("PRUNE", "DUP", "IMG"))} | {"SCAN001", "SCAN004", "POST003", "KPACK004"}
+    assert not never & upstream, sorted(never & upstream)

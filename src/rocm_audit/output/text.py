@@ -20,6 +20,7 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import PathView, plural, wrap
 from rocm_audit.output.text_sections import section_lines
+from rocm_audit.rulebook.catalogue import reports_upstream
 
 _COLOURS = {Severity.ERROR: "\x1b[31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
 # Paths listed on a grouped entry by default; -v lists them all.
@@ -37,15 +38,17 @@ def severity_label(severity: Severity, colour: bool) -> str:
 
 
 def _shipped_text(group: Sequence[Finding]) -> str:
-    """Who ships the files of a group: ``shipped by triton 3.9.0 (report to URL)``; empty when
-    some file is the user's own (no RECORD lists it)."""
+    """Who ships the files of a group: ``shipped by triton 3.9.0 (report to URL)``, the URL only for
+    a rule about a defect in what was shipped; empty when some file is the user's own (no RECORD
+    lists it)."""
     shippers = {f.shipped_by for f in group}
     if None in shippers:
         return ""
     named = sorted((s for s in shippers if s is not None), key=lambda s: s.name.lower())
     if len(named) == 1:
         only = named[0]
-        where = f" (report to {display(only.report_to)})" if only.report_to else ""
+        upstream = only.report_to and reports_upstream(group[0].rule)
+        where = f" (report to {display(only.report_to)})" if upstream else ""
         return f"shipped by {display(only.name)} {display(only.version)}{where}"
     return "shipped by " + ", ".join(f"{display(s.name)} {display(s.version)}" for s in named)
 

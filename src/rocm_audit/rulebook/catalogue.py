@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-_RULE_KEYS = {"title", "severity", "rationale", "fix", "params", "fingerprint", "reported_by"}
+_RULE_KEYS = {"title", "severity", "rationale", "fix", "params", "fingerprint", "reported_by", "report_upstream"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,10 @@ class Rule:
     # baseline entry matches a later finding with the same values (audit/baseline.py).
     fingerprint: tuple[str, ...] = ()
     reported_by: tuple[str, ...] = ()  # the commands that report it: "dedup", "llvm --probe"
+    # Whether a finding describes a defect in what a distribution ships, so that the text report
+    # names where its users report problems ("report to URL"): not for rocm-audit's own actions
+    # (a prune's notices), the state of this machine (an unreadable path) or the user's choices.
+    report_upstream: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +55,16 @@ def _command_list(value: object, source: str, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _parse_rule(rule_id: str, table: object, source: str, reported_by: tuple[str, ...] = ()) -> Rule:
+def _flag(table: dict[str, Any], key: str, default: bool, source: str, where: str) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(source, f"{key} must be true or false", key=f"{where}{key}")
+    return value
+
+
+def _parse_rule(
+    rule_id: str, table: object, source: str, reported_by: tuple[str, ...] = (), report_upstream: bool = True
+) -> Rule:
     if not isinstance(table, dict):
         raise ConfigError(source, "a rule must be a table", key=f"rules.{rule_id}")
     unknown = set(table) - _RULE_KEYS
@@ -88,6 +101,7 @@ def _parse_rule(rule_id: str, table: object, source: str, reported_by: tuple[str
             if "reported_by" in table
             else reported_by
         ),
+        report_upstream=_flag(table, "report_upstream", report_upstream, source, f"rules.{rule_id}."),
     )
 
 
@@ -122,10 +136,11 @@ def shipped_catalogue() -> Catalogue:
         file_reported_by = (
             _command_list(document["reported_by"], source, "reported_by") if "reported_by" in document else ()
         )
+        file_upstream = _flag(document, "report_upstream", True, source, "")
         for rule_id, table in document.get("rules", {}).items():
             if rule_id in rules:
                 raise ConfigError(source, "rule defined twice", key=f"rules.{rule_id}")
-            rules[rule_id] = _parse_rule(rule_id, table, source, file_reported_by)
+            rules[rule_id] = _parse_rule(rule_id, table, source, file_reported_by, file_upstream)
         for area, table in document.get("policy", {}).items():
             policy.setdefault(area, {}).update(table)
     return Catalogue(rules=rules, policy=policy)
@@ -140,3 +155,8 @@ def rule(rule_id: str) -> Rule:
 
 def default_severity(rule_id: str) -> Severity:
     return rule(rule_id).severity
+
+
+def reports_upstream(rule_id: str) -> bool:
+    """Whether the text report names where the shipper of a finding's file takes reports."""
+    return rule(rule_id).report_upstream
