@@ -68,7 +68,8 @@ def test_text_output_is_grouped_by_sdk_package(run_cli, mixed_tree):
     text = run_cli("verify-arch", "gfx950", "-p", str(mixed_tree), "-v", expect=1).stdout
     assert "_rocm_sdk_libraries: 4 carriers, 2 missing a target" in text
     assert "MISSING lib/libno950.so" in text and "ok      lib/libgood.so" in text
-    assert "translation units without it: 1 of 2" not in text  # gfx950 is missing in both TUs
+    assert "translation units without it" not in text  # gfx950 is missing in both TUs:
+    assert "no code object for gfx950 (none of its 2 translation units has it)" in " ".join(text.split())
     assert "ERROR ARCH001" in text
 
 
@@ -241,6 +242,12 @@ def test_kernel_databases_and_per_arch_libraries(run_cli, sdk_tree, built, tmp_p
     (tensile / "TensileLibrary_lazy_gfx1100.dat").write_bytes(b"\x80")
     again = run_cli("verify-arch", "gfx942", "gfx1100", "-p", str(sdk_tree), "--format", "json", expect=1)
     assert {c["kind"]: c for c in again.report["carriers"]}["kernel-database:tensile"]["missing"] == []
+    # Targets in the processors' numeric order (gfx942 before gfx1100), in data and in words
+    other = run_cli("verify-arch", "gfx1201", "gfx950", "-p", str(sdk_tree), "--format", "json", expect=1).report
+    tensile = {c["kind"]: c for c in other["carriers"]}["kernel-database:tensile"]
+    assert tensile["targets"] == ["gfx942", "gfx1100"] and tensile["missing"] == ["gfx950", "gfx1201"]
+    (said,) = (f["message"] for f in other["findings"] if f["path"] == tensile["path"])
+    assert said.startswith("no code object for gfx950, gfx1201") and said.endswith("found: gfx942, gfx1100")
     listing = run_cli("scan", "--targets", "-p", str(sdk_tree), "--format", "json", expect=0)
     assert ("gfx942130.kdb", "gfx942") in {
         (os.path.basename(o["path"]), o["target"]) for o in listing.report["code_objects"]

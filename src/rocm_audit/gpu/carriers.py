@@ -15,7 +15,7 @@ from rocm_audit.report_types import CarrierMatch
 from rocm_audit.tree.archfiles import arch_folder_of
 from rocm_audit.tree.inventory import FileKind
 from rocm_audit.tree.ownership import this_target_family
-from rocm_audit.tree.targets import arch_tokens, parse_target_id
+from rocm_audit.tree.targets import arch_tokens, parse_target_id, processor_sort_key
 
 # Containers only a host binary has (gpu/codeobjects.py): its units are TUs and embedded images.
 HOST_CONTAINERS = ("hip-fatbin", "kpack", "embedded-elf", "embedded-offload-bundle", "embedded-ccob")
@@ -41,8 +41,9 @@ class Carrier:
 
     def targets(self) -> list[str]:
         """What the entries offer, by the name the runtime selects them by (ELF header otherwise):
-        the same whether or not an entry was read."""
-        return sorted({name for obj in self.code_objects if (name := named_target(obj) or obj.target)})
+        the same whether or not an entry was read; gfx90a before gfx942 before gfx1100."""
+        names = {name for obj in self.code_objects if (name := named_target(obj) or obj.target)}
+        return sorted(names, key=processor_sort_key)
 
 
 def package_of(sdk_tree: str | None) -> str | None:

@@ -22,6 +22,7 @@ from rocm_audit.tree.targets import (
     choose_entry,
     match_code_object,
     parse_target_id,
+    processor_sort_key,
 )
 
 
@@ -114,7 +115,7 @@ def judge(carrier: Carrier, required: list[RequiredTarget]) -> list[Finding]:
     findings: list[Finding] = []
     spirv_only: list[str] = []
     compiled: list[tuple[str, int]] = []  # Triton kernels compiled at first use: (target, how many)
-    for target in required:
+    for target in sorted(required, key=lambda t: processor_sort_key(t.spelled)):  # gfx942 before gfx1100
         per_tu = [tu_match(tu, target.agent) for tu in carrier.tus]
         tus_without = [index for index, how in enumerate(per_tu) if how is None]
         order = [MatchKind.NATIVE, MatchKind.GENERIC, MatchKind.SPIRV]
@@ -193,9 +194,13 @@ def _lacking_units(carrier: Carrier, lacking: list[int]) -> tuple[str, dict[str,
     tu_total = len(carrier.tus) - len(images)
     parts = []
     if tus and (tu_total > 1 or images):
-        parts.append(f"translation units without it: {_compact(tus)} of {tu_total}")
+        parts.append(
+            f"none of its {tu_total} translation units has it"
+            if len(tus) == tu_total
+            else f"translation units without it: {_compact(tus)} of {tu_total}"
+        )
     if places:
-        parts.append(f"embedded images without it: {_compact(places)} of {len(images)}")
+        parts.append(f"embedded images without it: {_compact(places)} of {len(images)}")  # where they are
     detail = f" ({'; '.join(parts)})" if parts else ""
     return detail, ({"images_without": places} if images else {})
 

@@ -7,6 +7,7 @@ from rocm_audit.findings import Finding
 from rocm_audit.gpu.carriers import Carrier
 from rocm_audit.gpu.codeobjects import CodeObject, FileCodeObjects
 from rocm_audit.report_types import CarrierRecord, CodeObjectRecord
+from rocm_audit.tree.targets import processor_sort_key
 
 
 def scan_findings(scans: list[FileCodeObjects]) -> list[Finding]:
@@ -26,7 +27,7 @@ def carrier_to_dict(carrier: Carrier) -> CarrierRecord:
         "targets": carrier.targets(),
         "found_via": [{"target": t, "source": s, "container": c} for t, s, c in found_via if t],
         "matches": carrier.matches,
-        "missing": sorted(carrier.missing),
+        "missing": sorted(carrier.missing, key=processor_sort_key),
         "embedded_images": [{"tu": tu, "place": place} for tu, place in sorted(carrier.unit_places.items())],
     }
 

@@ -23,6 +23,7 @@ from rocm_audit.report_types import (
     PruneWeightRow,
     Sections,
 )
+from rocm_audit.tree.targets import processor_sort_key
 from rocm_audit.units import size_text
 
 Shorten = Callable[[str], str]
@@ -97,7 +98,7 @@ def target_text(sections: Sections) -> str:
         for t in sections.get("targets", [])
     )
     if not targets:
-        return "no GPU targets given (name them: rocm-audit check gfx942 gfx950, or set GPU_ARCH)"
+        return "no GPU targets given, so none verified (the CHK001 warning says how to name them)"
     source = sections.get("targets_source")
     return f"{targets} (from {display(source)})" if source else targets
 
@@ -134,7 +135,7 @@ def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
         tus = f", {info['tu_count']} TU" if info["tu_count"] else ""
         containers = ", ".join(display(c) for c in info["containers"])
         objects = by_path.get(info["path"], [])
-        targets = sorted({display(o["target"]) for o in objects if o["target"]}, key=_target_order)
+        targets = sorted({display(o["target"]) for o in objects if o["target"]}, key=processor_sort_key)
         shown = " ".join(targets)
         lines.append(
             f"{view.path(info['path'])}  [{containers}{tus}]  {plural(len(objects), 'code object')}"
@@ -159,13 +160,6 @@ def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
             f"{plural(len(sections['code_objects']), 'code object')}"
         )
     return lines
-
-
-def _target_order(target: str) -> tuple[int, str]:
-    """gfx90a before gfx942 before gfx1100: by the processor's family number, then its name."""
-    digits = target[3:].split(":", 1)[0] if target.startswith("gfx") else ""
-    major = digits[:-2] if len(digits) > 2 else digits[:1]
-    return (int(major) if major.isdigit() else 999, target)
 
 
 def file_kind_lines(sections: Sections) -> list[str]:
