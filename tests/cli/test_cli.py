@@ -143,3 +143,17 @@ def test_a_wheel_given_as_a_path_is_a_usage_error_not_a_silent_pass(tmp_path, co
     assert done.returncode == 2, done.stdout + done.stderr
     assert "is a zip archive" in done.stderr and "pip install --no-deps --target" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_summary_of_a_report_written_elsewhere_reads_at_100_columns(sdk, tmp_path):
+    """With --format json -o FILE, one summary goes to stderr for the person watching the build: its
+    counts in words (no "group(s)"), broken at spaces within 100 columns."""
+    report = tmp_path / "report.json"
+    command = ["check", "gfx942", "-p", str(sdk.site), "--format", "json", "-o", str(report)]
+    done = run(sys.executable, "-m", "rocm_audit", *command)
+    assert done.returncode == 1 and report.is_file()
+    summary = done.stderr.splitlines()
+    said = " ".join(line.strip() for line in summary)
+    assert said.startswith("check: ") and "SDK duplicate groups" in said and "GPU code carrier" in said
+    assert "(s)" not in said and "(es)" not in said
+    assert len(summary) > 1 and all(len(line) <= 100 for line in summary), summary

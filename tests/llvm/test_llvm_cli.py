@@ -186,7 +186,7 @@ def test_report_file_is_written_and_summary_goes_to_stderr(llvm_cli, dup_llvm15,
     target = tmp_path / "report.json"
     result = llvm_cli("-p", str(dup_llvm15.root), "--format", "json", "-o", str(target), expect=1)
     report_validator.validate(json.loads(target.read_text()))
-    assert "1 clash(es), 1 high" in result.output
+    assert "1 clash, 1 high" in result.output
 
 
 def test_help_and_import_stay_light():

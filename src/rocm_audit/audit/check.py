@@ -20,6 +20,7 @@ from rocm_audit.report_types import Sections
 from rocm_audit.tree.discovery import AuditRoot, resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
 from rocm_audit.tree.loader import HostView, LoaderModel
+from rocm_audit.units import plural
 
 if TYPE_CHECKING:
     from rocm_audit.gpu.verify import TargetCandidate, TargetChoice
@@ -176,7 +177,7 @@ def audit_inventory(
         findings=audit.findings,
         inputs=looked,
         sections=audit.sections,
-        summary=f"check: {len(inventory.files)} files; " + "; ".join(audit.summaries) + f"; {elapsed:.2f} s",
+        summary=f"check: {plural(len(inventory.files), 'file')}; " + "; ".join(audit.summaries) + f"; {elapsed:.2f} s",
         device_bytes_by_path=device_bytes_by_path,
     )
 
@@ -192,7 +193,7 @@ def _dedup_step(inventory: Inventory, audit: _Audit, progress: Progress) -> None
     audit.findings.extend(check_mode_findings(plan))
     audit.sections["dedup"] = dedup_section(plan, "check", ApplyResult(), time.monotonic() - audit.started)
     audit.ran.append("dedup")
-    audit.summaries.append(f"{len(plan.groups)} duplicate group(s)")
+    audit.summaries.append(plural(len(plan.groups), "SDK duplicate group"))
 
 
 def _target_choice(inventory: Inventory, options: CheckOptions) -> TargetChoice | None:
@@ -248,7 +249,7 @@ def _verify_arch_step(
         audit.sections["targets_source"] = choice.source
         audit.sections["targets_origin"] = choice.origin
         missing = sum(1 for c in carriers if c.missing)
-        audit.summaries.append(f"{len(carriers)} GPU code carrier(s), {missing} missing a target")
+        audit.summaries.append(f"{plural(len(carriers), 'GPU code carrier')}, {missing} missing a target")
     else:
         audit.findings.append(
             make_finding(
@@ -258,7 +259,7 @@ def _verify_arch_step(
                 "or install _rocm_sdk_core with share/therock/dist_info.json",
             )
         )
-        audit.summaries.append(f"{len(carriers)} GPU code carrier(s), targets unknown")
+        audit.summaries.append(f"{plural(len(carriers), 'GPU code carrier')}, targets unknown")
     targets = choice.targets if choice is not None and choice.targets else []
     audit.findings.extend(inventory_findings(inventory, scans, targets, judged))
     audit.sections["carriers"] = [archcheck.carrier_to_dict(c) for c in carriers]
@@ -293,7 +294,7 @@ def _llvm_step(inventory: Inventory, audit: _Audit, options: CheckOptions, progr
     if analysis.probe_interpreter is not None:
         audit.sections["probe_interpreter"] = llvm_clashes.interpreter_to_dict(analysis.probe_interpreter)
     audit.ran.append("llvm")
-    audit.summaries.append(f"{len(analysis.clashes)} LLVM clash(es)")
+    audit.summaries.append(plural(len(analysis.clashes), "LLVM clash", "LLVM clashes"))
 
 
 def _post_build_step(inventory: Inventory, audit: _Audit, options: CheckOptions, progress: Progress) -> None:

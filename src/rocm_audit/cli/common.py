@@ -457,7 +457,9 @@ def emit(
         _write_out(_rendered(outcome, file_format, threshold, verbose), path)
     _write_out(_rendered(outcome, fmt, threshold, verbose, terminal=not output), output)
     if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
-        typer.echo(display(outcome.summary), err=True)
+        from rocm_audit.output.layout import wrap
+
+        typer.echo("\n".join(wrap(display(outcome.summary))), err=True)  # a person reads it: 100 columns
     if threshold is None:
         return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
     return outcome.exit_code(threshold)

@@ -37,6 +37,7 @@ from rocm_audit.report_types import CodeObjectFileRecord
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileKind, build_inventory
 from rocm_audit.tree.targets import resolve_required
+from rocm_audit.units import plural
 
 # What other packages and the tests reach through this module (the steps' own modules also work).
 __all__ = [
@@ -98,7 +99,7 @@ def verify_arch(
             "targets_origin": choice.origin,
             "carriers": [carrier_to_dict(c) for c in carriers],
         },
-        summary=f"verify-arch: {len(carriers)} carrier(s), {failing} missing a target of "
+        summary=f"verify-arch: {plural(len(carriers), 'carrier')}, {failing} missing a target of "
         f"{', '.join(t.spelled for t in required)}",
     )
     return outcome

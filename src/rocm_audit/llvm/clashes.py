@@ -27,6 +27,7 @@ from rocm_audit.progress import SILENT, Progress
 from rocm_audit.report_types import Sections
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import build_inventory
+from rocm_audit.units import plural
 
 # The public names of `rocm-audit llvm`, importable from here as before the split (audit/check.py,
 # the CLI and the tests import them from this module).
@@ -105,7 +106,8 @@ def run_llvm(
         sections["probe_interpreter"] = interpreter_to_dict(analysis.probe_interpreter)
     high = sum(1 for c in analysis.clashes if c.risk is Risk.HIGH)
     confirmed = sum(1 for c in analysis.clashes if c.confirmed)
-    summary = f"llvm: {len(analysis.libraries)} libraries, {len(analysis.clashes)} clash(es), {high} high" + (
+    clashes = plural(len(analysis.clashes), "clash", "clashes")
+    summary = f"llvm: {plural(len(analysis.libraries), 'library', 'libraries')}, {clashes}, {high} high" + (
         f", {confirmed} confirmed by probe" if options.probe else ""
     )
     return CommandOutcome(

@@ -78,9 +78,9 @@ def coverage_lines(sections: Sections, shorten: Callable[[str], str]) -> list[st
     gaps = [c for c in carriers if c.get("missing")]
     lines.append("")
     if not gaps:
-        lines.append(f"All {len(carriers)} GPU code carrier(s) cover every target.")
+        lines.append(f"No GPU code carrier misses a target ({len(carriers)} judged).")
         return lines
-    lines.append(f"{len(gaps)} of {len(carriers)} GPU code carrier(s) miss a target:")
+    lines.append(f"GPU code carriers missing a target: {len(gaps)} of {len(carriers)}.")
     lines.append("")
     rows = []
     for carrier in gaps[:COVERAGE_ROWS]:
