@@ -262,9 +262,11 @@ def test_scan_targets_lists_every_code_object(run_cli, built, jax_plugin):
     prng = [o for o in result.report["code_objects"] if o["path"].endswith("_prng.so")]
     assert {o["container"] for o in prng} == {"ccob"} and {o["code_object_version"] for o in prng} == {None, 6}
     text = " ".join(run_cli("scan", "--targets", "-p", str(built["libfat950.so"]), expect=0).stdout.split())
-    assert "3 code objects for 2 targets: gfx942 gfx950" in text and "1 file, 3 code objects" in text
+    # The bundle's host entry is listed with -v, never counted as a GPU code object
+    assert "2 code objects for 2 targets: gfx942 gfx950" in text and "1 file, 2 GPU code objects" in text
     detail = run_cli("scan", "--targets", "-v", "-p", str(built["libfat950.so"]), expect=0).stdout
     assert "hipv4-amdgcn-amd-amdhsa--gfx950-" in detail and "cov6" in detail and "cov5" in detail
+    assert "host  " in detail and "host-x86_64-unknown-linux-" in detail
     plain = run_cli("scan", "-p", str(built["libfat950.so"]), "--format", "json", expect=0)
     assert plain.report["file_kinds"]["shared-library"] == 1
 

@@ -125,8 +125,8 @@ def verify_arch_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
 
 
 def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
-    """One line per file (its containers, translation units, code objects and their targets);
-    with ``verbose`` a line per code object."""
+    """One line per file (its containers, translation units, GPU code objects and their targets:
+    a bundle's host entry is no code object); with ``verbose`` a line per entry, host ones too."""
     lines: list[str] = []
     by_path: dict[str, list[CodeObjectRecord]] = {}
     for code_object in sections["code_objects"]:
@@ -135,10 +135,11 @@ def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
         tus = f", {info['tu_count']} TU" if info["tu_count"] else ""
         containers = ", ".join(display(c) for c in info["containers"])
         objects = by_path.get(info["path"], [])
-        targets = sorted({display(o["target"]) for o in objects if o["target"]}, key=processor_sort_key)
+        device = [o for o in objects if o["kind"] != "host"]
+        targets = sorted({display(o["target"]) for o in device if o["target"]}, key=processor_sort_key)
         shown = " ".join(targets)
         lines.append(
-            f"{view.path(info['path'])}  [{containers}{tus}]  {plural(len(objects), 'code object')}"
+            f"{view.path(info['path'])}  [{containers}{tus}]  {plural(len(device), 'code object')}"
             + (f" for {plural(len(targets), 'target')}: {shown}" if targets else "")
         )
         if not verbose:
@@ -157,7 +158,7 @@ def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
     else:
         lines.append(
             f"{plural(len(sections['code_object_files']), 'file')}, "
-            f"{plural(len(sections['code_objects']), 'code object')}"
+            f"{plural(sum(o['kind'] != 'host' for o in sections['code_objects']), 'GPU code object')}"
         )
     return lines
 

@@ -28,8 +28,9 @@ def command(
         bool,
         typer.Option(
             "--targets",
-            help="List every GPU code object per file (bundles, CCOBs, kpack, raw and embedded "
-            "ELFs, kernel databases), like clang-offload-bundler --list for all containers.",
+            help="Every file that carries GPU code, a line each: its containers (bundles, CCOBs, "
+            "kpack, raw and embedded ELFs, kernel databases) and the GPU targets of its code "
+            "objects; -v lists each code object (clang-offload-bundler --list for every container).",
             rich_help_panel=ACTION_PANEL,
         ),
     ] = False,
