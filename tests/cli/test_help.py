@@ -193,6 +193,16 @@ def test_rules_points_to_explain(run_cli):
     assert "rocm-audit explain" in help_of("rules")
 
 
+def test_the_rules_table_continues_a_long_title_under_its_column(run_cli):
+    lines = run_cli("rules", expect=0).stdout.splitlines()
+    title_column = lines[0].index("title")
+    table = lines[1 : next(i for i, line in enumerate(lines) if line.startswith("what a rule means"))]
+    continued = [line for line in table if line.startswith(" ")]
+    assert continued and all(len(line) <= 100 for line in table)
+    assert all(len(line) - len(line.lstrip()) == title_column for line in continued)
+    assert len([line for line in table if not line.startswith(" ")]) == len(shipped_catalogue().rules)
+
+
 @pytest.fixture()
 def fresh_logging():
     """The root logger as it was, after the test: -v installs a handler on it."""

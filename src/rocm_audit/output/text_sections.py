@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TypedDict
 
 from rocm_audit.output.escape import display
-from rocm_audit.output.layout import PathView, hold, plural
+from rocm_audit.output.layout import PathView, hold, plural, wrap
 from rocm_audit.report_types import (
     CarrierRecord,
     CodeObjectRecord,
@@ -542,12 +542,17 @@ def prune_revert_lines(sections: Sections) -> list[str]:
 
 
 def rules_lines(sections: Sections) -> list[str]:
-    lines = [f"{'rule':8} {'severity':8} {'source':34} title"]
+    """The rules table, a long title continued under the title column; policy and ignores."""
+    source_width = max([len("source"), *(len(display(r["severity_source"])) for r in sections["rules"])])
+    source_width = min(source_width, 34)
+    title_column = " " * (8 + 1 + 8 + 1 + source_width + 1)
+    lines = [f"{'rule':8} {'severity':8} {'source':{source_width}} title"]
     for rule in sections["rules"]:
-        lines.append(
-            f"{display(rule['id']):8} {display(rule['severity']):8} {display(rule['severity_source']):34} "
-            f"{display(rule['title'])}"
+        row = (
+            f"{display(rule['id']):8} {display(rule['severity']):8} "
+            f"{display(rule['severity_source']):{source_width}} {display(rule['title'])}"
         )
+        lines += wrap(row, indent="", rest=title_column)
     lines.append("what a rule means, why it matters and how to fix it: rocm-audit explain RULE")
     lines.append("")
     lines.append("policy:")
