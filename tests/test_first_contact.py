@@ -172,7 +172,7 @@ def test_scan_targets_is_one_line_per_file_with_a_count(app_venv):
     _assert_readable(run.stdout)
     objects = int(re.search(r"([\d,]+) code objects for", run.stdout).group(1).replace(",", ""))
     assert objects > 1000
-    assert re.search(rf"1 file, {objects:,} code objects$", run.stdout, re.MULTILINE)
+    assert re.search(rf"1 file, {objects:,} GPU code objects$", run.stdout, re.MULTILINE)
 
 
 def test_probes_run_under_the_application_interpreter(app_venv):

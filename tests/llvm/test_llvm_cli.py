@@ -275,3 +275,11 @@ def test_an_executable_closure_is_found_but_never_dlopened(llvm_cli, llvm15_copi
     assert {p["outcome"] for p in closure["probes"]} == {"load-error"}
     assert closure["confirmed"] is None
     assert "LLVM008" in rules(report)
+
+
+def test_probe_says_when_nothing_needed_a_probe(run_cli, sdk):
+    """--probe on a tree without LLVM clashes runs no probe, and the text does not say it ran one."""
+    result = run_cli("llvm", "--probe", "-p", str(sdk.site), expect=0)
+    said = " ".join(result.stdout.split())
+    assert "No probe was needed: nothing to confirm. Probes would run under" in said
+    assert "Probes ran under" not in said

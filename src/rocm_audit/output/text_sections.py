@@ -189,9 +189,11 @@ def _interpreter_lines(sections: Sections) -> list[str]:
     used = sections.get("probe_interpreter")
     if used is None:
         return []
-    return [
-        f"Probes ran under {display(used['executable'])} (Python {display(used['version'])}): {display(used['reason'])}"
-    ]
+    where = f"{display(used['executable'])} (Python {display(used['version'])}): {display(used['reason'])}"
+    ran = any(c["probes"] for c in sections.get("clashes", [])) or any(p["probes"] for p in sections.get("pairs", []))
+    if not ran:
+        return [f"No probe was needed: nothing to confirm. Probes would run under {where}"]
+    return [f"Probes ran under {where}"]
 
 
 def _role_counts(libraries: Sequence[LlvmLibrary]) -> dict[str, int]:
