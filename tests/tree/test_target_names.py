@@ -59,6 +59,11 @@ def test_near_misses_say_did_you_mean():
     far = usage_error("banana")
     assert far.message == "unknown GPU target 'banana'"
     assert far.hint is not None and "gfx942" in far.hint and "MI300X" in far.hint
+    # An NVIDIA architecture (a CUDA build's habit) is named as one, with no AMD "nearest" guesses
+    for cuda in ("sm_90", "SM_90a", "compute_80"):
+        said = usage_error(cuda)
+        assert said.message.endswith("is an NVIDIA CUDA architecture: rocm-audit checks code for AMD GPUs")
+        assert said.hint is not None and "nearest" not in said.hint and "gfx942" in said.hint
 
 
 @pytest.mark.parametrize("spelled", ["gfx9500", "gfx90", "gfx1201x", "gfx", "mi300", "7900xtx", "rx 7900"])

@@ -304,6 +304,11 @@ def _unknown_target(text: str, head: str) -> UsageError:
             "(gfx942, MI300X); SPIR-V code counts for each of them",
             hint=LIST_TARGETS_HINT,
         )
+    if _CUDA_ARCH.match(query):
+        return UsageError(
+            f"{text!r} is an NVIDIA CUDA architecture: rocm-audit checks code for AMD GPUs",
+            hint=f"AMD targets are gfx names (gfx942) or products (MI300X); {LIST_TARGETS_HINT}",
+        )
     processors = {p: p for p in KNOWN_PROCESSORS}
     products = {key: product.name for key, product in PRODUCTS_BY_KEY.items()}
     by_processor, by_product = _ranked(query, processors), _ranked(product_key(head), products)
@@ -335,6 +340,9 @@ def _unknown_target(text: str, head: str) -> UsageError:
         if len(nearest) == 1 or len(HINT_PREFIX + hint) <= 100:
             return UsageError(message, hint=hint)
         nearest.pop()
+
+
+_CUDA_ARCH = re.compile(r"^(sm|compute|lto)_\d{2,3}[a-z]?$")  # nvcc -arch names: sm_90, sm_90a, compute_80
 
 
 def _natural_key(text: str) -> list[tuple[int, str]]:
