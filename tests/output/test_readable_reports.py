@@ -137,3 +137,10 @@ def test_sarif_of_an_archive_named_by_a_relative_path(run_cli, tmp_path, monkeyp
     assert run["originalUriBaseIds"] == {"INPUT1": {"uri": f"file:///{sp}/"}}
     locations = [r["locations"][0]["physicalLocation"]["artifactLocation"] for r in run["results"]]
     assert {"uri": "pkg/lib.so", "uriBaseId": "INPUT1"} in locations
+
+
+def test_markdown_numbers_several_roots_as_its_paths_show_them(run_cli, sdk):
+    text = run_cli("check", "gfx942", "-p", str(sdk.devel), "-p", str(sdk.core), "--format", "markdown").stdout
+    core, devel = sorted([str(sdk.core), str(sdk.devel)])
+    assert f"Paths relative to the audited directory holding them: [1] {core}, [2] {devel}" in text
+    assert "\\[2\\] lib/" in text  # a devel path of a finding, escaped as Markdown text

@@ -205,9 +205,12 @@ def render_markdown(outcome: CommandOutcome, verbose: int = 0) -> str:
     parts: list[list[str]] = [[f"### rocm-audit {markdown(outcome.command)}"]]
     if outcome.summary:
         parts[0] += ["", markdown(outcome.summary)]
-    shown_roots = [r for r in outcome.roots if r != "/"]
-    if shown_roots:
-        parts[0] += ["", "Paths relative to " + ", ".join(markdown(r) for r in shown_roots)]
+    shown_roots = PathView(outcome.roots).roots  # numbered as the paths below show them: [1] lib/x.so
+    if len(shown_roots) == 1:
+        parts[0] += ["", "Paths relative to " + markdown(shown_roots[0])]
+    elif shown_roots:
+        numbered = ", ".join(f"[{n}] {markdown(root)}" for n, root in enumerate(shown_roots, 1))
+        parts[0] += ["", "Paths relative to the audited directory holding them: " + numbered]
     context = context_lines(outcome.sections)
     if context:
         parts.append(context)
