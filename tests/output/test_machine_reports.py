@@ -225,3 +225,24 @@ def test_summary_counts_what_a_baseline_suppressed(sdk, run_cli, tmp_path):
     assert suppressed["by_source"] == [
         {"source": f"baseline:{baseline}", "kind": "baseline", "count": len(first["findings"])}
     ]
+
+
+def test_a_group_of_missing_libraries_counts_the_libraries_it_does_not_name():
+    """Sixteen files that miss twenty libraries between them: the four most missed are named, the
+    rest counted as libraries (not "and 16 more" beside "16 files", which reads as files)."""
+    from rocm_audit.output.layout import PathView
+    from rocm_audit.output.text import finding_lines
+
+    names = [f"libmissing{n:02}.so" for n in range(20)]
+    group = [
+        make_finding(
+            "POST002",
+            f"/site/pkg/ext{i:02}.so",
+            "needs ROCm libraries that no search path finds",
+            data={"missing_sonames": names[: 5 + i % 16] if i else names},
+        )
+        for i in range(16)
+    ]
+    said = " ".join(" ".join(finding_lines(group, PathView(["/site"]), False, 0)).split())
+    assert "16 files: needs ROCm libraries that no search path finds - libmissing00.so (16 files)" in said
+    assert said.count("(16 files)") == 4 and "and 16 other libraries" in said

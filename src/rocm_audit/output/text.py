@@ -59,7 +59,7 @@ TALLY_SHOWN = 4
 
 
 def _tally(group: Sequence[Finding]) -> str:
-    """``: libamdhip64.so.7 (15 files), libhipblas.so.3 (9), librocfft.so.0 (6) and 12 more``."""
+    """``- libamdhip64.so.7 (15 files), libhipblas.so.3 (9 files) ... and 12 other libraries``."""
     counts: dict[str, int] = {}
     for one in group:
         for name in one.data.get(_TALLIED) or ():
@@ -68,7 +68,8 @@ def _tally(group: Sequence[Finding]) -> str:
         return ""
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     shown = [f"{display(name)} ({n} file{'s' if n > 1 else ''})" for name, n in ranked[:TALLY_SHOWN]]
-    more = f" and {len(ranked) - TALLY_SHOWN} more" if len(ranked) > TALLY_SHOWN else ""
+    others = len(ranked) - TALLY_SHOWN  # "16 files: ... and 16 more" read as 16 more files
+    more = f" and {plural(others, 'other library', 'other libraries')}" if others > 0 else ""
     return "- " + ", ".join(shown) + more
 
 
