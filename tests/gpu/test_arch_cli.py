@@ -83,7 +83,7 @@ def test_targets_from_gpu_arch_then_dist_info_then_usage_error(run_cli, sdk_tree
     copy(built["libplain.so"], sdk_tree / "_rocm_sdk_libraries" / "lib" / "libx.so")
     monkeypatch.delenv("GPU_ARCH", raising=False)
     missing = run_cli("verify-arch", "-p", str(sdk_tree), expect=2)
-    assert "no GPU target given" in missing.output
+    assert "no GPU target: name them" in missing.output
     (sdk_tree / "_rocm_sdk_core" / "share" / "therock" / "dist_info.json").write_text(
         json.dumps({"dist_amdgpu_targets": "gfx942;gfx90a"})
     )

@@ -284,9 +284,9 @@ def test_a_product_name_judges_as_its_processor(run_cli, gfx942_dir):
 def test_prune_without_targets_says_how_to_give_them(run_cli, tmp_path, monkeypatch):
     monkeypatch.delenv("GPU_ARCH", raising=False)
     result = run_cli("prune", "--dry-run", "-p", str(tmp_path), expect=2)
-    (line,) = result.stderr.splitlines()
-    assert "rocm-audit prune gfx942 gfx950" in line and "GPU_ARCH" in line and "dist_info.json" in line
-    assert "verify-arch" not in line
+    line, hint = result.stderr.splitlines()
+    assert "rocm-audit prune gfx942 gfx950" in line and "GPU_ARCH" in line and "dist_info.json" in hint
+    assert "verify-arch" not in line + hint
 
 
 def test_list_targets_is_sorted_and_fits_the_screen(run_cli):
@@ -298,3 +298,11 @@ def test_list_targets_is_sorted_and_fits_the_screen(run_cli):
     (gfx942,) = [line for line in lines if line.startswith("gfx942 ")]
     assert gfx942.split(None, 3)[1:] == ["sramecc", "xnack", "MI325X, MI300X, MI300A"]
     assert "Product names from: ROCm GPU hardware specifications" in result.stdout
+
+
+def test_target_errors_fit_100_columns(run_cli, gfx942_dir, monkeypatch):
+    """What a person meets first when a target is wrong or missing: lines of 100 columns at most."""
+    monkeypatch.delenv("GPU_ARCH", raising=False)
+    for args in (["verify-arch", "gfx9-generic"], ["verify-arch"], ["prune"], ["verify-arch", "sm_90"]):
+        said = run_cli(*args, "-p", str(gfx942_dir), expect=2).stderr
+        assert said.startswith("rocm-audit: error: ") and all(len(line) <= 100 for line in said.splitlines()), said

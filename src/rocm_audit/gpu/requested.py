@@ -99,8 +99,8 @@ def choose_targets(
         origin["extra_targets"] = extra
     if not names:
         raise UsageError(
-            f'no GPU target given: name them (rocm-audit {command} gfx942 gfx950, or "gfx942;gfx950"), '
-            f"set GPU_ARCH, or audit a tree with {DIST_INFO}"
+            f"no GPU target: name them (rocm-audit {command} gfx942 gfx950) or set GPU_ARCH",
+            hint=f"or audit a tree whose {DIST_INFO} names them",
         )
     origin["value"] = ";".join(names)
     required: list[RequiredTarget] = []

@@ -130,9 +130,10 @@ def read_user_target(spelled: str) -> UserTarget:
     if processor in GENERIC_PROCESSORS:
         served = sorted((p for p, g in GENERIC_OF.items() if g == processor), key=processor_sort_key)
         raise UsageError(
-            f"{text!r} is a generic code-object target, not a GPU: name the GPUs instead "
-            f"({', '.join(served) or 'none is mapped to it'}); "
-            f"code for {processor} counts for each GPU it serves"
+            f"{text!r} is a generic code-object target, not a GPU: name GPUs instead",
+            hint=f"it serves {', '.join(served)}, and its code counts for each of them"
+            if served
+            else "no GPU is mapped to it",
         )
     if processor not in KNOWN_PROCESSORS:
         product = find_product(head)
@@ -307,7 +308,7 @@ def _unknown_target(text: str, head: str) -> UsageError:
     if _CUDA_ARCH.match(query):
         return UsageError(
             f"{text!r} is an NVIDIA CUDA architecture: rocm-audit checks code for AMD GPUs",
-            hint=f"AMD targets are gfx names (gfx942) or products (MI300X); {LIST_TARGETS_HINT}",
+            hint=f"name AMD GPUs (gfx942, MI300X); {LIST_TARGETS_HINT}",
         )
     processors = {p: p for p in KNOWN_PROCESSORS}
     products = {key: product.name for key, product in PRODUCTS_BY_KEY.items()}
