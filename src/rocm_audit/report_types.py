@@ -419,6 +419,11 @@ class KeptUnit(TypedDict):
     reason: str
 
 
+class KeptDistribution(TypedDict):
+    distribution: str
+    source: str  # "--keep-dist NAME" or "keep_dist in FILE:LINE"
+
+
 class PruneSection(TypedDict):
     mode: str  # apply | dry-run | check
     targets: list[str]
@@ -436,6 +441,8 @@ class PruneSection(TypedDict):
     # per distribution: device code for no kept target in fat binaries of host libraries, which
     # `prune --fatbins` would remove (from the entry tables, no recompression), largest first
     fatbins_estimate: list[FatbinDistribution]
+    # the installed distributions left whole (--keep-dist, [policy.prune] keep_dist) and where each was named
+    kept_whole: list[KeptDistribution]
 
 
 class PruneRevertSection(TypedDict):

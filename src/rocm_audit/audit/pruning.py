@@ -29,9 +29,16 @@ from rocm_audit.prune.plan import (
     make_plan,
 )
 from rocm_audit.prune.weigh import NO_DISTRIBUTION, Weight, weigh
-from rocm_audit.report_types import FatbinDistribution, PruneFatbinsSection, PruneRemoval, PruneSection
+from rocm_audit.report_types import (
+    FatbinDistribution,
+    KeptDistribution,
+    PruneFatbinsSection,
+    PruneRemoval,
+    PruneSection,
+)
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
+from rocm_audit.tree.ownership import Distribution, normalize
 from rocm_audit.tree.targets import TargetSelection, kept_target
 from rocm_audit.units import plural, size_text
 
@@ -80,6 +87,38 @@ def kept_distributions(keep_dist_args: list[str]) -> list[tuple[str, str]]:
     named = [(name, f"--keep-dist {name}") for name in keep_dist_args]
     named += [(name, f"keep_dist in {where}") for name in current.area("prune").get("keep_dist", [])]
     return named
+
+
+def check_kept_names(keep_dist_args: list[str], installed: list[Distribution]) -> None:
+    """Each ``--keep-dist NAME`` must name (or, as a glob, match) an installed distribution: a typo
+    would keep nothing whole and say nothing. Raises UsageError, with the closest names."""
+    import difflib
+
+    from rocm_audit.errors import UsageError
+
+    names = sorted({d.name for d in installed}, key=str.lower)
+    for pattern in keep_dist_args:
+        if distribution_matches_any(pattern, installed):
+            continue
+        by_normal = {normalize(name): name for name in names}
+        close = [by_normal[n] for n in difflib.get_close_matches(normalize(pattern), list(by_normal), n=3, cutoff=0.6)]
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        where = f"{len(names)} installed" if names else "none installed"
+        raise UsageError(f"--keep-dist {pattern}: no installed distribution has that name ({where}){hint}")
+
+
+def distribution_matches_any(pattern: str, installed: list[Distribution]) -> bool:
+    return any(distribution_matches(d.name, [(pattern, "")]) is not None for d in installed)
+
+
+def kept_whole(installed: list[Distribution], keep: list[tuple[str, str]]) -> list[KeptDistribution]:
+    """The installed distributions ``keep`` names, each with where it was named, by name."""
+    found: list[KeptDistribution] = []
+    for distribution in sorted(installed, key=lambda d: d.normalized):
+        source = distribution_matches(distribution.name, keep)
+        if source is not None and distribution.name not in [k["distribution"] for k in found]:
+            found.append({"distribution": distribution.name, "source": source})
+    return found
 
 
 def weight_finding(
@@ -210,6 +249,7 @@ def prune_section(
     result: prune_apply.ApplyResult | None = None,
     elapsed_s: float = 0.0,
     fatbins_by_path: dict[str, int] | None = None,
+    keep: list[tuple[str, str]] | None = None,
 ) -> PruneSection:
     fatbins_by_path = fatbins_by_path or {}
     return {
@@ -227,6 +267,7 @@ def prune_section(
         "backup": result.backup if result else None,
         "shell_preview": shell_preview(plan) if mode == "dry-run" else [],
         "elapsed_s": round(elapsed_s, 3),
+        "kept_whole": kept_whole(plan.distributions, keep or []),
     }
 
 
@@ -248,7 +289,7 @@ def prune_for_check(
     keep_distributions(plan, keep)
     weight = weigh(inventory, plan, reader)
     fatbins = fatbins_estimate(inventory, plan, weight, reader, keep)
-    section = prune_section(plan, weight, "check", source, fatbins_by_path=fatbins)
+    section = prune_section(plan, weight, "check", source, fatbins_by_path=fatbins, keep=keep)
     by_path = (
         {path: (b, u, r, fatbins.get(path, 0)) for path, (b, u, r) in sorted(weight.by_path.items())} if by_file else {}
     )
@@ -331,6 +372,7 @@ def _run_prune(
     _read_code_objects(inventory, reader, progress)
     progress.phase("weighing device code for other GPUs")
     plan = make_plan(inventory, kept, reader)
+    check_kept_names(keep_dists or [], plan.distributions)
     keep = kept_distributions(keep_dists or [])
     keep_distributions(plan, keep)
     weight = weigh(inventory, plan, reader)
@@ -356,7 +398,7 @@ def _run_prune(
     weight_note = weight_finding(plan, weight, where, fatbin_plan, fatbins_estimate=sum(estimate.values()))
     if weight_note is not None:
         findings.insert(weight_note_at, weight_note)
-    section = prune_section(plan, weight, mode, source, result, time.monotonic() - started, estimate)
+    section = prune_section(plan, weight, mode, source, result, time.monotonic() - started, estimate, keep)
     totals = section["totals"]
     if mode == "apply":
         summary = (

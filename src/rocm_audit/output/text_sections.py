@@ -444,6 +444,16 @@ def fatbins_estimate_lines(section: PruneSection) -> list[str]:
     ]
 
 
+def kept_whole_lines(section: PruneSection) -> list[str]:
+    """``kept whole (--keep-dist): cupy-rocm-7-0, onnxruntime-rocm``, one line per place named."""
+    by_source: dict[str, list[str]] = {}
+    for kept in section["kept_whole"]:
+        source = kept["source"]
+        where = "--keep-dist" if source.startswith("--keep-dist ") else source
+        by_source.setdefault(where, []).append(display(kept["distribution"]))
+    return [f"kept whole ({display(where)}): {', '.join(names)}" for where, names in by_source.items()]
+
+
 def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int = 0, limit: int = 40) -> list[str]:
     """Totals, a table per distribution, the removals; with ``verbose`` a row per distribution
     and target too."""
@@ -459,6 +469,7 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
     ]
     if "prune_fatbins" not in sections:  # with --fatbins its own exact figures follow
         lines[2:2] = fatbins_estimate_lines(section)
+    lines[1:1] = kept_whole_lines(section)
     for one in weight_by_distribution(section["weight"]):
         lines.append(
             f"{display(one['distribution']):32} {one['targets']:>7} {size_text(one['bytes']):>11} "
