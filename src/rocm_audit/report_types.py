@@ -432,10 +432,14 @@ class PruneSection(TypedDict):
     weight: list[PruneWeightRow]
     removals: list[PruneRemoval]
     kept_units: list[KeptUnit]
-    removed: int
-    bytes_freed: int
-    manifest: str | None
+    removed: int  # whole units removed (an applying run)
+    slimmed: int  # libraries --fatbins slimmed (an applying run)
+    slimmed_bytes: int  # device code those libraries lost (zeroed bytes included)
+    bytes_freed: int  # on disk: the removed units and what the slimmed libraries shrank by
+    manifest: str | None  # the revert journal written, None when none was
     backup: str | None
+    revert_command: str | None  # the command that undoes the run, None when it changed nothing
+    nothing_done: str  # an applying run that changed nothing: why; else empty
     shell_preview: list[str]
     elapsed_s: float
     # per distribution: device code for no kept target in fat binaries of host libraries, which

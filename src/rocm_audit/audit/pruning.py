@@ -28,6 +28,7 @@ from rocm_audit.prune.plan import (
     keep_distributions,
     make_plan,
 )
+from rocm_audit.prune.summary import apply_summary, record_apply
 from rocm_audit.prune.weigh import NO_DISTRIBUTION, Weight, weigh
 from rocm_audit.report_types import (
     FatbinDistribution,
@@ -246,7 +247,6 @@ def prune_section(
     weight: Weight,
     mode: str,
     source: str,
-    result: prune_apply.ApplyResult | None = None,
     elapsed_s: float = 0.0,
     fatbins_by_path: dict[str, int] | None = None,
     keep: list[tuple[str, str]] | None = None,
@@ -261,10 +261,14 @@ def prune_section(
         "weight": [row.to_dict() for row in weight.rows],
         "removals": [_removal_dict(r) for r in plan.removals],
         "kept_units": [{"path": k.path, "arches": list(k.arches), "reason": k.reason} for k in plan.kept_units],
-        "removed": result.removed if result else 0,
-        "bytes_freed": result.bytes_freed if result else 0,
-        "manifest": result.manifest if result else None,
-        "backup": result.backup if result else None,
+        "removed": 0,
+        "slimmed": 0,
+        "slimmed_bytes": 0,
+        "bytes_freed": 0,
+        "manifest": None,
+        "backup": None,
+        "revert_command": None,
+        "nothing_done": "",
         "shell_preview": shell_preview(plan) if mode == "dry-run" else [],
         "elapsed_s": round(elapsed_s, 3),
         "kept_whole": kept_whole(plan.distributions, keep or []),
@@ -394,17 +398,16 @@ def _run_prune(
         if fatbin_plan is not None:
             progress.phase("slimming fat binaries")
             fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings)
+    apply_errors = findings[weight_note_at:]
     # after the apply: an applying run knows what the fat binaries gave only once they are slimmed
     weight_note = weight_finding(plan, weight, where, fatbin_plan, fatbins_estimate=sum(estimate.values()))
     if weight_note is not None:
         findings.insert(weight_note_at, weight_note)
-    section = prune_section(plan, weight, mode, source, result, time.monotonic() - started, estimate, keep)
+    section = prune_section(plan, weight, mode, source, time.monotonic() - started, estimate, keep)
     totals = section["totals"]
     if mode == "apply":
-        summary = (
-            f"prune: {result.removed if result else 0} of {_units(len(plan.removals))} removed, "
-            f"{size_text(result.bytes_freed if result else 0)} freed; kept {', '.join(k.spelled for k in kept)}"
-        )
+        record_apply(section, result, fatbin_result, apply_errors, fatbins_asked=fatbins)
+        summary = apply_summary(section)
     else:
         summary = (
             f"prune ({mode}): {_units(len(plan.removals))}, {size_text(totals['removable_bytes'])} removable of "
@@ -413,11 +416,7 @@ def _run_prune(
     sections: dict[str, object] = {"sdk_trees": inventory.sdk_trees, "prune": section}
     if fatbin_plan is not None:
         sections["prune_fatbins"] = fatbins_section(fatbin_plan, mode, fatbin_result)
-        if fatbin_result is not None:
-            summary += f"; fat binaries slimmed in {fatbin_result.slimmed} of {fatbin_result.planned} librar(ies), "
-            summary += f"{size_text(fatbin_result.bytes_zeroed)} of device code removed, "
-            summary += f"{size_text(fatbin_result.bytes_saved)} off the files on disk"
-        else:
+        if fatbin_result is None:
             summary += f"; --fatbins would remove {size_text(fatbin_plan.freed)} from host libraries "
             summary += f"({size_text(fatbin_plan.saved)} off the files on disk)"
     return CommandOutcome(
@@ -478,7 +477,9 @@ def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | Non
         "mode": mode,
         "bytes": result.bytes_zeroed if result is not None else plan.freed,
         "slimmed": result.slimmed if result is not None else 0,
-        "by_distribution": [{"distribution": d, "bytes": b} for d, b in plan.freed_by_distribution().items()],
+        "by_distribution": [
+            {"distribution": d, "bytes": b} for d, b in plan.freed_by_distribution(applied=result is not None).items()
+        ],
         "libraries": [
             {
                 "path": library.path,

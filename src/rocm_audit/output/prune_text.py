@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 from rocm_audit.output.escape import display
-from rocm_audit.output.layout import PathView, plural
+from rocm_audit.output.layout import WIDTH, PathView, hold, plural
+from rocm_audit.prune.summary import done_text
 from rocm_audit.report_types import PruneSection, PruneWeightRow, Sections
 from rocm_audit.units import size_text
 
@@ -138,8 +139,26 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
         else:
             lines.append("(-v shows the equivalent shell commands)")
     lines += _fatbin_lines(sections, view)
+    return lines
+
+
+def prune_closing_lines(sections: Sections) -> list[str]:
+    """What an applying run did (or why nothing), where its journal is and the command that
+    undoes it: the last lines above the count, where a person looks when the run ends."""
+    section = sections["prune"]
+    if section["mode"] != "apply":
+        return []
+    if section["nothing_done"]:
+        return [f"prune: nothing removed: {display(section['nothing_done'])}"]
+    lines = [display(f"prune: {done_text(section)}")]
     if section["manifest"]:
-        lines.append(f"revert manifest: {display(section['manifest'])}")
+        lines.append(f"revert manifest: {hold(display(section['manifest']))}")
+    if section["backup"]:
+        lines.append(f"backup of the originals: {hold(display(section['backup']))}")
+    if section["revert_command"]:
+        command = hold(display(section["revert_command"]))  # one line, whole, to copy
+        said = f"to undo, run: {command}"
+        lines += [said] if len(said) <= WIDTH else ["to undo, run:", f"  {command}"]
     return lines
 
 

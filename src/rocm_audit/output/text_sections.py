@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import PathView, hold, plural
-from rocm_audit.output.prune_text import fatbins_estimate_lines, prune_lines, prune_revert_lines
+from rocm_audit.output.prune_text import fatbins_estimate_lines, prune_closing_lines, prune_lines, prune_revert_lines
 from rocm_audit.report_types import (
     CarrierRecord,
     CodeObjectRecord,
@@ -439,4 +439,12 @@ def section_lines(command: str, sections: Sections, view: PathView = _NO_ROOTS, 
         return image_lines(sections, view, verbose) if "image" in sections else []
     if command == "rules":
         return rules_lines(sections)
+    return []
+
+
+def closing_lines(command: str, sections: Sections) -> list[str]:
+    """Lines a command ends its text with, after the findings and before the count: what an
+    applying prune did and how to undo it."""
+    if command == "prune" and "prune" in sections:
+        return prune_closing_lines(sections)
     return []

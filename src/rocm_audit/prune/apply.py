@@ -310,7 +310,6 @@ def _apply_locked(
     result: ApplyResult,
 ) -> ApplyResult:
     manifest = manifest_path or default_manifest_path(plan)
-    result.manifest = manifest
     backup = os.path.abspath(backup_dir) if backup_dir else None
     if backup is not None:
         for root in plan.roots:
@@ -352,6 +351,7 @@ def _apply_locked(
             for removal in plan.removals:
                 removal.status, removal.reason = "failed", "no manifest"
             return result
+        result.manifest = manifest  # written: the run can be reverted from here on
         backed_up: dict[str, str] = {}
         progress.phase("removing", len(plan.removals), "units")
         for done, (removal, lines) in enumerate(zip(plan.removals, journal, strict=True)):

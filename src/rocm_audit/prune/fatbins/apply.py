@@ -94,10 +94,12 @@ class FatbinPlan:
     def saved(self) -> int:
         return sum(library.saved for library in self.libraries)
 
-    def freed_by_distribution(self) -> dict[str, int]:
+    def freed_by_distribution(self, *, applied: bool = False) -> dict[str, int]:
+        """Device code removed per distribution, largest first; ``applied``: only from the
+        libraries an applying run slimmed (not those it skipped or failed on)."""
         by: dict[str, int] = {}
         for library in self.libraries:
-            if library.freed:
+            if library.freed and (not applied or library.status == "slimmed"):
                 name = library.owner.name if library.owner is not None else "(no distribution)"
                 by[name] = by.get(name, 0) + library.freed
         return dict(sorted(by.items(), key=lambda item: -item[1]))
@@ -376,7 +378,7 @@ def apply_fatbins(
         if not lib.refused and (lib.result.freed if lib.result is not None else lib.status == "planned")
     ]
     backup = os.path.abspath(backup_dir) if backup_dir else None
-    result = FatbinApplyResult(planned=len(todo), manifest=manifest, backup=backup)
+    result = FatbinApplyResult(planned=len(todo), backup=backup)
     if not todo:
         return result
     with tree_locks(locked) as busy:
@@ -385,6 +387,7 @@ def apply_fatbins(
                 findings.append(
                     make_finding("PRUNE005", tree, "another rocm-audit run holds this tree; nothing changed")
                 )
+            _not_attempted(todo, "tree locked by another run")
             return result
         run = secrets.token_hex(8)
         entries = [_journal_entry(library, run, backup) for library in todo]
@@ -401,13 +404,20 @@ def apply_fatbins(
             findings.append(
                 make_finding("PRUNE004", manifest, f"cannot write the revert manifest: {exc.strerror}; nothing changed")
             )
+            _not_attempted(todo, "no revert manifest")
             return result
+        result.manifest = manifest  # written: the run can be reverted from here on
         with contextlib.ExitStack() as stack:
             proof, comgr_state = _open_comgr(stack, plan.kept, plan.comgr_library)
             comgr = [proof]  # a child that fails is dropped for the libraries after it too
             for library, entry in zip(todo, entries, strict=True):
                 _apply_one(library, entry, plan.kept, comgr, comgr_state, (manifest, run), result, findings)
     return result
+
+
+def _not_attempted(libraries: list[FatbinLibrary], why: str) -> None:
+    for library in libraries:
+        library.status, library.refused = "skipped", why
 
 
 def _apply_one(
