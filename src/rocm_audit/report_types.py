@@ -449,10 +449,18 @@ class PruneSection(TypedDict):
     kept_whole: list[KeptDistribution]
 
 
+class RevertedDistribution(TypedDict):
+    distribution: str
+    version: str
+
+
 class PruneRevertSection(TypedDict):
     restored: list[str]
     original: list[str]
-    reinstall: list[str]
+    reinstall: list[str]  # the commands that write back what no backup holds
+    uninstalled: list[RevertedDistribution]  # pruned, then uninstalled: nothing restored for them
+    nothing_done: str  # why nothing was restored; empty when something was, or something is left to do
+    backups_done: list[str]  # backup directories no longer needed: everything is back
 
 
 class FatbinLibraryRecord(TypedDict):

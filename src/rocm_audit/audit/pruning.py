@@ -12,7 +12,7 @@ import shlex
 import time
 
 from rocm_audit.errors import FormatError, Interrupted
-from rocm_audit.findings import Finding, make_finding
+from rocm_audit.findings import Finding, Severity, make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune import apply as prune_apply
@@ -28,6 +28,7 @@ from rocm_audit.prune.plan import (
     keep_distributions,
     make_plan,
 )
+from rocm_audit.prune.reinstall import Reinstalls, mark_reverted, run_facts
 from rocm_audit.prune.summary import apply_summary, record_apply
 from rocm_audit.prune.weigh import NO_DISTRIBUTION, Weight, weigh
 from rocm_audit.report_types import (
@@ -35,6 +36,7 @@ from rocm_audit.report_types import (
     KeptDistribution,
     PruneFatbinsSection,
     PruneRemoval,
+    PruneRevertSection,
     PruneSection,
 )
 from rocm_audit.tree.discovery import resolve_roots
@@ -397,7 +399,7 @@ def _run_prune(
         applied.append(result)
         if fatbin_plan is not None:
             progress.phase("slimming fat binaries")
-            fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings)
+            fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings, python)
     apply_errors = findings[weight_note_at:]
     # after the apply: an applying run knows what the fat binaries gave only once they are slimmed
     weight_note = weight_finding(plan, weight, where, fatbin_plan, fatbins_estimate=sum(estimate.values()))
@@ -458,7 +460,12 @@ def _fatbin_plan(
 
 
 def _apply_fatbins(
-    plan: PrunePlan, fatbin_plan: FatbinPlan, manifest_path: str | None, backup_dir: str | None, findings: list[Finding]
+    plan: PrunePlan,
+    fatbin_plan: FatbinPlan,
+    manifest_path: str | None,
+    backup_dir: str | None,
+    findings: list[Finding],
+    python: str | None = None,
 ) -> FatbinApplyResult:
     from rocm_audit.errors import UsageError
 
@@ -469,7 +476,7 @@ def _apply_fatbins(
                 raise UsageError(f"--backup {backup_dir} lies inside the audited tree {root.path}")
     locked = sorted({*plan.sdk_trees, *(r.path for r in plan.roots if not r.single_file)})
     manifest = manifest_path or prune_apply.default_manifest_path(plan)
-    return apply_fatbins(fatbin_plan, locked, manifest, backup, findings)
+    return apply_fatbins(fatbin_plan, locked, manifest, backup, findings, python)
 
 
 def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | None) -> PruneFatbinsSection:
@@ -497,23 +504,52 @@ def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | Non
     }
 
 
-def revert_prune(manifests: list[str], progress: Progress = SILENT) -> CommandOutcome:
-    """Restore what the manifests journalled. Raises UsageError, and Interrupted on Ctrl-C."""
-    result = prune_apply.revert(manifests, progress)
-    slimmed = revert_fatbins(manifests)
-    already = set(result.reinstall)
-    result.findings.extend(f for f in slimmed.findings if f.rule != "PRUNE007" or f.path not in already)
+def revert_prune(manifests: list[str], progress: Progress = SILENT, python: str | None = None) -> CommandOutcome:
+    """Restore what the manifests journalled. ``python``: the audited site's interpreter, for the
+    reinstall lines (else the one each manifest recorded, else the one owning the site). Raises
+    UsageError, and Interrupted on Ctrl-C."""
+    reinstalls = Reinstalls(python=os.path.abspath(python) if python else None)
+    result = prune_apply.revert(manifests, progress, reinstalls)
+    slimmed = revert_fatbins(manifests, reinstalls)
+    result.findings.extend(slimmed.findings)
     result.restored.extend(slimmed.restored)
     result.original.extend(slimmed.original)
-    result.reinstall.extend(line for line in slimmed.reinstall if line not in result.reinstall)
+    result.findings.extend(reinstalls.findings())
+    reinstall = [*reinstalls.commands(), *result.reinstall]
+    _python, reverted, backups = run_facts(manifests)
+    failed = any(f.severity is Severity.ERROR for f in result.findings)
+    whole = not failed and not reinstall  # every journalled path is as it was before the prune
+    if whole:
+        mark_reverted(manifests, [run for run in backups if run not in reverted])
+    nothing = ""
+    if not result.restored and whole:
+        if reinstalls.gone:
+            names = ", ".join(name for name, _version in reinstalls.gone)
+            nothing = f"what the prune changed belongs to distributions uninstalled since ({names})"
+        elif backups and all(run in reverted for run in backups):
+            nothing = "an earlier --revert restored everything these manifests journalled"
+        else:
+            nothing = (
+                "every journalled path is as it was before the prune (the run changed nothing, or it was put back)"
+            )
+    section: PruneRevertSection = {
+        "restored": result.restored,
+        "original": result.original,
+        "reinstall": reinstall,
+        "uninstalled": [{"distribution": n, "version": v} for n, v in reinstalls.gone],
+        "nothing_done": nothing,
+        "backups_done": sorted({b for b in backups.values() if b}) if whole and result.restored else [],
+    }
+    summary = (
+        f"prune --revert: {plural(len(result.restored), 'path')} restored, {len(result.original)} already original"
+    )
+    if reinstall:
+        summary += f", {plural(len(reinstall), 'reinstall command')} to run"
     return CommandOutcome(
         command="prune",
         findings=result.findings,
         inputs=list(manifests),
-        sections={
-            "prune_revert": {"restored": result.restored, "original": result.original, "reinstall": result.reinstall}
-        },
-        force_failure=bool(result.reinstall),
-        summary=f"prune --revert: {len(result.restored)} path(s) restored, {len(result.original)} already original"
-        + (f", {len(result.reinstall)} reinstall command(s) to run" if result.reinstall else ""),
+        sections={"prune_revert": section},
+        force_failure=bool(reinstall),
+        summary=summary if not nothing else f"prune --revert: nothing to restore: {nothing}",
     )

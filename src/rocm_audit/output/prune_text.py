@@ -145,6 +145,8 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
 def prune_closing_lines(sections: Sections) -> list[str]:
     """What an applying run did (or why nothing), where its journal is and the command that
     undoes it: the last lines above the count, where a person looks when the run ends."""
+    if "prune_revert" in sections:
+        return prune_revert_closing_lines(sections)
     section = sections["prune"]
     if section["mode"] != "apply":
         return []
@@ -192,8 +194,34 @@ def _fatbin_lines(sections: Sections, view: PathView) -> list[str]:
     return lines
 
 
-def prune_revert_lines(sections: Sections) -> list[str]:
+_RESTORED_SHOWN = 10
+
+
+def prune_revert_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
+    """The paths put back (the first ten; -v all). The commands for the rest are in the PRUNE007
+    findings, said once there."""
+    restored = sections["prune_revert"]["restored"]
+    shown = restored if verbose else restored[:_RESTORED_SHOWN]
+    lines = [f"restored {view.path(path)}" for path in shown]
+    if len(restored) > len(shown):
+        lines.append(f"... and {len(restored) - len(shown):,} more (-v lists them)")
+    return lines
+
+
+def prune_revert_closing_lines(sections: Sections) -> list[str]:
+    """What the revert did, always: how many paths came back or why none did; what is left for
+    pip; the backups no longer needed."""
     section = sections["prune_revert"]
-    lines = [f"restored {display(path)}" for path in section["restored"]]
-    lines.extend(f"to restore, run: {display(line)}" for line in section["reinstall"])
+    if section["nothing_done"]:
+        lines = [f"prune --revert: nothing to restore: {display(section['nothing_done'])}"]
+    else:
+        restored = len(section["restored"])
+        lines = [f"prune --revert: restored {plural(restored, 'path')}" if restored else "prune --revert: no backup"]
+        if section["original"]:
+            lines[0] += f"; {len(section['original']):,} already as they were"
+    if section["reinstall"]:
+        left = plural(len(section["reinstall"]), "reinstall")
+        lines.append(f"{left} left to run: the PRUNE007 warnings above give the commands")
+    for backup in section["backups_done"]:
+        lines.append(f"everything is back: the backup {hold(display(backup))} is no longer needed and can be removed")
     return lines

@@ -431,7 +431,7 @@ def section_lines(command: str, sections: Sections, view: PathView = _NO_ROOTS, 
         return llvm_lines(sections, view, verbose) if "libraries" in sections else []
     if command == "prune":
         if "prune_revert" in sections:
-            return prune_revert_lines(sections)
+            return prune_revert_lines(sections, view, verbose)
         return prune_lines(sections, view, verbose=verbose) if "prune" in sections else []
     if command == "check":
         return check_lines(sections)
@@ -445,6 +445,6 @@ def section_lines(command: str, sections: Sections, view: PathView = _NO_ROOTS, 
 def closing_lines(command: str, sections: Sections) -> list[str]:
     """Lines a command ends its text with, after the findings and before the count: what an
     applying prune did and how to undo it."""
-    if command == "prune" and "prune" in sections:
+    if command == "prune" and ("prune" in sections or "prune_revert" in sections):
         return prune_closing_lines(sections)
     return []

@@ -116,7 +116,7 @@ def command(
         from rocm_audit.audit.pruning import revert_prune
 
         with progress_line("prune", report.quiet) as progress:
-            return revert_prune(revert, progress)
+            return revert_prune(revert, progress, python=python)
     from rocm_audit.audit.pruning import run_prune
 
     paths = audited_paths(paths, python)  # --python: its site-packages, and its pip uninstalls

@@ -37,10 +37,11 @@ from typing import Any
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.prune.apply import CopyMismatch, copy_into_place, reinstall_command, reinstall_findings, sha256_of
+from rocm_audit.prune.apply import CopyMismatch, copy_into_place, sha256_of
 from rocm_audit.prune.fatbins.comgr import AGREED, KNOWS_NONE, NOT_AVAILABLE, ComgrError, ComgrProof, system_comgr
 from rocm_audit.prune.fatbins.library import LibraryResult, Refused, check_library, prove_file, slim_library
 from rocm_audit.prune.plan import distribution_matches
+from rocm_audit.prune.reinstall import Reinstalls
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
 from rocm_audit.tree.ownership import Distribution
@@ -367,7 +368,12 @@ def _back_up(entry: dict[str, Any]) -> None:
 
 
 def apply_fatbins(
-    plan: FatbinPlan, locked: list[str], manifest: str, backup_dir: str | None, findings: list[Finding]
+    plan: FatbinPlan,
+    locked: list[str],
+    manifest: str,
+    backup_dir: str | None,
+    findings: list[Finding],
+    python: str | None = None,
 ) -> FatbinApplyResult:
     """Journal, then slim each planned library in place, once (see the module docstring). A
     deferred plan's libraries are slimmed here for the first time; a plan that slimmed them in
@@ -397,6 +403,7 @@ def apply_fatbins(
             "fatbins": True,
             "kept": plan.kept_spelled,
             "backup": backup,
+            "python": os.path.abspath(python) if python else None,  # for the reinstall lines of a revert
         }
         try:
             append_records(manifest, [header, *entries])
@@ -565,23 +572,30 @@ class FatbinRevertResult:
     findings: list[Finding] = field(default_factory=list)
 
 
-def revert_fatbins(manifest_paths: list[str]) -> FatbinRevertResult:
-    """Put back every library a ``--fatbins`` run slimmed (see the module docstring)."""
+def revert_fatbins(manifest_paths: list[str], reinstalls: Reinstalls | None = None) -> FatbinRevertResult:
+    """Put back every library a ``--fatbins`` run slimmed (see the module docstring); what no
+    backup holds goes to ``reinstalls``."""
     result = FatbinRevertResult()
+    reinstalls = Reinstalls() if reinstalls is None else reinstalls
     latest: dict[str, dict[str, Any]] = {}
     after: dict[tuple[str, str], str] = {}
+    python_of_run: dict[str, str | None] = {}
     for manifest in manifest_paths:
         for record in read_records(manifest):
-            if record.get("type") == ENTRY_TYPE and isinstance(record.get("path"), str):
+            if "rocm_audit_prune_manifest" in record:
+                python_of_run[str(record.get("run"))] = record.get("python")
+            elif record.get("type") == ENTRY_TYPE and isinstance(record.get("path"), str):
                 latest.setdefault(record["path"], record)  # the first run's original is the original
             elif record.get("type") == DONE_TYPE and isinstance(record.get("path"), str):
                 after[record["run"], record["path"]] = record.get("sha256_after", "")
-    reinstall: dict[str, None] = {}
     for path, entry in latest.items():
         try:
             current = sha256_of(path)
-        except OSError:
-            result.findings.append(make_finding("PRUNE006", path, "not restored: the library is gone"))
+        except OSError as exc:
+            if not reinstalls.uninstalled(entry):  # uninstalled after the prune: nothing to restore
+                why = exc.strerror or str(exc)
+                owner = f", though {entry['owner']} is still installed" if entry.get("owner") else ""
+                result.findings.append(make_finding("PRUNE006", path, f"not restored: {why}{owner}"))
             continue
         if current == entry["sha256"]:
             result.original.append(path)
@@ -597,13 +611,11 @@ def revert_fatbins(manifest_paths: list[str]) -> FatbinRevertResult:
             result.restored.append(path)
             continue
         if entry.get("owner"):
-            reinstall[reinstall_command(entry)] = None
+            reinstalls.add(entry, python_of_run.get(str(entry.get("run"))))
         else:
             result.findings.append(
                 make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
             )
-    result.reinstall = list(reinstall)
-    result.findings.extend(reinstall_findings(result.reinstall))
     return result
 
 
