@@ -5,10 +5,16 @@ HIP fat-binary library, mylib/libfat.so."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import subprocess
+from pathlib import Path
 
+import pytest
+
+from rocm_audit.tree.inventory import TEMP_PREFIX
 from support.prune_units import REMOVED, tree_state
 
 
@@ -102,3 +108,46 @@ def test_without_fatbins_a_run_left_with_fat_binaries_points_at_fatbins(run_cli,
     assert report["prune"]["nothing_done"] == (
         "the code for other GPUs sits in fat binaries of host libraries, which --fatbins slims"
     )
+
+
+@contextlib.contextmanager
+def _read_only(directory: Path):
+    """``directory`` read-only for real: a read-only bind mount as root (root ignores modes),
+    mode 0555 on it and its folders otherwise."""
+    if os.geteuid() == 0:
+        view = directory.parent / "read-only-view"
+        view.mkdir()
+        done = subprocess.run(["mount", "--bind", "-o", "ro", str(directory), str(view)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"no read-only bind mount here: {done.stderr.decode().strip()}")
+        try:
+            yield view
+        finally:
+            subprocess.run(["umount", str(view)], check=True)
+        return
+    folders = [directory, *(p for p in directory.rglob("*") if p.is_dir() and not p.is_symlink())]
+    for folder in folders:
+        folder.chmod(0o555)
+    try:
+        yield directory
+    finally:
+        for folder in folders:
+            folder.chmod(0o755)
+
+
+def test_a_read_only_tree_says_why_nothing_was_removed_in_plain_words(run_cli, units, tmp_path):
+    before = tree_state(units)
+    with _read_only(units) as tree:
+        elsewhere = ("--manifest", str(tmp_path / "journal.jsonl"))
+        done = run_cli("prune", "gfx942", "--fatbins", "-p", str(tree), *elsewhere, "--format", "json", expect=1)
+        text = run_cli("prune", "gfx942", "--fatbins", "-p", str(tree), *elsewhere, expect=1).output
+    assert tree_state(units) == before
+    section = done.report["prune"]
+    assert (section["removed"], section["slimmed"], section["revert_command"]) == (0, 0, None)
+    assert section["nothing_done"]
+    said = " ".join(text.split())
+    assert f"prune: nothing removed: {section['nothing_done']}" in said
+    assert "every bundle holds only code a kept target can select" not in said  # not the false reason
+    assert "[Errno" not in text and TEMP_PREFIX not in text  # the system's words, no temporary names
+    libraries = done.report["prune_fatbins"]["libraries"]
+    assert [lib["status"] for lib in libraries if lib["path"].endswith("libfat.so")] == ["failed"]

@@ -10,7 +10,7 @@ from typing import TypedDict
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import WIDTH, PathView, hold, plural
 from rocm_audit.prune.summary import done_text
-from rocm_audit.report_types import PruneSection, PruneWeightRow, Sections
+from rocm_audit.report_types import FatbinLibraryRecord, PruneSection, PruneWeightRow, Sections
 from rocm_audit.units import size_text
 
 _NO_ROOTS = PathView(())
@@ -176,9 +176,13 @@ def _fatbin_lines(sections: Sections, view: PathView) -> list[str]:
     lines = ["", f"device code in fat binaries of host libraries, {verb}:"]
     lines += [f"{display(d['distribution']):32} {size_text(d['bytes']):>11}" for d in fatbins["by_distribution"]]
     if not fatbins["by_distribution"]:
-        lines.append("nothing: every bundle holds only code a kept target can select")
+        lines.append(_why_no_fatbins(fatbins["libraries"]))
     for library in fatbins["libraries"]:
-        if library["bytes"] and library["status"] in _FATBIN_MARK:
+        if library["status"] in ("skipped", "failed"):
+            lines.append(
+                f"{_FATBIN_MARK[library['status']]:12} {view.path(library['path'])}: {display(library['reason'])}"
+            )
+        elif library["bytes"] and library["status"] in _FATBIN_MARK:
             removed = ", ".join(display(t) for t in library["removed_targets"])
             on_disk = (
                 f"file {size_text(library['file_bytes'])} smaller ({display(library['layout'])})"
@@ -195,6 +199,15 @@ def _fatbin_lines(sections: Sections, view: PathView) -> list[str]:
 
 
 _RESTORED_SHOWN = 10
+
+
+def _why_no_fatbins(libraries: Sequence[FatbinLibraryRecord]) -> str:
+    """Why no device code left (or would leave) the fat binaries: failures, refusals, or none to remove."""
+    if any(lib["status"] in ("skipped", "failed") for lib in libraries):
+        return "nothing: not slimmed (the lines below and the errors say why)"
+    if any(lib["reason"] for lib in libraries):
+        return "nothing: each library is left as it is, for the reason given below"
+    return "nothing: every bundle holds only code a kept target can select"
 
 
 def prune_revert_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:

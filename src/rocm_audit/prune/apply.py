@@ -390,12 +390,24 @@ def _apply_locked(
     return result
 
 
+def plain_error(exc: Exception, about: str = "") -> str:
+    """An error in plain words: the system's message (``Read-only file system``), with the file it
+    names unless that is ``about`` (the path the message is on) or one of our own temporary files;
+    never Python's ``[Errno 30]`` form."""
+    if not isinstance(exc, OSError) or not exc.strerror:
+        return str(exc)
+    name = exc.filename if isinstance(exc.filename, str) else None
+    if name is None or name == about or os.path.basename(name).startswith(TEMP_PREFIX):
+        return exc.strerror
+    return f"{exc.strerror}: {name}"
+
+
 def _record_failure(removal: Removal, findings: list[Finding], status: str, exc: Exception) -> None:
-    removal.status, removal.reason = status, str(exc)
+    removal.status, removal.reason = status, plain_error(exc, removal.path)
     if status == "skipped":
-        findings.append(make_finding("PRUNE003", removal.path, f"skipped: {exc}"))
+        findings.append(make_finding("PRUNE003", removal.path, f"skipped: {removal.reason}"))
     else:
-        findings.append(make_finding("PRUNE004", removal.path, f"could not remove: {exc}"))
+        findings.append(make_finding("PRUNE004", removal.path, f"could not remove: {removal.reason}"))
 
 
 def _prepare(lines: list[dict[str, Any]], backed_up: dict[str, str], backup: bool) -> list[dict[str, Any]]:

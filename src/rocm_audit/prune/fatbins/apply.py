@@ -37,7 +37,7 @@ from typing import Any
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.prune.apply import CopyMismatch, copy_into_place, sha256_of
+from rocm_audit.prune.apply import CopyMismatch, copy_into_place, plain_error, sha256_of
 from rocm_audit.prune.fatbins.comgr import AGREED, KNOWS_NONE, NOT_AVAILABLE, ComgrError, ComgrProof, system_comgr
 from rocm_audit.prune.fatbins.library import LibraryResult, Refused, check_library, prove_file, slim_library
 from rocm_audit.prune.plan import distribution_matches
@@ -459,8 +459,8 @@ def _apply_one(
         findings.append(make_finding("PRUNE003", library.path, f"skipped: {exc}"))
         return
     except (OSError, FormatError) as exc:
-        library.status, library.refused = "failed", str(exc)
-        findings.append(make_finding("PRUNE004", library.path, f"could not slim: {exc}"))
+        library.status, library.refused = "failed", plain_error(exc, library.path)
+        findings.append(make_finding("PRUNE004", library.path, f"could not slim: {library.refused}"))
         return
     if done is None:  # nothing to remove after all: left as it is, nothing written, not counted
         library.status = "unchanged"
