@@ -419,6 +419,11 @@ class KeptUnit(TypedDict):
     reason: str
 
 
+class KeptDistribution(TypedDict):
+    distribution: str
+    source: str  # "--keep-dist NAME" or "keep_dist in FILE:LINE"
+
+
 class PruneSection(TypedDict):
     mode: str  # apply | dry-run | check
     targets: list[str]
@@ -427,21 +432,35 @@ class PruneSection(TypedDict):
     weight: list[PruneWeightRow]
     removals: list[PruneRemoval]
     kept_units: list[KeptUnit]
-    removed: int
-    bytes_freed: int
-    manifest: str | None
+    removed: int  # whole units removed (an applying run)
+    slimmed: int  # libraries --fatbins slimmed (an applying run)
+    slimmed_bytes: int  # device code those libraries lost (zeroed bytes included)
+    bytes_freed: int  # on disk: the removed units and what the slimmed libraries shrank by
+    manifest: str | None  # the revert journal written, None when none was
     backup: str | None
+    revert_command: str | None  # the command that undoes the run, None when it changed nothing
+    nothing_done: str  # an applying run that changed nothing: why; else empty
     shell_preview: list[str]
     elapsed_s: float
     # per distribution: device code for no kept target in fat binaries of host libraries, which
     # `prune --fatbins` would remove (from the entry tables, no recompression), largest first
     fatbins_estimate: list[FatbinDistribution]
+    # the installed distributions left whole (--keep-dist, [policy.prune] keep_dist) and where each was named
+    kept_whole: list[KeptDistribution]
+
+
+class RevertedDistribution(TypedDict):
+    distribution: str
+    version: str
 
 
 class PruneRevertSection(TypedDict):
     restored: list[str]
     original: list[str]
-    reinstall: list[str]
+    reinstall: list[str]  # the commands that write back what no backup holds
+    uninstalled: list[RevertedDistribution]  # pruned, then uninstalled: nothing restored for them
+    nothing_done: str  # why nothing was restored; empty when something was, or something is left to do
+    backups_done: list[str]  # backup directories no longer needed: everything is back
 
 
 class FatbinLibraryRecord(TypedDict):

@@ -396,7 +396,11 @@ def test_revert_without_backup_names_the_reinstall(site):
     assert done.returncode == 0, done.stdout + done.stderr
     reverted = _cli("prune", "--revert", str(site / ".rocm-audit" / "prune-manifest.jsonl"))
     assert reverted.returncode == 1
-    assert "python -m pip install --force-reinstall --no-deps hippkg==1.0" in reverted.stdout
+    said = " ".join(reverted.stdout.split())  # as wrapped at 100 columns
+    # no interpreter owns this bare site-packages: the message says whose pip it must be
+    reinstall = "python -m pip install --force-reinstall --no-deps hippkg==1.0"
+    assert f"`{reinstall}`, run by the interpreter of {site}" in said
+    assert said.count(reinstall) == 1 and said.startswith(f"WARNING PRUNE007 {site}/hippkg-1.0.dist-info: ")
 
 
 def test_keep_dist_and_hard_links_leave_the_library_whole(site):

@@ -297,3 +297,20 @@ def test_arch_folders_of_code_objects_are_pruned_whole(run_cli, tmp_path):
     assert [(c["kind"], c["missing"]) for c in verdict["carriers"]] == [("per-arch-folders", [])]
     run_cli("prune", "--revert", applied["prune"]["manifest"], "--format", "json", expect=0)
     assert tree_state(site) == before
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["gfx942"], "takes no targets"),
+        (["--fatbins"], "--fatbins"),
+        (["--keep-dist", "mylib"], "--keep-dist"),
+        (["--backup", "/tmp/elsewhere"], "--backup"),
+    ],
+)
+def test_revert_refuses_what_it_would_ignore(run_cli, units, tmp_path, extra, named):
+    applied = _prune(run_cli, units, "gfx942", "--backup", str(tmp_path / "backup"))
+    before = tree_state(units)
+    done = run_cli("prune", "--revert", applied["prune"]["manifest"], *extra, expect=2)
+    assert named in done.output
+    assert tree_state(units) == before  # refused before anything was restored

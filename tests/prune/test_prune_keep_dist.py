@@ -60,3 +60,26 @@ def test_a_bad_keep_dist_value_is_a_usage_error(run_cli, units, tmp_path):
     rules.write_text('[policy.prune]\nkeep_dist = "mylib"\n')
     done = run_cli("prune", "gfx942", "--dry-run", "-p", str(units), "--rules", str(rules), expect=2)
     assert "keep_dist" in done.stdout + done.stderr
+
+
+def test_a_keep_dist_naming_no_installed_distribution_is_a_usage_error(run_cli, units):
+    before = tree_state(units)
+    done = run_cli("prune", "gfx942", "-p", str(units), "--keep-dist", "mylbi", expect=2)
+    assert "--keep-dist mylbi: no installed distribution has that name" in done.output
+    assert "did you mean mylib?" in done.output
+    assert tree_state(units) == before  # refused before anything was removed
+    # a glob that matches an installed distribution is accepted; one that matches none is not
+    run_cli("prune", "gfx942", "--dry-run", "-p", str(units), "--keep-dist", "my*", expect=0)
+    run_cli("prune", "gfx942", "--dry-run", "-p", str(units), "--keep-dist", "nosuch*", expect=2)
+
+
+def test_the_report_says_what_was_kept_whole_and_why(run_cli, units, tmp_path):
+    args = ("prune", "gfx942", "--dry-run", "-p", str(units), "--keep-dist", "MyLib")
+    report = run_cli(*args, "--format", "json").report
+    assert report["prune"]["kept_whole"] == [{"distribution": "mylib", "source": "--keep-dist MyLib"}]
+    text = run_cli(*args).output.splitlines()
+    assert text[2] == "kept whole (--keep-dist): mylib"  # under the kept targets, before the figures
+    rules = _rules(tmp_path, ["mylib"])
+    text = run_cli("prune", "gfx942", "--dry-run", "-p", str(units), "--rules", str(rules)).output
+    assert f"kept whole (keep_dist in {rules}:3): mylib" in " ".join(text.split())  # wrapped at 100 columns
+    assert "kept whole" not in run_cli("prune", "gfx942", "--dry-run", "-p", str(units)).output

@@ -86,6 +86,6 @@ def test_pytorch_device_wheels_and_aotriton_folders(tmp_path, run_cli):
     _pip(python, "check")
     reverted = run_cli("prune", "--revert", applied["manifest"], "--format", "json", expect=1).report
     assert sorted(reverted["prune_revert"]["reinstall"]) == [
-        f"python -m pip install --force-reinstall --no-deps amd-torch-device-gfx90a=={TORCH}",
-        f"python -m pip install --force-reinstall --no-deps torch=={TORCH}",
+        f"{python} -m pip install --force-reinstall --no-deps amd-torch-device-gfx90a=={TORCH}",
+        f"{python} -m pip install --force-reinstall --no-deps torch=={TORCH}",
     ]

@@ -83,7 +83,8 @@ def test_without_a_backup_revert_prints_the_exact_pip_line(install, run_cli):
     applied = run_cli("prune", "gfx942", "-p", str(site), "--format", "json", expect=0).report
     reverted = run_cli("prune", "--revert", applied["prune"]["manifest"], "--format", "json", expect=1).report
     assert (
-        f"python -m pip install --force-reinstall --no-deps rocm-sdk-device-gfx90a=={install.version}"
+        # run by the audited venv's own interpreter, which pip uninstalled the wheel with
+        f"{install.python} -m pip install --force-reinstall --no-deps rocm-sdk-device-gfx90a=={install.version}"
         in (reverted["prune_revert"]["reinstall"])
     )
     assert not [f for f in reverted["findings"] if f["rule"] == "PRUNE006"]

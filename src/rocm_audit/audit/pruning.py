@@ -12,7 +12,7 @@ import shlex
 import time
 
 from rocm_audit.errors import FormatError, Interrupted
-from rocm_audit.findings import Finding, make_finding
+from rocm_audit.findings import Finding, Severity, make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune import apply as prune_apply
@@ -28,10 +28,20 @@ from rocm_audit.prune.plan import (
     keep_distributions,
     make_plan,
 )
+from rocm_audit.prune.reinstall import Reinstalls, mark_reverted, run_facts
+from rocm_audit.prune.summary import apply_summary, record_apply
 from rocm_audit.prune.weigh import NO_DISTRIBUTION, Weight, weigh
-from rocm_audit.report_types import FatbinDistribution, PruneFatbinsSection, PruneRemoval, PruneSection
+from rocm_audit.report_types import (
+    FatbinDistribution,
+    KeptDistribution,
+    PruneFatbinsSection,
+    PruneRemoval,
+    PruneRevertSection,
+    PruneSection,
+)
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
+from rocm_audit.tree.ownership import Distribution, normalize
 from rocm_audit.tree.targets import TargetSelection, kept_target
 from rocm_audit.units import plural, size_text
 
@@ -80,6 +90,38 @@ def kept_distributions(keep_dist_args: list[str]) -> list[tuple[str, str]]:
     named = [(name, f"--keep-dist {name}") for name in keep_dist_args]
     named += [(name, f"keep_dist in {where}") for name in current.area("prune").get("keep_dist", [])]
     return named
+
+
+def check_kept_names(keep_dist_args: list[str], installed: list[Distribution]) -> None:
+    """Each ``--keep-dist NAME`` must name (or, as a glob, match) an installed distribution: a typo
+    would keep nothing whole and say nothing. Raises UsageError, with the closest names."""
+    import difflib
+
+    from rocm_audit.errors import UsageError
+
+    names = sorted({d.name for d in installed}, key=str.lower)
+    for pattern in keep_dist_args:
+        if distribution_matches_any(pattern, installed):
+            continue
+        by_normal = {normalize(name): name for name in names}
+        close = [by_normal[n] for n in difflib.get_close_matches(normalize(pattern), list(by_normal), n=3, cutoff=0.6)]
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        where = f"{len(names)} installed" if names else "none installed"
+        raise UsageError(f"--keep-dist {pattern}: no installed distribution has that name ({where}){hint}")
+
+
+def distribution_matches_any(pattern: str, installed: list[Distribution]) -> bool:
+    return any(distribution_matches(d.name, [(pattern, "")]) is not None for d in installed)
+
+
+def kept_whole(installed: list[Distribution], keep: list[tuple[str, str]]) -> list[KeptDistribution]:
+    """The installed distributions ``keep`` names, each with where it was named, by name."""
+    found: list[KeptDistribution] = []
+    for distribution in sorted(installed, key=lambda d: d.normalized):
+        source = distribution_matches(distribution.name, keep)
+        if source is not None and distribution.name not in [k["distribution"] for k in found]:
+            found.append({"distribution": distribution.name, "source": source})
+    return found
 
 
 def weight_finding(
@@ -207,9 +249,9 @@ def prune_section(
     weight: Weight,
     mode: str,
     source: str,
-    result: prune_apply.ApplyResult | None = None,
     elapsed_s: float = 0.0,
     fatbins_by_path: dict[str, int] | None = None,
+    keep: list[tuple[str, str]] | None = None,
 ) -> PruneSection:
     fatbins_by_path = fatbins_by_path or {}
     return {
@@ -221,12 +263,17 @@ def prune_section(
         "weight": [row.to_dict() for row in weight.rows],
         "removals": [_removal_dict(r) for r in plan.removals],
         "kept_units": [{"path": k.path, "arches": list(k.arches), "reason": k.reason} for k in plan.kept_units],
-        "removed": result.removed if result else 0,
-        "bytes_freed": result.bytes_freed if result else 0,
-        "manifest": result.manifest if result else None,
-        "backup": result.backup if result else None,
+        "removed": 0,
+        "slimmed": 0,
+        "slimmed_bytes": 0,
+        "bytes_freed": 0,
+        "manifest": None,
+        "backup": None,
+        "revert_command": None,
+        "nothing_done": "",
         "shell_preview": shell_preview(plan) if mode == "dry-run" else [],
         "elapsed_s": round(elapsed_s, 3),
+        "kept_whole": kept_whole(plan.distributions, keep or []),
     }
 
 
@@ -248,7 +295,7 @@ def prune_for_check(
     keep_distributions(plan, keep)
     weight = weigh(inventory, plan, reader)
     fatbins = fatbins_estimate(inventory, plan, weight, reader, keep)
-    section = prune_section(plan, weight, "check", source, fatbins_by_path=fatbins)
+    section = prune_section(plan, weight, "check", source, fatbins_by_path=fatbins, keep=keep)
     by_path = (
         {path: (b, u, r, fatbins.get(path, 0)) for path, (b, u, r) in sorted(weight.by_path.items())} if by_file else {}
     )
@@ -331,6 +378,7 @@ def _run_prune(
     _read_code_objects(inventory, reader, progress)
     progress.phase("weighing device code for other GPUs")
     plan = make_plan(inventory, kept, reader)
+    check_kept_names(keep_dists or [], plan.distributions)
     keep = kept_distributions(keep_dists or [])
     keep_distributions(plan, keep)
     weight = weigh(inventory, plan, reader)
@@ -351,18 +399,17 @@ def _run_prune(
         applied.append(result)
         if fatbin_plan is not None:
             progress.phase("slimming fat binaries")
-            fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings)
+            fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings, python)
+    apply_errors = findings[weight_note_at:]
     # after the apply: an applying run knows what the fat binaries gave only once they are slimmed
     weight_note = weight_finding(plan, weight, where, fatbin_plan, fatbins_estimate=sum(estimate.values()))
     if weight_note is not None:
         findings.insert(weight_note_at, weight_note)
-    section = prune_section(plan, weight, mode, source, result, time.monotonic() - started, estimate)
+    section = prune_section(plan, weight, mode, source, time.monotonic() - started, estimate, keep)
     totals = section["totals"]
     if mode == "apply":
-        summary = (
-            f"prune: {result.removed if result else 0} of {_units(len(plan.removals))} removed, "
-            f"{size_text(result.bytes_freed if result else 0)} freed; kept {', '.join(k.spelled for k in kept)}"
-        )
+        record_apply(section, result, fatbin_result, apply_errors, fatbins_asked=fatbins)
+        summary = apply_summary(section)
     else:
         summary = (
             f"prune ({mode}): {_units(len(plan.removals))}, {size_text(totals['removable_bytes'])} removable of "
@@ -371,11 +418,7 @@ def _run_prune(
     sections: dict[str, object] = {"sdk_trees": inventory.sdk_trees, "prune": section}
     if fatbin_plan is not None:
         sections["prune_fatbins"] = fatbins_section(fatbin_plan, mode, fatbin_result)
-        if fatbin_result is not None:
-            summary += f"; fat binaries slimmed in {fatbin_result.slimmed} of {fatbin_result.planned} librar(ies), "
-            summary += f"{size_text(fatbin_result.bytes_zeroed)} of device code removed, "
-            summary += f"{size_text(fatbin_result.bytes_saved)} off the files on disk"
-        else:
+        if fatbin_result is None:
             summary += f"; --fatbins would remove {size_text(fatbin_plan.freed)} from host libraries "
             summary += f"({size_text(fatbin_plan.saved)} off the files on disk)"
     return CommandOutcome(
@@ -417,7 +460,12 @@ def _fatbin_plan(
 
 
 def _apply_fatbins(
-    plan: PrunePlan, fatbin_plan: FatbinPlan, manifest_path: str | None, backup_dir: str | None, findings: list[Finding]
+    plan: PrunePlan,
+    fatbin_plan: FatbinPlan,
+    manifest_path: str | None,
+    backup_dir: str | None,
+    findings: list[Finding],
+    python: str | None = None,
 ) -> FatbinApplyResult:
     from rocm_audit.errors import UsageError
 
@@ -428,7 +476,7 @@ def _apply_fatbins(
                 raise UsageError(f"--backup {backup_dir} lies inside the audited tree {root.path}")
     locked = sorted({*plan.sdk_trees, *(r.path for r in plan.roots if not r.single_file)})
     manifest = manifest_path or prune_apply.default_manifest_path(plan)
-    return apply_fatbins(fatbin_plan, locked, manifest, backup, findings)
+    return apply_fatbins(fatbin_plan, locked, manifest, backup, findings, python)
 
 
 def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | None) -> PruneFatbinsSection:
@@ -436,7 +484,9 @@ def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | Non
         "mode": mode,
         "bytes": result.bytes_zeroed if result is not None else plan.freed,
         "slimmed": result.slimmed if result is not None else 0,
-        "by_distribution": [{"distribution": d, "bytes": b} for d, b in plan.freed_by_distribution().items()],
+        "by_distribution": [
+            {"distribution": d, "bytes": b} for d, b in plan.freed_by_distribution(applied=result is not None).items()
+        ],
         "libraries": [
             {
                 "path": library.path,
@@ -454,23 +504,52 @@ def fatbins_section(plan: FatbinPlan, mode: str, result: FatbinApplyResult | Non
     }
 
 
-def revert_prune(manifests: list[str], progress: Progress = SILENT) -> CommandOutcome:
-    """Restore what the manifests journalled. Raises UsageError, and Interrupted on Ctrl-C."""
-    result = prune_apply.revert(manifests, progress)
-    slimmed = revert_fatbins(manifests)
-    already = set(result.reinstall)
-    result.findings.extend(f for f in slimmed.findings if f.rule != "PRUNE007" or f.path not in already)
+def revert_prune(manifests: list[str], progress: Progress = SILENT, python: str | None = None) -> CommandOutcome:
+    """Restore what the manifests journalled. ``python``: the audited site's interpreter, for the
+    reinstall lines (else the one each manifest recorded, else the one owning the site). Raises
+    UsageError, and Interrupted on Ctrl-C."""
+    reinstalls = Reinstalls(python=os.path.abspath(python) if python else None)
+    result = prune_apply.revert(manifests, progress, reinstalls)
+    slimmed = revert_fatbins(manifests, reinstalls)
+    result.findings.extend(slimmed.findings)
     result.restored.extend(slimmed.restored)
     result.original.extend(slimmed.original)
-    result.reinstall.extend(line for line in slimmed.reinstall if line not in result.reinstall)
+    result.findings.extend(reinstalls.findings())
+    reinstall = [*reinstalls.commands(), *result.reinstall]
+    _python, reverted, backups = run_facts(manifests)
+    failed = any(f.severity is Severity.ERROR for f in result.findings)
+    whole = not failed and not reinstall  # every journalled path is as it was before the prune
+    if whole:
+        mark_reverted(manifests, [run for run in backups if run not in reverted])
+    nothing = ""
+    if not result.restored and whole:
+        if reinstalls.gone:
+            names = ", ".join(name for name, _version in reinstalls.gone)
+            nothing = f"what the prune changed belongs to distributions uninstalled since ({names})"
+        elif backups and all(run in reverted for run in backups):
+            nothing = "an earlier --revert restored everything these manifests journalled"
+        else:
+            nothing = (
+                "every journalled path is as it was before the prune (the run changed nothing, or it was put back)"
+            )
+    section: PruneRevertSection = {
+        "restored": result.restored,
+        "original": result.original,
+        "reinstall": reinstall,
+        "uninstalled": [{"distribution": n, "version": v} for n, v in reinstalls.gone],
+        "nothing_done": nothing,
+        "backups_done": sorted({b for b in backups.values() if b}) if whole and result.restored else [],
+    }
+    summary = (
+        f"prune --revert: {plural(len(result.restored), 'path')} restored, {len(result.original)} already original"
+    )
+    if reinstall:
+        summary += f", {plural(len(reinstall), 'reinstall command')} to run"
     return CommandOutcome(
         command="prune",
         findings=result.findings,
         inputs=list(manifests),
-        sections={
-            "prune_revert": {"restored": result.restored, "original": result.original, "reinstall": result.reinstall}
-        },
-        force_failure=bool(result.reinstall),
-        summary=f"prune --revert: {len(result.restored)} path(s) restored, {len(result.original)} already original"
-        + (f", {len(result.reinstall)} reinstall command(s) to run" if result.reinstall else ""),
+        sections={"prune_revert": section},
+        force_failure=bool(reinstall),
+        summary=summary if not nothing else f"prune --revert: nothing to restore: {nothing}",
     )

@@ -15,7 +15,8 @@ from rocm_audit.findings import Severity, cause_groups
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import markdown
 from rocm_audit.output.layout import PathView
-from rocm_audit.output.text_sections import relative_to_roots, weight_by_distribution
+from rocm_audit.output.prune_text import weight_by_distribution
+from rocm_audit.output.text_sections import relative_to_roots
 from rocm_audit.report_types import Sections
 
 COVERAGE_ROWS = 25

@@ -1,8 +1,9 @@
 """Text rendering of a command outcome, for a person at a terminal of 100 columns.
 
 Order: where the paths are relative to, the command's own summary, the findings (errors first,
-then warnings, then info; findings with one rule and one cause on one entry with a count), what a
-rules file or baseline suppressed, and one count line that agrees with the findings. ``-v`` adds
+then warnings, then info; findings with one rule and one cause on one entry with a count), what
+the run did when it changed something (prune: and how to undo it), what a rules file or baseline
+suppressed, and one count line that agrees with the findings. ``-v`` adds
 the detail: every path of a group, each finding's explanation, and the command's full tables.
 
 Pure: the outcome's data in, one string out; every name passes through output/escape.py, and a
@@ -19,7 +20,7 @@ from rocm_audit.findings import Finding, Severity, cause_groups
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import PathView, plural, wrap
-from rocm_audit.output.text_sections import section_lines
+from rocm_audit.output.text_sections import closing_lines, section_lines
 from rocm_audit.rulebook.catalogue import reports_upstream
 
 _COLOURS = {Severity.ERROR: "\x1b[31m", Severity.WARNING: "\x1b[33m", Severity.INFO: "\x1b[36m"}
@@ -149,7 +150,8 @@ def render_text(outcome: CommandOutcome, verbose: int = 0, colour: bool = False)
     findings = render_findings(outcome, colour, view, verbose)
     if findings:
         parts.append("\n".join(findings))
-    closing = [line for line in (suppressed_line(outcome.suppressed),) if line]
+    closing = [line for raw in closing_lines(outcome.command, outcome.sections) for line in wrap(raw)]
+    closing += [line for line in (suppressed_line(outcome.suppressed),) if line]
     closing.append(count_line(outcome.command, outcome.findings))
     parts.append("\n".join(closing))
     return "\n\n".join(parts) + "\n"

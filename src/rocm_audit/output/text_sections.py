@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TypedDict
 
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import PathView, hold, plural, wrap
+from rocm_audit.output.prune_text import fatbins_estimate_lines, prune_closing_lines, prune_lines, prune_revert_lines
 from rocm_audit.report_types import (
     CarrierRecord,
     CodeObjectRecord,
     LlvmLibrary,
     LlvmOrder,
     LlvmProbe,
-    PruneSection,
-    PruneWeightRow,
     Sections,
 )
 from rocm_audit.tree.targets import processor_sort_key
@@ -389,160 +387,6 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
     return lines + check_lines(sections)
 
 
-class DistributionWeight(TypedDict):
-    """Prune's weight rows of one distribution, summed (what text and Markdown show)."""
-
-    distribution: str
-    bytes: int
-    compressed_bytes: int
-    unused_bytes: int
-    removable_bytes: int
-    targets: int  # how many rows: targets the distribution carries code for
-
-
-def weight_by_distribution(rows: Sequence[PruneWeightRow]) -> list[DistributionWeight]:
-    """The prune weight rows summed per distribution, largest first (pure; text and markdown)."""
-    sums: dict[str, DistributionWeight] = {}
-    for row in rows:
-        one = sums.setdefault(
-            row["distribution"],
-            {
-                "distribution": row["distribution"],
-                "bytes": 0,
-                "compressed_bytes": 0,
-                "unused_bytes": 0,
-                "removable_bytes": 0,
-                "targets": 0,
-            },
-        )
-        one["bytes"] += row["bytes"]
-        one["compressed_bytes"] += row["compressed_bytes"]
-        one["unused_bytes"] += row["unused_bytes"]
-        one["removable_bytes"] += row["removable_bytes"]
-        one["targets"] += 1
-    return sorted(sums.values(), key=lambda d: (-d["bytes"], d["distribution"]))
-
-
-_REMOVAL_MARK = {"planned": "would remove", "removed": "removed", "skipped": "SKIPPED", "failed": "FAILED"}
-
-
-def fatbins_estimate_lines(section: PruneSection) -> list[str]:
-    """What ``prune --fatbins`` would remove from fat binaries of host libraries, per distribution
-    (an estimate from the entry tables; no line when there is nothing)."""
-    rows = section["fatbins_estimate"]
-    if not rows:
-        return []
-    total = section["totals"]["fatbins_estimate_bytes"]
-    parts = ", ".join(f"{display(r['distribution'])} {size_text(r['bytes'])}" for r in rows[:8])
-    more = f", {len(rows) - 8} more" if len(rows) > 8 else ""
-    return [
-        f"prune --fatbins: about {size_text(total)} removable from fat binaries of host libraries ({parts}{more}); "
-        "an estimate from their entry tables, `prune --fatbins --dry-run` gives the exact figure"
-    ]
-
-
-def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int = 0, limit: int = 40) -> list[str]:
-    """Totals, a table per distribution, the removals; with ``verbose`` a row per distribution
-    and target too."""
-    section = sections["prune"]
-    totals = section["totals"]
-    lines = [
-        f"Keep: {', '.join(display(t) for t in section['targets'])}  [from {display(section['targets_source'])}]",
-        f"device code {size_text(totals['device_bytes'])} on disk ({size_text(totals['compressed_bytes'])} in "
-        f"compressed bundles, {size_text(totals['inflated_bytes'])} inflated); for no kept target: "
-        f"{size_text(totals['unused_bytes'])}, removable: {size_text(totals['removable_bytes'])}",
-        "",
-        f"{'distribution':32} {'targets':>7} {'on disk':>11} {'compressed':>11} {'unused':>11} {'removable':>11}",
-    ]
-    if "prune_fatbins" not in sections:  # with --fatbins its own exact figures follow
-        lines[2:2] = fatbins_estimate_lines(section)
-    for one in weight_by_distribution(section["weight"]):
-        lines.append(
-            f"{display(one['distribution']):32} {one['targets']:>7} {size_text(one['bytes']):>11} "
-            f"{size_text(one['compressed_bytes']):>11} {size_text(one['unused_bytes']):>11} "
-            f"{size_text(one['removable_bytes']):>11}"
-        )
-    if verbose:
-        lines += [
-            "",
-            f"{'distribution':32} {'target':24} {'on disk':>11} {'compressed':>11} {'kept':>4} {'removable':>11}",
-        ]
-        rows = section["weight"]
-        for row in rows if verbose > 1 else rows[:limit]:
-            lines.append(
-                f"{display(row['distribution']):32} {display(row['target']):24} {size_text(row['bytes']):>11} "
-                f"{size_text(row['compressed_bytes']):>11} {'yes' if row['needed'] else 'no':>4} "
-                f"{size_text(row['removable_bytes']):>11}"
-            )
-        if len(rows) > limit and verbose < 2:
-            lines.append(f"... {len(rows) - limit} more rows (-vv shows them all; so does --format json)")
-    if section["removals"]:
-        lines.append("")
-    for removal in section["removals"]:
-        what = (
-            display(removal["distribution"]) + " (pip uninstall)"
-            if removal["distribution"]
-            else view.path(removal["path"])
-        )
-        devel = f", {plural(len(removal['devel_links']), 'devel link')}" if removal["devel_links"] else ""
-        why = f": {display(removal['reason'])}" if removal["reason"] else ""
-        lines.append(
-            f"{_REMOVAL_MARK[removal['status']]:12} {what}  [{display(removal['kind'])}, "
-            f"{', '.join(display(a) for a in removal['arches'])}, {size_text(removal['bytes'])}{devel}]{why}"
-        )
-    for kept in section["kept_units"]:
-        lines.append(f"{'kept':12} {view.path(kept['path'])}: {display(kept['reason'])}")
-    if section["mode"] == "dry-run" and section["shell_preview"]:
-        if verbose:
-            lines.append(
-                "# equivalent shell (rocm-audit also journals and re-checks each file just before removing it):"
-            )
-            lines.extend(display(line) for line in section["shell_preview"])
-        else:
-            lines.append("(-v shows the equivalent shell commands)")
-    lines += _fatbin_lines(sections, view)
-    if section["manifest"]:
-        lines.append(f"revert manifest: {display(section['manifest'])}")
-    return lines
-
-
-_FATBIN_MARK = {"planned": "would slim", "slimmed": "slimmed", "skipped": "SKIPPED", "failed": "FAILED"}
-
-
-def _fatbin_lines(sections: Sections, view: PathView) -> list[str]:
-    """--fatbins: bytes zeroed per distribution, then each library slimmed or refused."""
-    fatbins = sections.get("prune_fatbins")
-    if fatbins is None:
-        return []
-    verb = "removed" if fatbins["mode"] == "apply" else "to remove"
-    lines = ["", f"device code in fat binaries of host libraries, {verb}:"]
-    lines += [f"{display(d['distribution']):32} {size_text(d['bytes']):>11}" for d in fatbins["by_distribution"]]
-    if not fatbins["by_distribution"]:
-        lines.append("nothing: every bundle holds only code a kept target can select")
-    for library in fatbins["libraries"]:
-        if library["bytes"] and library["status"] in _FATBIN_MARK:
-            removed = ", ".join(display(t) for t in library["removed_targets"])
-            on_disk = (
-                f"file {size_text(library['file_bytes'])} smaller ({display(library['layout'])})"
-                if library["file_bytes"]
-                else "zeroed, same file size"
-            )
-            lines.append(
-                f"{_FATBIN_MARK[library['status']]:12} {view.path(library['path'])}  "
-                f"[{size_text(library['bytes'])}; {removed}; {on_disk}]"
-            )
-        elif library["reason"]:
-            lines.append(f"{'kept whole':12} {view.path(library['path'])}: {display(library['reason'])}")
-    return lines
-
-
-def prune_revert_lines(sections: Sections) -> list[str]:
-    section = sections["prune_revert"]
-    lines = [f"restored {display(path)}" for path in section["restored"]]
-    lines.extend(f"to restore, run: {display(line)}" for line in section["reinstall"])
-    return lines
-
-
 def rules_lines(sections: Sections) -> list[str]:
     """The rules table, a long title continued under the title column; policy and ignores."""
     source_width = max([len("source"), *(len(display(r["severity_source"])) for r in sections["rules"])])
@@ -589,7 +433,7 @@ def section_lines(command: str, sections: Sections, view: PathView = _NO_ROOTS, 
         return llvm_lines(sections, view, verbose) if "libraries" in sections else []
     if command == "prune":
         if "prune_revert" in sections:
-            return prune_revert_lines(sections)
+            return prune_revert_lines(sections, view, verbose)
         return prune_lines(sections, view, verbose=verbose) if "prune" in sections else []
     if command == "check":
         return check_lines(sections)
@@ -597,4 +441,12 @@ def section_lines(command: str, sections: Sections, view: PathView = _NO_ROOTS, 
         return image_lines(sections, view, verbose) if "image" in sections else []
     if command == "rules":
         return rules_lines(sections)
+    return []
+
+
+def closing_lines(command: str, sections: Sections) -> list[str]:
+    """Lines a command ends its text with, after the findings and before the count: what an
+    applying prune did and how to undo it."""
+    if command == "prune" and ("prune" in sections or "prune_revert" in sections):
+        return prune_closing_lines(sections)
     return []

@@ -34,10 +34,12 @@ from rocm_audit.errors import Interrupted, UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.prune.plan import PrunePlan, Removal
+from rocm_audit.prune.reinstall import Reinstalls
 from rocm_audit.tree.discovery import default_site_packages, owning_interpreter
 from rocm_audit.tree.inventory import TEMP_PREFIX, LinkRecord
 from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
 from rocm_audit.tree.ownership import Distribution
+from rocm_audit.units import plural
 
 MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "prune-manifest.jsonl"
@@ -146,7 +148,14 @@ def _entries(
         }
         owner = removal.owners.get(path) or (distribution if role == "file" else None)
         if owner is not None:
-            entry.update({"owner": owner.name, "owner_version": owner.version})
+            entry.update(
+                {
+                    "owner": owner.name,
+                    "owner_version": owner.version,
+                    "dist_info": owner.dist_info,
+                    "site_dir": owner.site_dir,
+                }
+            )
         if stat.S_ISLNK(st.st_mode):
             entry.update({"type": "link", "link_text": os.readlink(path)})
         elif stat.S_ISREG(st.st_mode):
@@ -310,16 +319,17 @@ def _apply_locked(
     result: ApplyResult,
 ) -> ApplyResult:
     manifest = manifest_path or default_manifest_path(plan)
-    result.manifest = manifest
     backup = os.path.abspath(backup_dir) if backup_dir else None
     if backup is not None:
         for root in plan.roots:
             if backup == root.path or backup.startswith(root.path.rstrip(os.sep) + os.sep):
                 raise UsageError(f"--backup {backup_dir} lies inside the audited tree {root.path}")
     pip: list[str] | None = None
+    interpreter = os.path.abspath(python) if python else None
     if any(r.distribution is not None for r in plan.removals):
         site_dir = next(r.distribution.site_dir for r in plan.removals if r.distribution is not None)
-        pip = pip_command(_interpreter_for(site_dir, python))
+        interpreter = os.path.abspath(_interpreter_for(site_dir, python))
+        pip = pip_command(interpreter)
     locked = sorted({*plan.sdk_trees, *(r.path for r in plan.roots if not r.single_file)})
     with tree_locks(locked) as busy:
         if busy:
@@ -342,6 +352,7 @@ def _apply_locked(
             "created_unix": int(time.time()),
             "backup": backup,
             "kept": [k.spelled for k in plan.kept],
+            "python": interpreter,  # the audited site's interpreter, for the reinstall lines of a revert
         }
         try:
             append_records(manifest, [header, *(line for lines in journal for line in lines)])
@@ -352,6 +363,7 @@ def _apply_locked(
             for removal in plan.removals:
                 removal.status, removal.reason = "failed", "no manifest"
             return result
+        result.manifest = manifest  # written: the run can be reverted from here on
         backed_up: dict[str, str] = {}
         progress.phase("removing", len(plan.removals), "units")
         for done, (removal, lines) in enumerate(zip(plan.removals, journal, strict=True)):
@@ -378,12 +390,24 @@ def _apply_locked(
     return result
 
 
+def plain_error(exc: Exception, about: str = "") -> str:
+    """An error in plain words: the system's message (``Read-only file system``), with the file it
+    names unless that is ``about`` (the path the message is on) or one of our own temporary files;
+    never Python's ``[Errno 30]`` form."""
+    if not isinstance(exc, OSError) or not exc.strerror:
+        return str(exc)
+    name = exc.filename if isinstance(exc.filename, str) else None
+    if name is None or name == about or os.path.basename(name).startswith(TEMP_PREFIX):
+        return exc.strerror
+    return f"{exc.strerror}: {name}"
+
+
 def _record_failure(removal: Removal, findings: list[Finding], status: str, exc: Exception) -> None:
-    removal.status, removal.reason = status, str(exc)
+    removal.status, removal.reason = status, plain_error(exc, removal.path)
     if status == "skipped":
-        findings.append(make_finding("PRUNE003", removal.path, f"skipped: {exc}"))
+        findings.append(make_finding("PRUNE003", removal.path, f"skipped: {removal.reason}"))
     else:
-        findings.append(make_finding("PRUNE004", removal.path, f"could not remove: {exc}"))
+        findings.append(make_finding("PRUNE004", removal.path, f"could not remove: {removal.reason}"))
 
 
 def _prepare(lines: list[dict[str, Any]], backed_up: dict[str, str], backup: bool) -> list[dict[str, Any]]:
@@ -483,27 +507,36 @@ def _is_original(entry: dict[str, Any]) -> bool:
     return os.path.isfile(path) and not os.path.islink(path) and sha256_of(path) == entry["sha256"]
 
 
-def revert(manifest_paths: list[str], progress: Progress = SILENT) -> RevertResult:
+def revert(
+    manifest_paths: list[str], progress: Progress = SILENT, reinstalls: Reinstalls | None = None
+) -> RevertResult:
     """Restore every journalled path; a path several runs journalled is judged by its latest entry
     and restored from whichever backup still holds its bytes. Raises UsageError, and Interrupted
     on Ctrl-C (each path is restored whole, or not at all)."""
     result = RevertResult()
     try:
-        return _revert(manifest_paths, progress, result)
+        return _revert(manifest_paths, progress, result, Reinstalls() if reinstalls is None else reinstalls)
     except Interrupted:
         raise
     except KeyboardInterrupt:
         raise Interrupted("prune --revert", len(result.restored), result.planned, None) from None
 
 
-def _revert(manifest_paths: list[str], progress: Progress, result: RevertResult) -> RevertResult:
-    reinstall: dict[str, None] = {}
+def _revert(
+    manifest_paths: list[str], progress: Progress, result: RevertResult, reinstalls: Reinstalls
+) -> RevertResult:
     by_path: dict[str, list[dict[str, Any]]] = {}
+    uninstalled_by_prune: set[tuple[str, int]] = set()  # (run, removal): a device distribution pip removed
+    python_of_run: dict[str, str | None] = {}
     for manifest in manifest_paths:
         records = read_records(manifest)
         if records and "rocm_audit_prune_manifest" not in records[0]:
             raise UsageError(f"{manifest}: not a rocm-audit prune manifest")
         for entry in records:
+            if "rocm_audit_prune_manifest" in entry:
+                python_of_run[str(entry.get("run"))] = entry.get("python")
+            if entry.get("type") == "removal" and entry.get("distribution"):
+                uninstalled_by_prune.add((str(entry.get("run")), entry.get("removal", -1)))
             if entry.get("type") not in ("file", "link", "dir"):
                 continue
             if not isinstance(entry.get("path"), str) or (entry["type"] == "file" and "sha256" not in entry):
@@ -518,6 +551,7 @@ def _revert(manifest_paths: list[str], progress: Progress, result: RevertResult)
             with contextlib.suppress(PermissionError, KeyError):
                 os.chown(path, entry["uid"], entry["gid"])
     restored_at: dict[str, str] = {}
+    devel: list[str] = []
     result.planned = sum(1 for entries in by_path.values() if entries[-1]["type"] != "dir")
     progress.phase("restoring", result.planned, "paths")
     for path, entries in by_path.items():
@@ -525,6 +559,9 @@ def _revert(manifest_paths: list[str], progress: Progress, result: RevertResult)
         if latest["type"] == "dir":
             continue
         progress.update(len(result.restored) + len(result.original))
+        removed_by_prune = (str(latest.get("run")), latest.get("removal", -1)) in uninstalled_by_prune
+        if not os.path.lexists(path) and reinstalls.uninstalled(latest, removed_by_prune=removed_by_prune):
+            continue  # its distribution was uninstalled after the prune: no file of it comes back
         if os.path.lexists(path):
             if any(_is_original(e) for e in reversed(entries)):
                 result.original.append(path)
@@ -546,28 +583,18 @@ def _revert(manifest_paths: list[str], progress: Progress, result: RevertResult)
         if done:
             continue
         if latest.get("owner"):
-            reinstall[reinstall_command(latest)] = None
+            reinstalls.add(latest, python_of_run.get(str(latest.get("run"))))
         elif latest.get("role") in ("devel-file", "devel-link"):
-            reinstall["rocm-sdk init"] = None  # TheRock re-creates its devel links
+            devel.append(path)  # TheRock re-creates its devel links
         else:
             result.findings.append(
                 make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
             )
-    result.reinstall = list(reinstall)
-    result.findings.extend(reinstall_findings(result.reinstall))
+    if devel:
+        result.reinstall.append("rocm-sdk init")
+        message = f"no backup holds {plural(len(devel), 'devel link')} of TheRock: `rocm-sdk init` makes them again"
+        result.findings.append(make_finding("PRUNE007", devel[0], message, data={"command": "rocm-sdk init"}))
     return result
-
-
-def reinstall_command(entry: dict[str, Any]) -> str:
-    """The pip line that writes a journal entry's owning distribution's files again."""
-    return f"python -m pip install --force-reinstall --no-deps {entry['owner']}=={entry['owner_version']}"
-
-
-def reinstall_findings(lines: list[str]) -> list[Finding]:
-    """PRUNE007 for each reinstall line a revert could not replace with a backup."""
-    return [
-        make_finding("PRUNE007", line, f"no backup: restore with `{line}`", data={"command": line}) for line in lines
-    ]
 
 
 def _restore(entry: dict[str, Any], restored_at: dict[str, str]) -> bool:

@@ -112,10 +112,11 @@ def command(
     from rocm_audit.cli.progress import progress_line
 
     if revert:
+        _revert_alone(targets, paths, manifest=manifest, backup=backup, fatbins=fatbins, keep_dist=keep_dist)
         from rocm_audit.audit.pruning import revert_prune
 
         with progress_line("prune", report.quiet) as progress:
-            return revert_prune(revert, progress)
+            return revert_prune(revert, progress, python=python)
     from rocm_audit.audit.pruning import run_prune
 
     paths = audited_paths(paths, python)  # --python: its site-packages, and its pip uninstalls
@@ -132,3 +133,17 @@ def command(
             fatbins=fatbins,
             keep_dists=list(keep_dist or []),
         )
+
+
+def _revert_alone(targets: list[str] | None, paths: list[str] | None, **options: object) -> None:
+    """--revert restores what its manifests journalled, nothing else: targets, paths and the
+    options of an applying run would be ignored, so they are refused. Raises UsageError."""
+    from rocm_audit.errors import UsageError
+
+    if targets:
+        said = " ".join(targets)
+        raise UsageError(f"--revert takes no targets (got {said}): it restores what the manifest journalled")
+    given = ["-p/--path"] if paths else []
+    given += [f"--{name.replace('_', '-')}" for name, value in options.items() if value]
+    if given:
+        raise UsageError(f"--revert excludes {', '.join(given)}: it restores what the manifest journalled")

@@ -37,10 +37,11 @@ from typing import Any
 
 from rocm_audit.errors import FormatError
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.prune.apply import CopyMismatch, copy_into_place, reinstall_command, reinstall_findings, sha256_of
+from rocm_audit.prune.apply import CopyMismatch, copy_into_place, plain_error, sha256_of
 from rocm_audit.prune.fatbins.comgr import AGREED, KNOWS_NONE, NOT_AVAILABLE, ComgrError, ComgrProof, system_comgr
 from rocm_audit.prune.fatbins.library import LibraryResult, Refused, check_library, prove_file, slim_library
 from rocm_audit.prune.plan import distribution_matches
+from rocm_audit.prune.reinstall import Reinstalls
 from rocm_audit.tree.inventory import TEMP_PREFIX
 from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
 from rocm_audit.tree.ownership import Distribution
@@ -94,10 +95,12 @@ class FatbinPlan:
     def saved(self) -> int:
         return sum(library.saved for library in self.libraries)
 
-    def freed_by_distribution(self) -> dict[str, int]:
+    def freed_by_distribution(self, *, applied: bool = False) -> dict[str, int]:
+        """Device code removed per distribution, largest first; ``applied``: only from the
+        libraries an applying run slimmed (not those it skipped or failed on)."""
         by: dict[str, int] = {}
         for library in self.libraries:
-            if library.freed:
+            if library.freed and (not applied or library.status == "slimmed"):
                 name = library.owner.name if library.owner is not None else "(no distribution)"
                 by[name] = by.get(name, 0) + library.freed
         return dict(sorted(by.items(), key=lambda item: -item[1]))
@@ -365,7 +368,12 @@ def _back_up(entry: dict[str, Any]) -> None:
 
 
 def apply_fatbins(
-    plan: FatbinPlan, locked: list[str], manifest: str, backup_dir: str | None, findings: list[Finding]
+    plan: FatbinPlan,
+    locked: list[str],
+    manifest: str,
+    backup_dir: str | None,
+    findings: list[Finding],
+    python: str | None = None,
 ) -> FatbinApplyResult:
     """Journal, then slim each planned library in place, once (see the module docstring). A
     deferred plan's libraries are slimmed here for the first time; a plan that slimmed them in
@@ -376,7 +384,7 @@ def apply_fatbins(
         if not lib.refused and (lib.result.freed if lib.result is not None else lib.status == "planned")
     ]
     backup = os.path.abspath(backup_dir) if backup_dir else None
-    result = FatbinApplyResult(planned=len(todo), manifest=manifest, backup=backup)
+    result = FatbinApplyResult(planned=len(todo), backup=backup)
     if not todo:
         return result
     with tree_locks(locked) as busy:
@@ -385,6 +393,7 @@ def apply_fatbins(
                 findings.append(
                     make_finding("PRUNE005", tree, "another rocm-audit run holds this tree; nothing changed")
                 )
+            _not_attempted(todo, "tree locked by another run")
             return result
         run = secrets.token_hex(8)
         entries = [_journal_entry(library, run, backup) for library in todo]
@@ -394,6 +403,7 @@ def apply_fatbins(
             "fatbins": True,
             "kept": plan.kept_spelled,
             "backup": backup,
+            "python": os.path.abspath(python) if python else None,  # for the reinstall lines of a revert
         }
         try:
             append_records(manifest, [header, *entries])
@@ -401,13 +411,20 @@ def apply_fatbins(
             findings.append(
                 make_finding("PRUNE004", manifest, f"cannot write the revert manifest: {exc.strerror}; nothing changed")
             )
+            _not_attempted(todo, "no revert manifest")
             return result
+        result.manifest = manifest  # written: the run can be reverted from here on
         with contextlib.ExitStack() as stack:
             proof, comgr_state = _open_comgr(stack, plan.kept, plan.comgr_library)
             comgr = [proof]  # a child that fails is dropped for the libraries after it too
             for library, entry in zip(todo, entries, strict=True):
                 _apply_one(library, entry, plan.kept, comgr, comgr_state, (manifest, run), result, findings)
     return result
+
+
+def _not_attempted(libraries: list[FatbinLibrary], why: str) -> None:
+    for library in libraries:
+        library.status, library.refused = "skipped", why
 
 
 def _apply_one(
@@ -442,8 +459,8 @@ def _apply_one(
         findings.append(make_finding("PRUNE003", library.path, f"skipped: {exc}"))
         return
     except (OSError, FormatError) as exc:
-        library.status, library.refused = "failed", str(exc)
-        findings.append(make_finding("PRUNE004", library.path, f"could not slim: {exc}"))
+        library.status, library.refused = "failed", plain_error(exc, library.path)
+        findings.append(make_finding("PRUNE004", library.path, f"could not slim: {library.refused}"))
         return
     if done is None:  # nothing to remove after all: left as it is, nothing written, not counted
         library.status = "unchanged"
@@ -555,23 +572,30 @@ class FatbinRevertResult:
     findings: list[Finding] = field(default_factory=list)
 
 
-def revert_fatbins(manifest_paths: list[str]) -> FatbinRevertResult:
-    """Put back every library a ``--fatbins`` run slimmed (see the module docstring)."""
+def revert_fatbins(manifest_paths: list[str], reinstalls: Reinstalls | None = None) -> FatbinRevertResult:
+    """Put back every library a ``--fatbins`` run slimmed (see the module docstring); what no
+    backup holds goes to ``reinstalls``."""
     result = FatbinRevertResult()
+    reinstalls = Reinstalls() if reinstalls is None else reinstalls
     latest: dict[str, dict[str, Any]] = {}
     after: dict[tuple[str, str], str] = {}
+    python_of_run: dict[str, str | None] = {}
     for manifest in manifest_paths:
         for record in read_records(manifest):
-            if record.get("type") == ENTRY_TYPE and isinstance(record.get("path"), str):
+            if "rocm_audit_prune_manifest" in record:
+                python_of_run[str(record.get("run"))] = record.get("python")
+            elif record.get("type") == ENTRY_TYPE and isinstance(record.get("path"), str):
                 latest.setdefault(record["path"], record)  # the first run's original is the original
             elif record.get("type") == DONE_TYPE and isinstance(record.get("path"), str):
                 after[record["run"], record["path"]] = record.get("sha256_after", "")
-    reinstall: dict[str, None] = {}
     for path, entry in latest.items():
         try:
             current = sha256_of(path)
-        except OSError:
-            result.findings.append(make_finding("PRUNE006", path, "not restored: the library is gone"))
+        except OSError as exc:
+            if not reinstalls.uninstalled(entry):  # uninstalled after the prune: nothing to restore
+                why = exc.strerror or str(exc)
+                owner = f", though {entry['owner']} is still installed" if entry.get("owner") else ""
+                result.findings.append(make_finding("PRUNE006", path, f"not restored: {why}{owner}"))
             continue
         if current == entry["sha256"]:
             result.original.append(path)
@@ -587,13 +611,11 @@ def revert_fatbins(manifest_paths: list[str]) -> FatbinRevertResult:
             result.restored.append(path)
             continue
         if entry.get("owner"):
-            reinstall[reinstall_command(entry)] = None
+            reinstalls.add(entry, python_of_run.get(str(entry.get("run"))))
         else:
             result.findings.append(
                 make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
             )
-    result.reinstall = list(reinstall)
-    result.findings.extend(reinstall_findings(result.reinstall))
     return result
 
 
