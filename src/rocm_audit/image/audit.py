@@ -21,11 +21,11 @@ from typing import Any
 
 from rocm_audit.audit.attribution import with_shippers
 from rocm_audit.audit.check import CheckOptions, run_check
-from rocm_audit.errors import FormatError
+from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.verify import TargetCandidate
 from rocm_audit.image import budget, layerpipe, merge, tarstream, waste, whole
-from rocm_audit.image.archive import ImageLayout, Store, open_store, read_again, read_layout
+from rocm_audit.image.archive import ImageLayout, Store, open_image, read_again
 from rocm_audit.image.offload import Offload, helper_count
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
@@ -100,7 +100,8 @@ def wanted(full: bool) -> Callable[[str], bool]:
 
 
 def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILENT) -> CommandOutcome:
-    """`rocm-audit image --archive FILE`: a docker save tarball or an OCI layout (dir or tar)."""
+    """`rocm-audit image --archive FILE`: a docker save tarball or an OCI layout (dir or tar).
+    Raises UsageError when nothing of it can be read as an image (archive.open_image)."""
     with merging(options, progress) as state:
         try:
             layout = extract_archive(archive, os.path.dirname(state.root), state, options.ref)
@@ -129,7 +130,8 @@ def audit_registry(
 ) -> CommandOutcome:
     """`rocm-audit image registry://HOST/REPO[:TAG|@DIGEST]`: layers streamed from the registry
     (image/registry.py) into the merged view, decompressed in parallel, digests checked.
-    Raises UsageError for a bad reference or platform, or an unreachable registry."""
+    Raises UsageError for a bad reference or platform, and when the image cannot be found or
+    read at all (unreachable, not found, refused, not an image)."""
     from rocm_audit.image import registry  # noqa: PLC0415 - only this source needs it
 
     ref = registry.parse_ref(text)
@@ -138,6 +140,9 @@ def audit_registry(
         progress.phase("reading the image manifest from the registry")
         try:
             store, layout = registry.read_image(ref, wanted_platform, insecure_hosts)
+        except FormatError as exc:  # nothing of the image could be read: no audit to report
+            raise UsageError(exc.reason if exc.fmt == "registry" else exc.message, hint=exc.hint) from None
+        try:
             apply_layers(store, layout, state, text)
         except FormatError as exc:  # a registry's answer has no offset worth a word
             message = exc.reason if exc.fmt == "registry" else exc.message
@@ -159,10 +164,10 @@ def audit_registry(
 def extract_archive(archive: str, workdir: str, state: merge.MergeState, ref: str | None = None) -> ImageLayout:
     """Apply every layer of the archive over ``state.root``; unreadable layers become findings.
 
-    Raises FormatError when the archive itself (manifest, index) is unusable, LimitExceeded.
+    Raises UsageError when nothing of the archive can be read as an image (archive.open_image),
+    FormatError when a layer it names is missing, LimitExceeded.
     """
-    store = open_store(archive, workdir, state.limits.max_bytes)
-    layout = read_layout(store, ref)
+    store, layout = open_image(archive, workdir, state.limits.max_bytes, ref)
     apply_layers(store, layout, state, archive)
     return layout
 
@@ -359,6 +364,9 @@ def audit_merged(
     outcome.command = "image"
     outcome.inputs = inputs
     outcome.roots = list(section["audited_paths"])
+    unreadable = {f.data.get("layer") for f in state.findings if f.rule == "IMG001"}
+    if layer_names and len(unreadable) >= len(layer_names):
+        outcome.force_failure = True  # no layer could be read: nothing was audited, whatever --fail-on says
     wasted = section.get("waste", {}).get("wasted_bytes")
     outcome.summary = (
         f"image: {len(state.layers)} layer(s)"
@@ -458,7 +466,10 @@ def failed(label: str, state: merge.MergeState, rule: str, message: str, data: d
     findings: list[Finding] = [*state.findings, make_finding(rule, label, message, data=data)]
     # A FormatError of the image format itself reads "image: ...": said once, not "image: image:".
     said = message.removeprefix("image: ")
-    return CommandOutcome(command="image", findings=findings, inputs=[label], summary=f"image: not audited: {said}")
+    # Nothing was audited: whatever --fail-on says, a CI gate must not pass on this run.
+    return CommandOutcome(
+        command="image", findings=findings, inputs=[label], summary=f"image: not audited: {said}", force_failure=True
+    )
 
 
 class Workdir:
