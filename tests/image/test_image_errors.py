@@ -145,3 +145,17 @@ def test_damage_inside_an_image_stays_a_finding_and_a_run_that_read_nothing_fail
     gone = run_cli("image", "--archive", str(missing), "--fail-on", "never", "--format", "json", expect=1)
     assert [f["rule"] for f in gone.report["findings"]] == ["IMG001"]
     assert gone.stderr.startswith("image: not audited: ")
+
+
+@pytest.mark.parametrize("source", ["broken archive", "registry", "daemon"])
+def test_a_target_named_on_the_command_line_is_checked_before_the_image_is_read(tmp_path, run_cli, monkeypatch, source):
+    # Each source would fail on its own (a cut archive, a closed port, no daemon): the target is
+    # what is said, so it was checked first.
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")
+    image = {
+        "broken archive": ["--archive", str(_truncated(tmp_path / "cut.tar", tmp_path))],
+        "registry": ["registry://127.0.0.1:9/qa/rocm:1"],
+        "daemon": ["qa/rocm:1"],
+    }[source]
+    result = run_cli("image", *image, "-t", "gfx9422", expect=2)
+    assert result.stderr.splitlines()[0] == "rocm-audit: error: unknown GPU target 'gfx9422'; did you mean gfx942?"

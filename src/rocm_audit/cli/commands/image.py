@@ -169,6 +169,7 @@ def command(
 
     ref, word_targets = _reference_and_targets(words)
     targets = [*(targets or []), *word_targets]
+    _check_targets(targets)  # before the image is read: a typo must not cost a whole read
     announce_products(targets, report.quiet)
     from_registry = _from_registry(ref, archive, layers)
     options = ImageOptions(
@@ -218,6 +219,15 @@ def _reference_and_targets(words: list[str] | None) -> tuple[str | None, list[st
             + " is a GPU target (gfx942, MI300X)"
         )
     return (refs[0] if refs else None), word_targets
+
+
+def _check_targets(targets: list[str]) -> None:
+    """Raise UsageError for a target named on the command line that is not one (the targets the
+    image records can only be checked once it is read)."""
+    from rocm_audit.tree.targets import resolve_required, split_target_args
+
+    for name in split_target_args(targets):
+        resolve_required(name)
 
 
 def _from_registry(ref: str | None, archive: str | None, layers: bool) -> bool:
