@@ -234,6 +234,25 @@ def test_registry_image_gives_the_findings_of_its_archive(run_cli, registry, lib
     assert findings_of(pinned) == findings_of(from_registry)
 
 
+def test_platform_is_for_registries_and_an_image_of_another_platform_is_refused(run_cli, registry, libs, tmp_path):
+    # A single manifest (no index): its config says linux/amd64; asked for arm64, the audit of an
+    # amd64 image is not what was asked for. Without --platform, the config's platform is reported.
+    archive = docker_save(tmp_path / "save.tar", sdk_layers(libs, b"platform"), tag="test/platform:1")
+    push(archive, registry["host"], "test/platform:1")
+    ref = f"registry://{registry['host']}/test/platform:1"
+    arguments = ("image", ref, "--insecure-registry", registry["host"])
+    other = run_cli(*arguments, "--platform", "linux/arm64", "--fail-on", "never", expect=2).stderr.splitlines()
+    assert other == [
+        f"rocm-audit: error: {ref} is a linux/amd64 image, not linux/arm64 (--platform)",
+        "hint: the registry has no linux/arm64 image of it; leave out --platform to audit this one",
+    ]
+    same = run_cli(*arguments, "--platform", "linux/amd64", "--format", "json", expect=1).report
+    assert same["image"]["source"]["platform"] == "linux/amd64"
+    for elsewhere in (["--archive", str(archive)], ["test/platform:1"]):
+        result = run_cli("image", *elsewhere, "--platform", "linux/amd64", expect=2)
+        assert result.stderr.startswith("rocm-audit: error: --platform is for registry://")
+
+
 def test_without_insecure_registry_tls_is_required(run_cli, registry, libs, tmp_path):
     archive = docker_save(tmp_path / "save.tar", sdk_layers(libs, b"tls"), tag="test/tls:1")
     push(archive, registry["host"], "test/tls:1")

@@ -61,6 +61,7 @@ class ImageLayout:
     config: dict[str, Any] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     manifest_digest: str | None = None
+    platform: str | None = None  # OS/ARCH[/VARIANT] of the config, where the source says it (registry)
 
 
 class _Region:

@@ -124,7 +124,7 @@ def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILE
 def audit_registry(
     text: str,
     options: ImageOptions,
-    platform: str = "linux/amd64",
+    platform: str | None = None,
     insecure_hosts: frozenset[str] = frozenset(),
     progress: Progress = SILENT,
 ) -> CommandOutcome:
@@ -135,7 +135,7 @@ def audit_registry(
     from rocm_audit.image import registry  # noqa: PLC0415 - only this source needs it
 
     ref = registry.parse_ref(text)
-    wanted_platform = registry.parse_platform(platform)
+    wanted_platform = registry.parse_platform(platform) if platform is not None else None
     with merging(options, progress) as state:
         progress.phase("reading the image manifest from the registry")
         try:
@@ -153,7 +153,7 @@ def audit_registry(
             "kind": "registry",
             "ref": text,
             "format": "registry",
-            "platform": platform,
+            "platform": layout.platform or platform or registry.DEFAULT_PLATFORM,
             "tags": layout.tags,
             "manifest_digest": layout.manifest_digest,
         }

@@ -91,6 +91,9 @@ def parse_ref(text: str) -> RegistryRef:
     return RegistryRef(match["host"], match["repo"], reference, text)
 
 
+DEFAULT_PLATFORM = "linux/amd64"
+
+
 def parse_platform(text: str) -> tuple[str, str, str | None]:
     """``os/arch[/variant]`` -> parts. UsageError."""
     parts = text.split("/")
@@ -409,9 +412,11 @@ class _Body:
 
 
 def read_image(
-    ref: RegistryRef, platform: tuple[str, str, str | None], insecure_hosts: frozenset[str]
+    ref: RegistryRef, platform: tuple[str, str, str | None] | None, insecure_hosts: frozenset[str]
 ) -> tuple[RegistryStore, ImageLayout]:
-    """Resolve the reference to one image manifest (through indexes) and read its config."""
+    """Resolve the reference to one image manifest (through indexes, the entry of ``platform``,
+    default linux/amd64) and read its config. Raises UsageError when ``platform`` was asked for and
+    the image's config names another."""
     credentials = docker_config_auth(ref.host)
     client = Client(ref.host, insecure=ref.host in insecure_hosts)
     if credentials is HELPER_ONLY:
@@ -428,7 +433,7 @@ def read_image(
         media_type = str(document.get("mediaType") or content_type.split(";")[0].strip())
         if media_type not in INDEX_TYPES and "manifests" not in document:
             break
-        digest = _pick_platform(document, platform, ref.text)
+        digest = _pick_platform(document, platform or parse_platform(DEFAULT_PLATFORM), ref.text)
         body, content_type = client.document(f"/v2/{ref.repository}/manifests/{digest}", accept, store.scope, digest)
         document = _json(body, f"{ref.text}: manifest {digest}")
     else:
@@ -447,7 +452,32 @@ def read_image(
         config_digest = _digest(descriptor.get("digest"), f"{ref.text}: config")
         raw, _ = client.document(f"/v2/{ref.repository}/blobs/{config_digest}", (), store.scope, config_digest)
         config = _json(raw, f"{ref.text}: config")
-    return store, ImageLayout(kind="registry", layers=layers, config=config, tags=[ref.text], manifest_digest=digest)
+    return store, ImageLayout(
+        kind="registry",
+        layers=layers,
+        config=config,
+        tags=[ref.text],
+        manifest_digest=digest,
+        platform=_config_platform(config, platform, ref.text),
+    )
+
+
+def _config_platform(config: dict[str, Any], asked: tuple[str, str, str | None] | None, label: str) -> str | None:
+    """The image's OS/ARCH[/VARIANT] from its config (None when it says none). Raises UsageError
+    when ``asked`` (--platform) names another: a single-platform image is what the registry has,
+    and the audit of another platform's files is not what was asked for."""
+    parts = [config.get(k) for k in ("os", "architecture", "variant")]
+    found = "/".join(p for p in parts if isinstance(p, str) and p) or None
+    if asked is None or found is None:
+        return found
+    wanted_os, wanted_arch, wanted_variant = asked
+    if parts[0] != wanted_os or parts[1] != wanted_arch or (wanted_variant and parts[2] != wanted_variant):
+        wanted = "/".join(p for p in asked if p)
+        raise UsageError(
+            f"{label} is a {found} image, not {wanted} (--platform)",
+            hint=f"the registry has no {wanted} image of it; leave out --platform to audit this one",
+        )
+    return found
 
 
 def _pick_platform(index: dict[str, Any], platform: tuple[str, str, str | None], label: str) -> str:

@@ -80,11 +80,12 @@ _LayersOption = Annotated[
 ]
 
 _PlatformOption = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--platform",
         metavar="OS/ARCH[/VARIANT]",
-        help="With registry://: which image of a multi-platform index.",
+        help="With registry://: which image of a multi-platform index (default linux/amd64); an image "
+        "of another platform is refused.",
         rich_help_panel=AUDIT_PANEL,
     ),
 ]
@@ -139,7 +140,7 @@ def command(
     archive: _ArchiveOption = None,
     targets: _TargetOption = None,
     layers: _LayersOption = False,
-    platform: _PlatformOption = "linux/amd64",
+    platform: _PlatformOption = None,
     insecure_registry: _InsecureRegistryOption = None,
     full: _FullOption = False,
     max_bytes: _MaxBytesOption = "256G",
@@ -172,6 +173,8 @@ def command(
     _check_targets(targets)  # before the image is read: a typo must not cost a whole read
     announce_products(targets, report.quiet)
     from_registry = _from_registry(ref, archive, layers)
+    if platform is not None and not from_registry:
+        raise UsageError("--platform is for registry://... (an archive or a daemon image holds one platform)")
     options = ImageOptions(
         check=CheckOptions(
             targets=targets,
