@@ -256,8 +256,29 @@ def test_platform_is_for_registries_and_an_image_of_another_platform_is_refused(
 def test_without_insecure_registry_tls_is_required(run_cli, registry, libs, tmp_path):
     archive = docker_save(tmp_path / "save.tar", sdk_layers(libs, b"tls"), tag="test/tls:1")
     push(archive, registry["host"], "test/tls:1")
-    result = run_cli("image", f"registry://{registry['host']}/test/tls:1", "--fail-on", "never", expect=2)
-    assert result.stderr.startswith("rocm-audit: error: ")
+    host = registry["host"]  # plain HTTP
+    result = run_cli("image", f"registry://{host}/test/tls:1", "--fail-on", "never", expect=2)
+    assert result.stderr == (
+        f"rocm-audit: error: {host} does not speak TLS (plain HTTP?): add --insecure-registry {host}\n"
+    )
+    # The value may be spelled as a URL: its scheme and a trailing slash are dropped.
+    for spelled in (f"http://{host}/", f"https://{host}", f"{host}/"):
+        run_cli("image", f"registry://{host}/test/tls:1", "--insecure-registry", spelled, expect=1)
+    with_path = run_cli("image", f"registry://{host}/test/tls:1", "--insecure-registry", f"http://{host}/v2", expect=2)
+    assert f"--insecure-registry takes HOST[:PORT] (127.0.0.1:5000, registry.local), not 'http://{host}/v2'" in (
+        with_path.stderr
+    )
+    # Not found, nothing listening: plain words, exit 2.
+    missing = run_cli("image", f"registry://{host}/test/tls:2", "--insecure-registry", host, expect=2)
+    assert (
+        missing.stderr == f"rocm-audit: error: registry {host} has no image test/tls:2 (HTTP 404: manifest unknown)\n"
+    )
+    closed = f"127.0.0.1:{_free_port()}"
+    refused = run_cli("image", f"registry://{closed}/test/tls:1", expect=2)
+    assert (
+        refused.stderr
+        == f"rocm-audit: error: cannot reach registry {closed}: nothing listens there (connection refused)\n"
+    )
 
 
 def _manifest_digest(host: str, name: str, tag: str) -> tuple[str, int]:

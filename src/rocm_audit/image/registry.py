@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import socket
 import ssl
 import urllib.parse
 from dataclasses import dataclass, field
@@ -172,7 +173,7 @@ class Client:
         except (ssl.SSLError, http.client.HTTPException, ConnectionResetError):
             self.scheme = "http"  # an insecure registry that does not speak TLS
         except OSError as exc:
-            raise UsageError(f"cannot reach registry {self.host}: {exc}") from None
+            raise UsageError(network_words(self.host, exc)) from None
         finally:
             connection.close()
         return self.scheme
@@ -200,6 +201,8 @@ class Client:
                 response = connection.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
+                if isinstance(exc, OSError) and parts.netloc == self.host:  # the registry itself
+                    raise FormatError("registry", 0, network_words(self.host, exc)) from None
                 raise FormatError("registry", 0, f"{self.host}: GET {path}: {exc}") from None
             if response.status == 200 or (start and response.status == 206):
                 return response
@@ -219,7 +222,7 @@ class Client:
             status = _status(response.status, body)
             if response.status == 401:
                 status += f": {self._login_hint()}"
-            raise FormatError("registry", 0, f"{self.host}: GET {path}: {status}")
+            raise HttpError(response.status, f"{self.host}: GET {path}: {status}")
 
     def _login_hint(self) -> str:
         """What a refused request asks of the user: credentials, other credentials, or a helper's."""
@@ -303,6 +306,47 @@ class Client:
         if digest is not None and actual != digest:
             raise FormatError("registry", 0, f"{self.host}: {path} does not match its digest {digest}")
         return body, response.getheader("Content-Type") or ""
+
+
+class HttpError(FormatError):
+    """A registry's answer other than the one asked for; ``status``: its HTTP status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__("registry", 0, reason)
+        self.status = status
+
+
+def network_words(host: str, exc: OSError) -> str:
+    """What a failed connection to ``host`` means, in words: the host name does not resolve,
+    nothing listens, plain HTTP where TLS was expected, an untrusted certificate."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the TLS certificate of {host} is not trusted ({exc.verify_message}): for a private registry "
+            f"with its own certificate, add --insecure-registry {host}"
+        )
+    if isinstance(exc, ssl.SSLError) and exc.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE"):
+        return f"{host} does not speak TLS (plain HTTP?): add --insecure-registry {host}"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot reach registry {host}: its name does not resolve ({exc.strerror})"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"cannot reach registry {host}: nothing listens there (connection refused)"
+    if isinstance(exc, TimeoutError):
+        return f"cannot reach registry {host}: no answer within {TIMEOUT:.0f} s"
+    return f"cannot reach registry {host}: {exc.strerror or exc}"
+
+
+def insecure_host(text: str) -> str:
+    """A --insecure-registry value as HOST[:PORT], lower case: an ``http://`` or ``https://`` in
+    front and a ``/`` behind are dropped (the host is what is matched). Raises UsageError for a
+    value with a path."""
+    host = text.strip()
+    for scheme in ("http://", "https://"):
+        if host.lower().startswith(scheme):
+            host = host[len(scheme) :]
+    host = host.rstrip("/")
+    if not host or "/" in host or "://" in host:
+        raise UsageError(f"--insecure-registry takes HOST[:PORT] (127.0.0.1:5000, registry.local), not {text!r}")
+    return host.lower()
 
 
 def _status(status: int, body: bytes) -> str:
@@ -418,7 +462,7 @@ def read_image(
     default linux/amd64) and read its config. Raises UsageError when ``platform`` was asked for and
     the image's config names another."""
     credentials = docker_config_auth(ref.host)
-    client = Client(ref.host, insecure=ref.host in insecure_hosts)
+    client = Client(ref.host, insecure=ref.host.lower() in insecure_hosts)
     if credentials is HELPER_ONLY:
         client.helper_named = True
     else:
@@ -426,7 +470,16 @@ def read_image(
     store = RegistryStore(client, ref)
     accept = MANIFEST_TYPES + INDEX_TYPES
     path = f"/v2/{ref.repository}/manifests/{ref.reference}"
-    body, content_type = client.document(path, accept, store.scope, ref.pinned)
+    try:
+        body, content_type = client.document(path, accept, store.scope, ref.pinned)
+    except HttpError as exc:
+        if exc.status != 404:
+            raise
+        said = exc.reason.rsplit(": HTTP 404", 1)[-1].strip(" ()") or "not found"
+        raise UsageError(
+            f"registry {ref.host} has no image {ref.repository}{'@' if ref.pinned else ':'}{ref.reference} "
+            f"(HTTP 404: {said})"
+        ) from None
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     document = _json(body, f"{ref.text}: manifest")
     for _ in range(MAX_INDEX_DEPTH + 1):

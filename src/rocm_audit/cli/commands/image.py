@@ -198,8 +198,10 @@ def command(
             outcome = audit_archive(archive, options, progress)
         elif from_registry:
             from rocm_audit.image.audit import audit_registry
+            from rocm_audit.image.registry import insecure_host
 
-            outcome = audit_registry(ref or "", options, platform, frozenset(insecure_registry or []), progress)
+            insecure = frozenset(insecure_host(value) for value in insecure_registry or [])
+            outcome = audit_registry(ref or "", options, platform, insecure, progress)
         else:
             from rocm_audit.image.daemon import audit_daemon_image
 
