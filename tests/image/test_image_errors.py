@@ -159,3 +159,34 @@ def test_a_target_named_on_the_command_line_is_checked_before_the_image_is_read(
     }[source]
     result = run_cli("image", *image, "-t", "gfx9422", expect=2)
     assert result.stderr.splitlines()[0] == "rocm-audit: error: unknown GPU target 'gfx9422'; did you mean gfx942?"
+
+
+def test_no_daemon_says_where_it_looked_in_lines_of_100_columns(tmp_path, run_cli, monkeypatch):
+    pytest.importorskip("docker")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")
+    result = run_cli("image", "qa/rocm:1", expect=2)
+    assert result.stderr.splitlines() == [
+        f"rocm-audit: error: no Docker daemon at unix://{tmp_path}/no.sock (from DOCKER_HOST)",
+        "hint: start one, set DOCKER_HOST, or use --archive FILE or registry://HOST/REPO:TAG",
+    ]
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:9")  # the discard port: nothing listens
+    closed = run_cli("image", "qa/rocm:1", expect=2).stderr.splitlines()
+    assert closed[0] == "rocm-audit: error: no Docker daemon at tcp://127.0.0.1:9 (from DOCKER_HOST)"
+    assert all(len(line) <= 100 for line in closed) and "Error while fetching" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("ref", "instead"),
+    [
+        ("docker://qa-sdk:1", "write qa-sdk:1 for an image in the Docker daemon, or registry://HOST/REPO:TAG"),
+        ("docker-archive:/tmp/x.tar", "write --archive /tmp/x.tar for a docker save file"),
+        ("oci:/tmp/layout", "write --archive /tmp/layout for an OCI layout directory"),
+    ],
+)
+def test_a_skopeo_transport_as_ref_says_what_to_write(run_cli, ref, instead):
+    result = run_cli("image", ref, expect=2)
+    assert (
+        result.stderr.splitlines()[0]
+        == f"rocm-audit: error: {ref!r} is a skopeo transport, not a reference rocm-audit reads"
+    )
+    assert result.stderr.splitlines()[1].startswith(f"hint: {instead}")
