@@ -540,6 +540,7 @@ class ImageSection(TypedDict):
     audited_paths: list[str]
     extracted: str
     bytes_read: int
+    checks_elapsed_s: NotRequired[float]  # the checks' own time; summary.elapsed_s is the whole run's
     prune_layers: NotRequired[list[PruneLayer]]
     waste: NotRequired[ImageWaste]
 

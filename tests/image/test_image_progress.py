@@ -50,3 +50,19 @@ def test_image_names_each_layer_and_every_phase_after_it(tmp_path):
     # how far into a layer: its entries and the bytes read (binary units)
     assert any(re.fullmatch(r"image: reading layer 2/3: \d+ entr(y|ies), \d+\.\d KiB", line) for line in drawn), drawn
     assert done.drawn()[-1] == ""  # cleared before the report
+
+
+def test_elapsed_is_the_whole_run_and_the_checks_own_time_is_labelled(tmp_path, run_cli):
+    # 24 MiB of layers to read and hash (three files of one size), hardly anything for the checks.
+    import time
+
+    bulk = [layer((f"opt/data/{i}.bin", os.urandom(8 << 20))) for i in range(3)]
+    archive = docker_save(tmp_path / "save.tar", [layer((f"{SP}/pkg/a.py", b"x = 1\n")), *bulk])
+    started = time.monotonic()
+    result = run_cli("image", "--archive", str(archive), "--format", "json", expect=0)
+    wall = time.monotonic() - started
+    report = result.report
+    elapsed, checks = report["summary"]["elapsed_s"], report["image"]["checks_elapsed_s"]
+    assert checks + 0.02 <= elapsed <= wall + 0.01, (checks, elapsed, wall)  # the run, not its checks
+    said = re.search(r", (\d+\.\d) s in all; check: ", result.stderr)
+    assert said and abs(float(said.group(1)) - elapsed) <= 0.06, result.stderr

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.report_types import ImageSection, ImageSource, PruneLayer
 from rocm_audit.tree.ownership import shippers_of
-from rocm_audit.units import size_text
+from rocm_audit.units import plural, size_text
 
 PACKAGE_DIRS = ("site-packages", "dist-packages")
 # What the checks read besides site-packages: the loader's search path (formats.md 4).
@@ -64,6 +65,7 @@ class ImageOptions:
     # Target lists the image records (its Env, its build history), most trusted first: verify-arch
     # uses them after --target, the auditing host's $GPU_ARCH and a rules file, before dist_info.json.
     recorded: tuple[TargetCandidate, ...] = ()
+    started: float = field(default_factory=time.monotonic)  # the run's start: its report's elapsed_s
 
 
 def config_env(config: dict[str, Any]) -> dict[str, str]:
@@ -367,13 +369,26 @@ def audit_merged(
     unreadable = {f.data.get("layer") for f in state.findings if f.rule == "IMG001"}
     if layer_names and len(unreadable) >= len(layer_names):
         outcome.force_failure = True  # no layer could be read: nothing was audited, whatever --fail-on says
+    _time_the_run(outcome, section, options.started, layer_aware)
+    return outcome
+
+
+def _time_the_run(outcome: CommandOutcome, section: ImageSection, started: float, layer_aware: bool) -> None:
+    """The whole run's wall time in the report's summary (reading the image takes most of it), the
+    checks' own in ``image.checks_elapsed_s``; and the one-line summary for stderr."""
+    elapsed = time.monotonic() - started
+    summary = outcome.sections.get("summary")
+    if summary is not None:
+        section["checks_elapsed_s"] = summary["elapsed_s"]
+        summary["elapsed_s"] = round(elapsed, 3)
     wasted = section.get("waste", {}).get("wasted_bytes")
+    layers = plural(len(section["layers"]), "layer") if layer_aware else "flattened (container export)"
     outcome.summary = (
-        f"image: {len(state.layers)} layer(s)"
+        f"image: {layers}"
         + (f", {size_text(wasted)} in identical copies" if wasted is not None else "")
+        + f", {elapsed:.1f} s in all"
         + (f"; {outcome.summary}" if outcome.summary else "")
     )
-    return outcome
 
 
 def _shipped_in_view(findings: list[Finding], root: str) -> list[Finding]:
