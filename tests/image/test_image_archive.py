@@ -644,3 +644,38 @@ def test_no_room_outside_the_layer_merge_is_the_same_error(tmp_path):
     assert raised.value.message == "cannot write the private work directory: No space left on device"
     assert raised.value.hint is not None and str(tmp_path) in raised.value.hint
     assert list(tmp_path.iterdir()) == []
+
+
+def test_waste_groups_rank_sdk_trees_first_and_advise_what_frees_each(tmp_path, run_cli, libs):
+    # Base-OS copies in layer 0 (larger than the SDK copy), two wheels vendoring one file in
+    # site-packages, and the SDK library split over two layers: SDK first, then site-packages, then
+    # the base OS; dedup is advised only for the SDK group, the base image's copies are its own.
+    docs = [(f"usr/share/doc/p{i}/changelog.gz", os.urandom(200_000 + i)) for i in range(4)]
+    vendored = os.urandom(150_000)
+    base = layer(*docs, *[(name.replace("/p", "/q"), data) for name, data in docs])
+    wheels = layer(
+        (f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", libs["comgr"]),
+        (f"{SP}/one/libgomp.bin", vendored),
+        (f"{SP}/two/libgomp.bin", vendored),
+    )
+    devel = layer((f"{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3", libs["comgr"]))
+    archive = docker_save(tmp_path / "save.tar", [base, wheels, devel], env=["GPU_ARCH=gfx942"])
+    report = run_cli("image", "--archive", str(archive), "--format", "json", expect=1).report
+    groups = report["image"]["waste"]["groups"]
+    firsts = [g["copies"][0]["path"] for g in groups]
+    assert firsts[:2] == [f"/{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", f"/{SP}/one/libgomp.bin"]
+    assert all(path.startswith("/usr/share/doc/") for path in firsts[2:]) and len(firsts) == 6
+    fixes = [g["fix"] for g in groups]
+    assert "rocm-audit dedup" in fixes[0]
+    assert fixes[1] == "write the file once (or hardlink it) in the step that writes layer 1"
+    assert set(fixes[2:]) == {"the copies come from the base image (layer 0)"}
+    by_rule = {rule: [f["path"] for f in report["findings"] if f["rule"] == rule] for rule in ("IMG008", "IMG010")}
+    assert by_rule["IMG008"] == [f"/{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3"]
+    assert len(by_rule["IMG010"]) == 5 and not [f for f in report["findings"] if f["rule"] == "IMG007"]
+    assert {f["severity"] for f in report["findings"] if f["rule"] == "IMG010"} == {"info"}
+    text = run_cli("image", "--archive", str(archive), expect=1).output.splitlines()
+    listed = [line for line in text if line.startswith("  ") and " x2 [" in line]
+    assert len(listed) == 3 and "_rocm_sdk_core/lib/libamd_comgr.so.3" in listed[0]
+    assert "  ... and 3 more groups (-v lists them)" in text
+    every = run_cli("image", "--archive", str(archive), "-v", expect=1).output
+    assert every.count(" x2 [") == 6 and "more groups" not in every

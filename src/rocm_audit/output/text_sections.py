@@ -356,6 +356,9 @@ def check_lines(sections: Sections) -> list[str]:
     return lines
 
 
+WASTE_GROUPS_SHOWN = 3  # an image's layer-waste groups listed without -v (SDK trees first)
+
+
 def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
     section = sections.get("image", {})
     source = section.get("source", {})
@@ -372,12 +375,16 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
             f"({size_text(waste['same_layer_bytes'])} within single layers, "
             f"{size_text(waste['cross_layer_bytes'])} across layers); a later RUN frees none of it"
         )
-        for group in waste["groups"][: 10 if verbose else 3]:
+        shown = waste["groups"] if verbose else waste["groups"][:WASTE_GROUPS_SHOWN]
+        for group in shown:
             copies = "; ".join(
                 f"{view.path(c['path'])} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
                 for c in group["copies"]
             )
             lines.append(f"  {size_text(group['size'])} x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
+        if len(waste["groups"]) > len(shown):
+            more = len(waste["groups"]) - len(shown)
+            lines.append(f"  ... and {plural(more, 'more group')} (-v lists them)")
     for row in section.get("prune_layers", []):
         lines.append(
             f"image: layer {row['layer']} holds {size_text(row['device_bytes'])} of device code, "

@@ -296,28 +296,6 @@ def _ranked(query: str, pool: dict[str, str]) -> list[tuple[float, int, str]]:
     return sorted(ranked.values(), key=lambda r: (-r[0], -r[1], r[2]))
 
 
-def _guesses(query: str, head: str) -> tuple[list[tuple[float, int, str]], list[tuple[float, int, str]]]:
-    """(every known name ranked by likeness to ``query``, the best guesses among them)."""
-    processors = {p: p for p in KNOWN_PROCESSORS}
-    products = {key: product.name for key, product in PRODUCTS_BY_KEY.items()}
-    by_either = _ranked(query, processors) + _ranked(product_key(head), products)
-    ranked = sorted(by_either, key=lambda r: (-r[0], -r[1], r[2]))
-    # The best, and any nearly as close that shares as long a prefix (RX 7900 XTZ: XT and XTX; but
-    # gfx9500: gfx950, not gfx900, which is as similar by ratio).
-    top_ratio, top_prefix = ranked[0][:2]
-    best = [r for r in ranked if r[0] >= max(_CLOSE_ENOUGH, top_ratio - _NEARLY) and r[1] >= top_prefix][:3]
-    return ranked, best
-
-
-def target_guesses(word: str) -> list[str]:
-    """The GPU targets ``word`` nearly names (``MI300``: MI300X, MI300A); none for a word that is
-    no near miss (an image reference such as ``rocm/pytorch:latest``)."""
-    head = word.strip().split(":")[0]
-    if not head or "/" in word:
-        return []
-    return [r[2] for r in _guesses(head.lower(), head)[1]]
-
-
 def _unknown_target(text: str, head: str) -> UsageError:
     query = head.strip().lower()
     if query == SPIRV_PROCESSOR:
@@ -326,9 +304,14 @@ def _unknown_target(text: str, head: str) -> UsageError:
             "(gfx942, MI300X); SPIR-V code counts for each of them",
             hint=LIST_TARGETS_HINT,
         )
-    by_processor = _ranked(query, {p: p for p in KNOWN_PROCESSORS})
-    by_product = _ranked(product_key(head), {key: product.name for key, product in PRODUCTS_BY_KEY.items()})
-    ranked, best = _guesses(query, head)
+    processors = {p: p for p in KNOWN_PROCESSORS}
+    products = {key: product.name for key, product in PRODUCTS_BY_KEY.items()}
+    by_processor, by_product = _ranked(query, processors), _ranked(product_key(head), products)
+    ranked = sorted(by_processor + by_product, key=lambda r: (-r[0], -r[1], r[2]))
+    # The best, and any nearly as close that shares as long a prefix (RX 7900 XTZ: XT and XTX; but
+    # gfx9500: gfx950, not gfx900, which is as similar by ratio).
+    top_ratio, top_prefix = ranked[0][:2]
+    best = [r for r in ranked if r[0] >= max(_CLOSE_ENOUGH, top_ratio - _NEARLY) and r[1] >= top_prefix][:3]
     message = f"unknown GPU target {text!r}"
     guesses = [r[2] for r in best]
     while guesses:  # as many guesses as fit on one line of 100 columns
@@ -570,3 +553,22 @@ class TargetSelection:
             if chosen is not None:
                 picked.add(chosen[0])
         return picked
+
+
+def _guesses(query: str, head: str) -> list[str]:
+    """The known names nearest ``query`` (what _unknown_target offers as "did you mean")."""
+    processors = {p: p for p in KNOWN_PROCESSORS}
+    products = {key: product.name for key, product in PRODUCTS_BY_KEY.items()}
+    by_either = _ranked(query, processors) + _ranked(product_key(head), products)
+    ranked = sorted(by_either, key=lambda r: (-r[0], -r[1], r[2]))
+    top_ratio, top_prefix = ranked[0][:2]
+    return [r[2] for r in ranked if r[0] >= max(_CLOSE_ENOUGH, top_ratio - _NEARLY) and r[1] >= top_prefix][:3]
+
+
+def target_guesses(word: str) -> list[str]:
+    """The GPU targets ``word`` nearly names (``MI300``: MI300A, MI300X); none for a word that is
+    no near miss (an image reference such as ``rocm/pytorch:latest``)."""
+    head = word.strip().split(":")[0]
+    if not head or "/" in word:
+        return []
+    return _guesses(head.lower(), head)
