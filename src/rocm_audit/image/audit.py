@@ -206,7 +206,8 @@ def apply_layer_stream(
     again: Callable[[], contextlib.AbstractContextManager[tarstream.Readable]] | None,
 ) -> None:
     """Apply one layer of a pipeline; an unreadable layer or a digest mismatch becomes a finding."""
-    state.progress.phase(f"reading layer {index + 1}/{count}", unit="entries")
+    # Numbered from 0, as in the findings and the JSON report (docs/images.md, "Layer analysis").
+    state.progress.phase(f"reading layer {index} (0 to {count - 1})", unit="entries")
     try:
         merge.apply_layer(state, stream, index, name, where, again=again)
         matches = stream.matches()

@@ -359,14 +359,23 @@ def check_lines(sections: Sections) -> list[str]:
 WASTE_GROUPS_SHOWN = 3  # an image's layer-waste groups listed without -v (SDK trees first)
 
 
+def image_layers_text(sections: Sections) -> str:
+    """How the image was read: ``docker-save, 6 layers``, or flattened by the daemon's export,
+    which has no layers to count (text and Markdown say it alike)."""
+    section = sections.get("image", {})
+    source = section.get("source", {})
+    form = str(source.get("format", source.get("kind")))
+    if form == "container export":
+        return "flattened: the daemon's container export; --layers reads each layer"
+    return f"{display(form)}, {plural(len(section.get('layers', [])), 'layer')}"
+
+
 def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
     section = sections.get("image", {})
     source = section.get("source", {})
     audited = ", ".join(display(p) for p in section.get("audited_paths", []))
     lines = [
-        f"image: {display(source.get('ref') or source.get('path'))} "
-        f"({display(source.get('format', source.get('kind')))}), {plural(len(section.get('layers', [])), 'layer')}; "
-        f"audited {audited}"
+        f"image: {display(source.get('ref') or source.get('path'))} ({image_layers_text(sections)}); audited {audited}"
     ]
     waste = section.get("waste")
     if waste is not None:
