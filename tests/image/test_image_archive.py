@@ -323,8 +323,11 @@ def test_unsafe_entries_are_refused_with_layer_and_offset(tmp_path, run_cli):
     # What it accepts is placed as it places it, inside the root.
     for needle in ("abs.txt", "ok/up", "planted.txt"):
         assert not [f for f in report["findings"] if f["rule"] == "IMG002" and needle in f["path"]]
-    devices = hostile_finding(report, "IMG003", "ok/dev")["data"]
-    assert devices["paths"] == ["/ok/dev", "/ok/fifo"] and devices["type"] == "3"
+    devices = hostile_finding(report, "IMG003", "ok/dev")
+    assert devices["data"]["paths"] == ["/ok/dev", "/ok/fifo"] and devices["data"]["type"] == "3"
+    # The image path, the layer in words and data: no archive member (a digest) in a location.
+    assert (devices["path"], devices["message"]) == ("/ok/dev", "layer 0: 2 device nodes or FIFOs not extracted")
+    assert devices["related_paths"] == ["/ok/fifo"] and devices["data"]["layer"] == 0
     assert list(outside.iterdir()) == []
     state, root = merged(tmp_path, archive)
     real_root = os.path.realpath(root)
