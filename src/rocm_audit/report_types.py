@@ -503,6 +503,7 @@ class PruneLayer(TypedDict):
     layer: int
     name: str
     device_bytes: int
+    hidden_device_bytes: int  # of device_bytes, in files a later layer hid (still in this layer)
     unused_bytes: int
     removable_bytes: int
     fatbins_estimate_bytes: int  # device code for other GPUs in fat binaries prune --fatbins would slim

@@ -349,6 +349,7 @@ def audit_merged(
         "extracted": "full" if options.full else "site-packages and loader directories",
         "bytes_read": state.limits.bytes_read,
     }
+    groups: list[waste.WasteGroup] = []
     if layer_aware:
         state.progress.phase("placing identical copies in their layers")
         groups, total = waste.analyse(state)
@@ -361,7 +362,7 @@ def audit_merged(
     outcome.attributed = True
     outcome = _to_image_paths(outcome, state.root)
     if "prune" in outcome.sections and layer_aware:
-        section["prune_layers"] = prune_layers(state, outcome.device_bytes_by_path, layer_names)
+        section["prune_layers"] = prune_layers(state, outcome.device_bytes_by_path, layer_names, groups)
     outcome.findings.extend(findings)
     outcome.sections["image"] = section
     outcome.command = "image"
@@ -404,14 +405,26 @@ def _shipped_in_view(findings: list[Finding], root: str) -> list[Finding]:
 
 
 def prune_layers(
-    state: merge.MergeState, by_path: dict[str, tuple[int, int, int, int]], layer_names: list[str]
+    state: merge.MergeState,
+    by_path: dict[str, tuple[int, int, int, int]],
+    layer_names: list[str],
+    groups: Iterable[waste.WasteGroup] = (),
 ) -> list[PruneLayer]:
     """Device-code bytes per layer that holds them (prune's weight by file, placed by the layer
     that wrote the file the merged view shows). A prune in a later RUN frees none of a lower
-    layer's bytes: only a prune in the RUN that wrote the layer does."""
+    layer's bytes: only a prune in the RUN that wrote the layer does.
+
+    A file a later layer hid still weighs in its own layer. The checks read only what the merged
+    view shows, so a hidden file is weighed when it has an identical copy the view shows (a waste
+    group: same size and BLAKE2b), whose weight it shares; one no shown file matches (deleted, or
+    replaced by other bytes) is not weighed: its bytes left the view before any check ran."""
     per: dict[int, PruneLayer] = {}
-    for path, (device_bytes, unused_bytes, removable_bytes, fatbins_bytes) in sorted(by_path.items()):
-        layer = state.layer_of.get(path)
+    weighed = [(state.layer_of.get(path), weight, False) for path, weight in sorted(by_path.items())]
+    for group in groups:
+        shown = next((by_path[c["path"]] for c in group.copies if c["visible"] and c["path"] in by_path), None)
+        if shown is not None:
+            weighed += [(c["layer"], shown, True) for c in group.copies if not c["visible"]]
+    for layer, (device_bytes, unused_bytes, removable_bytes, fatbins_bytes), hidden in weighed:
         if layer is None:
             continue
         row = per.setdefault(
@@ -420,12 +433,14 @@ def prune_layers(
                 "layer": layer,
                 "name": layer_names[layer] if layer < len(layer_names) else str(layer),
                 "device_bytes": 0,
+                "hidden_device_bytes": 0,
                 "unused_bytes": 0,
                 "removable_bytes": 0,
                 "fatbins_estimate_bytes": 0,
             },
         )
         row["device_bytes"] += device_bytes
+        row["hidden_device_bytes"] += device_bytes if hidden else 0
         row["unused_bytes"] += unused_bytes
         row["removable_bytes"] += removable_bytes
         row["fatbins_estimate_bytes"] += fatbins_bytes

@@ -396,7 +396,13 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
             lines.append(f"  ... and {plural(more, 'more group')} (-v lists them)")
     for row in section.get("prune_layers", []):
         lines.append(
-            f"image: layer {row['layer']} holds {size_text(row['device_bytes'])} of device code, "
+            f"image: layer {row['layer']} holds {size_text(row['device_bytes'])} of device code"
+            + (
+                f" ({size_text(row['hidden_device_bytes'])} in files a later layer hid)"
+                if row.get("hidden_device_bytes")
+                else ""
+            )
+            + ", "
             f"{size_text(row['unused_bytes'])} for no kept target, {size_text(row['removable_bytes'])} "
             "removable by prune in the RUN that wrote it"
             + (
