@@ -522,6 +522,7 @@ class PruneLayer(TypedDict):
     layer: int
     name: str
     device_bytes: int
+    hidden_device_bytes: int  # of device_bytes, in files a later layer hid (still in this layer)
     unused_bytes: int
     removable_bytes: int
     fatbins_estimate_bytes: int  # device code for other GPUs in fat binaries prune --fatbins would slim
@@ -559,6 +560,7 @@ class ImageSection(TypedDict):
     audited_paths: list[str]
     extracted: str
     bytes_read: int
+    checks_elapsed_s: NotRequired[float]  # the checks' own time; summary.elapsed_s is the whole run's
     prune_layers: NotRequired[list[PruneLayer]]
     waste: NotRequired[ImageWaste]
 

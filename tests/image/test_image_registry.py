@@ -155,16 +155,15 @@ def test_a_real_registry_with_basic_auth_and_what_a_refusal_tells(run_cli, basic
     ref = f"registry://{host}/team/app:1"
     arguments = ("image", ref, "--insecure-registry", host, "--format", "json")
 
+    # Refused: nothing of the image can be read, an error (exit 2) whatever --fail-on says.
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "none"))
-    refused = run_cli(*arguments).report["findings"]
-    assert [f["rule"] for f in refused] == ["IMG001"]
-    assert f"no credentials for {host} in the Docker config file; `docker login {host}`" in refused[0]["message"]
-    assert "offset" not in refused[0]["message"]
+    refused = run_cli("image", ref, "--insecure-registry", host, "--fail-on", "never", expect=2).stderr
+    assert f"no credentials for {host} in the Docker config file; `docker login {host}`" in refused
+    assert "offset" not in refused
 
     monkeypatch.setenv("DOCKER_CONFIG", str(_docker_config(tmp_path / "wrong", host, "robot", password + "x")))
-    wrong = run_cli(*arguments).report["findings"]
-    assert [f["rule"] for f in wrong] == ["IMG001"]
-    assert "HTTP 401" in wrong[0]["message"] and "refused the credentials" in wrong[0]["message"]
+    wrong = run_cli("image", ref, "--insecure-registry", host, expect=2).stderr
+    assert "HTTP 401" in wrong and "refused the credentials" in wrong
 
     monkeypatch.setenv("DOCKER_CONFIG", str(_docker_config(tmp_path / "right", host, "robot", password)))
     report = run_cli(*arguments, expect=1).report
@@ -235,12 +234,51 @@ def test_registry_image_gives_the_findings_of_its_archive(run_cli, registry, lib
     assert findings_of(pinned) == findings_of(from_registry)
 
 
+def test_platform_is_for_registries_and_an_image_of_another_platform_is_refused(run_cli, registry, libs, tmp_path):
+    # A single manifest (no index): its config says linux/amd64; asked for arm64, the audit of an
+    # amd64 image is not what was asked for. Without --platform, the config's platform is reported.
+    archive = docker_save(tmp_path / "save.tar", sdk_layers(libs, b"platform"), tag="test/platform:1")
+    push(archive, registry["host"], "test/platform:1")
+    ref = f"registry://{registry['host']}/test/platform:1"
+    arguments = ("image", ref, "--insecure-registry", registry["host"])
+    other = run_cli(*arguments, "--platform", "linux/arm64", "--fail-on", "never", expect=2).stderr.splitlines()
+    assert other == [
+        f"rocm-audit: error: {ref} is a linux/amd64 image, not linux/arm64 (--platform)",
+        "hint: the registry has no linux/arm64 image of it; leave out --platform to audit this one",
+    ]
+    same = run_cli(*arguments, "--platform", "linux/amd64", "--format", "json", expect=1).report
+    assert same["image"]["source"]["platform"] == "linux/amd64"
+    for elsewhere in (["--archive", str(archive)], ["test/platform:1"]):
+        result = run_cli("image", *elsewhere, "--platform", "linux/amd64", expect=2)
+        assert result.stderr.startswith("rocm-audit: error: --platform is for registry://")
+
+
 def test_without_insecure_registry_tls_is_required(run_cli, registry, libs, tmp_path):
     archive = docker_save(tmp_path / "save.tar", sdk_layers(libs, b"tls"), tag="test/tls:1")
     push(archive, registry["host"], "test/tls:1")
-    result = run_cli("image", f"registry://{registry['host']}/test/tls:1", "--format", "json")
-    assert result.exit_code != 0
-    assert [f["rule"] for f in result.report["findings"]] == ["IMG001"]
+    host = registry["host"]  # plain HTTP
+    result = run_cli("image", f"registry://{host}/test/tls:1", "--fail-on", "never", expect=2)
+    assert result.stderr == (
+        f"rocm-audit: error: {host} does not speak TLS (plain HTTP?): add --insecure-registry {host}\n"
+    )
+    # The value may be spelled as a URL: its scheme and a trailing slash are dropped.
+    for spelled in (f"http://{host}/", f"https://{host}", f"{host}/"):
+        run_cli("image", f"registry://{host}/test/tls:1", "--insecure-registry", spelled, expect=1)
+    with_path = run_cli("image", f"registry://{host}/test/tls:1", "--insecure-registry", f"http://{host}/v2", expect=2)
+    assert f"--insecure-registry takes HOST[:PORT] (127.0.0.1:5000, registry.local), not 'http://{host}/v2'" in (
+        with_path.stderr
+    )
+    # Not found, nothing listening: plain words, exit 2.
+    missing = run_cli("image", f"registry://{host}/test/tls:2", "--insecure-registry", host, expect=2)
+    assert (
+        missing.stderr == f"rocm-audit: error: registry {host} has no image test/tls:2 (HTTP 404: manifest unknown)\n"
+    )
+    closed = f"127.0.0.1:{_free_port()}"
+    refused = run_cli("image", f"registry://{closed}/test/tls:1", expect=2)
+    assert (
+        refused.stderr
+        == f"rocm-audit: error: cannot reach registry {closed}: nothing listens there (connection refused)\n"
+    )
 
 
 def _manifest_digest(host: str, name: str, tag: str) -> tuple[str, int]:
@@ -546,10 +584,8 @@ def test_wrong_credentials_are_reported_not_retried_forever(run_cli, fake_regist
     auth = base64.b64encode(b"robot:wrong").decode()
     (config_dir / "config.json").write_text(json.dumps({"auths": {f"https://{host}": {"auth": auth}}}))
     monkeypatch.setenv("DOCKER_CONFIG", str(config_dir))
-    result = run_cli("image", f"registry://{host}/test/secret:1", "--insecure-registry", host, "--format", "json")
-    assert result.exit_code != 0
-    assert [f["rule"] for f in result.report["findings"]] == ["IMG001"]
-    assert "401" in result.report["findings"][0]["message"]
+    result = run_cli("image", f"registry://{host}/test/secret:1", "--insecure-registry", host, expect=2)
+    assert "401" in result.stderr
     assert len(_FakeRegistry.seen) <= 6
 
 

@@ -155,10 +155,9 @@ def test_a_word_that_is_no_target_stays_the_image_reference(tmp_path, run_cli, c
     named = _image(run_cli, archive, "rocm/pytorch:latest", "gfx942", expect=0)
     assert named["targets_origin"]["kind"] == "command-line"
     # `img` is a reference this archive does not hold: said once, as the image's, without "image: image:".
-    missing = run_cli("image", "--archive", str(archive), "img", "gfx942", "--format", "json", expect=1)
-    (finding,) = [f for f in missing.report["findings"] if f["rule"] == "IMG001"]
-    assert "no image tagged 'img'" in finding["message"]
-    assert missing.stderr.startswith("image: not audited: ") and "image: image:" not in missing.stderr
+    missing = run_cli("image", "--archive", str(archive), "img", "gfx942", "--fail-on", "never")
+    assert missing.exit_code == 2  # nothing to audit: an error, not a finding --fail-on could pass
+    assert missing.stderr == f"rocm-audit: error: no image tagged 'img' in {archive} (its tags: rocm/pytorch:latest)\n"
     # Two words that are no targets: a usage error naming both.
     two = run_cli("image", "--archive", str(archive), "img", "other", "gfx942", expect=2)
     assert two.stderr.splitlines() == [

@@ -95,7 +95,7 @@ def test_markdown_for_an_image_lists_the_largest_identical_copies(run_cli, tmp_p
     text = run_cli("image", "--archive", str(archive), "--target", "gfx942", "--format", "markdown").stdout
     assert "| bytes wasted | copies | scope | paths (layer) |" in text
     assert "cross-layer" in text and "_rocm_sdk_devel/lib/libx.so (1)" in text
-    assert "(docker-save), 2 layer(s); audited /usr/lib/python3/dist-packages" in text
+    assert "(docker-save, 2 layers); audited /usr/lib/python3/dist-packages" in text
 
 
 def test_findings_of_one_rule_and_cause_are_one_group():

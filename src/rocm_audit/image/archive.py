@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from rocm_audit.errors import FormatError
-from rocm_audit.image import tarstream
+from rocm_audit.image import sniff, tarstream
 
 MAX_JSON_BYTES = 16 << 20
 MAX_INDEX_DEPTH = 4
@@ -34,6 +34,17 @@ OCI_INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
 )
+
+
+class WhichImage(FormatError):
+    """The archive holds no image of the REF asked for (``ref``), or several and no REF was named
+    (``ref`` None); ``names``: the tags or ref names it has."""
+
+    def __init__(self, label: str, ref: str | None, names: list[str], count: int = 0) -> None:
+        shown = ", ".join(names) or "none"
+        said = f"no image tagged {ref!r}" if ref is not None else f"{count} images and no REF to choose one"
+        super().__init__("image", 0, f"{label}: {said} (its tags: {shown})")
+        self.ref, self.names, self.count = ref, names, count
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +61,7 @@ class ImageLayout:
     config: dict[str, Any] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     manifest_digest: str | None = None
+    platform: str | None = None  # OS/ARCH[/VARIANT] of the config, where the source says it (registry)
 
 
 class _Region:
@@ -83,6 +95,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def size(self, name: str) -> int: ...
+
+    def names(self) -> list[str]:
+        """Every member's name (what an error says the store holds instead of an image)."""
+        return []
 
     def read_json(self, name: str) -> Any:
         if not self.exists(name):
@@ -121,6 +137,12 @@ class DirStore(Store):
 
     def size(self, name: str) -> int:
         return os.path.getsize(self._path(name))
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.directory))
+        except OSError:
+            return []
 
     def open(self, name: str) -> BinaryIO:
         if not self.exists(name):
@@ -169,6 +191,9 @@ class TarStore(Store):
     def size(self, name: str) -> int:
         return self.members[self._resolve(name)][1]
 
+    def names(self) -> list[str]:
+        return [*self.members, *self.links]
+
     def open(self, name: str) -> _Region:
         start, size = self.members[self._resolve(name)]
         return _Region(self.path, start, size)
@@ -195,6 +220,34 @@ def _clean(name: str, label: str) -> str:
     return clean
 
 
+def open_image(path: str, workdir: str, max_bytes: int, ref: str | None = None) -> tuple[Store, ImageLayout]:
+    """The archive's members and the layout of its image (``ref`` among several). Raises
+    UsageError when nothing of it can be read as an image, saying what it is instead
+    (image/sniff.py): a wheel, text, a file-system tar, several images and no REF, ..."""
+    head = b"" if os.path.isdir(path) else sniff.head_of(path)
+    sniff.refuse_known_kind(path, head)
+    try:
+        store = open_store(path, workdir, max_bytes)
+    except FormatError as exc:
+        inner = sniff.head_of(os.path.join(workdir, "archive.tar"))
+        raise sniff.not_a_tar(path, exc, sniff.is_compressed(head), inner) from None
+    try:
+        return store, read_layout(store, ref)
+    except WhichImage as exc:
+        raise sniff.which_image(path, exc.ref, exc.names, exc.count) from None
+    except FormatError as exc:
+        if not _holds_image_documents(store):
+            raise sniff.no_image_in(path, store.names()) from None
+        raise sniff.damaged(path, exc) from None
+
+
+def _holds_image_documents(store: Store) -> bool:
+    try:
+        return store.exists("manifest.json") or store.exists("index.json")
+    except FormatError:  # a link out of a layout directory: there, but not readable
+        return True
+
+
 def open_store(path: str, workdir: str, max_bytes: int) -> Store:
     """A directory layout, an uncompressed tar, or a compressed tar (decompressed into workdir)."""
     if os.path.isdir(path):
@@ -209,7 +262,7 @@ def open_store(path: str, workdir: str, max_bytes: int) -> Store:
             while piece := stream.read(tarstream.CHUNK):
                 copied += len(piece)
                 if copied > max_bytes:
-                    raise FormatError("image", copied, f"{path}: decompresses to more than {max_bytes} bytes")
+                    raise sniff.too_large(path, max_bytes)
                 target.write(piece)
         return TarStore(plain, path)
     return TarStore(path, path)
@@ -243,14 +296,10 @@ def _docker_save(store: Store, ref: str | None) -> ImageLayout:
     if ref is not None:
         matching = [m for m in manifest if ref in (m.get("RepoTags") or [])]
         if not matching:
-            raise FormatError("image", 0, f"{store.label}: no image tagged {ref!r} in manifest.json")
+            raise WhichImage(store.label, ref, _tags_of(manifest))
         chosen = matching[0]
     elif len(manifest) > 1:
-        raise FormatError(
-            "image",
-            0,
-            f"{store.label}: {len(manifest)} images in the archive; name one as REF (tags: {_tags_of(manifest)})",
-        )
+        raise WhichImage(store.label, None, _tags_of(manifest), len(manifest))
     layers = chosen.get("Layers")
     if not isinstance(layers, list) or not all(isinstance(name, str) for name in layers):
         raise FormatError("image", 0, f"{store.label}: manifest.json Layers is not a list of names")
@@ -271,8 +320,8 @@ def _docker_save(store: Store, ref: str | None) -> ImageLayout:
     return ImageLayout(kind=kind, layers=refs, config=config, tags=tags)
 
 
-def _tags_of(manifest: list[dict[str, Any]]) -> str:
-    return ", ".join(sorted(t for m in manifest for t in (m.get("RepoTags") or []) if isinstance(t, str))) or "none"
+def _tags_of(manifest: list[dict[str, Any]]) -> list[str]:
+    return sorted(t for m in manifest for t in (m.get("RepoTags") or []) if isinstance(t, str))
 
 
 def _oci(store: Store, ref: str | None) -> ImageLayout:
@@ -303,6 +352,11 @@ def _oci(store: Store, ref: str | None) -> ImageLayout:
     return ImageLayout(kind="oci-layout", layers=refs, config=config, tags=tags, manifest_digest=digest)
 
 
+def _ref_names(entries: list[dict[str, Any]]) -> list[str]:
+    names = [(e.get("annotations") or {}).get("org.opencontainers.image.ref.name") for e in entries]
+    return [n for n in names if isinstance(n, str)]
+
+
 def _pick_manifest(store: Store, index: Any, ref: str | None, depth: int) -> tuple[dict[str, Any], str]:
     if depth > MAX_INDEX_DEPTH:
         raise FormatError("image", 0, f"{store.label}: image indexes nested too deep")
@@ -317,20 +371,13 @@ def _pick_manifest(store: Store, index: Any, ref: str | None, depth: int) -> tup
             if (e.get("annotations") or {}).get("org.opencontainers.image.ref.name") in (ref, ref.rsplit(":", 1)[-1])
         ]
         if not candidates:
-            raise FormatError("image", 0, f"{store.label}: no manifest named {ref!r} in index.json")
+            raise WhichImage(store.label, ref, sorted(_ref_names(entries)))
     if len(candidates) > 1:
         amd64 = [e for e in candidates if (e.get("platform") or {}).get("architecture") == "amd64"]
         if len(amd64) == 1:
             candidates = amd64
         elif depth == 0:
-            names = sorted(
-                str((e.get("annotations") or {}).get("org.opencontainers.image.ref.name")) for e in candidates
-            )
-            raise FormatError(
-                "image",
-                0,
-                f"{store.label}: {len(candidates)} images in the layout; name one as REF ({', '.join(names)})",
-            )
+            raise WhichImage(store.label, None, sorted(_ref_names(candidates)), len(candidates))
     chosen = candidates[0]
     digest = chosen.get("digest")
     document = store.read_json(blob_name(digest, store.label))

@@ -15,24 +15,25 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from rocm_audit.audit.attribution import with_shippers
 from rocm_audit.audit.check import CheckOptions, run_check
-from rocm_audit.errors import FormatError
+from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.gpu.verify import TargetCandidate
 from rocm_audit.image import budget, layerpipe, merge, tarstream, waste, whole
-from rocm_audit.image.archive import ImageLayout, Store, open_store, read_again, read_layout
+from rocm_audit.image.archive import ImageLayout, Store, open_image, read_again
 from rocm_audit.image.offload import Offload, helper_count
 from rocm_audit.image.targets import config_history, recorded_targets
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.report_types import ImageSection, ImageSource, PruneLayer
 from rocm_audit.tree.ownership import shippers_of
-from rocm_audit.units import size_text
+from rocm_audit.units import plural, size_text
 
 PACKAGE_DIRS = ("site-packages", "dist-packages")
 # What the checks read besides site-packages: the loader's search path (formats.md 4).
@@ -64,6 +65,7 @@ class ImageOptions:
     # Target lists the image records (its Env, its build history), most trusted first: verify-arch
     # uses them after --target, the auditing host's $GPU_ARCH and a rules file, before dist_info.json.
     recorded: tuple[TargetCandidate, ...] = ()
+    started: float = field(default_factory=time.monotonic)  # the run's start: its report's elapsed_s
 
 
 def config_env(config: dict[str, Any]) -> dict[str, str]:
@@ -100,7 +102,8 @@ def wanted(full: bool) -> Callable[[str], bool]:
 
 
 def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILENT) -> CommandOutcome:
-    """`rocm-audit image --archive FILE`: a docker save tarball or an OCI layout (dir or tar)."""
+    """`rocm-audit image --archive FILE`: a docker save tarball or an OCI layout (dir or tar).
+    Raises UsageError when nothing of it can be read as an image (archive.open_image)."""
     with merging(options, progress) as state:
         try:
             layout = extract_archive(archive, os.path.dirname(state.root), state, options.ref)
@@ -123,21 +126,25 @@ def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILE
 def audit_registry(
     text: str,
     options: ImageOptions,
-    platform: str = "linux/amd64",
+    platform: str | None = None,
     insecure_hosts: frozenset[str] = frozenset(),
     progress: Progress = SILENT,
 ) -> CommandOutcome:
     """`rocm-audit image registry://HOST/REPO[:TAG|@DIGEST]`: layers streamed from the registry
     (image/registry.py) into the merged view, decompressed in parallel, digests checked.
-    Raises UsageError for a bad reference or platform, or an unreachable registry."""
+    Raises UsageError for a bad reference or platform, and when the image cannot be found or
+    read at all (unreachable, not found, refused, not an image)."""
     from rocm_audit.image import registry  # noqa: PLC0415 - only this source needs it
 
     ref = registry.parse_ref(text)
-    wanted_platform = registry.parse_platform(platform)
+    wanted_platform = registry.parse_platform(platform) if platform is not None else None
     with merging(options, progress) as state:
         progress.phase("reading the image manifest from the registry")
         try:
             store, layout = registry.read_image(ref, wanted_platform, insecure_hosts)
+        except FormatError as exc:  # nothing of the image could be read: no audit to report
+            raise UsageError(exc.reason if exc.fmt == "registry" else exc.message, hint=exc.hint) from None
+        try:
             apply_layers(store, layout, state, text)
         except FormatError as exc:  # a registry's answer has no offset worth a word
             message = exc.reason if exc.fmt == "registry" else exc.message
@@ -148,7 +155,7 @@ def audit_registry(
             "kind": "registry",
             "ref": text,
             "format": "registry",
-            "platform": platform,
+            "platform": layout.platform or platform or registry.DEFAULT_PLATFORM,
             "tags": layout.tags,
             "manifest_digest": layout.manifest_digest,
         }
@@ -159,10 +166,10 @@ def audit_registry(
 def extract_archive(archive: str, workdir: str, state: merge.MergeState, ref: str | None = None) -> ImageLayout:
     """Apply every layer of the archive over ``state.root``; unreadable layers become findings.
 
-    Raises FormatError when the archive itself (manifest, index) is unusable, LimitExceeded.
+    Raises UsageError when nothing of the archive can be read as an image (archive.open_image),
+    FormatError when a layer it names is missing, LimitExceeded.
     """
-    store = open_store(archive, workdir, state.limits.max_bytes)
-    layout = read_layout(store, ref)
+    store, layout = open_image(archive, workdir, state.limits.max_bytes, ref)
     apply_layers(store, layout, state, archive)
     return layout
 
@@ -199,7 +206,8 @@ def apply_layer_stream(
     again: Callable[[], contextlib.AbstractContextManager[tarstream.Readable]] | None,
 ) -> None:
     """Apply one layer of a pipeline; an unreadable layer or a digest mismatch becomes a finding."""
-    state.progress.phase(f"reading layer {index + 1}/{count}", unit="entries")
+    # Numbered from 0, as in the findings and the JSON report (docs/images.md, "Layer analysis").
+    state.progress.phase(f"reading layer {index} (0 to {count - 1})", unit="entries")
     try:
         merge.apply_layer(state, stream, index, name, where, again=again)
         matches = stream.matches()
@@ -341,6 +349,7 @@ def audit_merged(
         "extracted": "full" if options.full else "site-packages and loader directories",
         "bytes_read": state.limits.bytes_read,
     }
+    groups: list[waste.WasteGroup] = []
     if layer_aware:
         state.progress.phase("placing identical copies in their layers")
         groups, total = waste.analyse(state)
@@ -353,19 +362,35 @@ def audit_merged(
     outcome.attributed = True
     outcome = _to_image_paths(outcome, state.root)
     if "prune" in outcome.sections and layer_aware:
-        section["prune_layers"] = prune_layers(state, outcome.device_bytes_by_path, layer_names)
+        section["prune_layers"] = prune_layers(state, outcome.device_bytes_by_path, layer_names, groups)
     outcome.findings.extend(findings)
     outcome.sections["image"] = section
     outcome.command = "image"
     outcome.inputs = inputs
     outcome.roots = list(section["audited_paths"])
+    unreadable = {f.data.get("layer") for f in state.findings if f.rule == "IMG001"}
+    if layer_names and len(unreadable) >= len(layer_names):
+        outcome.force_failure = True  # no layer could be read: nothing was audited, whatever --fail-on says
+    _time_the_run(outcome, section, options.started, layer_aware)
+    return outcome
+
+
+def _time_the_run(outcome: CommandOutcome, section: ImageSection, started: float, layer_aware: bool) -> None:
+    """The whole run's wall time in the report's summary (reading the image takes most of it), the
+    checks' own in ``image.checks_elapsed_s``; and the one-line summary for stderr."""
+    elapsed = time.monotonic() - started
+    summary = outcome.sections.get("summary")
+    if summary is not None:
+        section["checks_elapsed_s"] = summary["elapsed_s"]
+        summary["elapsed_s"] = round(elapsed, 3)
     wasted = section.get("waste", {}).get("wasted_bytes")
+    layers = plural(len(section["layers"]), "layer") if layer_aware else "flattened (container export)"
     outcome.summary = (
-        f"image: {len(state.layers)} layer(s)"
+        f"image: {layers}"
         + (f", {size_text(wasted)} in identical copies" if wasted is not None else "")
+        + f", {elapsed:.1f} s in all"
         + (f"; {outcome.summary}" if outcome.summary else "")
     )
-    return outcome
 
 
 def _shipped_in_view(findings: list[Finding], root: str) -> list[Finding]:
@@ -380,14 +405,26 @@ def _shipped_in_view(findings: list[Finding], root: str) -> list[Finding]:
 
 
 def prune_layers(
-    state: merge.MergeState, by_path: dict[str, tuple[int, int, int, int]], layer_names: list[str]
+    state: merge.MergeState,
+    by_path: dict[str, tuple[int, int, int, int]],
+    layer_names: list[str],
+    groups: Iterable[waste.WasteGroup] = (),
 ) -> list[PruneLayer]:
     """Device-code bytes per layer that holds them (prune's weight by file, placed by the layer
     that wrote the file the merged view shows). A prune in a later RUN frees none of a lower
-    layer's bytes: only a prune in the RUN that wrote the layer does."""
+    layer's bytes: only a prune in the RUN that wrote the layer does.
+
+    A file a later layer hid still weighs in its own layer. The checks read only what the merged
+    view shows, so a hidden file is weighed when it has an identical copy the view shows (a waste
+    group: same size and BLAKE2b), whose weight it shares; one no shown file matches (deleted, or
+    replaced by other bytes) is not weighed: its bytes left the view before any check ran."""
     per: dict[int, PruneLayer] = {}
-    for path, (device_bytes, unused_bytes, removable_bytes, fatbins_bytes) in sorted(by_path.items()):
-        layer = state.layer_of.get(path)
+    weighed = [(state.layer_of.get(path), weight, False) for path, weight in sorted(by_path.items())]
+    for group in groups:
+        shown = next((by_path[c["path"]] for c in group.copies if c["visible"] and c["path"] in by_path), None)
+        if shown is not None:
+            weighed += [(c["layer"], shown, True) for c in group.copies if not c["visible"]]
+    for layer, (device_bytes, unused_bytes, removable_bytes, fatbins_bytes), hidden in weighed:
         if layer is None:
             continue
         row = per.setdefault(
@@ -396,12 +433,14 @@ def prune_layers(
                 "layer": layer,
                 "name": layer_names[layer] if layer < len(layer_names) else str(layer),
                 "device_bytes": 0,
+                "hidden_device_bytes": 0,
                 "unused_bytes": 0,
                 "removable_bytes": 0,
                 "fatbins_estimate_bytes": 0,
             },
         )
         row["device_bytes"] += device_bytes
+        row["hidden_device_bytes"] += device_bytes if hidden else 0
         row["unused_bytes"] += unused_bytes
         row["removable_bytes"] += removable_bytes
         row["fatbins_estimate_bytes"] += fatbins_bytes
@@ -458,7 +497,10 @@ def failed(label: str, state: merge.MergeState, rule: str, message: str, data: d
     findings: list[Finding] = [*state.findings, make_finding(rule, label, message, data=data)]
     # A FormatError of the image format itself reads "image: ...": said once, not "image: image:".
     said = message.removeprefix("image: ")
-    return CommandOutcome(command="image", findings=findings, inputs=[label], summary=f"image: not audited: {said}")
+    # Nothing was audited: whatever --fail-on says, a CI gate must not pass on this run.
+    return CommandOutcome(
+        command="image", findings=findings, inputs=[label], summary=f"image: not audited: {said}", force_failure=True
+    )
 
 
 class Workdir:

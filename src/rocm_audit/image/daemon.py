@@ -19,6 +19,7 @@ from typing import Any
 
 from rocm_audit.errors import UsageError
 from rocm_audit.image.audit import ImageOptions, audit_stream, image_targets
+from rocm_audit.image.sniff import target_hint
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.report_types import ImageSource
@@ -27,6 +28,29 @@ log = logging.getLogger(__name__)
 
 STREAM_CHUNK = 2 << 20
 NEVER_RUN = ["/rocm-audit: this container is never started"]
+
+
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+OTHER_SOURCES = "use --archive FILE or registry://HOST/REPO:TAG"
+# Transports of skopeo and containers-image that a daemon REF is not: what to write instead.
+_TRANSPORTS = {
+    "docker://": "write {bare} for an image in the Docker daemon, or registry://HOST/REPO:TAG for a registry",
+    "docker-daemon:": "write {bare} for an image in the Docker daemon",
+    "docker-archive:": "write --archive {bare} for a docker save file",
+    "oci-archive:": "write --archive {bare} for an OCI layout tar",
+    "oci:": "write --archive {bare} for an OCI layout directory",
+}
+
+
+def check_reference(ref: str) -> None:
+    """Raise UsageError for a daemon REF spelled as a transport (``docker://name:tag``), which
+    the daemon would refuse as an invalid reference."""
+    for prefix, instead in _TRANSPORTS.items():
+        if ref.startswith(prefix):
+            bare = ref[len(prefix) :] or "NAME:TAG"
+            raise UsageError(
+                f"{ref!r} is a skopeo transport, not a reference rocm-audit reads", hint=instead.format(bare=bare)
+            )
 
 
 def _client() -> Any:
@@ -42,25 +66,56 @@ def _client() -> Any:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        raise UsageError(f"cannot reach the Docker daemon ({exc}); set DOCKER_HOST, or use --archive") from None
+        raise _no_daemon(str(exc)) from None
     return client
+
+
+def _no_daemon(said: str) -> UsageError:
+    """The error for a daemon that cannot be reached: where rocm-audit looked (DOCKER_HOST, or
+    the default socket) and what the connection said, in words; docker-py's text is not shown."""
+    host = os.environ.get("DOCKER_HOST")
+    where = f"{host or DEFAULT_HOST} ({'from DOCKER_HOST' if host else 'DOCKER_HOST is not set'})"
+    if "PermissionError" in said or "Permission denied" in said:
+        return UsageError(
+            f"no permission to use the Docker daemon at {where}",
+            hint=f"run as a member of the docker group (or root), or {OTHER_SOURCES}",
+        )
+    if "FileNotFoundError" in said or "No such file" in said or "Connection refused" in said:
+        return UsageError(f"no Docker daemon at {where}", hint=f"start one, set DOCKER_HOST, or {OTHER_SOURCES}")
+    log.info("Docker daemon at %s: %s", host or DEFAULT_HOST, said)
+    return UsageError(
+        f"cannot reach the Docker daemon at {where} (-v says why)",
+        hint=f"check that it runs and DOCKER_HOST is right, or {OTHER_SOURCES}",
+    )
 
 
 def audit_daemon_image(
     ref: str, options: ImageOptions, layers: bool = False, progress: Progress = SILENT
 ) -> CommandOutcome:
     """Audit image ``ref`` of the daemon. Raises UsageError without SDK, daemon or image."""
+    check_reference(ref)
     client = _client()
     import docker  # noqa: PLC0415 - present: _client() imported it
 
     try:
         image = client.images.get(ref)
     except docker.errors.ImageNotFound:
-        raise UsageError(f"image {ref!r} is not in the daemon's image store (docker pull it first)") from None
+        raise UsageError(
+            f"image {ref!r} is not in the daemon's image store (docker pull it first)", hint=target_hint(ref)
+        ) from None
     except docker.errors.APIError as exc:
-        raise UsageError(f"cannot inspect image {ref!r}: {exc}") from None
+        said = str(getattr(exc, "explanation", None) or exc)
+        raise UsageError(f"the Docker daemon cannot read image {ref!r}: {said}", hint=target_hint(ref)) from None
     if layers:
         return _via_save(image, ref, options, progress)
+    return _via_export(client, image, ref, options, progress)
+
+
+def _via_export(client: Any, image: Any, ref: str, options: ImageOptions, progress: Progress) -> CommandOutcome:
+    """A container created from the image (never started), its file system streamed out with
+    ``export`` into the audit, then removed."""
+    import docker  # noqa: PLC0415 - present: the caller got ``client`` from it
+
     options = dataclasses.replace(
         options, recorded=image_targets({"Config": image.attrs.get("Config") or {}}, _history(image))
     )

@@ -266,10 +266,12 @@ def _finish_layer(state: MergeState, where: str, index: int, work: _LayerWork) -
     devices = work.devices
     if devices:
         paths = [path for _, path, _ in devices]
-        shown = ", ".join(paths[:8]) + (", ..." if len(devices) > 8 else "")
-        data = {"layer": index, "offset": devices[0][0], "type": devices[0][2], "paths": paths}
-        message = f"{len(devices)} device node(s) or FIFO(s) not extracted: {shown}"
-        state.findings.append(make_finding("IMG003", f"{where}:{devices[0][1]}", message, data=data))
+        # The image path as the finding's path: the layer's member name is a digest, too long a
+        # token for a line; the layer is in the message and the data ("where" names its member).
+        data = {"layer": index, "offset": devices[0][0], "type": devices[0][2], "paths": paths, "member": where}
+        kinds = "device node or FIFO" if len(devices) == 1 else "device nodes or FIFOs"
+        message = f"layer {index}: {len(devices)} {kinds} not extracted"
+        state.findings.append(make_finding("IMG003", devices[0][1], message, related=paths[1:], data=data))
     for directory, _offset in work.opaque:
         _clear_lower(state, directory, work.created)
     for rel, _offset in work.hidden_by_whiteout:

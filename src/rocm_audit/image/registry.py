@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import socket
 import ssl
 import urllib.parse
 from dataclasses import dataclass, field
@@ -89,6 +90,9 @@ def parse_ref(text: str) -> RegistryRef:
         )
     reference = match["digest"] or match["tag"] or "latest"
     return RegistryRef(match["host"], match["repo"], reference, text)
+
+
+DEFAULT_PLATFORM = "linux/amd64"
 
 
 def parse_platform(text: str) -> tuple[str, str, str | None]:
@@ -169,7 +173,7 @@ class Client:
         except (ssl.SSLError, http.client.HTTPException, ConnectionResetError):
             self.scheme = "http"  # an insecure registry that does not speak TLS
         except OSError as exc:
-            raise UsageError(f"cannot reach registry {self.host}: {exc}") from None
+            raise UsageError(network_words(self.host, exc)) from None
         finally:
             connection.close()
         return self.scheme
@@ -197,6 +201,8 @@ class Client:
                 response = connection.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
+                if isinstance(exc, OSError) and parts.netloc == self.host:  # the registry itself
+                    raise FormatError("registry", 0, network_words(self.host, exc)) from None
                 raise FormatError("registry", 0, f"{self.host}: GET {path}: {exc}") from None
             if response.status == 200 or (start and response.status == 206):
                 return response
@@ -216,7 +222,7 @@ class Client:
             status = _status(response.status, body)
             if response.status == 401:
                 status += f": {self._login_hint()}"
-            raise FormatError("registry", 0, f"{self.host}: GET {path}: {status}")
+            raise HttpError(response.status, f"{self.host}: GET {path}: {status}")
 
     def _login_hint(self) -> str:
         """What a refused request asks of the user: credentials, other credentials, or a helper's."""
@@ -300,6 +306,47 @@ class Client:
         if digest is not None and actual != digest:
             raise FormatError("registry", 0, f"{self.host}: {path} does not match its digest {digest}")
         return body, response.getheader("Content-Type") or ""
+
+
+class HttpError(FormatError):
+    """A registry's answer other than the one asked for; ``status``: its HTTP status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__("registry", 0, reason)
+        self.status = status
+
+
+def network_words(host: str, exc: OSError) -> str:
+    """What a failed connection to ``host`` means, in words: the host name does not resolve,
+    nothing listens, plain HTTP where TLS was expected, an untrusted certificate."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the TLS certificate of {host} is not trusted ({exc.verify_message}): for a private registry "
+            f"with its own certificate, add --insecure-registry {host}"
+        )
+    if isinstance(exc, ssl.SSLError) and exc.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE"):
+        return f"{host} does not speak TLS (plain HTTP?): add --insecure-registry {host}"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot reach registry {host}: its name does not resolve ({exc.strerror})"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"cannot reach registry {host}: nothing listens there (connection refused)"
+    if isinstance(exc, TimeoutError):
+        return f"cannot reach registry {host}: no answer within {TIMEOUT:.0f} s"
+    return f"cannot reach registry {host}: {exc.strerror or exc}"
+
+
+def insecure_host(text: str) -> str:
+    """A --insecure-registry value as HOST[:PORT], lower case: an ``http://`` or ``https://`` in
+    front and a ``/`` behind are dropped (the host is what is matched). Raises UsageError for a
+    value with a path."""
+    host = text.strip()
+    for scheme in ("http://", "https://"):
+        if host.lower().startswith(scheme):
+            host = host[len(scheme) :]
+    host = host.rstrip("/")
+    if not host or "/" in host or "://" in host:
+        raise UsageError(f"--insecure-registry takes HOST[:PORT] (127.0.0.1:5000, registry.local), not {text!r}")
+    return host.lower()
 
 
 def _status(status: int, body: bytes) -> str:
@@ -409,11 +456,13 @@ class _Body:
 
 
 def read_image(
-    ref: RegistryRef, platform: tuple[str, str, str | None], insecure_hosts: frozenset[str]
+    ref: RegistryRef, platform: tuple[str, str, str | None] | None, insecure_hosts: frozenset[str]
 ) -> tuple[RegistryStore, ImageLayout]:
-    """Resolve the reference to one image manifest (through indexes) and read its config."""
+    """Resolve the reference to one image manifest (through indexes, the entry of ``platform``,
+    default linux/amd64) and read its config. Raises UsageError when ``platform`` was asked for and
+    the image's config names another."""
     credentials = docker_config_auth(ref.host)
-    client = Client(ref.host, insecure=ref.host in insecure_hosts)
+    client = Client(ref.host, insecure=ref.host.lower() in insecure_hosts)
     if credentials is HELPER_ONLY:
         client.helper_named = True
     else:
@@ -421,14 +470,23 @@ def read_image(
     store = RegistryStore(client, ref)
     accept = MANIFEST_TYPES + INDEX_TYPES
     path = f"/v2/{ref.repository}/manifests/{ref.reference}"
-    body, content_type = client.document(path, accept, store.scope, ref.pinned)
+    try:
+        body, content_type = client.document(path, accept, store.scope, ref.pinned)
+    except HttpError as exc:
+        if exc.status != 404:
+            raise
+        said = exc.reason.rsplit(": HTTP 404", 1)[-1].strip(" ()") or "not found"
+        raise UsageError(
+            f"registry {ref.host} has no image {ref.repository}{'@' if ref.pinned else ':'}{ref.reference} "
+            f"(HTTP 404: {said})"
+        ) from None
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     document = _json(body, f"{ref.text}: manifest")
     for _ in range(MAX_INDEX_DEPTH + 1):
         media_type = str(document.get("mediaType") or content_type.split(";")[0].strip())
         if media_type not in INDEX_TYPES and "manifests" not in document:
             break
-        digest = _pick_platform(document, platform, ref.text)
+        digest = _pick_platform(document, platform or parse_platform(DEFAULT_PLATFORM), ref.text)
         body, content_type = client.document(f"/v2/{ref.repository}/manifests/{digest}", accept, store.scope, digest)
         document = _json(body, f"{ref.text}: manifest {digest}")
     else:
@@ -447,7 +505,32 @@ def read_image(
         config_digest = _digest(descriptor.get("digest"), f"{ref.text}: config")
         raw, _ = client.document(f"/v2/{ref.repository}/blobs/{config_digest}", (), store.scope, config_digest)
         config = _json(raw, f"{ref.text}: config")
-    return store, ImageLayout(kind="registry", layers=layers, config=config, tags=[ref.text], manifest_digest=digest)
+    return store, ImageLayout(
+        kind="registry",
+        layers=layers,
+        config=config,
+        tags=[ref.text],
+        manifest_digest=digest,
+        platform=_config_platform(config, platform, ref.text),
+    )
+
+
+def _config_platform(config: dict[str, Any], asked: tuple[str, str, str | None] | None, label: str) -> str | None:
+    """The image's OS/ARCH[/VARIANT] from its config (None when it says none). Raises UsageError
+    when ``asked`` (--platform) names another: a single-platform image is what the registry has,
+    and the audit of another platform's files is not what was asked for."""
+    parts = [config.get(k) for k in ("os", "architecture", "variant")]
+    found = "/".join(p for p in parts if isinstance(p, str) and p) or None
+    if asked is None or found is None:
+        return found
+    wanted_os, wanted_arch, wanted_variant = asked
+    if parts[0] != wanted_os or parts[1] != wanted_arch or (wanted_variant and parts[2] != wanted_variant):
+        wanted = "/".join(p for p in asked if p)
+        raise UsageError(
+            f"{label} is a {found} image, not {wanted} (--platform)",
+            hint=f"the registry has no {wanted} image of it; leave out --platform to audit this one",
+        )
+    return found
 
 
 def _pick_platform(index: dict[str, Any], platform: tuple[str, str, str | None], label: str) -> str:

@@ -27,6 +27,7 @@ from rocm_audit.image.merge import Copy, MergeState
 from rocm_audit.report_types import ImageWaste, WasteCopy
 from rocm_audit.units import size_text
 
+PACKAGE_DIRS = ("site-packages", "dist-packages")
 SDK_MARKS = ("/_rocm_sdk_", "/_rocm_profiler")  # the platform trees of TheRock's wheels (tree/discovery.py)
 REPORT_MIN_BYTES = 64 << 10  # groups of smaller files count in the total but are not listed
 
@@ -37,6 +38,12 @@ class WasteGroup:
     digest: str
     copies: tuple[WasteCopy, ...]
     layers: tuple[int, ...]
+    on_base: bool = False  # the image has more layers than one: layer 0 is its base image's
+
+    @property
+    def from_base(self) -> bool:
+        """The group's first layer is the base image's (layer 0 of an image of several layers)."""
+        return self.on_base and self.layers[0] == 0
 
     @property
     def wasted_bytes(self) -> int:
@@ -58,6 +65,18 @@ class WasteGroup:
     def cross_layer_wasted(self) -> int:
         """One copy for each layer beyond the first: no single step can free these."""
         return self.size * (len(self.layers) - 1)
+
+    @property
+    def in_sdk(self) -> bool:
+        """A copy lies in a ``_rocm_sdk_*`` tree: what `rocm-audit dedup` links."""
+        return any(mark in c["path"] for mark in SDK_MARKS for c in self.copies)
+
+    @property
+    def tier(self) -> int:
+        """Where the group ranks: SDK trees first, then site-packages, then base-OS files."""
+        if self.in_sdk:
+            return 0
+        return 1 if any(f"/{d}/" in c["path"] for d in PACKAGE_DIRS for c in self.copies) else 2
 
 
 def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
@@ -83,9 +102,10 @@ def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
                 digest=digest.hex(),
                 copies=tuple(sorted(copies, key=lambda c: (c["layer"], c["path"]))),
                 layers=tuple(sorted({state.copies[i].layer for i in members})),
+                on_base=len(state.layers) > 1,
             )
         )
-    groups.sort(key=lambda g: (-g.wasted_bytes, g.copies[0]["path"]))
+    groups.sort(key=lambda g: (g.tier, -g.wasted_bytes, g.copies[0]["path"]))
     return groups, total
 
 
@@ -94,62 +114,96 @@ def _copy_dict(copy: Copy, visible: bool, hardlinks: list[str]) -> WasteCopy:
 
 
 def waste_findings(groups: list[WasteGroup], layer_names: list[str]) -> list[Finding]:
-    """IMG007 for same-layer groups (dedup in that step frees them), IMG008 across layers.
-
-    Only groups with a copy inside a ``_rocm_sdk_*`` tree become findings: those are what
-    `rocm-audit dedup` handles. Every group counts in the section's totals.
-    """
+    """IMG007 for same-layer groups (dedup in that step frees them), IMG008 across layers, for
+    groups with a copy inside a ``_rocm_sdk_*`` tree (what `rocm-audit dedup` handles); IMG010
+    (info) for any other group listed: worth knowing, but often the base OS's or a package's own
+    choice. Every group counts in the section's totals."""
     findings = []
     for group in groups:
-        if group.size < REPORT_MIN_BYTES or not any(mark in c["path"] for mark in SDK_MARKS for c in group.copies):
+        if group.size < REPORT_MIN_BYTES:
             continue
-        paths = [c["path"] for c in group.copies]
-        where = ", ".join(f"{c['path']} (layer {c['layer']}{'' if c['visible'] else ', hidden'})" for c in group.copies)
-        for layer in group.layers:
-            here = group.copies_in(layer)
-            if len(here) < 2:
-                continue
-            layer_paths = [c["path"] for c in here]
-            freed = group.size * (len(here) - 1)
-            where_here = ", ".join(f"{c['path']}{'' if c['visible'] else ' (hidden)'}" for c in here)
-            findings.append(
-                make_finding(
-                    "IMG007",
-                    layer_paths[0],
-                    f"{len(here)} identical copies of {size_text(group.size)} in layer {layer} "
-                    f"({_short(layer_names, layer)}): {where_here}; run `rocm-audit dedup` in the step "
-                    f"that writes this layer to free {size_text(freed)} "
-                    f"(a later RUN frees nothing)",
-                    related=layer_paths[1:],
-                    data={
-                        "size": group.size,
-                        "wasted_bytes": freed,
-                        "layers": [layer],
-                        "later_run_dedup_shrinks_image": False,
-                    },
-                )
-            )
+        if not group.in_sdk:
+            findings.append(_elsewhere_finding(group))
+            continue
+        findings.extend(_same_layer_findings(group, layer_names))
         if not group.same_layer:
-            mixed = f" ({group.same_layer_wasted:,} more within layers: IMG007)" if group.same_layer_wasted else ""
-            findings.append(
-                make_finding(
-                    "IMG008",
-                    paths[0],
-                    f"{len(paths)} identical copies of {size_text(group.size)} spread over layers "
-                    f"{', '.join(map(str, group.layers))}: {where}; {size_text(group.cross_layer_wasted)} "
-                    f"no later step can free{mixed}: write the trees in one step (one install RUN, "
-                    f"or one COPY of their "
-                    f"common parent) and run `rocm-audit dedup` there",
-                    related=paths[1:],
-                    data={
-                        "size": group.size,
-                        "wasted_bytes": group.cross_layer_wasted,
-                        "layers": list(group.layers),
-                        "later_run_dedup_shrinks_image": False,
-                    },
-                )
-            )
+            findings.append(_cross_layer_finding(group))
     return findings
+
+
+def _where(group: WasteGroup) -> str:
+    return ", ".join(f"{c['path']} (layer {c['layer']}{'' if c['visible'] else ', hidden'})" for c in group.copies)
+
+
+def _same_layer_findings(group: WasteGroup, layer_names: list[str]) -> list[Finding]:
+    findings = []
+    for layer in group.layers:
+        here = group.copies_in(layer)
+        if len(here) < 2:
+            continue
+        layer_paths = [c["path"] for c in here]
+        freed = group.size * (len(here) - 1)
+        where_here = ", ".join(f"{c['path']}{'' if c['visible'] else ' (hidden)'}" for c in here)
+        step = (
+            "the copies come from the base image"
+            if layer == 0 and group.on_base
+            else f"run `rocm-audit dedup` in the step that writes this layer to free {size_text(freed)} "
+            "(a later RUN frees nothing)"
+        )
+        findings.append(
+            make_finding(
+                "IMG007",
+                layer_paths[0],
+                f"{len(here)} identical copies of {size_text(group.size)} in layer {layer} "
+                f"({_short(layer_names, layer)}): {where_here}; {step}",
+                related=layer_paths[1:],
+                data={
+                    "size": group.size,
+                    "wasted_bytes": freed,
+                    "layers": [layer],
+                    "later_run_dedup_shrinks_image": False,
+                },
+            )
+        )
+    return findings
+
+
+def _cross_layer_finding(group: WasteGroup) -> Finding:
+    paths = [c["path"] for c in group.copies]
+    mixed = f" ({group.same_layer_wasted:,} more within layers: IMG007)" if group.same_layer_wasted else ""
+    return make_finding(
+        "IMG008",
+        paths[0],
+        f"{len(paths)} identical copies of {size_text(group.size)} spread over layers "
+        f"{', '.join(map(str, group.layers))}: {_where(group)}; {size_text(group.cross_layer_wasted)} "
+        f"no later step can free{mixed}: {_fix(group)}",
+        related=paths[1:],
+        data={
+            "size": group.size,
+            "wasted_bytes": group.cross_layer_wasted,
+            "layers": list(group.layers),
+            "later_run_dedup_shrinks_image": False,
+        },
+    )
+
+
+def _elsewhere_finding(group: WasteGroup) -> Finding:
+    paths = [c["path"] for c in group.copies]
+    layers = ", ".join(map(str, group.layers))
+    return make_finding(
+        "IMG010",
+        paths[0],
+        f"{len(paths)} identical copies of {size_text(group.size)} outside the SDK trees "
+        f"(layer{'s' if len(group.layers) > 1 else ''} {layers}): {_where(group)}; "
+        f"{size_text(group.wasted_bytes)} in the extra copies: {_fix(group)}",
+        related=paths[1:],
+        data={
+            "size": group.size,
+            "wasted_bytes": group.wasted_bytes,
+            "layers": list(group.layers),
+            "later_run_dedup_shrinks_image": False,
+        },
+    )
 
 
 def waste_section(groups: list[WasteGroup], total: int) -> ImageWaste:
@@ -176,12 +230,26 @@ def waste_section(groups: list[WasteGroup], total: int) -> ImageWaste:
 
 
 def _fix(group: WasteGroup) -> str:
-    within = [layer for layer in group.layers if len(group.copies_in(layer)) > 1]
-    steps = f"run rocm-audit dedup in the step that writes layer {', '.join(map(str, within))}" if within else ""
-    if group.same_layer:
-        return steps
-    across = "write the copies in one step (install RUN or one COPY of the parent) and run rocm-audit dedup there"
-    return f"{steps}; for the rest, {across}" if steps else across
+    """What frees the group's extra copies: dedup where they lie in an SDK tree (what it links),
+    else writing the file once; nothing for the copies of layer 0, the base image's."""
+    if group.from_base and group.layers == (0,):
+        return "the copies come from the base image (layer 0)"
+    once = "write the file once (or hardlink it)"
+    within = [layer for layer in group.layers if len(group.copies_in(layer)) > 1 and (layer or not group.on_base)]
+    in_steps = f"the step that writes layer{'s' if len(within) > 1 else ''} {', '.join(map(str, within))}"
+    steps = (f"run rocm-audit dedup in {in_steps}" if group.in_sdk else f"{once} in {in_steps}") if within else ""
+    later = [layer for layer in group.layers if layer or not group.on_base]
+    across = ""
+    if group.from_base and len(later) == 1:
+        across = f"the base image (layer 0) has the file already: do not write it again in layer {later[0]}"
+    elif not group.same_layer and group.in_sdk:
+        across = "write the copies in one step (install RUN or one COPY of the parent) and run rocm-audit dedup there"
+    elif not group.same_layer:
+        across = f"{once} in one step, not in each of layers {', '.join(map(str, later))}"
+        across += " (the base image, layer 0, has it too)" if group.from_base else ""
+    if steps and across:
+        across = f"for the rest, {across}"
+    return "; ".join(part for part in (steps, across) if part)
 
 
 def _short(names: list[str], index: int) -> str:

@@ -16,7 +16,7 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import markdown
 from rocm_audit.output.layout import PathView
 from rocm_audit.output.prune_text import weight_by_distribution
-from rocm_audit.output.text_sections import relative_to_roots
+from rocm_audit.output.text_sections import image_layers_text, relative_to_roots
 from rocm_audit.report_types import Sections
 
 COVERAGE_ROWS = 25
@@ -189,11 +189,8 @@ def context_lines(sections: Sections) -> list[str]:
     if image is not None:
         source = image.get("source", {})
         audited = ", ".join(markdown(p) for p in image.get("audited_paths", []))
-        return [
-            f"Image {markdown(source.get('ref') or source.get('path'))} "
-            f"({markdown(source.get('format', source.get('kind')))}), {len(image.get('layers', []))} layer(s); "
-            f"audited {audited}"
-        ]
+        shown = markdown(source.get("ref") or source.get("path"))
+        return [f"Image {shown} ({markdown(image_layers_text(sections))}); audited {audited}"]
     kinds = sections.get("file_kinds")
     if kinds is not None:
         return _table(["file kind", "files"], [[markdown(kind), count] for kind, count in kinds.items()])

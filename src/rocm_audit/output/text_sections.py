@@ -351,14 +351,26 @@ def check_lines(sections: Sections) -> list[str]:
     return lines
 
 
+WASTE_GROUPS_SHOWN = 3  # an image's layer-waste groups listed without -v (SDK trees first)
+
+
+def image_layers_text(sections: Sections) -> str:
+    """How the image was read: ``docker-save, 6 layers``, or flattened by the daemon's export,
+    which has no layers to count (text and Markdown say it alike)."""
+    section = sections.get("image", {})
+    source = section.get("source", {})
+    form = str(source.get("format", source.get("kind")))
+    if form == "container export":
+        return "flattened: the daemon's container export; --layers reads each layer"
+    return f"{display(form)}, {plural(len(section.get('layers', [])), 'layer')}"
+
+
 def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
     section = sections.get("image", {})
     source = section.get("source", {})
     audited = ", ".join(display(p) for p in section.get("audited_paths", []))
     lines = [
-        f"image: {display(source.get('ref') or source.get('path'))} "
-        f"({display(source.get('format', source.get('kind')))}), {plural(len(section.get('layers', [])), 'layer')}; "
-        f"audited {audited}"
+        f"image: {display(source.get('ref') or source.get('path'))} ({image_layers_text(sections)}); audited {audited}"
     ]
     waste = section.get("waste")
     if waste is not None:
@@ -367,15 +379,25 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
             f"({size_text(waste['same_layer_bytes'])} within single layers, "
             f"{size_text(waste['cross_layer_bytes'])} across layers); a later RUN frees none of it"
         )
-        for group in waste["groups"][: 10 if verbose else 3]:
+        shown = waste["groups"] if verbose else waste["groups"][:WASTE_GROUPS_SHOWN]
+        for group in shown:
             copies = "; ".join(
                 f"{view.path(c['path'])} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
                 for c in group["copies"]
             )
             lines.append(f"  {size_text(group['size'])} x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
+        if len(waste["groups"]) > len(shown):
+            more = len(waste["groups"]) - len(shown)
+            lines.append(f"  ... and {plural(more, 'more group')} (-v lists them)")
     for row in section.get("prune_layers", []):
         lines.append(
-            f"image: layer {row['layer']} holds {size_text(row['device_bytes'])} of device code, "
+            f"image: layer {row['layer']} holds {size_text(row['device_bytes'])} of device code"
+            + (
+                f" ({size_text(row['hidden_device_bytes'])} in files a later layer hid)"
+                if row.get("hidden_device_bytes")
+                else ""
+            )
+            + ", "
             f"{size_text(row['unused_bytes'])} for no kept target, {size_text(row['removable_bytes'])} "
             "removable by prune in the RUN that wrote it"
             + (

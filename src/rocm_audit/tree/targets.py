@@ -562,3 +562,22 @@ class TargetSelection:
             if chosen is not None:
                 picked.add(chosen[0])
         return picked
+
+
+def _guesses(query: str, head: str) -> list[str]:
+    """The known names nearest ``query`` (what _unknown_target offers as "did you mean")."""
+    processors = {p: p for p in KNOWN_PROCESSORS}
+    products = {key: product.name for key, product in PRODUCTS_BY_KEY.items()}
+    by_either = _ranked(query, processors) + _ranked(product_key(head), products)
+    ranked = sorted(by_either, key=lambda r: (-r[0], -r[1], r[2]))
+    top_ratio, top_prefix = ranked[0][:2]
+    return [r[2] for r in ranked if r[0] >= max(_CLOSE_ENOUGH, top_ratio - _NEARLY) and r[1] >= top_prefix][:3]
+
+
+def target_guesses(word: str) -> list[str]:
+    """The GPU targets ``word`` nearly names (``MI300``: MI300A, MI300X); none for a word that is
+    no near miss (an image reference such as ``rocm/pytorch:latest``)."""
+    head = word.strip().split(":")[0]
+    if not head or "/" in word:
+        return []
+    return _guesses(head.lower(), head)

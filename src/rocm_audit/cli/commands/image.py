@@ -80,11 +80,12 @@ _LayersOption = Annotated[
 ]
 
 _PlatformOption = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--platform",
         metavar="OS/ARCH[/VARIANT]",
-        help="With registry://: which image of a multi-platform index.",
+        help="With registry://: which image of a multi-platform index (default linux/amd64); an image "
+        "of another platform is refused.",
         rich_help_panel=AUDIT_PANEL,
     ),
 ]
@@ -139,7 +140,7 @@ def command(
     archive: _ArchiveOption = None,
     targets: _TargetOption = None,
     layers: _LayersOption = False,
-    platform: _PlatformOption = "linux/amd64",
+    platform: _PlatformOption = None,
     insecure_registry: _InsecureRegistryOption = None,
     full: _FullOption = False,
     max_bytes: _MaxBytesOption = "256G",
@@ -169,8 +170,11 @@ def command(
 
     ref, word_targets = _reference_and_targets(words)
     targets = [*(targets or []), *word_targets]
+    _check_targets(targets)  # before the image is read: a typo must not cost a whole read
     announce_products(targets, report.quiet)
     from_registry = _from_registry(ref, archive, layers)
+    if platform is not None and not from_registry:
+        raise UsageError("--platform is for registry://... (an archive or a daemon image holds one platform)")
     options = ImageOptions(
         check=CheckOptions(
             targets=targets,
@@ -194,8 +198,10 @@ def command(
             outcome = audit_archive(archive, options, progress)
         elif from_registry:
             from rocm_audit.image.audit import audit_registry
+            from rocm_audit.image.registry import insecure_host
 
-            outcome = audit_registry(ref or "", options, platform, frozenset(insecure_registry or []), progress)
+            insecure = frozenset(insecure_host(value) for value in insecure_registry or [])
+            outcome = audit_registry(ref or "", options, platform, insecure, progress)
         else:
             from rocm_audit.image.daemon import audit_daemon_image
 
@@ -218,6 +224,15 @@ def _reference_and_targets(words: list[str] | None) -> tuple[str | None, list[st
             + " is a GPU target (gfx942, MI300X)"
         )
     return (refs[0] if refs else None), word_targets
+
+
+def _check_targets(targets: list[str]) -> None:
+    """Raise UsageError for a target named on the command line that is not one (the targets the
+    image records can only be checked once it is read)."""
+    from rocm_audit.tree.targets import resolve_required, split_target_args
+
+    for name in split_target_args(targets):
+        resolve_required(name)
 
 
 def _from_registry(ref: str | None, archive: str | None, layers: bool) -> bool:
