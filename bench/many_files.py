@@ -2,7 +2,7 @@
 """`rocm-audit image` and `check` on a tree of many small files: the cost per file.
 
     python bench/many_files.py [--files 300000] [--runs 3] [--work DIR]
-        [--rocm-audit 'python -m rocm_audit'] [--baseline 'env PYTHONPATH=OLD/src python -m rocm_audit']
+        [--rocm-audit COMMAND] [--baseline 'env PYTHONPATH=OLD/src python -m rocm_audit']
 
 Real images hold hundreds of thousands of files (a Python environment's modules, headers, data),
 most of them small and none of them device code; what `image` and `check` spend on each is what
@@ -25,11 +25,15 @@ import shlex
 import shutil
 import statistics
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
 
 SITE = "usr/lib/python3/site-packages"
+# This checkout's sources under this interpreter (a bare `python` may be one without rocm-audit's
+# dependencies: every run would fail at once and be timed as a result).
+THIS_BUILD = f"env PYTHONPATH={Path(__file__).resolve().parent.parent / 'src'} {sys.executable} -m rocm_audit"
 
 
 def build(work: Path, count: int) -> tuple[Path, Path]:
@@ -71,6 +75,8 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, int | None]:
     start = time.perf_counter()
     done = subprocess.run([*wrapper, *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     elapsed = time.perf_counter() - start
+    if done.returncode not in (0, 1):  # 1: findings; anything else is a run that did not audit
+        raise SystemExit(f"{shlex.join(command)} exited {done.returncode}:\n{done.stderr}")
     lines = done.stderr.strip().splitlines()
     return elapsed, int(lines[-1]) if wrapper and lines and lines[-1].isdigit() else None
 
@@ -80,7 +86,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=300_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path(__file__).parent / "work" / "many")
-    parser.add_argument("--rocm-audit", default="python -m rocm_audit")
+    parser.add_argument("--rocm-audit", default=THIS_BUILD)
     parser.add_argument("--baseline")
     args = parser.parse_args()
     archive, tree = build(args.work, args.files)
