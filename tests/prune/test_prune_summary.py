@@ -151,3 +151,23 @@ def test_a_read_only_tree_says_why_nothing_was_removed_in_plain_words(run_cli, u
     assert "[Errno" not in text and TEMP_PREFIX not in text  # the system's words, no temporary names
     libraries = done.report["prune_fatbins"]["libraries"]
     assert [lib["status"] for lib in libraries if lib["path"].endswith("libfat.so")] == ["failed"]
+
+
+def test_with_fatbins_the_headline_and_table_count_what_slimming_removes(run_cli, units):
+    """The first lines of a --fatbins plan never say "removable: 0 B" above libraries it slims:
+    the headline names both parts, and the table has a fatbins column per distribution."""
+    args = ("prune", "gfx942", "--fatbins", "--dry-run", "-p", str(units))
+    report = run_cli(*args, "--format", "json").report
+    whole, slim = report["prune"]["totals"]["removable_bytes"], report["prune_fatbins"]["bytes"]
+    assert slim > 0
+    lines = _unwrapped(run_cli(*args).output)
+    from rocm_audit.units import size_text
+
+    headline = next(line for line in lines if line.startswith("device code "))
+    assert headline.endswith(
+        f"removable: {size_text(whole)} as whole files and {size_text(slim)} from fat binaries (--fatbins)"
+    )
+    header = next(line for line in lines if line.startswith("distribution "))
+    assert header.split()[-2:] == ["removable", "fatbins"] and len(header) <= 100
+    (row,) = (line for line in lines if line.startswith("mylib "))
+    assert row.endswith(size_text(slim).rjust(11)) and len(row) <= 100

@@ -11,6 +11,7 @@ from rocm_audit.output.escape import display
 from rocm_audit.output.layout import WIDTH, PathView, hold, plural
 from rocm_audit.prune.summary import done_text
 from rocm_audit.report_types import FatbinLibraryRecord, PruneSection, PruneWeightRow, Sections
+from rocm_audit.tree.targets import processor_sort_key
 from rocm_audit.units import size_text
 
 _NO_ROOTS = PathView(())
@@ -83,15 +84,27 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
     and target too."""
     section = sections["prune"]
     totals = section["totals"]
+    fatbins = sections.get("prune_fatbins")
+    # With --fatbins, what slimming takes out of fat binaries is removable too: a headline and a
+    # column of its own beside the whole files, so that neither reads "removable: 0 B" above a plan.
+    slim = {d["distribution"]: d["bytes"] for d in fatbins["by_distribution"]} if fatbins is not None else None
+    removable = f"removable: {size_text(totals['removable_bytes'])}"
+    if fatbins is not None:
+        verb = "removed" if fatbins["mode"] == "apply" else "removable"
+        removable = (
+            f"{verb}: {size_text(totals['removable_bytes'])} as whole files and "
+            f"{size_text(fatbins['bytes'])} from fat binaries (--fatbins)"
+        )
     lines = [
         f"Keep: {', '.join(display(t) for t in section['targets'])}  [from {display(section['targets_source'])}]",
         f"device code {size_text(totals['device_bytes'])} on disk ({size_text(totals['compressed_bytes'])} in "
         f"compressed bundles, {size_text(totals['inflated_bytes'])} inflated); for no kept target: "
-        f"{size_text(totals['unused_bytes'])}, removable: {size_text(totals['removable_bytes'])}",
+        f"{size_text(totals['unused_bytes'])}, {removable}",
         "",
-        f"{'distribution':32} {'targets':>7} {'on disk':>11} {'compressed':>11} {'unused':>11} {'removable':>11}",
+        f"{'distribution':32} {'targets':>7} {'on disk':>11} {'compressed':>11} {'unused':>11} {'removable':>11}"
+        + (f" {'fatbins':>11}" if slim is not None else ""),
     ]
-    if "prune_fatbins" not in sections:  # with --fatbins its own exact figures follow
+    if fatbins is None:  # with --fatbins its own exact figures follow
         lines[2:2] = fatbins_estimate_lines(section)
     lines[1:1] = kept_whole_lines(section)
     for one in weight_by_distribution(section["weight"]):
@@ -99,6 +112,7 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
             f"{display(one['distribution']):32} {one['targets']:>7} {size_text(one['bytes']):>11} "
             f"{size_text(one['compressed_bytes']):>11} {size_text(one['unused_bytes']):>11} "
             f"{size_text(one['removable_bytes']):>11}"
+            + (f" {size_text(slim.get(one['distribution'], 0)):>11}" if slim is not None else "")
         )
     if verbose:
         lines += [
@@ -172,9 +186,14 @@ def _fatbin_lines(sections: Sections, view: PathView) -> list[str]:
     fatbins = sections.get("prune_fatbins")
     if fatbins is None:
         return []
+    shown = {row["distribution"] for row in sections["prune"]["weight"]}  # in the table's fatbins column
     verb = "removed" if fatbins["mode"] == "apply" else "to remove"
     lines = ["", f"device code in fat binaries of host libraries, {verb}:"]
-    lines += [f"{display(d['distribution']):32} {size_text(d['bytes']):>11}" for d in fatbins["by_distribution"]]
+    lines += [
+        f"{display(d['distribution']):32} {size_text(d['bytes']):>11}"
+        for d in fatbins["by_distribution"]
+        if d["distribution"] not in shown
+    ]
     if not fatbins["by_distribution"]:
         lines.append(_why_no_fatbins(fatbins["libraries"]))
     for library in fatbins["libraries"]:
@@ -183,7 +202,7 @@ def _fatbin_lines(sections: Sections, view: PathView) -> list[str]:
                 f"{_FATBIN_MARK[library['status']]:12} {view.path(library['path'])}: {display(library['reason'])}"
             )
         elif library["bytes"] and library["status"] in _FATBIN_MARK:
-            removed = ", ".join(display(t) for t in library["removed_targets"])
+            removed = ", ".join(display(t) for t in sorted(library["removed_targets"], key=processor_sort_key))
             on_disk = (
                 f"file {size_text(library['file_bytes'])} smaller ({display(library['layout'])})"
                 if library["file_bytes"]
