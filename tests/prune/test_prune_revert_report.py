@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.prune_units import tree_state
+from support.prune_units import tree_state, unwrapped
 
 
 @pytest.fixture
@@ -28,16 +28,6 @@ def venv(pristine_units: Path, tmp_path: Path) -> Path:
 
 def _site(venv: Path) -> Path:
     return next((venv / "lib").glob("python3*/site-packages"))
-
-
-def _unwrapped(text: str) -> list[str]:
-    lines: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("    ") and lines:
-            lines[-1] += " " + line.strip()
-        else:
-            lines.append(line)
-    return lines
 
 
 def _said(output: str) -> str:
@@ -70,7 +60,7 @@ def test_revert_says_what_it_did_marks_the_run_and_frees_the_backup(run_cli, uni
     backup = tmp_path / "backup"
     run_cli("prune", "gfx942", "--fatbins", "-p", str(units), "--backup", str(backup), expect=0)
     manifest = units / ".rocm-audit" / "prune-manifest.jsonl"
-    done = _unwrapped(run_cli("prune", "--revert", str(manifest), expect=0).output)
+    done = unwrapped(run_cli("prune", "--revert", str(manifest), expect=0).output)
     restored = [line for line in done if line.startswith("restored ")]
     assert len(restored) == 9 and done[-3] == "prune --revert: restored 9 paths"
     assert done[-2] == f"everything is back: the backup {backup} is no longer needed and can be removed"

@@ -15,18 +15,7 @@ from pathlib import Path
 import pytest
 
 from rocm_audit.tree.inventory import TEMP_PREFIX
-from support.prune_units import REMOVED, tree_state
-
-
-def _unwrapped(text: str) -> list[str]:
-    """The text report's lines, each wrapped line joined back to the one it continues."""
-    lines: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("    ") and lines:
-            lines[-1] += " " + line.strip()
-        else:
-            lines.append(line)
-    return lines
+from support.prune_units import REMOVED, tree_state, unwrapped
 
 
 def _undo_command(text: str) -> str:
@@ -52,7 +41,7 @@ def test_an_applying_run_ends_with_what_it_did_and_the_command_that_undoes_it(ru
     assert planned["libraries"] and all(lib["status"] == "planned" for lib in planned["libraries"] if lib["bytes"])
     done = run_cli("prune", "gfx942", "--fatbins", "-p", str(units), "--backup", str(backup), expect=0)
     manifest = units / ".rocm-audit" / "prune-manifest.jsonl"
-    tail = _unwrapped(done.output)[-6:]
+    tail = unwrapped(done.output)[-6:]
     assert tail[0].startswith(f"prune: removed {len(REMOVED)} per-GPU files, folders or wheels and slimmed 1 library: ")
     assert tail[1:3] == [f"revert manifest: {manifest}", f"backup of the originals: {backup}"]
     assert tail[-1] == "prune: 0 errors, 0 warnings, 5 info"  # the count closes the report
@@ -92,7 +81,7 @@ def test_a_run_that_changes_nothing_says_why(run_cli, units):
     run_cli("prune", "gfx942", "--fatbins", "-p", str(units), expect=0)
     again = run_cli("prune", "gfx942", "--fatbins", "-p", str(units), expect=0)
     why = "no whole unit for other GPUs can go and no library can be slimmed (the findings say what stays and why)"
-    assert _unwrapped(again.output)[-2] == f"prune: nothing removed: {why}"
+    assert unwrapped(again.output)[-2] == f"prune: nothing removed: {why}"
     report = run_cli("prune", "gfx942", "--fatbins", "-p", str(units), "--format", "json", expect=0).report
     assert report["prune"]["revert_command"] is None and report["prune"]["nothing_done"] == why
     assert (report["prune"]["removed"], report["prune"]["slimmed"], report["prune"]["bytes_freed"]) == (0, 0, 0)
@@ -160,7 +149,7 @@ def test_with_fatbins_the_headline_and_table_count_what_slimming_removes(run_cli
     report = run_cli(*args, "--format", "json").report
     whole, slim = report["prune"]["totals"]["removable_bytes"], report["prune_fatbins"]["bytes"]
     assert slim > 0
-    lines = _unwrapped(run_cli(*args).output)
+    lines = unwrapped(run_cli(*args).output)
     from rocm_audit.units import size_text
 
     headline = next(line for line in lines if line.startswith("device code "))

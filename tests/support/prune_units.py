@@ -37,3 +37,14 @@ def tree_state(site: Path) -> dict[str, tuple[object, ...]]:
                 with open(path, "rb") as handle:
                     out[os.path.relpath(path, site)] = ("file", handle.read(), st.st_mode, st.st_mtime_ns)
     return out
+
+
+def unwrapped(text: str) -> list[str]:
+    """A text report's lines, each wrapped line joined back to the one it continues."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("    ") and lines:
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return lines

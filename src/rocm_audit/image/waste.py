@@ -20,6 +20,7 @@ cryptographic digest is enough (dedup itself byte-compares).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rocm_audit.findings import Finding, make_finding
@@ -157,12 +158,7 @@ def _same_layer_findings(group: WasteGroup, layer_names: list[str]) -> list[Find
                 f"{len(here)} identical copies of {size_text(group.size)} in layer {layer} "
                 f"({_short(layer_names, layer)}): {where_here}; {step}",
                 related=layer_paths[1:],
-                data={
-                    "size": group.size,
-                    "wasted_bytes": freed,
-                    "layers": [layer],
-                    "later_run_dedup_shrinks_image": False,
-                },
+                data=_group_data(group, freed, [layer]),
             )
         )
     return findings
@@ -178,13 +174,13 @@ def _cross_layer_finding(group: WasteGroup) -> Finding:
         f"{', '.join(map(str, group.layers))}: {_where(group)}; {size_text(group.cross_layer_wasted)} "
         f"no later step can free{mixed}: {_fix(group)}",
         related=paths[1:],
-        data={
-            "size": group.size,
-            "wasted_bytes": group.cross_layer_wasted,
-            "layers": list(group.layers),
-            "later_run_dedup_shrinks_image": False,
-        },
+        data=_group_data(group, group.cross_layer_wasted, group.layers),
     )
+
+
+def _group_data(group: WasteGroup, wasted: int, layers: Iterable[int]) -> dict[str, object]:
+    """A waste finding's data: its copies' size, the bytes they waste, where; a later RUN frees none."""
+    return {"size": group.size, "wasted_bytes": wasted, "layers": list(layers), "later_run_dedup_shrinks_image": False}
 
 
 def _elsewhere_finding(group: WasteGroup) -> Finding:
@@ -197,12 +193,7 @@ def _elsewhere_finding(group: WasteGroup) -> Finding:
         f"(layer{'s' if len(group.layers) > 1 else ''} {layers}): {_where(group)}; "
         f"{size_text(group.wasted_bytes)} in the extra copies: {_fix(group)}",
         related=paths[1:],
-        data={
-            "size": group.size,
-            "wasted_bytes": group.wasted_bytes,
-            "layers": list(group.layers),
-            "later_run_dedup_shrinks_image": False,
-        },
+        data=_group_data(group, group.wasted_bytes, group.layers),
     )
 
 
