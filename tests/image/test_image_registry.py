@@ -251,6 +251,8 @@ def test_platform_is_for_registries_and_an_image_of_another_platform_is_refused(
     for elsewhere in (["--archive", str(archive)], ["test/platform:1"]):
         result = run_cli("image", *elsewhere, "--platform", "linux/amd64", expect=2)
         assert result.stderr.startswith("rocm-audit: error: --platform is for registry://")
+        result = run_cli("image", *elsewhere, "--insecure-registry", registry["host"], expect=2)
+        assert result.stderr.startswith("rocm-audit: error: --insecure-registry is for registry://")
 
 
 def test_without_insecure_registry_tls_is_required(run_cli, registry, libs, tmp_path):

@@ -175,6 +175,8 @@ def command(
     from_registry = _from_registry(ref, archive, layers)
     if platform is not None and not from_registry:
         raise UsageError("--platform is for registry://... (an archive or a daemon image holds one platform)")
+    if insecure_registry and not from_registry:
+        raise UsageError("--insecure-registry is for registry://HOST/REPO:TAG (a daemon has its own setting)")
     options = ImageOptions(
         check=CheckOptions(
             targets=targets,
