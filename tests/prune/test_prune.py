@@ -314,3 +314,14 @@ def test_revert_refuses_what_it_would_ignore(run_cli, units, tmp_path, extra, na
     done = run_cli("prune", "--revert", applied["prune"]["manifest"], *extra, expect=2)
     assert named in done.output
     assert tree_state(units) == before  # refused before anything was restored
+
+
+@pytest.mark.parametrize("command", ["prune", "dedup"])
+@pytest.mark.parametrize("content", [b"", b"hello\n", b"\xff\xfe\x00 binary", b'{"path": "x"}\n'])
+def test_revert_of_a_file_that_is_no_manifest_is_an_error(run_cli, tmp_path, command, content):
+    """A mistyped path (an empty file, a line of text, a binary file, a line with no run header)
+    must not read as "nothing to restore": a CI step would pass having reverted nothing."""
+    wrong = tmp_path / "manifest.jsonl"
+    wrong.write_bytes(content)
+    said = run_cli(command, "--revert", str(wrong), expect=2).stderr
+    assert said.startswith(f"rocm-audit: error: {wrong}") and "manifest" in said and "Traceback" not in said

@@ -13,7 +13,7 @@ from typing import Any
 from rocm_audit import __version__
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan
 from rocm_audit.errors import UsageError
-from rocm_audit.tree.journal import open_append
+from rocm_audit.tree.journal import open_append, read_records
 from rocm_audit.tree.smallfile import open_regular
 
 MANIFEST_DIR = ".rocm-audit"
@@ -119,47 +119,39 @@ def journal_changes(manifest_path: str, groups: list[DedupGroup], run_id: str, *
 
 
 def read_manifest(path: str) -> list[dict[str, Any]]:
+    """The journalled links of a dedup manifest (tree/journal.py reads its lines). Raises
+    UsageError for a file that is none: one that does not start with the header every run's
+    journal starts with (an empty or mistyped file would otherwise read as "nothing to restore")."""
     entries = []
-    try:
-        with os.fdopen(open_regular(path), encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    # A run killed while appending leaves a partial last line: ignore only that one.
-                    if not handle.readline():
-                        break
-                    raise UsageError(f"{path}:{number}: not a rocm-audit manifest line: {exc.msg}") from None
-                if not isinstance(entry, dict):
-                    raise UsageError(f"{path}:{number}: not a rocm-audit manifest line: not a JSON object")
-                if "rocm_audit_manifest" in entry:
-                    if entry["rocm_audit_manifest"] != MANIFEST_FORMAT:
-                        raise UsageError(f"{path}:{number}: unsupported manifest format {entry['rocm_audit_manifest']}")
-                    continue
-                if (
-                    not all(isinstance(entry.get(k), str) and entry[k] for k in ("path", "keeper", "link_text"))
-                    or not isinstance(entry.get("mode"), int)
-                    or isinstance(entry.get("mode"), bool)
-                ):
-                    raise UsageError(f"{path}:{number}: manifest entry lacks path/keeper/link_text/mode")
-                if entry.get("made", "symlink") not in ("symlink", "hardlink"):
-                    raise UsageError(f"{path}:{number}: manifest field made must be symlink or hardlink")
-                for key in (
-                    "uid",
-                    "gid",
-                    "mtime_ns",
-                    "size",
-                    "keeper_dev",
-                    "keeper_ino",
-                    "keeper_size",
-                    "keeper_mtime_ns",
-                ):
-                    if key in entry and (not isinstance(entry[key], int) or isinstance(entry[key], bool)):
-                        raise UsageError(f"{path}:{number}: manifest field {key} must be an integer")
-                entries.append(entry)
-    except OSError as exc:
-        raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
+    headed = False
+    for number, entry in enumerate(read_records(path), 1):
+        where = f"{path}: record {number}"
+        if "rocm_audit_manifest" in entry:
+            if entry["rocm_audit_manifest"] != MANIFEST_FORMAT:
+                raise UsageError(f"{where}: unsupported manifest format {entry['rocm_audit_manifest']}")
+            headed = True
+            continue
+        if not headed:
+            raise UsageError(f"{where}: not a rocm-audit dedup manifest (no header before it)")
+        _check_entry(entry, where)
+        entries.append(entry)
+    if not headed:
+        raise UsageError(f"{path}: not a rocm-audit dedup manifest (no run is journalled in it)")
     return entries
+
+
+_INT_FIELDS = ("uid", "gid", "mtime_ns", "size", "keeper_dev", "keeper_ino", "keeper_size", "keeper_mtime_ns")
+
+
+def _check_entry(entry: dict[str, Any], where: str) -> None:
+    if (
+        not all(isinstance(entry.get(k), str) and entry[k] for k in ("path", "keeper", "link_text"))
+        or not isinstance(entry.get("mode"), int)
+        or isinstance(entry.get("mode"), bool)
+    ):
+        raise UsageError(f"{where}: manifest entry lacks path/keeper/link_text/mode")
+    if entry.get("made", "symlink") not in ("symlink", "hardlink"):
+        raise UsageError(f"{where}: manifest field made must be symlink or hardlink")
+    for key in _INT_FIELDS:
+        if key in entry and (not isinstance(entry[key], int) or isinstance(entry[key], bool)):
+            raise UsageError(f"{where}: manifest field {key} must be an integer")

@@ -530,8 +530,8 @@ def _revert(
     python_of_run: dict[str, str | None] = {}
     for manifest in manifest_paths:
         records = read_records(manifest)
-        if records and "rocm_audit_prune_manifest" not in records[0]:
-            raise UsageError(f"{manifest}: not a rocm-audit prune manifest")
+        if not records or "rocm_audit_prune_manifest" not in records[0]:  # empty: a mistyped path, never "all back"
+            raise UsageError(f"{manifest}: not a rocm-audit prune manifest (no run is journalled in it)")
         for entry in records:
             if "rocm_audit_prune_manifest" in entry:
                 python_of_run[str(entry.get("run"))] = entry.get("python")
