@@ -436,6 +436,8 @@ def test_size_limit_stops_extraction(tmp_path, run_cli):
     report = run_cli("image", "--archive", str(archive), "--max-bytes", "1M", "--format", "json", expect=1).report
     assert "IMG004" in rules(report)
     assert "image" not in report
+    (stopped,) = [f for f in report["findings"] if f["rule"] == "IMG004"]
+    assert "image is larger than the 1.0 MiB allowed (raise --max-bytes)" in stopped["message"]
 
 
 def test_not_an_archive_and_missing_file(tmp_path, run_cli):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from rocm_audit.errors import RocmAuditError
 from rocm_audit.image import tarstream
 from rocm_audit.progress import SILENT, Progress
+from rocm_audit.units import size_text
 
 # ROCm images are large: rocm/pytorch is 19-20 GB compressed, sglang's ROCm images 45-73 GB, and
 # their libraries inflate 3-5 times. The scratch disk holds a fraction of what is read (the kept
@@ -57,5 +58,6 @@ class Budget:
         self.limits.bytes_read += len(piece)
         self.progress.update(self.layer.entries if self.layer else 0, self.limits.bytes_read - self.started_at)
         if self.limits.bytes_read > self.limits.max_bytes:
-            raise LimitExceeded(f"image is larger than the {self.limits.max_bytes} bytes allowed (raise --max-bytes)")
+            allowed = size_text(self.limits.max_bytes)
+            raise LimitExceeded(f"image is larger than the {allowed} allowed (raise --max-bytes)")
         return piece

@@ -166,7 +166,7 @@ def _same_layer_findings(group: WasteGroup, layer_names: list[str]) -> list[Find
 
 def _cross_layer_finding(group: WasteGroup) -> Finding:
     paths = [c["path"] for c in group.copies]
-    mixed = f" ({group.same_layer_wasted:,} more within layers: IMG007)" if group.same_layer_wasted else ""
+    mixed = f" ({size_text(group.same_layer_wasted)} more within layers: IMG007)" if group.same_layer_wasted else ""
     return make_finding(
         "IMG008",
         paths[0],

@@ -18,6 +18,7 @@ from rocm_audit.output.layout import PathView
 from rocm_audit.output.prune_text import weight_by_distribution
 from rocm_audit.output.text_sections import image_layers_text, relative_to_roots
 from rocm_audit.report_types import Sections
+from rocm_audit.units import size_text
 
 COVERAGE_ROWS = 25
 DUPLICATE_GROUPS = 10
@@ -101,18 +102,18 @@ def duplicate_lines(sections: Sections, shorten: Callable[[str], str]) -> list[s
     rows: list[list[object]] = []
     waste = sections.get("image", {}).get("waste")
     if waste is not None:
-        groups = sorted(waste["groups"], key=lambda g: g["wasted_bytes"], reverse=True)
-        header = ["bytes wasted", "copies", "scope", "paths (layer)"]
+        groups = waste["groups"]  # ranked as the text and JSON rank them: SDK trees first (image/waste.py)
+        header = ["wasted", "copies", "scope", "paths (layer)"]
         for group in groups[:DUPLICATE_GROUPS]:
             paths = "<br>".join(f"{markdown(shorten(c['path']))} ({c['layer']})" for c in group["copies"])
-            rows.append([f"{group['wasted_bytes']:,}", len(group["copies"]), markdown(group["scope"]), paths])
+            rows.append([size_text(group["wasted_bytes"]), len(group["copies"]), markdown(group["scope"]), paths])
         total = len(groups)
     elif "dedup" in sections:
         linked = sorted(sections["dedup"]["groups"], key=lambda g: g["size"] * len(g["duplicates"]), reverse=True)
-        header = ["size (bytes)", "copies", "keep", "link"]
+        header = ["size", "copies", "keep", "link"]
         for one in linked[:DUPLICATE_GROUPS]:
             links = "<br>".join(markdown(shorten(d["path"])) for d in one["duplicates"])
-            rows.append([f"{one['size']:,}", 1 + len(one["duplicates"]), markdown(shorten(one["keeper"])), links])
+            rows.append([size_text(one["size"]), 1 + len(one["duplicates"]), markdown(shorten(one["keeper"])), links])
         total = len(linked)
     else:
         return []
