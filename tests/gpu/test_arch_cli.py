@@ -244,6 +244,7 @@ def test_kernel_databases_and_per_arch_libraries(run_cli, sdk_tree, built, tmp_p
     assert {c["kind"]: c for c in again.report["carriers"]}["kernel-database:tensile"]["missing"] == []
     # Targets in the processors' numeric order (gfx942 before gfx1100), in data and in words
     other = run_cli("verify-arch", "gfx1201", "gfx950", "-p", str(sdk_tree), "--format", "json", expect=1).report
+    assert [t["target"] for t in other["targets"]] == ["gfx950", "gfx1201"]  # the command line said 1201 first
     tensile = {c["kind"]: c for c in other["carriers"]}["kernel-database:tensile"]
     assert tensile["targets"] == ["gfx942", "gfx1100"] and tensile["missing"] == ["gfx950", "gfx1201"]
     (said,) = (f["message"] for f in other["findings"] if f["path"] == tensile["path"])

@@ -12,7 +12,7 @@ from rocm_audit.errors import UsageError
 from rocm_audit.report_types import TargetsOrigin
 from rocm_audit.tree.discovery import enclosing_sdk_tree, is_tree_of
 from rocm_audit.tree.smallfile import read_small
-from rocm_audit.tree.targets import RequiredTarget, resolve_required, split_target_args
+from rocm_audit.tree.targets import RequiredTarget, processor_sort_key, resolve_required, split_target_args
 
 CORE_TREE = "_rocm_sdk_core"
 DIST_INFO_IN_TREE = os.path.join("share", "therock", "dist_info.json")
@@ -108,6 +108,7 @@ def choose_targets(
         target = resolve_required(name)
         if all(target.spelled != seen.spelled for seen in required):
             required.append(target)
+    required.sort(key=lambda t: processor_sort_key(t.spelled))  # every list a report shows: gfx942 before gfx1100
     return TargetChoice(required, source, origin)
 
 
