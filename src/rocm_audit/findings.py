@@ -9,7 +9,16 @@ from typing import Any
 from rocm_audit.rulebook.catalogue import default_severity
 from rocm_audit.severity import Severity
 
-__all__ = ["Finding", "Severity", "ShippedBy", "cause_groups", "cause_key", "make_finding", "sorted_findings"]
+__all__ = [
+    "Finding",
+    "Severity",
+    "ShippedBy",
+    "cause_groups",
+    "cause_key",
+    "cause_text",
+    "make_finding",
+    "sorted_findings",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +80,20 @@ def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(findings, key=Finding.sort_key)
 
 
+def cause_text(one: Finding) -> str:
+    """What a group of findings says once: ``data["cause"]`` where a rule words its cause apart
+    from the message (POST002: "needs ROCm libraries that no search path finds", while each message
+    names its own libraries, as a CI annotation of that one file must), else the message."""
+    cause = one.data.get("cause")
+    return cause if isinstance(cause, str) and cause else one.message
+
+
 def cause_key(one: Finding) -> tuple[str, str, str, tuple[str, ...]]:
-    """Findings with one rule and one cause share this key: the same rule, severity and message
+    """Findings with one rule and one cause share this key: the same rule, severity and cause
     (a message never names the finding's own file). A finding that names other files (a duplicate
     group, a clash pair) is about its own set of files and is a group of its own."""
     own = (one.path, *one.related_paths) if one.related_paths else ()
-    return (one.rule, one.severity.value, one.message, own)
+    return (one.rule, one.severity.value, cause_text(one), own)
 
 
 def cause_groups(findings: Iterable[Finding]) -> list[list[Finding]]:

@@ -246,3 +246,22 @@ def test_a_group_of_missing_libraries_counts_the_libraries_it_does_not_name():
     said = " ".join(" ".join(finding_lines(group, PathView(["/site"]), False, 0)).split())
     assert "16 files: needs ROCm libraries that no search path finds - libmissing00.so (16 files)" in said
     assert said.count("(16 files)") == 4 and "and 16 other libraries" in said
+
+
+def test_files_missing_rocm_libraries_are_one_text_entry_and_each_annotation_names_its_own(run_cli, tmp_path):
+    """Three gcc libraries, each built against a different ROCm library the tree lacks: the text
+    says the cause once and counts the names; a CI annotation is about one file and names its own."""
+    from support.sdk_tree import build_library
+
+    stubs, site = tmp_path / "stubs", tmp_path / "site-packages"
+    wanted = {"liba.so": "libamdhip64.so.7", "libb.so": "libhipblas.so.3", "libc.so": "libamdhip64.so.7"}
+    for soname in sorted(set(wanted.values())):
+        build_library(stubs, soname.split(".")[0], soname)
+    for library, needed in wanted.items():
+        build_library(site / "pkg", library.split(".")[0], library, needed=(needed,), link_dir=stubs)
+    text = " ".join(run_cli("check", "gfx942", "-p", str(site), "--skip", "llvm").stdout.split())
+    cause = "needs ROCm libraries that no search path finds"
+    assert f"POST002 3 files: {cause} - libamdhip64.so.7 (2 files), libhipblas.so.3 (1 file)" in text
+    annotations = run_cli("check", "gfx942", "-p", str(site), "--skip", "llvm", "--format", "github").stdout
+    said = {line.split("::")[-1] for line in annotations.splitlines() if "title=POST002" in line}
+    assert said == {f"{cause}: libamdhip64.so.7", f"{cause}: libhipblas.so.3"}

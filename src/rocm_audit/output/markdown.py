@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from rocm_audit.findings import Severity, cause_groups
+from rocm_audit.findings import Severity, cause_groups, cause_text
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import markdown
 from rocm_audit.output.layout import PathView
@@ -138,7 +138,8 @@ def finding_lines(outcome: CommandOutcome, shorten: Callable[[str], str], verbos
             shown = group if verbose else group[:GROUP_PATHS_LISTED]
             more = "" if len(shown) == len(group) else f" and {len(group) - len(shown)} more"
             where = f"{len(group)} files ({', '.join(markdown(shorten(f.path)) for f in shown)}{more})"
-        message = markdown(PathView(outcome.roots).relative_text(first.message))
+        said = first.message if len(group) == 1 else cause_text(first)  # a group says its cause once
+        message = markdown(PathView(outcome.roots).relative_text(said))
         lines.append(f"- **{first.severity.value}** {markdown(first.rule)} {where}: {message}")
     if len(groups) > FINDINGS_LISTED:
         lines.append(f"- ... and {len(groups) - FINDINGS_LISTED} more (the JSON report has them all)")

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rocm_audit.findings import Finding, Severity, cause_groups
+from rocm_audit.findings import Finding, Severity, cause_groups, cause_text
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import PathView, plural, wrap
@@ -65,7 +65,8 @@ def _tally(group: Sequence[Finding]) -> str:
     for one in group:
         for name in one.data.get(_TALLIED) or ():
             counts[str(name)] = counts.get(str(name), 0) + 1
-    if not counts or all(name in group[0].message for name in counts):
+    said = group[0].message if len(group) == 1 else cause_text(group[0])
+    if not counts or all(name in said for name in counts):  # the text names them already
         return ""
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     shown = [f"{display(name)} ({n} file{'s' if n > 1 else ''})" for name, n in ranked[:TALLY_SHOWN]]
@@ -79,7 +80,8 @@ def finding_lines(group: Sequence[Finding], view: PathView, colour: bool, verbos
     files) and the message, the files of a group, who ships them; with ``verbose`` the detail."""
     first = group[0]
     label = severity_label(first.severity, colour)
-    message = view.in_text(first.message, [first.path, *first.related_paths])
+    said = first.message if len(group) == 1 else cause_text(first)  # a group says its cause once
+    message = view.in_text(said, [first.path, *first.related_paths])
     if len(group) == 1:
         words = [f"{label} {first.rule}", view.path(first.path) + ":", message]
     else:

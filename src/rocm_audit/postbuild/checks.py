@@ -184,12 +184,13 @@ def _missing_library_finding(
         )
     names = ", ".join(missing)
     stack = software_stack(missing)
+    # Each message names its libraries (a CI annotation is about one file); one cause per stack, so
+    # that every file missing ROCm's libraries is one entry of the text report, which counts them.
+    cause = f"needs {stack} libraries that no search path finds" if stack else ""
     return make_finding(
         "POST002",
         record.path,
-        # One message per stack, so that every file missing ROCm's libraries is one entry of the
-        # report (the names are in the detail, and counted on the entry).
-        f"needs {stack} libraries that no search path finds" if stack else f"needs {names}, which no search path finds",
+        f"{cause}: {names}" if cause else f"needs {names}, which no search path finds",
         detail=f"not found: {names} ({where})",
         # "needed" (the first name) is the schema-v1 field; "missing_sonames" holds them all.
         data={
@@ -197,6 +198,7 @@ def _missing_library_finding(
             "missing_sonames": missing,
             "rpath": list(dynamic.rpath),
             "runpath": list(dynamic.runpath),
+            **({"cause": cause} if cause else {}),
         },
     )
 
