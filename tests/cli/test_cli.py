@@ -157,3 +157,8 @@ def test_the_summary_of_a_report_written_elsewhere_reads_at_100_columns(sdk, tmp
     assert said.startswith("check: ") and "SDK duplicate groups" in said and "GPU code carrier" in said
     assert "(s)" not in said and "(es)" not in said
     assert len(summary) > 1 and all(len(line) <= 100 for line in summary), summary
+    from rocm_audit.units import plural
+
+    counted = json.loads(report.read_text())["summary"]["findings"]  # the last line: what the exit code follows
+    errors, warnings = plural(counted["error"], "error"), plural(counted["warning"], "warning")
+    assert summary[-1] == f"check: {errors}, {warnings}, {counted['info']} info"

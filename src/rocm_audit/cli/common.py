@@ -458,8 +458,11 @@ def emit(
     _write_out(_rendered(outcome, fmt, threshold, verbose, terminal=not output), output)
     if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
         from rocm_audit.output.layout import wrap
+        from rocm_audit.output.text import count_line
 
-        typer.echo("\n".join(wrap(display(outcome.summary))), err=True)  # a person reads it: 100 columns
+        # what a person reads at 100 columns, with the findings' count the exit code follows
+        said = [*wrap(display(outcome.summary)), count_line(outcome.command, outcome.findings)]
+        typer.echo("\n".join(said), err=True)
     if threshold is None:
         return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
     return outcome.exit_code(threshold)

@@ -128,7 +128,8 @@ def list_targets(paths: list[str] | None, *, progress: Progress = SILENT) -> Com
         findings=list(inventory.findings) + scan_findings(scans),
         inputs=looked,
         sections={"code_object_files": files, "code_objects": objects},
-        summary=f"scan: {len(objects)} code object(s) in {len(files)} file(s)",
+        summary=f"scan: {plural(sum(o['kind'] != 'host' for o in objects), 'GPU code object')} "
+        f"in {plural(len(files), 'file')}",
     )
 
 
@@ -145,5 +146,5 @@ def inventory_summary(paths: list[str] | None, *, progress: Progress = SILENT) -
         findings=list(inventory.findings),
         inputs=looked,
         sections={"sdk_trees": inventory.sdk_trees, "file_kinds": counts},
-        summary=f"scan: {len(inventory.files)} file(s)",
+        summary=f"scan: {plural(len(inventory.files), 'file')}",
     )

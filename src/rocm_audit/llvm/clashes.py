@@ -22,6 +22,7 @@ from rocm_audit.llvm.libfacts import linkage_facts_of, role_facts_of
 from rocm_audit.llvm.prediction import Clash, Expect, Reason, Risk, agrees, predict_closure, predict_pair
 from rocm_audit.llvm.probing import probe_analysis, probe_clashes
 from rocm_audit.llvm.report import clash_to_dict, closure_to_dict, interpreter_to_dict, library_to_dict, pair_to_dict
+from rocm_audit.llvm.roles import Role
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.report_types import Sections
@@ -106,9 +107,15 @@ def run_llvm(
         sections["probe_interpreter"] = interpreter_to_dict(analysis.probe_interpreter)
     high = sum(1 for c in analysis.clashes if c.risk is Risk.HIGH)
     confirmed = sum(1 for c in analysis.clashes if c.confirmed)
-    clashes = plural(len(analysis.clashes), "clash", "clashes")
-    summary = f"llvm: {plural(len(analysis.libraries), 'library', 'libraries')}, {clashes}, {high} high" + (
-        f", {confirmed} confirmed by probe" if options.probe else ""
+    carrying = sum(1 for one in analysis.libraries if one.role not in (Role.NONE, Role.UNKNOWN))
+    # The words of the text report's LLVM line: libraries that carry LLVM, clashes and how many abort
+    clashes = (
+        f"{plural(len(analysis.clashes), 'clash', 'clashes')}, {high} that can abort or crash a process"
+        if analysis.clashes
+        else "no clash"
+    )
+    summary = f"llvm: {plural(carrying, 'library', 'libraries')} carry LLVM; {clashes}" + (
+        f", {confirmed} confirmed by probe" if options.probe and analysis.clashes else ""
     )
     return CommandOutcome(
         command="llvm",
