@@ -72,7 +72,7 @@ def test_revert_says_what_it_did_marks_the_run_and_frees_the_backup(run_cli, uni
     assert {m["run"] for m in marks} == runs and len(runs) == 2  # the whole-unit run and the --fatbins run
     again = run_cli("prune", "--revert", str(manifest), "--format", "json", expect=0).report["prune_revert"]
     assert again["restored"] == [] and again["backups_done"] == []
-    assert again["nothing_done"] == "an earlier --revert restored everything these manifests journalled"
+    assert again["nothing_done"] == "an earlier --revert restored everything this manifest journalled"
     text = run_cli("prune", "--revert", str(manifest), expect=0).output
     assert _said(text).startswith("prune --revert: nothing to restore: an earlier --revert restored everything")
 
@@ -103,6 +103,11 @@ def test_a_distribution_uninstalled_since_the_prune_is_no_error(run_cli, venv, t
     assert not (site / "mylib/kernels/Kernels_gfx90a.hsaco").exists()
     # what no uninstall touched came back: the SDK tree's units, which no distribution owns
     assert (site / "_rocm_sdk_libraries/.kpack/blas_lib_gfx90a.kpack").exists()
+    closing = unwrapped(run_cli("prune", "--revert", manifest, expect=0).output)  # and again: the true reason
+    assert closing[-2] == (
+        "prune --revert: nothing to restore: an earlier --revert restored everything this manifest "
+        "journalled, but for distributions uninstalled since (mylib)"
+    )
 
 
 def test_a_library_gone_while_its_distribution_is_installed_is_still_an_error(run_cli, units):

@@ -523,11 +523,14 @@ def revert_prune(manifests: list[str], progress: Progress = SILENT, python: str 
         mark_reverted(manifests, [run for run in backups if run not in reverted])
     nothing = ""
     if not result.restored and whole:
-        if reinstalls.gone:
-            names = ", ".join(name for name, _version in reinstalls.gone)
-            nothing = f"what the prune changed belongs to distributions uninstalled since ({names})"
-        elif backups and all(run in reverted for run in backups):
-            nothing = "an earlier --revert restored everything these manifests journalled"
+        journalled = "this manifest" if len(manifests) == 1 else "these manifests"
+        gone = ", ".join(name for name, _version in reinstalls.gone)
+        if backups and all(run in reverted for run in backups):
+            nothing = f"an earlier --revert restored everything {journalled} journalled" + (
+                f", but for distributions uninstalled since ({gone})" if gone else ""
+            )
+        elif gone:
+            nothing = f"what the prune changed belongs to distributions uninstalled since ({gone})"
         else:
             nothing = (
                 "every journalled path is as it was before the prune (the run changed nothing, or it was put back)"

@@ -254,6 +254,7 @@ def prune_revert_closing_lines(sections: Sections) -> list[str]:
     if section["reinstall"]:
         left = plural(len(section["reinstall"]), "reinstall")
         lines.append(f"{left} left to run: the PRUNE007 warnings above give the commands")
+    back = "everything still installed is back" if section["uninstalled"] else "everything is back"
     for backup in section["backups_done"]:
-        lines.append(f"everything is back: the backup {hold(display(backup))} is no longer needed and can be removed")
+        lines.append(f"{back}: the backup {hold(display(backup))} is no longer needed and can be removed")
     return lines
