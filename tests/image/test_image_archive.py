@@ -684,3 +684,21 @@ def test_waste_groups_rank_sdk_trees_first_and_advise_what_frees_each(tmp_path, 
     assert "  ... and 3 more groups (-v lists them)" in text
     every = run_cli("image", "--archive", str(archive), "-v", expect=1).output
     assert every.count(" x2 [") == 6 and "more groups" not in every
+
+
+def test_the_base_images_copies_are_never_the_users_step_to_free(tmp_path, run_cli, libs):
+    """A library the base image holds twice, whose bytes two later layers write into the SDK trees:
+    no IMG007 for the base image's own pair (nothing the user runs frees it), and IMG008's fix says
+    the base has the file, not "write the copies in one step" (the base is no step of the user's)."""
+    base = layer(("usr/lib/x86_64-linux-gnu/libm.so.6", libs["comgr"]), ("opt/copy/libm.so.6", libs["comgr"]))
+    core = layer((f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", libs["comgr"]))
+    devel = layer((f"{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3", libs["comgr"]))
+    archive = docker_save(tmp_path / "save.tar", [base, core, devel], env=["GPU_ARCH=gfx942"])
+    report = run_cli("image", "--archive", str(archive), "--format", "json", expect=1).report
+    assert not [f for f in report["findings"] if f["rule"] == "IMG007"]
+    (spread,) = [f for f in report["findings"] if f["rule"] == "IMG008"]
+    assert spread["message"].endswith(
+        "the base image (layer 0) has the file already: do not write it again in layers 1, 2"
+    )
+    (group,) = report["image"]["waste"]["groups"]
+    assert group["wasted_bytes"] == 3 * len(libs["comgr"])  # the base image's own copy counts as waste too

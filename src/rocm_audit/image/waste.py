@@ -140,15 +140,16 @@ def _same_layer_findings(group: WasteGroup, layer_names: list[str]) -> list[Find
     findings = []
     for layer in group.layers:
         here = group.copies_in(layer)
-        if len(here) < 2:
+        # Only where dedup can act: copies of this layer inside an SDK tree, written by a step of the
+        # user's (the base image's own copies are its choice; the waste section still counts them).
+        in_sdk = any(mark in c["path"] for mark in SDK_MARKS for c in here)
+        if len(here) < 2 or not in_sdk or (layer == 0 and group.on_base):
             continue
         layer_paths = [c["path"] for c in here]
         freed = group.size * (len(here) - 1)
         where_here = ", ".join(f"{c['path']}{'' if c['visible'] else ' (hidden)'}" for c in here)
         step = (
-            "the copies come from the base image"
-            if layer == 0 and group.on_base
-            else f"run `rocm-audit dedup` in the step that writes this layer to free {size_text(freed)} "
+            f"run `rocm-audit dedup` in the step that writes this layer to free {size_text(freed)} "
             "(a later RUN frees nothing)"
         )
         findings.append(
@@ -231,8 +232,9 @@ def _fix(group: WasteGroup) -> str:
     steps = (f"run rocm-audit dedup in {in_steps}" if group.in_sdk else f"{once} in {in_steps}") if within else ""
     later = [layer for layer in group.layers if layer or not group.on_base]
     across = ""
-    if group.from_base and len(later) == 1:
-        across = f"the base image (layer 0) has the file already: do not write it again in layer {later[0]}"
+    if group.from_base and later:  # nothing frees the base image's copy: the later ones are the waste
+        layers = f"layer{'s' if len(later) > 1 else ''} {', '.join(map(str, later))}"
+        across = f"the base image (layer 0) has the file already: do not write it again in {layers}"
     elif not group.same_layer and group.in_sdk:
         across = "write the copies in one step (install RUN or one COPY of the parent) and run rocm-audit dedup there"
     elif not group.same_layer:
