@@ -48,8 +48,11 @@ class Finding:
     shipped_by: ShippedBy | None = None
     fingerprint: str = ""  # the baseline key, filled in when the report is made (audit/attribution.py)
 
-    def sort_key(self) -> tuple[str, str, str, tuple[str, ...]]:
-        return (self.path, self.rule, self.message, self.related_paths)
+    def sort_key(self) -> tuple[str, str, int, str, tuple[str, ...]]:
+        """By file, rule, then place in the file (``data["offset"]``: 0x660 before 0x3f80), message."""
+        offset = self.data.get("offset")
+        place = offset if isinstance(offset, int) and not isinstance(offset, bool) else -1
+        return (self.path, self.rule, place, self.message, self.related_paths)
 
 
 def make_finding(
@@ -102,4 +105,4 @@ def cause_groups(findings: Iterable[Finding]) -> list[list[Finding]]:
     groups: dict[tuple[str, str, str, tuple[str, ...]], list[Finding]] = {}
     for one in sorted_findings(findings):
         groups.setdefault(cause_key(one), []).append(one)
-    return sorted(groups.values(), key=lambda g: (-g[0].severity.rank, g[0].rule, g[0].path, g[0].message))
+    return sorted(groups.values(), key=lambda g: (-g[0].severity.rank, g[0].rule, g[0].sort_key()))

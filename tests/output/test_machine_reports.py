@@ -265,3 +265,24 @@ def test_files_missing_rocm_libraries_are_one_text_entry_and_each_annotation_nam
     annotations = run_cli("check", "gfx942", "-p", str(site), "--skip", "llvm", "--format", "github").stdout
     said = {line.split("::")[-1] for line in annotations.splitlines() if "title=POST002" in line}
     assert said == {f"{cause}: libamdhip64.so.7", f"{cause}: libhipblas.so.3"}
+
+
+def test_findings_of_one_file_and_rule_are_ordered_by_their_place_and_told_apart():
+    """Three old code objects in one library's .data: listed by offset in every format (0x660
+    before 0x3f80, not as text), each with a fingerprint of its own for a baseline."""
+    from rocm_audit.outcome import CommandOutcome
+    from rocm_audit.output.text import render_text
+
+    offsets = [0x3F80, 0x660, 0x7BC0]
+    findings = [
+        make_finding("ARCH006", "/s/libhsa.so", f".data+{o:#x}: EF_AMDGPU_MACH 0x0", data={"offset": o, "mach": 0})
+        for o in offsets
+    ]
+    from rocm_audit.audit.attribution import fingerprints
+
+    report = build_report("check", findings)
+    assert [f["data"]["offset"] for f in report["findings"]] == sorted(offsets)
+    assert len(set(fingerprints(findings, ["/s"]))) == 3  # the rule's fingerprint names the offset
+    text = render_text(CommandOutcome(command="check", findings=findings))
+    said = [line.split(": ")[1] for line in text.splitlines() if line.startswith("INFO ARCH006")]
+    assert said == [".data+0x660", ".data+0x3f80", ".data+0x7bc0"]
