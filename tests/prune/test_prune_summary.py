@@ -160,3 +160,18 @@ def test_with_fatbins_the_headline_and_table_count_what_slimming_removes(run_cli
     assert header.split()[-2:] == ["removable", "fatbins"] and len(header) <= 100
     (row,) = (line for line in lines if line.startswith("mylib "))
     assert row.endswith(size_text(slim).rjust(11)) and len(row) <= 100
+
+
+def test_the_estimate_names_files_no_distribution_owns_in_words():
+    from rocm_audit.output.prune_text import fatbins_estimate_lines
+
+    section = {
+        "fatbins_estimate": [
+            {"distribution": "pyg_lib-rocm", "bytes": 65 << 20},
+            {"distribution": "(no distribution)", "bytes": 65 << 20},
+        ],
+        "totals": {"fatbins_estimate_bytes": 130 << 20},
+    }
+    (line,) = fatbins_estimate_lines(section)
+    assert "(pyg_lib-rocm 65.0 MiB, files no distribution owns (with --backup) 65.0 MiB)" in line
+    assert "((" not in line

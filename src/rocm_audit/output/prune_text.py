@@ -10,6 +10,7 @@ from typing import TypedDict
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import WIDTH, PathView, hold, plural
 from rocm_audit.prune.summary import done_text
+from rocm_audit.prune.weigh import NO_DISTRIBUTION
 from rocm_audit.report_types import FatbinLibraryRecord, PruneSection, PruneWeightRow, Sections
 from rocm_audit.tree.targets import processor_sort_key
 from rocm_audit.units import size_text
@@ -61,12 +62,17 @@ def fatbins_estimate_lines(section: PruneSection) -> list[str]:
     if not rows:
         return []
     total = section["totals"]["fatbins_estimate_bytes"]
-    parts = ", ".join(f"{display(r['distribution'])} {size_text(r['bytes'])}" for r in rows[:8])
+    parts = ", ".join(f"{_owner_words(r['distribution'])} {size_text(r['bytes'])}" for r in rows[:8])
     more = f", {len(rows) - 8} more" if len(rows) > 8 else ""
     return [
         f"prune --fatbins: about {size_text(total)} removable from fat binaries of host libraries ({parts}{more}); "
         "an estimate from their entry tables, `prune --fatbins --dry-run` gives the exact figure"
     ]
+
+
+def _owner_words(distribution: str) -> str:
+    """A distribution as a list names it; files no distribution owns are slimmed only with a backup."""
+    return "files no distribution owns (with --backup)" if distribution == NO_DISTRIBUTION else display(distribution)
 
 
 def kept_whole_lines(section: PruneSection) -> list[str]:
