@@ -702,3 +702,15 @@ def test_the_base_images_copies_are_never_the_users_step_to_free(tmp_path, run_c
     )
     (group,) = report["image"]["waste"]["groups"]
     assert group["wasted_bytes"] == 3 * len(libs["comgr"])  # the base image's own copy counts as waste too
+
+
+def test_one_image_under_two_names_in_an_oci_layout_needs_no_ref(tmp_path, run_cli, libs):
+    """skopeo copies two tags of one image into one layout: two index entries, one manifest digest.
+    That is one image to audit, not a choice to make."""
+    layout = oci_layout(tmp_path / "oci", [layer((f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", libs["comgr"]))])
+    index = json.loads((layout / "index.json").read_text())
+    again = {**index["manifests"][0], "annotations": {"org.opencontainers.image.ref.name": "qa2"}}
+    index["manifests"].append(again)
+    (layout / "index.json").write_text(json.dumps(index))
+    report = run_cli("image", "--archive", str(layout), "gfx942", "--format", "json").report
+    assert report["image"]["source"]["format"].startswith("oci") and report["summary"]["findings"]["error"] == 0

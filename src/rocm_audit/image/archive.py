@@ -372,6 +372,8 @@ def _pick_manifest(store: Store, index: Any, ref: str | None, depth: int) -> tup
         ]
         if not candidates:
             raise WhichImage(store.label, ref, sorted(_ref_names(entries)))
+    if len({str(e.get("digest")) for e in candidates}) == 1:
+        candidates = candidates[:1]  # one image under several names (skopeo copy of two tags): no choice
     if len(candidates) > 1:
         amd64 = [e for e in candidates if (e.get("platform") or {}).get("architecture") == "amd64"]
         if len(amd64) == 1:

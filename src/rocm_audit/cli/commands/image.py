@@ -176,7 +176,7 @@ def command(
     if platform is not None and not from_registry:
         raise UsageError("--platform is for registry://... (an archive or a daemon image holds one platform)")
     if insecure_registry and not from_registry:
-        raise UsageError("--insecure-registry is for registry://HOST/REPO:TAG (a daemon has its own setting)")
+        raise UsageError("--insecure-registry is for registry://HOST/REPO:TAG, which reads the registry itself")
     options = ImageOptions(
         check=CheckOptions(
             targets=targets,
