@@ -100,10 +100,10 @@ def check_kept_names(keep_dist_args: list[str], installed: list[Distribution]) -
     from rocm_audit.errors import UsageError
 
     names = sorted({d.name for d in installed}, key=str.lower)
+    by_normal = {normalize(name): name for name in names}
     for pattern in keep_dist_args:
         if distribution_matches_any(pattern, installed):
             continue
-        by_normal = {normalize(name): name for name in names}
         close = [by_normal[n] for n in difflib.get_close_matches(normalize(pattern), list(by_normal), n=3, cutoff=0.6)]
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         where = f"{len(names)} installed" if names else "none installed"
@@ -516,11 +516,12 @@ def revert_prune(manifests: list[str], progress: Progress = SILENT, python: str 
     result.original.extend(slimmed.original)
     result.findings.extend(reinstalls.findings())
     reinstall = [*reinstalls.commands(), *result.reinstall]
-    _python, reverted, backups = run_facts(manifests)
+    facts = run_facts(manifests)
+    reverted, backups = facts.reverted, facts.backups
     failed = any(f.severity is Severity.ERROR for f in result.findings)
     whole = not failed and not reinstall  # every journalled path is as it was before the prune
     if whole:
-        mark_reverted(manifests, [run for run in backups if run not in reverted])
+        mark_reverted(facts)
     nothing = ""
     if not result.restored and whole:
         journalled = "this manifest" if len(manifests) == 1 else "these manifests"

@@ -165,13 +165,10 @@ def which_image(path: str, ref: str | None, names: list[str], count: int) -> Usa
 
 def target_hint(ref: str) -> str | None:
     """The hint "did you mean the target MI300A or MI300X?" for a REF that nearly names a GPU target."""
-    from rocm_audit.tree.targets import target_guesses  # noqa: PLC0415 - only for a REF not found
+    from rocm_audit.tree.targets import either, target_guesses  # noqa: PLC0415 - only for a REF not found
 
     guesses = target_guesses(ref)
-    if not guesses:
-        return None
-    said = " or ".join([", ".join(guesses[:-1]), guesses[-1]] if len(guesses) > 1 else guesses)
-    return f"{ref!r} is nearly a GPU target's name: did you mean the target {said}?"
+    return f"{ref!r} is nearly a GPU target's name: did you mean the target {either(guesses)}?" if guesses else None
 
 
 def too_large(path: str, max_bytes: int) -> UsageError:

@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocm_audit.errors import UsageError
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.tree.journal import append_records, read_records
 
@@ -117,33 +116,42 @@ def command(needed: _Needed) -> str:
     return f"{python} -m pip install --force-reinstall --no-deps {shlex.quote(f'{needed.name}=={needed.version}')}"
 
 
-def run_facts(manifests: list[str]) -> tuple[dict[str, str | None], set[str], dict[str, str | None]]:
-    """Per run id: the interpreter its header recorded; the runs already reverted; the backup its
-    header named."""
-    python: dict[str, str | None] = {}
-    backups: dict[str, str | None] = {}
-    reverted: set[str] = set()
+@dataclass(slots=True)
+class RunFacts:
+    """What the manifests' headers and marks say of each run: the backup it named, the manifest
+    that journals it, and whether a revert has put it back."""
+
+    backups: dict[str, str | None] = field(default_factory=dict)  # run id -> its --backup
+    manifest_of: dict[str, str] = field(default_factory=dict)
+    reverted: set[str] = field(default_factory=set)
+
+
+def run_facts(manifests: list[str]) -> RunFacts:
+    facts = RunFacts()
     for manifest in manifests:
         for record in read_records(manifest):
             run = record.get("run")
             if not isinstance(run, str):
                 continue
             if "rocm_audit_prune_manifest" in record:
-                python[run] = record.get("python") if isinstance(record.get("python"), str) else None
-                backups[run] = record.get("backup") if isinstance(record.get("backup"), str) else None
+                facts.backups[run] = record.get("backup") if isinstance(record.get("backup"), str) else None
+                facts.manifest_of[run] = manifest
             elif record.get("type") == REVERTED_TYPE:
-                reverted.add(run)
-    return python, reverted, backups
+                facts.reverted.add(run)
+    return facts
 
 
-def mark_reverted(manifests: list[str], runs: list[str]) -> None:
-    """Append a ``reverted`` record per run to each manifest that journals it; a manifest that
-    cannot be written (a read-only copy) is left as it is: the mark only words a later revert."""
+def mark_reverted(facts: RunFacts) -> None:
+    """Append a ``reverted`` record for each run not marked yet to the manifest that journals it; a
+    manifest that cannot be written (a read-only copy) is left as it is: the mark only words a later
+    revert."""
     stamp = int(time.time())
-    for manifest in manifests:
+    by_manifest: dict[str, list[str]] = {}
+    for run, manifest in facts.manifest_of.items():
+        if run not in facts.reverted:
+            by_manifest.setdefault(manifest, []).append(run)
+    for manifest, runs in by_manifest.items():
         try:
-            mine = {r.get("run") for r in read_records(manifest) if "rocm_audit_prune_manifest" in r}
-            todo = [run for run in runs if run in mine]
-            append_records(manifest, [{"type": REVERTED_TYPE, "run": run, "reverted_unix": stamp} for run in todo])
-        except (OSError, UsageError):
+            append_records(manifest, [{"type": REVERTED_TYPE, "run": run, "reverted_unix": stamp} for run in runs])
+        except OSError:
             continue

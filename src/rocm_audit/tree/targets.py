@@ -283,7 +283,10 @@ _SOMEWHAT_CLOSE = 0.5  # below it nothing is near enough to list
 _NEAREST_SHOWN = 5
 
 
-def _ranked(query: str, pool: dict[str, str]) -> list[tuple[float, int, str]]:
+_Ranked = list[tuple[float, int, str]]  # (similarity ratio, shared prefix length, the name shown)
+
+
+def _ranked(query: str, pool: dict[str, str]) -> _Ranked:
     """(ratio, length of the common prefix, shown name) for each (comparable form, shown name) of
     ``pool``, best first; the prefix breaks ties (gfx9500 is nearer gfx950 than gfx900)."""
     import difflib  # noqa: PLC0415 - only when a target is unknown
@@ -310,18 +313,11 @@ def _unknown_target(text: str, head: str) -> UsageError:
             f"{text!r} is an NVIDIA CUDA architecture: rocm-audit checks code for AMD GPUs",
             hint=f"name AMD GPUs (gfx942, MI300X); {LIST_TARGETS_HINT}",
         )
-    processors = {p: p for p in KNOWN_PROCESSORS}
-    products = {key: product.name for key, product in PRODUCTS_BY_KEY.items()}
-    by_processor, by_product = _ranked(query, processors), _ranked(product_key(head), products)
-    ranked = sorted(by_processor + by_product, key=lambda r: (-r[0], -r[1], r[2]))
-    # The best, and any nearly as close that shares as long a prefix (RX 7900 XTZ: XT and XTX; but
-    # gfx9500: gfx950, not gfx900, which is as similar by ratio).
-    top_ratio, top_prefix = ranked[0][:2]
-    best = [r for r in ranked if r[0] >= max(_CLOSE_ENOUGH, top_ratio - _NEARLY) and r[1] >= top_prefix][:3]
+    by_processor, by_product, ranked = _rankings(query, head)
     message = f"unknown GPU target {text!r}"
-    guesses = [r[2] for r in best]
+    guesses = _best(ranked)
     while guesses:  # as many guesses as fit on one line of 100 columns
-        said = " or ".join([", ".join(guesses[:-1]), guesses[-1]] if len(guesses) > 1 else guesses)
+        said = either(guesses)
         if len(guesses) == 1 or len(f"{ERROR_PREFIX}{message}; did you mean {said}?") <= 100:
             message += f"; did you mean {said}?"
             break
@@ -564,14 +560,24 @@ class TargetSelection:
         return picked
 
 
-def _guesses(query: str, head: str) -> list[str]:
-    """The known names nearest ``query`` (what _unknown_target offers as "did you mean")."""
+def _rankings(query: str, head: str) -> tuple[_Ranked, _Ranked, _Ranked]:
+    """The known processors and products by nearness to ``query``: each alone, and both together."""
     processors = {p: p for p in KNOWN_PROCESSORS}
     products = {key: product.name for key, product in PRODUCTS_BY_KEY.items()}
-    by_either = _ranked(query, processors) + _ranked(product_key(head), products)
-    ranked = sorted(by_either, key=lambda r: (-r[0], -r[1], r[2]))
+    by_processor, by_product = _ranked(query, processors), _ranked(product_key(head), products)
+    return by_processor, by_product, sorted(by_processor + by_product, key=lambda r: (-r[0], -r[1], r[2]))
+
+
+def _best(ranked: _Ranked) -> list[str]:
+    """The best, and any nearly as close that shares as long a prefix (RX 7900 XTZ: XT and XTX; but
+    gfx9500: gfx950, not gfx900, which is as similar by ratio); at most three."""
     top_ratio, top_prefix = ranked[0][:2]
     return [r[2] for r in ranked if r[0] >= max(_CLOSE_ENOUGH, top_ratio - _NEARLY) and r[1] >= top_prefix][:3]
+
+
+def either(names: list[str]) -> str:
+    """``MI300A or MI300X``; ``gfx942, gfx950 or gfx1100``."""
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def target_guesses(word: str) -> list[str]:
@@ -580,4 +586,4 @@ def target_guesses(word: str) -> list[str]:
     head = word.strip().split(":")[0]
     if not head or "/" in word:
         return []
-    return _guesses(head.lower(), head)
+    return _best(_rankings(head.lower(), head)[2])
