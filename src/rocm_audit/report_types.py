@@ -516,6 +516,7 @@ class ImageLayer(TypedDict):
     whiteouts: int
     opaque_dirs: int
     refused: int
+    step: NotRequired[str]  # the build step that wrote it (``RUN pip install ...``), from the history
 
 
 class PruneLayer(TypedDict):

@@ -191,6 +191,37 @@ def test_same_layer_duplicates_say_dedup_belongs_in_that_step(tmp_path, run_cli,
     assert report["image"]["waste"]["same_layer_bytes"] == len(libs["comgr"])
 
 
+def test_same_layer_duplicates_name_the_step_that_wrote_the_layer(tmp_path, run_cli, libs):
+    """IMG007 tells which Dockerfile step to add dedup to: the history's step, clipped; without a
+    history that maps one step to each layer, the layer's digest as before."""
+    staging = layer(("tmp/stage/README", b"staged"))
+    install = layer(
+        (f"{SP}/_rocm_sdk_core/lib/libamd_comgr.so.3", libs["comgr"]),
+        (f"{SP}/_rocm_sdk_devel/lib/libamd_comgr.so.3", libs["comgr"]),
+    )
+    script = "pip install rocm[libraries,devel] && " + " && ".join(f"step{i}" for i in range(40))
+    history = [
+        "/bin/sh -c #(nop) ADD file:abc in / ",
+        {"created_by": "ARG GPU_ARCH=gfx942", "empty_layer": True},
+        f"RUN |1 GPU_ARCH=gfx942 /bin/sh -c {script} # buildkit",
+    ]
+    named = docker_save(tmp_path / "named.tar", [staging, install], history=history)
+    finding = next(
+        f
+        for f in run_cli("image", "--archive", str(named), "--format", "json", expect=1).report["findings"]
+        if f["rule"] == "IMG007"
+    )
+    step = "RUN " + script
+    assert f"in layer 1 ({step[:57]}...): " in finding["message"]
+    # Two steps that made a layer for three layers' worth of history: no step is named.
+    unnamed = docker_save(tmp_path / "unnamed.tar", [staging, install], history=[*history, "RUN /bin/sh -c true"])
+    report = run_cli("image", "--archive", str(unnamed), "--format", "json", expect=1).report
+    finding = next(f for f in report["findings"] if f["rule"] == "IMG007")
+    legacy_id = report["image"]["layers"][1]["name"][:12]  # docker save's <id>/layer.tar, as docker prints IDs
+    assert f"in layer 1 ({legacy_id}): " in finding["message"] and "pip install" not in finding["message"]
+    assert not any("step" in row for row in report["image"]["layers"])
+
+
 def test_group_in_two_layers_with_two_copies_in_one_says_which_part_a_step_frees(tmp_path, run_cli, libs):
     # A staging copy in layer 0, core and devel copies in layer 1: dedup in layer 1's step frees one
     # copy (IMG007 for that layer), the staging copy is a cross-layer copy no step frees (IMG008).

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_audit.image.targets import recorded_targets, run_step_args
+from rocm_audit.image.targets import layer_steps, recorded_targets, run_step_args, step_text
 from support.image.layer_writers import docker_save, layer, oci_layout
 from support.toolchain import gfx942_code_object
 
@@ -35,6 +35,31 @@ def test_run_step_args_reads_both_builders_forms():
     # The last value: its target words are kept, the command is not.
     assert run_step_args("|1 GPU_ARCH=gfx942 gfx950:xnack- /bin/sh -c true") == {"GPU_ARCH": "gfx942 gfx950:xnack-"}
     assert run_step_args("|1 NAME=a b /bin/sh -c true") == {"NAME": "a"}
+
+
+def test_step_text_is_the_dockerfile_line_of_both_builders():
+    assert step_text(CLASSIC_RUN) == step_text(BUILDKIT_RUN) == "RUN pip install x"
+    assert step_text('/bin/sh -c #(nop)  CMD ["bash"]') == 'CMD ["bash"]'
+    assert step_text("/bin/sh -c #(nop) ADD file:abc in / ") == "ADD file:abc in /"
+    assert step_text("COPY kernels.hsaco /opt/k # buildkit") == "COPY kernels.hsaco /opt/k"
+    assert step_text("RUN /bin/bash -o pipefail -c curl -fsS x | sh # buildkit") == "RUN curl -fsS x | sh"
+    assert step_text("RUN /bin/sh -c apt-get update &&\\\n    apt-get install -y g++ # buildkit") == (
+        "RUN apt-get update &&\\ apt-get install -y g++"  # one line
+    )
+    assert step_text("/bin/sh -c python -c 'print(1)'") == "RUN python -c 'print(1)'"
+    assert step_text("") == ""
+
+
+def test_layer_steps_skip_empty_layers_and_refuse_a_history_that_does_not_fit():
+    history = [
+        {"created_by": "/bin/sh -c #(nop) ADD file:abc in / "},
+        {"created_by": "ARG GPU_ARCH", "empty_layer": True},
+        {"created_by": BUILDKIT_RUN},
+    ]
+    assert layer_steps({"history": history}, 2) == ["ADD file:abc in /", "RUN pip install x"]
+    assert layer_steps({"history": history}, 3) == []  # a tool rewrote the layers: no guess
+    assert layer_steps({"history": [*history, "junk"]}, 2) == []
+    assert layer_steps({}, 1) == [] and layer_steps({"history": "x"}, 1) == []
 
 
 def test_recorded_targets_env_first_then_named_args_with_their_last_value():
@@ -91,6 +116,23 @@ def test_targets_from_the_history_when_the_env_has_none(tmp_path, run_cli, carri
     assert any(f["rule"].startswith("ARCH") and "gfx950" in f["message"] for f in report["findings"])
     text = run_cli("image", "--archive", str(archive), expect=1).output
     assert "(from image history: build arg GPU_ARCH of step 1)" in text
+
+
+def test_each_layer_is_named_by_the_step_that_wrote_it(tmp_path, run_cli, carrier, monkeypatch):
+    """JSON gives every layer its step; the text names the step of each layer holding device code."""
+    monkeypatch.delenv("GPU_ARCH", raising=False)
+    base = layer((f"{SP}/README", b"base"))
+    history = [
+        "/bin/sh -c #(nop) ADD file:abc in / ",
+        {"created_by": "ARG GPU_ARCH=gfx942", "empty_layer": True},
+        "RUN |1 GPU_ARCH=gfx942 /bin/sh -c pip install a-very-long-package-name-of-a-kernel-library # buildkit",
+    ]
+    archive = docker_save(tmp_path / "save.tar", [base, *_layers(carrier)], history=history)
+    report = _image(run_cli, archive, expect=0)
+    steps = [row.get("step") for row in report["image"]["layers"]]
+    assert steps == ["ADD file:abc in /", "RUN pip install a-very-long-package-name-of-a-kernel-library"]
+    text = run_cli("image", "--archive", str(archive), expect=0).output
+    assert f"image: layer 1 ({steps[1][:45]}...) holds 3.2 KiB" in " ".join(text.split())  # clipped to 48
 
 
 def test_order_target_then_host_then_env_then_history_then_dist_info(tmp_path, run_cli, carrier, monkeypatch):
@@ -227,6 +269,10 @@ def test_real_build_with_arg_only_daemon_and_docker_save(
         assert report["targets_origin"]["kind"] == "image-build-arg"
         assert report["targets_origin"]["variable"] == "GPU_ARCH"
         assert any("gfx950" in f["message"] for f in report["findings"] if f["rule"].startswith("ARCH"))
+        if argv[1] == "--archive":  # each layer named by the step that wrote it, as the builder recorded it
+            steps = [row.get("step", "") for row in report["image"]["layers"]]
+            assert steps[-1] == 'RUN echo "building for ${GPU_ARCH}" > /built-for', (builder, steps)
+            assert steps[-2].startswith("COPY ") and steps[-2].endswith(f"/{SP}/pkg/kernels.hsaco"), (builder, steps)
 
 
 @pytest.mark.docker

@@ -28,7 +28,7 @@ from rocm_audit.gpu.verify import TargetCandidate
 from rocm_audit.image import budget, layerpipe, merge, tarstream, waste, whole
 from rocm_audit.image.archive import ImageLayout, Store, open_image, read_again
 from rocm_audit.image.offload import Offload, helper_count
-from rocm_audit.image.targets import config_history, recorded_targets
+from rocm_audit.image.targets import config_history, layer_steps, recorded_targets
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.report_types import ImageSection, ImageSource, PruneLayer
@@ -65,6 +65,7 @@ class ImageOptions:
     # Target lists the image records (its Env, its build history), most trusted first: verify-arch
     # uses them after --target, the auditing host's $GPU_ARCH and a rules file, before dist_info.json.
     recorded: tuple[TargetCandidate, ...] = ()
+    layer_steps: tuple[str, ...] = ()  # the build step that wrote each layer, when the history says
     started: float = field(default_factory=time.monotonic)  # the run's start: its report's elapsed_s
 
 
@@ -78,6 +79,13 @@ def config_env(config: dict[str, Any]) -> dict[str, str]:
             key, value = entry.split("=", 1)
             env[key] = value
     return env
+
+
+def with_config(options: ImageOptions, config: dict[str, Any], layer_count: int) -> ImageOptions:
+    """``options`` with what the image config records: its target lists and each layer's step."""
+    return dataclasses.replace(
+        options, recorded=image_targets(config), layer_steps=tuple(layer_steps(config, layer_count))
+    )
 
 
 def image_targets(config: dict[str, Any], history: list[str] | None = None) -> tuple[TargetCandidate, ...]:
@@ -118,7 +126,7 @@ def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILE
             "tags": layout.tags,
             "manifest_digest": layout.manifest_digest,
         }
-        options = dataclasses.replace(options, recorded=image_targets(layout.config))
+        options = with_config(options, layout.config, len(layout.layers))
         layer_names = [ref.digest or ref.member for ref in layout.layers]
         return audit_merged(state, options, source, layer_names, [archive])
 
@@ -159,7 +167,7 @@ def audit_registry(
             "tags": layout.tags,
             "manifest_digest": layout.manifest_digest,
         }
-        options = dataclasses.replace(options, recorded=image_targets(layout.config))
+        options = with_config(options, layout.config, len(layout.layers))
         return audit_merged(state, options, source, [layer.member for layer in layout.layers], [text])
 
 
@@ -349,11 +357,15 @@ def audit_merged(
         "extracted": "full" if options.full else "site-packages and loader directories",
         "bytes_read": state.limits.bytes_read,
     }
+    for layer in section["layers"]:
+        step = options.layer_steps[layer["index"]] if layer["index"] < len(options.layer_steps) else ""
+        if step:
+            layer["step"] = step
     groups: list[waste.WasteGroup] = []
     if layer_aware:
         state.progress.phase("placing identical copies in their layers")
         groups, total = waste.analyse(state)
-        findings.extend(waste.waste_findings(groups, layer_names))
+        findings.extend(waste.waste_findings(groups, _layer_labels(layer_names, options.layer_steps)))
         section["waste"] = waste.waste_section(groups, total)
     # Who shipped each finding's file, from the image's own RECORDs while they are on disk (the
     # CLI would look for the image's paths on this machine).
@@ -373,6 +385,11 @@ def audit_merged(
         outcome.force_failure = True  # no layer could be read: nothing was audited, whatever --fail-on says
     _time_the_run(outcome, section, options.started, layer_aware)
     return outcome
+
+
+def _layer_labels(layer_names: list[str], steps: tuple[str, ...]) -> list[str]:
+    """What findings call each layer: the step that wrote it when the history says, else its name."""
+    return [steps[i] if i < len(steps) and steps[i] else name for i, name in enumerate(layer_names)]
 
 
 def _time_the_run(outcome: CommandOutcome, section: ImageSection, started: float, layer_aware: bool) -> None:

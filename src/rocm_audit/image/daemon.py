@@ -207,6 +207,6 @@ def _via_save(image: Any, ref: str, options: ImageOptions, progress: Progress = 
             "tags": layout.tags,
             "manifest_digest": layout.manifest_digest,
         }
-        options = dataclasses.replace(options, recorded=image_targets(layout.config))
+        options = audit.with_config(options, layout.config, len(layout.layers))
         layer_names = [layer.digest or layer.member for layer in layout.layers]
         return audit.audit_merged(state, options, source, layer_names, [ref])

@@ -19,6 +19,7 @@ cryptographic digest is enough (dedup itself byte-compares).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,7 +27,11 @@ from dataclasses import dataclass
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.image.merge import Copy, MergeState
 from rocm_audit.report_types import ImageWaste, WasteCopy
-from rocm_audit.units import size_text
+from rocm_audit.units import clip, size_text
+
+# How much of a layer's build step a finding quotes (a RUN can hold a whole script).
+STEP_WIDTH = 60
+_LEGACY_MEMBER = re.compile(r"^[0-9a-f]{64}/layer\.tar$")
 
 PACKAGE_DIRS = ("site-packages", "dist-packages")
 SDK_MARKS = ("/_rocm_sdk_", "/_rocm_profiler")  # the platform trees of TheRock's wheels (tree/discovery.py)
@@ -246,5 +251,9 @@ def _fix(group: WasteGroup) -> str:
 
 
 def _short(names: list[str], index: int) -> str:
+    """A layer as a finding names it: its step, else its digest or its legacy ``<id>/layer.tar``
+    directory in 12 hex digits, as `docker` prints IDs."""
     name = names[index] if 0 <= index < len(names) else "?"
-    return name[:19] if name.startswith("sha256:") else name
+    if name.startswith("sha256:"):
+        return name[:19]
+    return name[:12] if _LEGACY_MEMBER.match(name) else clip(name, STEP_WIDTH)

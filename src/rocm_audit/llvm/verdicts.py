@@ -46,6 +46,7 @@ from rocm_audit.llvm.linkage import (
     Linkage,
 )
 from rocm_audit.report_types import LlvmPrediction
+from rocm_audit.units import clip
 
 LLVM_CORE = "llvm-core"  # the option family every copy of CommandLine.cpp's library registers
 MAX_NAMED_SYMBOLS = 3
@@ -150,7 +151,7 @@ def _registry(name: str) -> bool:
 
 
 def _short(name: str) -> str:
-    return name if len(name) <= 80 else name[:77] + "..."
+    return clip(name, 80)
 
 
 class _Process:

@@ -22,7 +22,7 @@ from rocm_audit.report_types import (
     Sections,
 )
 from rocm_audit.tree.targets import processor_sort_key
-from rocm_audit.units import size_text
+from rocm_audit.units import clip, size_text
 
 Shorten = Callable[[str], str]
 _NO_ROOTS = PathView(())
@@ -389,9 +389,11 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
         if len(waste["groups"]) > len(shown):
             more = len(waste["groups"]) - len(shown)
             lines.append(f"  ... and {plural(more, 'more group')} (-v lists them)")
+    steps = {layer["index"]: layer["step"] for layer in section.get("layers", []) if layer.get("step")}
     for row in section.get("prune_layers", []):
+        step = f" ({display(clip(steps[row['layer']], 48))})" if row["layer"] in steps else ""
         lines.append(
-            f"image: layer {row['layer']} holds {size_text(row['device_bytes'])} of device code"
+            f"image: layer {row['layer']}{step} holds {size_text(row['device_bytes'])} of device code"
             + (
                 f" ({size_text(row['hidden_device_bytes'])} in files a later layer hid)"
                 if row.get("hidden_device_bytes")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rocm_audit.errors import UsageError
 from rocm_audit.tree.smallfile import read_head
+from rocm_audit.units import clip
 
 SDK_TREE_PREFIX = "_rocm_sdk_"
 # The rocm-profiler wheel's platform tree: its dist name is not rocm-sdk-* (rocm_sdk/_dist_info.py
@@ -120,7 +121,7 @@ class Interpreter:
 
 def _first_line(text: str, limit: int = 200) -> str:
     line = next((one.strip() for one in text.splitlines() if one.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return clip(line, limit)
 
 
 def _quotes_script(text: str) -> bool:

@@ -51,9 +51,11 @@ def write_file_member(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(info, io.BytesIO(data))
 
 
-def image_config(layers: list[bytes], env: list[str] | None, history: list[str] | None = None) -> bytes:
+def image_config(
+    layers: list[bytes], env: list[str] | None, history: list[str | dict[str, object]] | None = None
+) -> bytes:
     """The image config both archive formats carry: platform, Env, the layers' diff ids, and
-    ``history`` (one ``created_by`` per entry, oldest first) when given."""
+    ``history`` (oldest first: a ``created_by`` per entry, or a whole entry) when given."""
     config: dict[str, object] = {
         "architecture": "amd64",
         "os": "linux",
@@ -64,7 +66,7 @@ def image_config(layers: list[bytes], env: list[str] | None, history: list[str] 
         },
     }
     if history is not None:
-        config["history"] = [{"created_by": line} for line in history]
+        config["history"] = [entry if isinstance(entry, dict) else {"created_by": entry} for entry in history]
     return json.dumps(config).encode()
 
 
@@ -76,7 +78,7 @@ def docker_save(
     tag: str = "test/image:1",
     manifest: object | None = None,
     linked: dict[int, int] | None = None,
-    history: list[str] | None = None,
+    history: list[str | dict[str, object]] | None = None,
 ) -> Path:
     """A legacy `docker save` archive: manifest.json, <id>.json config, <id>/layer.tar.
 
@@ -114,7 +116,7 @@ def oci_layout(
     env: list[str] | None = None,
     corrupt_digest: bool = False,
     docker_manifest: bool = False,
-    history: list[str] | None = None,
+    history: list[str | dict[str, object]] | None = None,
 ) -> Path:
     """An OCI image layout directory (gzip layers), as skopeo and umoci write it.
 
