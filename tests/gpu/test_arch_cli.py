@@ -268,6 +268,10 @@ def test_scan_targets_lists_every_code_object(run_cli, built, jax_plugin):
     detail = run_cli("scan", "--targets", "-v", "-p", str(built["libfat950.so"]), expect=0).stdout
     assert "hipv4-amdgcn-amd-amdhsa--gfx950-" in detail and "cov6" in detail and "cov5" in detail
     assert "host  " in detail and "host-x86_64-unknown-linux-" in detail
+    # A row per entry, its ID on that row: columns as wide as this file's values, within 100 columns.
+    rows = [line for line in detail.splitlines() if line.startswith("    .")]
+    assert len(rows) == 3 and all(row.split()[-1].startswith(("hipv4-", "host-")) for row in rows), rows
+    assert max(map(len, detail.splitlines())) <= 100
     plain = run_cli("scan", "-p", str(built["libfat950.so"]), "--format", "json", expect=0)
     assert plain.report["file_kinds"]["shared-library"] == 1
 

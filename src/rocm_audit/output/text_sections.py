@@ -142,15 +142,7 @@ def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
         )
         if not verbose:
             continue
-        for code_object in objects:
-            version = code_object["code_object_version"]
-            cov = f"cov{version}" if version else ""
-            ident = display(code_object["entry_id"] or code_object["target"] or "?")
-            target = display(code_object["target"] or "-")
-            lines.append(
-                f"    {display(code_object['location']):<36} {display(code_object['kind']):<6} "
-                f"{target:<28} {cov:<5} {ident}"
-            )
+        lines.extend(_code_object_rows(objects))
     if not lines:
         lines.append("No GPU code objects found.")
     else:
@@ -159,6 +151,26 @@ def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
             f"{plural(sum(o['kind'] != 'host' for o in sections['code_objects']), 'GPU code object')}"
         )
     return lines
+
+
+def _code_object_rows(objects: list[CodeObjectRecord]) -> list[str]:
+    """A row per entry of one file: where, kind, target, code object version, the entry's ID;
+    columns as wide as this file's widest value, so the ID stays on its row."""
+    rows = [
+        (
+            display(o["location"]),
+            display(o["kind"]),
+            display(o["target"] or "-"),
+            f"cov{o['code_object_version']}" if o["code_object_version"] else "",
+            display(o["entry_id"] or o["target"] or "?"),
+        )
+        for o in objects
+    ]
+    widths = [max((len(row[column]) for row in rows), default=0) for column in range(4)]
+    return [
+        "    " + "  ".join(value.ljust(width) for value, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        for row in rows
+    ]
 
 
 def file_kind_lines(sections: Sections) -> list[str]:
