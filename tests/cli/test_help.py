@@ -99,6 +99,14 @@ def test_changing_commands_group_their_modes_under_what_to_do(name):
         assert option in part, (option, part)
 
 
+@pytest.mark.parametrize("name", ["check", "image"])
+def test_skip_help_names_every_check_it_accepts(name):
+    from rocm_audit.audit.check import CHECKS
+
+    said = " ".join(help_of(name).split("\n  --skip CHECK")[1].split("\n\n")[0].split())
+    assert all(check in said for check in CHECKS), said
+
+
 def test_the_exit_code_table_is_in_the_root_help_once():
     text = help_of()
     assert text.count("Exit codes") == 1
@@ -180,12 +188,20 @@ def test_explain_an_unknown_rule_exits_2_with_a_suggestion(given, suggested, cap
     code = cli.main(["explain", given])
     seen = capsys.readouterr()
     assert code == 2 and seen.out == ""
-    assert seen.err.startswith(f"rocm-audit: error: no rule '{given}'; ") and "Traceback" not in seen.err
-    assert "`rocm-audit rules` lists them all" in seen.err
+    assert seen.err.startswith(f"rocm-audit: error: no rule '{given}'") and "Traceback" not in seen.err
+    assert seen.err.splitlines()[-1] == "hint: `rocm-audit rules` lists them all, with their titles"
     if suggested:
         assert "did you mean" in seen.err and suggested in seen.err
     else:
         assert "did you mean" not in seen.err
+    assert max(map(len, seen.err.splitlines())) <= WIDTH
+
+
+def test_explain_a_rule_family_names_its_rules_in_order(capsys):
+    assert cli.main(["explain", "arch"]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    last = max(r for r in shipped_catalogue().rules if r.startswith("ARCH"))
+    assert first == f"rocm-audit: error: no rule 'arch'; the ARCH rules are ARCH001 to {last}"
 
 
 def test_rules_points_to_explain(run_cli):

@@ -60,6 +60,16 @@ def test_dry_run_plans_exactly_the_duplicate_libraries_and_changes_nothing(sdk, 
     assert section["manifest"] is None
 
 
+def test_dry_run_shell_commands_are_printed_whole_to_paste(sdk, run_cli):
+    """-v prints the equivalent shell one command a line, however long: a command wrapped over two
+    lines runs as two broken ones when pasted."""
+    preview = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0).report["dedup"]
+    text = run_cli("dedup", "--dry-run", "-v", "-p", str(sdk.site), expect=0).stdout.splitlines()
+    start = text.index("# equivalent shell (rocm-audit also re-checks each pair just before changing it):") + 1
+    assert text[start : start + len(preview["shell_preview"])] == preview["shell_preview"]
+    assert max(len(line) for line in preview["shell_preview"]) > 100  # long enough to have been wrapped
+
+
 def test_never_plans_executables_data_files_lookalikes_or_files_outside_the_sdk(sdk, run_cli):
     result = run_cli("dedup", "--dry-run", "-p", str(sdk.site), "--format", "json", expect=0)
     planned = {d["path"] for g in result.report["dedup"]["groups"] for d in g["duplicates"]}

@@ -50,6 +50,7 @@ def test_the_reinstall_line_names_the_audited_interpreter_once(run_cli, venv, mo
         assert mylib[0]["message"].count("pip install") == 1 and f"`{line}`" in mylib[0]["message"]
     text = run_cli("prune", "--revert", manifest, expect=1).output
     assert _said(text).count("pip install") == 1  # the command said once, in its finding
+    assert any(f"`{line}`" in row for row in text.splitlines())  # on one line: it pastes whole
     assert f"WARNING PRUNE007 {site}/mylib-1.0.dist-info: no backup holds 6 files of mylib 1.0: reinstall" in _said(
         text
     )

@@ -86,7 +86,7 @@ SkipOption = Annotated[
     typer.Option(
         "--skip",
         metavar="CHECK",
-        help="Leave out dedup, verify-arch, llvm or post-build; repeatable.",
+        help="Leave out dedup, verify-arch, llvm, post-build or prune; repeatable.",
         rich_help_panel=ACTION_PANEL,
     ),
 ]

@@ -18,6 +18,7 @@ __all__ = ["WIDTH", "PathView", "hold", "plural", "wrap"]
 
 WIDTH = 100
 _HELD = "\x00"
+_COMMAND = re.compile(r"`[^`\n]+`")  # a command a message gives to copy, in backticks
 
 
 def hold(text: str) -> str:
@@ -85,12 +86,12 @@ class PathView:
 
     def in_text(self, text: str, paths: Sequence[str] = ()) -> str:
         """A message with every audited root in it shown as the paths are, and the named ``paths``
-        held together."""
+        and every command in backticks held together (a command split over lines does not paste)."""
         shown = display(self.relative_text(text))
         for path in sorted({display(self.relative(p)) for p in paths}, key=len, reverse=True):
             if " " in path:
                 shown = shown.replace(path, hold(path))
-        return shown
+        return _COMMAND.sub(lambda m: hold(m.group()), shown)
 
     def header(self) -> list[str]:
         if not self.roots:

@@ -155,7 +155,7 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
             lines.append(
                 "# equivalent shell (rocm-audit also journals and re-checks each file just before removing it):"
             )
-            lines.extend(display(line) for line in section["shell_preview"])
+            lines.extend(hold(display(line)) for line in section["shell_preview"])  # whole, to paste
         else:
             lines.append("(-v shows the equivalent shell commands)")
     lines += _fatbin_lines(sections, view)

@@ -50,7 +50,7 @@ def dedup_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
     if section["mode"] == "dry-run" and section["shell_preview"]:
         if verbose:
             lines.append("# equivalent shell (rocm-audit also re-checks each pair just before changing it):")
-            lines.extend(display(line) for line in section["shell_preview"])
+            lines.extend(hold(display(line)) for line in section["shell_preview"])  # whole, to paste
         else:
             lines.append("(-v shows the equivalent shell commands)")
     if section["manifest"]:

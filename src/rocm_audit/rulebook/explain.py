@@ -20,6 +20,13 @@ def find_rule(rule_id: str) -> Rule:
     # DUP0xx alike for those, so it only answers for other typos (LVM002).
     numbered = re.fullmatch(r"([A-Z]+)0*([0-9]+)", wanted)
     padded = f"{numbered[1]}{int(numbered[2]):03d}" if numbered else ""
+    family = sorted(r for r in rules if re.fullmatch(rf"{re.escape(wanted)}[0-9]+", r))
+    if family:  # a family's name (ARCH): its rules, first to last
+        span = family[0] if len(family) == 1 else f"{family[0]} to {family[-1]}"
+        raise UsageError(f"no rule {rule_id!r}; the {wanted} rules are {span}", hint=_LISTS)
     close = [padded] if padded in rules else difflib.get_close_matches(wanted, sorted(rules), n=3, cutoff=0.6)
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    raise UsageError(f"no rule {rule_id!r}; {hint}`rocm-audit rules` lists them all")
+    said = f"no rule {rule_id!r}; did you mean {' or '.join(sorted(close))}?" if close else f"no rule {rule_id!r}"
+    raise UsageError(said, hint=_LISTS)
+
+
+_LISTS = "`rocm-audit rules` lists them all, with their titles"
