@@ -84,6 +84,9 @@ def test_markdown_on_every_command_with_the_same_exit_code(run_cli, sdk, tmp_pat
     assert "| POST002 | warning |" in rules
     scan = run_cli("scan", "-p", site, "--format", "markdown").stdout
     assert "| file kind | files |" in scan
+    assert "| shared libraries | " in scan and "| stand-alone GPU code objects (.hsaco, .co) | " in scan
+    said = run_cli("scan", "-p", site).stdout  # GPU code inside libraries is no kind: the text says where it is
+    assert "shared libraries: " in said and "scan --targets lists every code object" in said
 
 
 def test_markdown_for_an_image_lists_the_largest_identical_copies(run_cli, tmp_path):

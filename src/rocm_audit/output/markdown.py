@@ -16,7 +16,7 @@ from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import markdown
 from rocm_audit.output.layout import PathView
 from rocm_audit.output.prune_text import weight_by_distribution
-from rocm_audit.output.text_sections import image_layers_text, relative_to_roots
+from rocm_audit.output.text_sections import KIND_WORDS, image_layers_text, relative_to_roots
 from rocm_audit.report_types import Sections
 from rocm_audit.units import size_text
 
@@ -195,7 +195,8 @@ def context_lines(sections: Sections) -> list[str]:
         return [f"Image {shown} ({markdown(image_layers_text(sections))}); audited {audited}"]
     kinds = sections.get("file_kinds")
     if kinds is not None:
-        return _table(["file kind", "files"], [[markdown(kind), count] for kind, count in kinds.items()])
+        rows = [[markdown(KIND_WORDS.get(kind, kind)), f"{count:,}"] for kind, count in kinds.items()]
+        return _table(["file kind", "files"], rows)
     return []
 
 

@@ -173,8 +173,20 @@ def _code_object_rows(objects: list[CodeObjectRecord]) -> list[str]:
     ]
 
 
+# What each file kind is called in the text and Markdown reports (JSON keeps the kinds' names).
+KIND_WORDS = {
+    "shared-library": "shared libraries",
+    "executable": "executables",
+    "amdgpu-code-object": "stand-alone GPU code objects (.hsaco, .co)",
+    "other-elf": "other ELF files (objects, core files, malformed)",
+    "not-elf": "other files",
+}
+
+
 def file_kind_lines(sections: Sections) -> list[str]:
-    lines = [f"{display(kind)}: {count}" for kind, count in sections["file_kinds"].items()]
+    """Files by kind; GPU code inside libraries is not a kind of its own: --targets lists it."""
+    lines = [f"{KIND_WORDS.get(kind, display(kind))}: {count:,}" for kind, count in sections["file_kinds"].items()]
+    lines.append("(GPU code inside libraries: scan --targets lists every code object)")
     lines += [f"SDK tree: {display(tree)}" for tree in sections["sdk_trees"]]
     return lines
 
