@@ -163,3 +163,14 @@ def test_stderr_summaries_and_errors_escape_names(hostile_site, tmp_path):
     assert error.returncode == 2 and b"\\nok      forged-line" in error.stderr
     for raw in (summary.stderr, error.stderr):
         assert not _forged_lines(raw), raw
+
+
+def test_a_number_and_its_unit_stay_on_one_line():
+    from rocm_audit.output.layout import wrap
+
+    said = "dedup (dry-run): 2 groups, 2 files to be replaced by links, 16.0 KiB to free, 4 files scanned in 0.01 s"
+    for width in range(40, 101):
+        lines = wrap(said, width=width)
+        assert " ".join(" ".join(lines).split()) == said
+        for line, below in zip(lines, lines[1:], strict=False):
+            assert not (line.split()[-1][0].isdigit() and below.split()[0] in ("s", "KiB")), (width, lines)

@@ -18,6 +18,7 @@ __all__ = ["WIDTH", "PathView", "hold", "plural", "wrap"]
 
 WIDTH = 100
 _HELD = "\x00"
+_QUANTITY = re.compile(r"(?<![\w.])[0-9][0-9,.]* (?:B|KiB|MiB|GiB|TiB|PiB|s)(?![\w])")  # a number and its unit
 _COMMAND = re.compile(r"`[^`\n]+`")  # a command a message gives to copy, in backticks
 
 
@@ -36,6 +37,7 @@ def wrap(text: str, indent: str | None = None, rest: str | None = None, width: i
         indent, text = text[: len(text) - len(stripped)], stripped
     if rest is None:
         rest = indent + "    " if not indent.strip() and len(indent) < 8 else indent
+    text = _QUANTITY.sub(lambda m: hold(m.group()), text)  # never "0.01" at a line's end, "s" below
     lines: list[str] = []
     line = indent
     fresh = True  # nothing but the indent on the line yet
