@@ -300,3 +300,11 @@ def test_the_image_commands_byte_limit_default_is_the_librarys():
     default = inspect.signature(image.command).parameters["max_bytes"].default
     assert image.parse_size(default) == DEFAULT_MAX_BYTES
     assert f"default {default} of tar" in (Path(image.__file__).parents[2] / "rules" / "image.toml").read_text()
+
+
+def test_dedup_help_says_a_dry_run_never_fails(sdk, run_cli):
+    """A dry run exits 0 whatever it finds, even with --fail-on info: its help says so."""
+    said = " ".join(help_of("dedup").split("\n  --dry-run")[1].split("\n  --check")[0].split())
+    assert "exit 0 whatever it finds" in said
+    result = run_cli("dedup", "--dry-run", "--fail-on", "info", "-p", str(sdk.site), "--format", "json", expect=0)
+    assert any(f["severity"] == "error" for f in result.report["findings"])

@@ -27,7 +27,11 @@ def command(
     paths: PathsOption = None,
     python: PythonOption = None,
     dry_run: Annotated[
-        bool, dry_run_option("Print the plan (and an equivalent shell script); change nothing.")
+        bool,
+        dry_run_option(
+            "Print the plan (and an equivalent shell script); change nothing; exit 0 whatever it finds "
+            "(--check is the gate)."
+        ),
     ] = False,
     check: Annotated[bool, check_option("Change nothing; exit 1 if anything would change (CI gate).")] = False,
     manifest: Annotated[
