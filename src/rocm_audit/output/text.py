@@ -154,6 +154,10 @@ def render_text(outcome: CommandOutcome, verbose: int = 0, colour: bool = False)
         parts.append("\n".join(findings))
     closing = [line for raw in closing_lines(outcome.command, outcome.sections) for line in wrap(raw)]
     closing += [line for line in (suppressed_line(outcome.suppressed),) if line]
-    closing.append(count_line(outcome.command, outcome.findings))
-    parts.append("\n".join(closing))
+    entries = len(cause_groups(outcome.findings))
+    grouped = f" (in {plural(entries, 'entry', 'entries')} above)" if entries < len(outcome.findings) else ""
+    if outcome.findings or outcome.command != "rules":  # a listing of the rules finds nothing to count
+        closing.append(count_line(outcome.command, outcome.findings) + grouped)
+    if closing:
+        parts.append("\n".join(closing))
     return "\n\n".join(parts) + "\n"
