@@ -288,3 +288,19 @@ def test_findings_of_one_file_and_rule_are_ordered_by_their_place_and_told_apart
     text = render_text(CommandOutcome(command="check", findings=findings))
     said = [line.split(": ")[1] for line in text.splitlines() if line.startswith("INFO ARCH006")]
     assert said == [".data+0x660", ".data+0x3f80", ".data+0x7bc0"]
+    # With one cause (old code objects), the text says it once for the file and lists the places.
+    cause = "old code objects (V2 or older) name their GPU in a note, not in the ELF header; not judged"
+    same = [
+        make_finding(
+            "ARCH006",
+            "/s/libhsa.so",
+            f".data+{o:#x}: an old code object",
+            data={"offset": o, "location": f".data+{o:#x}", "cause": cause},
+        )
+        for o in offsets
+    ]
+    lines = render_text(CommandOutcome(command="check", findings=same, roots=["/s"])).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("INFO ARCH006"))
+    assert sum(line.startswith("INFO ARCH006") for line in lines) == 1
+    assert " ".join(" ".join(lines[start : start + 2]).split()) == f"INFO ARCH006 libhsa.so (3 places): {cause}"
+    assert lines[start + 2] == "    .data+0x660, .data+0x3f80, .data+0x7bc0"

@@ -177,6 +177,6 @@ def test_a_v2_code_object_is_told_apart_from_an_unknown_processor(tmp_path):
     unknown = tmp_path / "future.co"
     unknown.write_bytes(amdgpu_header(0x04D) + bytes(192))
     (found,) = [f.message for f in scan_path(old).findings if f.rule == "ARCH006"]
-    assert "code object V2 or older" in found, found
+    assert "an old code object (V2 or older) names its GPU in a note" in found, found
     (found,) = [f.message for f in scan_path(unknown).findings if f.rule == "ARCH006"]
-    assert "0x4d is not a known processor" in found, found
+    assert "EF_AMDGPU_MACH 0x4d in its ELF header is no GPU rocm-audit knows" in found, found

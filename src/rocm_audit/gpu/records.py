@@ -124,12 +124,18 @@ def consistency_findings(path: str, obj: CodeObject, facts: CodeObjectFacts | No
         if identity.mach == 0 and (identity.code_object_version or 2) <= 2:
             # Code object V1/V2 name their ISA in an NT_AMD_HSA_ISA_VERSION note (major.minor.stepping),
             # not in e_flags: ROCr's own blit and trap kernels in libhsa-runtime64's .data, for example.
-            reason = "EF_AMDGPU_MACH 0x0: a code object V2 or older, whose ISA is named in a note; not judged"
+            cause = "old code objects (V2 or older) name their GPU in a note, not in the ELF header; not judged"
+            reason = "an old code object (V2 or older) names its GPU in a note, not in the ELF header; not judged"
         else:
-            reason = f"EF_AMDGPU_MACH {identity.mach:#x} is not a known processor"
-        found.append(
-            make_finding("ARCH006", path, f"{obj.location}: {reason}", data={"offset": offset, "mach": identity.mach})
-        )
+            cause = ""
+            reason = f"EF_AMDGPU_MACH {identity.mach:#x} in its ELF header is no GPU rocm-audit knows"
+        data = {
+            "offset": offset,
+            "mach": identity.mach,
+            "location": obj.location,
+            **({"cause": cause} if cause else {}),
+        }
+        found.append(make_finding("ARCH006", path, f"{obj.location}: {reason}", data=data))
     if obj.target_source != "e_flags" or obj.target is None:
         return found
     if obj.bundle_target is not None and obj.bundle_target != obj.target:

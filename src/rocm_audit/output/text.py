@@ -75,6 +75,12 @@ def _tally(group: Sequence[Finding]) -> str:
     return "- " + ", ".join(shown) + more
 
 
+def _place(one: Finding) -> str:
+    """Where in its file a finding is: its location (``.data+0x660``), else its offset."""
+    where, offset = one.data.get("location"), one.data.get("offset")
+    return display(where) if isinstance(where, str) else f"offset {offset:#x}" if isinstance(offset, int) else "?"
+
+
 def finding_lines(group: Sequence[Finding], view: PathView, colour: bool, verbose: int) -> list[str]:
     """One entry for a group of findings with one rule and one cause: the file (or the count of
     files) and the message, the files of a group, who ships them; with ``verbose`` the detail."""
@@ -82,8 +88,11 @@ def finding_lines(group: Sequence[Finding], view: PathView, colour: bool, verbos
     label = severity_label(first.severity, colour)
     said = first.message if len(group) == 1 else cause_text(first)  # a group says its cause once
     message = view.in_text(said, [first.path, *first.related_paths])
+    one_file = all(f.path == first.path for f in group)
     if len(group) == 1:
         words = [f"{label} {first.rule}", view.path(first.path) + ":", message]
+    elif one_file:  # one cause met at several places of one file (old code objects in a library)
+        words = [f"{label} {first.rule}", f"{view.path(first.path)} ({len(group)} places):", message]
     else:
         words = [f"{label} {first.rule}", f"{plural(len(group), 'file')}:", message]
     tally = _tally(group)
@@ -93,7 +102,7 @@ def finding_lines(group: Sequence[Finding], view: PathView, colour: bool, verbos
     lines = wrap(" ".join(words) + (f" [{shipped}]" if shipped else ""))
     if len(group) > 1:
         shown = group if verbose else group[:GROUP_PATHS_SHOWN]
-        listed = ", ".join(view.path(f.path) for f in shown)
+        listed = ", ".join(_place(f) if one_file else view.path(f.path) for f in shown)
         hidden = len(group) - len(shown)
         if hidden:
             listed += f" and {hidden} more (-v lists them)"
