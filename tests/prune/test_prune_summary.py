@@ -160,6 +160,18 @@ def test_with_fatbins_the_headline_and_table_count_what_slimming_removes(run_cli
     assert header.split()[-2:] == ["removable", "fatbins"] and len(header) <= 100
     (row,) = (line for line in lines if line.startswith("mylib "))
     assert row.endswith(size_text(slim).rjust(11)) and len(row) <= 100
+    # More slimmed than unused (the padding between entries goes too) is said under the table;
+    # how the bytes leave a file (JSON layout) is not the user's concern.
+    unused = sum(w["unused_bytes"] for w in report["prune"]["weight"] if w["distribution"] == "mylib")
+    note = "(fatbins: the unused entries slimming removes and the padding between them)"
+    assert (note in lines) == (slim > unused), (slim, unused)
+    from rocm_audit.output.prune_text import prune_lines
+
+    padded = {**report, "prune_fatbins": {**report["prune_fatbins"], "by_distribution": []}}
+    padded["prune_fatbins"]["by_distribution"] = [{"distribution": "mylib", "bytes": unused + 4096}]
+    assert note in prune_lines(padded) and note not in prune_lines(report)
+    planned = next(line for line in lines if line.startswith("would slim"))
+    assert planned.endswith(" smaller]") and "(truncated)" not in planned and "(split)" not in planned
 
 
 def test_the_estimate_names_files_no_distribution_owns_in_words():

@@ -120,6 +120,11 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
             f"{size_text(one['removable_bytes']):>11}"
             + (f" {size_text(slim.get(one['distribution'], 0)):>11}" if slim is not None else "")
         )
+    padded = slim is not None and any(
+        slim.get(one["distribution"], 0) > one["unused_bytes"] for one in weight_by_distribution(section["weight"])
+    )
+    if padded:  # more than "unused" would read as a mistake: the padding goes too
+        lines.append("(fatbins: the unused entries slimming removes and the padding between them)")
     if verbose:
         lines += [
             "",
@@ -209,8 +214,9 @@ def _fatbin_lines(sections: Sections, view: PathView) -> list[str]:
             )
         elif library["bytes"] and library["status"] in _FATBIN_MARK:
             removed = ", ".join(display(t) for t in sorted(library["removed_targets"], key=processor_sort_key))
+            # How the bytes leave the file (JSON `layout`: cut at its end or moved) is no user's concern.
             on_disk = (
-                f"file {size_text(library['file_bytes'])} smaller ({display(library['layout'])})"
+                f"file {size_text(library['file_bytes'])} smaller"
                 if library["file_bytes"]
                 else "zeroed, same file size"
             )
