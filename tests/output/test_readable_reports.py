@@ -147,3 +147,15 @@ def test_markdown_numbers_several_roots_as_its_paths_show_them(run_cli, sdk):
     core, devel = sorted([str(sdk.core), str(sdk.devel)])
     assert f"Paths relative to the audited directory holding them: [1] {core}, [2] {devel}" in text
     assert "\\[2\\] lib/" in text  # a devel path of a finding, escaped as Markdown text
+
+
+def test_a_tree_without_anything_of_rocm_says_so_in_words(run_cli, tmp_path, sdk):
+    """All zeros can mean the wrong environment was audited (the README's first command on a
+    machine without the wheels): the text says no ROCm content was found; a ROCm tree never does."""
+    plain = tmp_path / "plain" / "site-packages"
+    (plain / "pkg").mkdir(parents=True)
+    (plain / "pkg" / "__init__.py").write_text("")
+    said = "no ROCm content here: no _rocm_sdk_* tree, no GPU code, no library that carries LLVM"
+    assert said in run_cli("check", "-p", str(plain), expect=0).stdout.splitlines()
+    assert said not in run_cli("check", "-p", str(sdk.site)).stdout
+    assert said not in run_cli("check", "-p", str(plain), "--skip", "llvm", expect=0).stdout  # not every check ran

@@ -372,7 +372,17 @@ def check_lines(sections: Sections) -> list[str]:
     if "clashes" in sections:
         lines.append(llvm_summary(sections).replace("LLVM: ", "llvm: ", 1))
         lines.extend(_interpreter_lines(sections))
+    if _no_rocm_content(sections):  # all zeros can mean the wrong environment was audited: say it in words
+        lines.append("no ROCm content here: no _rocm_sdk_* tree, no GPU code, no library that carries LLVM")
     return lines
+
+
+def _no_rocm_content(sections: Sections) -> bool:
+    """Every check ran and found nothing of ROCm to judge (a check left out says nothing)."""
+    if not {"dedup", "carriers", "libraries"} <= sections.keys() or sections.get("sdk_trees"):
+        return False
+    carrying = sum(1 for lib in sections["libraries"] if lib.get("role") not in ("none", "unknown"))
+    return not sections["carriers"] and not carrying
 
 
 WASTE_GROUPS_SHOWN = 3  # an image's layer-waste groups listed without -v (SDK trees first)
