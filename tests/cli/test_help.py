@@ -310,3 +310,14 @@ def test_dedup_help_says_a_dry_run_never_fails(sdk, run_cli):
     assert "exit 0 whatever it finds" in said
     result = run_cli("dedup", "--dry-run", "--fail-on", "info", "-p", str(sdk.site), "--format", "json", expect=0)
     assert any(f["severity"] == "error" for f in result.report["findings"])
+
+
+def test_v_logs_each_phase_with_its_count_and_time(sdk, capsys, fresh_logging):
+    """-v in a CI log (no terminal, so no progress line): each phase of the work, as it ends."""
+    assert cli.main(["check", "gfx942", "-p", str(sdk.site), "-v"]) == 1
+    prefix = "rocm-audit: rocm_audit.check: "
+    phases = [line for line in capsys.readouterr().err.splitlines() if line.startswith(prefix)]
+    said = [line.removeprefix(prefix) for line in phases]
+    assert said[0].startswith("listing files: ") and re.search(r" in [0-9]+\.[0-9]{2} s$", said[0]), said
+    assert any(line.startswith("reading GPU code and ELF facts: ") for line in said), said
+    assert all(re.search(r" in [0-9]+\.[0-9]{2} s$", line) and len(line) <= WIDTH for line in phases), phases
