@@ -521,6 +521,7 @@ def test_without_the_docker_sdk_the_daemon_mode_is_a_usage_error(run_cli, monkey
     result = run_cli("image", "some/image:1")
     assert result.exit_code == 2
     assert "docker extra" in result.output and "--archive" in result.output
+    assert max(len(line) for line in result.stderr.splitlines()) <= 100  # message, then a hint line
 
 
 def test_multi_image_archive_needs_a_ref(tmp_path, run_cli, libs):

@@ -58,9 +58,8 @@ def _client() -> Any:
         import docker  # noqa: PLC0415 - the optional extra, imported only when a daemon is used
     except ImportError:
         raise UsageError(
-            "reading an image from a Docker daemon needs the docker SDK: "
-            "install rocm-audit with its docker extra (pip install '.[docker]' in a clone), "
-            "or audit a `docker save` file with --archive"
+            "reading an image from a daemon needs the docker SDK (rocm-audit's docker extra)",
+            hint="pip install '.[docker]' in a clone of rocm-audit, or audit a `docker save` file (--archive)",
         ) from None
     try:
         client = docker.from_env()
