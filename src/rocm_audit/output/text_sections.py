@@ -433,11 +433,10 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
                 if row.get("hidden_device_bytes")
                 else ""
             )
-            + ", "
-            f"{size_text(row['unused_bytes'])} for no kept target, {size_text(row['removable_bytes'])} "
-            "removable by prune in the RUN that wrote it"
+            + f", {size_text(row['unused_bytes'])} for no kept target; in the RUN that wrote it, prune removes "
+            + size_text(row["removable_bytes"])
             + (
-                f", about {size_text(row['fatbins_estimate_bytes'])} more by prune --fatbins there"
+                f" and prune --fatbins about {size_text(row['fatbins_estimate_bytes'])}"
                 if row["fatbins_estimate_bytes"]
                 else ""
             )
