@@ -84,7 +84,7 @@ def _run_dedup(
         settled = sum(len(paths) for _, paths in plan.intact)
         summary += f"; {plural(settled, 'path')} already on their runtime file's inode, left as rocm-sdk made them"
     if not inventory.sdk_trees:
-        summary = f"dedup: no ROCm SDK tree (_rocm_sdk_*) found; looked in: {', '.join(looked)}"
+        summary = "dedup: nothing to link: no SDK tree in the audited paths"  # SCAN003 says where it looked
     return CommandOutcome(
         command="dedup",
         findings=findings,
