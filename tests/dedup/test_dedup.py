@@ -784,3 +784,17 @@ def test_tie_break_in_the_rules_file_decides_the_keeper(tmp_path, run_cli, tie_b
     result = run_cli("dedup", "--dry-run", "-p", str(site), "--rules", str(rules), "--format", "json", expect=0)
     (group,) = result.report["dedup"]["groups"]
     assert group["keeper"] == str(site / "_rocm_sdk_core" / kept)
+
+
+def test_revert_shows_paths_relative_to_the_tree_it_put_back(sdk, run_cli, tmp_path):
+    """The manifest in the tree's .rocm-audit: paths relative to that tree; kept elsewhere: relative
+    to the deepest directory holding them all."""
+    run_cli("dedup", "-p", str(sdk.site), expect=0)
+    manifest = sdk.site / ".rocm-audit" / "dedup-manifest.jsonl"
+    text = run_cli("dedup", "--revert", str(manifest), expect=0).stdout.splitlines()
+    assert text[0] == f"paths relative to {sdk.site}"
+    assert "restored _rocm_sdk_devel/lib/libamd_comgr.so.3" in text
+    elsewhere = tmp_path / "journal.jsonl"
+    run_cli("dedup", "-p", str(sdk.site), "--manifest", str(elsewhere), expect=0)
+    text = run_cli("dedup", "--revert", str(elsewhere), expect=0).stdout.splitlines()
+    assert text[0] == f"paths relative to {sdk.devel / 'lib'}"  # every restored path is under it

@@ -41,6 +41,7 @@ from rocm_audit.report_types import (
 )
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
+from rocm_audit.tree.journal import journalled_trees
 from rocm_audit.tree.ownership import Distribution, normalize
 from rocm_audit.tree.targets import TargetSelection, kept_target
 from rocm_audit.units import plural, size_text
@@ -553,6 +554,7 @@ def revert_prune(manifests: list[str], progress: Progress = SILENT, python: str 
         command="prune",
         findings=result.findings,
         inputs=list(manifests),
+        roots=journalled_trees(manifests, [*result.restored, *result.original]),
         sections={"prune_revert": section},
         force_failure=bool(reinstall),
         summary=summary if not nothing else f"prune --revert: nothing to restore: {nothing}",

@@ -13,10 +13,9 @@ from typing import Any
 from rocm_audit import __version__
 from rocm_audit.dedup.plan import DedupGroup, DedupPlan
 from rocm_audit.errors import UsageError
-from rocm_audit.tree.journal import open_append, read_records
+from rocm_audit.tree.journal import JOURNAL_DIR, open_append, read_records
 from rocm_audit.tree.smallfile import open_regular
 
-MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "dedup-manifest.jsonl"
 MANIFEST_FORMAT = 1
 
@@ -25,7 +24,7 @@ def default_manifest_path(plan: DedupPlan) -> str:
     """`.rocm-audit/dedup-manifest.jsonl` in the directory holding the (first) SDK tree."""
     trees = sorted({g.keeper.sdk_tree for g in plan.groups if g.keeper.sdk_tree})
     base = os.path.dirname(trees[0]) if trees else plan.inventory.roots[0].path
-    return os.path.join(base, MANIFEST_DIR, MANIFEST_NAME)
+    return os.path.join(base, JOURNAL_DIR, MANIFEST_NAME)
 
 
 def list_in_record(manifest_path: str, plan: DedupPlan) -> str | None:

@@ -14,7 +14,7 @@ from rocm_audit.findings import Finding, make_finding
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.progress import SILENT, Progress
 from rocm_audit.tree.inventory import TEMP_PREFIX
-from rocm_audit.tree.journal import one_change
+from rocm_audit.tree.journal import journalled_trees, one_change
 from rocm_audit.units import plural
 
 _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]{12}")
@@ -153,6 +153,7 @@ def revert_manifests(manifest_paths: list[str], progress: Progress = SILENT) -> 
         command="dedup",
         findings=findings,
         inputs=[os.path.abspath(p) for p in manifest_paths],
+        roots=journalled_trees(manifest_paths, paths),
         sections={
             "revert": {
                 "manifests": [os.path.abspath(p) for p in manifest_paths],

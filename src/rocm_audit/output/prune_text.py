@@ -260,12 +260,17 @@ def prune_revert_closing_lines(sections: Sections) -> list[str]:
         lines = [f"prune --revert: nothing to restore: {display(section['nothing_done'])}"]
     else:
         restored = len(section["restored"])
-        lines = [f"prune --revert: restored {plural(restored, 'path')}" if restored else "prune --revert: no backup"]
+        lines = [
+            f"prune --revert: restored {plural(restored, 'path')}"
+            if restored
+            else "prune --revert: no backup to restore from (the prune kept none)"
+        ]
         if section["original"]:
             lines[0] += f"; {len(section['original']):,} already as they were"
     if section["reinstall"]:
-        left = plural(len(section["reinstall"]), "reinstall")
-        lines.append(f"{left} left to run: the PRUNE007 warnings above give the commands")
+        count = len(section["reinstall"])
+        where = "the PRUNE007 warning above gives it" if count == 1 else "the PRUNE007 warnings above give them"
+        lines.append(f"{plural(count, 'reinstall')} left to run: {where}")
     back = "everything still installed is back" if section["uninstalled"] else "everything is back"
     for backup in section["backups_done"]:
         lines.append(f"{back}: the backup {hold(display(backup))} is no longer needed and can be removed")

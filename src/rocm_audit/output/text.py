@@ -161,8 +161,10 @@ def render_text(outcome: CommandOutcome, verbose: int = 0, colour: bool = False)
     findings = render_findings(outcome, colour, view, verbose)
     if findings:
         parts.append("\n".join(findings))
-    closing = [line for raw in closing_lines(outcome.command, outcome.sections) for line in wrap(raw)]
-    closing += [line for line in (suppressed_line(outcome.suppressed),) if line]
+    done = [line for raw in closing_lines(outcome.command, outcome.sections) for line in wrap(raw)]
+    if done:  # what a changing run did, a paragraph of its own above the counts
+        parts.append("\n".join(done))
+    closing = [line for line in (suppressed_line(outcome.suppressed),) if line]
     entries = len(cause_groups(outcome.findings))
     grouped = f" (in {plural(entries, 'entry', 'entries')} above)" if entries < len(outcome.findings) else ""
     if outcome.findings or outcome.command != "rules":  # a listing of the rules finds nothing to count

@@ -60,8 +60,8 @@ def dedup_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
     return lines
 
 
-def revert_lines(sections: Sections) -> list[str]:
-    return [f"restored {display(path)}" for path in sections["revert"]["restored"]]
+def revert_lines(sections: Sections, view: PathView = _NO_ROOTS) -> list[str]:
+    return [f"restored {view.path(path)}" for path in sections["revert"]["restored"]]
 
 
 def _relative_to_package(path: str, package: str | None) -> str:
@@ -478,7 +478,7 @@ def section_lines(command: str, sections: Sections, view: PathView = _NO_ROOTS, 
     """The lines of a command's own section; which renderer is chosen by the command and what it reported."""
     if command == "dedup":
         if "revert" in sections:
-            return revert_lines(sections)
+            return revert_lines(sections, view)
         return dedup_lines(sections, view, verbose) if "dedup" in sections else []
     if command == "verify-arch":
         return verify_arch_lines(sections, view, verbose) if "carriers" in sections else []

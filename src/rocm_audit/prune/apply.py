@@ -37,11 +37,17 @@ from rocm_audit.prune.plan import PrunePlan, Removal
 from rocm_audit.prune.reinstall import Reinstalls
 from rocm_audit.tree.discovery import default_site_packages, owning_interpreter
 from rocm_audit.tree.inventory import TEMP_PREFIX, LinkRecord
-from rocm_audit.tree.journal import append_records, fsync_directory, one_change, read_records, tree_locks
+from rocm_audit.tree.journal import (
+    JOURNAL_DIR,
+    append_records,
+    fsync_directory,
+    one_change,
+    read_records,
+    tree_locks,
+)
 from rocm_audit.tree.ownership import Distribution
 from rocm_audit.units import plural
 
-MANIFEST_DIR = ".rocm-audit"
 MANIFEST_NAME = "prune-manifest.jsonl"
 MANIFEST_FORMAT = 1
 _CHUNK = 1 << 20
@@ -52,7 +58,7 @@ def default_manifest_path(plan: PrunePlan) -> str:
     base = os.path.dirname(trees[0]) if trees else plan.roots[0].path
     if plan.roots[0].single_file and not trees:
         base = os.path.dirname(base)
-    return os.path.join(base, MANIFEST_DIR, MANIFEST_NAME)
+    return os.path.join(base, JOURNAL_DIR, MANIFEST_NAME)
 
 
 def sha256_of(path: str) -> str:

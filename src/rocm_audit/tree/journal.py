@@ -20,6 +20,27 @@ from typing import Any
 from rocm_audit.errors import UsageError
 from rocm_audit.tree.smallfile import open_regular
 
+# Where dedup and prune keep their manifests by default: a directory of this name in the tree changed.
+JOURNAL_DIR = ".rocm-audit"
+
+
+def journalled_trees(manifests: Iterable[str], paths: Iterable[str]) -> list[str]:
+    """The trees a revert puts back, for its report to show paths relative to: the directory
+    holding each manifest's JOURNAL_DIR; for a manifest kept elsewhere, the deepest directory
+    holding every journalled path."""
+    trees = set()
+    elsewhere = False
+    for manifest in manifests:
+        holder = os.path.dirname(os.path.abspath(manifest))
+        if os.path.basename(holder) == JOURNAL_DIR:
+            trees.add(os.path.dirname(holder))
+        else:
+            elsewhere = True
+    directories = sorted({os.path.dirname(p) for p in paths if os.path.isabs(p)})
+    if elsewhere and directories:
+        trees.add(os.path.commonpath(directories))
+    return sorted(trees)
+
 
 @contextlib.contextmanager
 def one_change() -> Iterator[None]:
