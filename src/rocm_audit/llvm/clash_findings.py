@@ -210,7 +210,10 @@ def _closure_when(clash: Clash, decided: bool) -> str:
 
 
 def clash_finding(clash: Clash) -> Finding:
-    copies = f"{len(clash.paths)} copies (different files) of {clash.soname or 'one library'}"
+    # Copies are separate inodes (one inode through several paths is LLVM010, mapped once); the
+    # bytes were compared (Clash.identical): the same, or one SONAME over different builds.
+    kind = {True: "identical copies (separate files, separate inodes)", False: "different builds", None: "copies"}
+    copies = f"{len(clash.paths)} {kind[clash.identical]} of {clash.soname or 'one library'}"
     example = f" (e.g. {clash.via[0]})" if clash.via else ""
     what = {
         Reason.DUPLICATE_EXPORTER: f"{copies}, which exports LLVM's option registry",
