@@ -126,7 +126,28 @@ def test_copies_of_a_plugin_that_registers_nothing_at_load_are_clean_and_info(tm
     assert linkage.registers_at_load is False and "no .init_array function reaches" in linkage.registration_path
     (clash,) = [c for c in analysis.clashes if set(c.paths) == {str(plugin), str(copy)}]
     assert not clash.judged.bad and clash.finding.rule == "LLVM014" and clash.finding.severity.name == "INFO"
+    assert clash.finding.message.startswith(
+        "2 identical copies (separate files, separate inodes) of libpass.so, which registers LLVM options, "
+        "but loading them together is harmless"
+    )
     for first, second in ((plugin, copy), (copy, plugin)):
         for rtld in ((True, True), (True, False), (False, False)):
             steps = [(str(host), True), (str(first), rtld[0]), (str(second), rtld[1])]
             assert load(steps).verdict == "clean"
+
+
+def test_two_builds_of_one_soname_are_called_different_builds(tmp_path):
+    host = cc_shared(tmp_path / "lib" / "libfakehost.so", HOST, "-Wl,-soname,libfakehost.so")
+    for folder, extra in (("plugins", ""), ("plugins-other", "int another_build = 1;\n")):
+        cc_shared(
+            tmp_path / folder / "libpass.so",
+            PASS_PLUGIN + extra,
+            "-Wl,-soname,libpass.so",
+            f"-L{host.parent}",
+            "-lfakehost",
+        )
+    roots, _ = resolve_roots([str(tmp_path)])
+    analysis = analyse(build_inventory(roots), LlvmOptions())
+    (clash,) = [c for c in analysis.clashes if c.soname == "libpass.so"]
+    assert clash.identical is False
+    assert clash.finding is not None and clash.finding.message.startswith("2 different builds of libpass.so,")

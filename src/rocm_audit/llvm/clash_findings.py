@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rocm_audit.findings import Finding, Severity, make_finding
 from rocm_audit.llvm import fixes
 from rocm_audit.llvm.pairs import PairJudge, PairVerdicts
-from rocm_audit.llvm.prediction import RULE_OF_REASON, Clash, Expect, Reason, probe_decided
+from rocm_audit.llvm.prediction import RULE_OF_REASON, Clash, Expect, Reason, probe_decided, probe_mode_text
 from rocm_audit.llvm.probes import (
+    PAIR_MODES,
     ProbeResult,
     ProbeVerdict,
 )
@@ -38,9 +40,80 @@ _OUTCOME_TEXT = {
 }
 
 
-def _outcome(verdict: Verdict, how: str) -> str:
-    """``the process aborts (...) when they are loaded together, as a load probe confirmed``."""
-    return f"the process {_OUTCOME_TEXT[verdict]} when they are loaded together{how}"
+def _outcome(verdict: Verdict, how: str, when: str = "when they are loaded together") -> str:
+    """``the process aborts (...) when A is loaded RTLD_GLOBAL before B, as load probes confirmed``."""
+    return f"the process {_OUTCOME_TEXT[verdict]} {when}{how}"
+
+
+# The modes of one order (PAIR_MODES keys) that fail, and how a person says them.
+_EVERY_MODE = frozenset(PAIR_MODES)
+_FIRST_GLOBAL = frozenset({"global-global", "global-local"})
+_BOTH_GLOBAL = frozenset({"global-global"})
+GLOBAL_SCOPE = "RTLD_GLOBAL: the flag, a preload or a DT_NEEDED of the executable"
+
+Failing = tuple[str, str, frozenset[str]]  # first, second, the modes in which that order fails
+
+
+def failing_modes(pair: PairVerdicts, probes: Sequence[ProbeResult] = ()) -> list[Failing]:
+    """Each order that fails, with the modes it fails in: by the probes once they decided (one per
+    order and mode, as probing._probe_orders runs them; an inconclusive one keeps the model's
+    verdict), else by the model. The one source of a pair's condition, in message and detail."""
+    decided = probe_decided(probes) is not None
+    results = iter(probes)
+    found = []
+    for order in pair.orders:
+        failing = set()
+        for mode, prediction in order.modes.items():
+            probe = next(results, None) if decided else None
+            if probe is not None and probe.mode == mode and probe.verdict.conclusive:
+                bad = probe.verdict is not ProbeVerdict.CLEAN
+            else:
+                bad = prediction.verdict.bad
+            if bad:
+                failing.add(mode)
+        if failing:
+            found.append((order.first, order.second, frozenset(failing)))
+    return found
+
+
+def _short_names(failing: Sequence[Failing]) -> Callable[[str], str]:
+    """File names, unless two of the paths share one (then whole paths)."""
+    paths = {path for first, second, _ in failing for path in (first, second)}
+    unique = len({os.path.basename(p) for p in paths}) == len(paths)
+    return os.path.basename if unique else str
+
+
+def when_text(failing: Sequence[Failing], name: Callable[[str], str] | None = None) -> str:
+    """When a pair fails, in words: ``when A is loaded RTLD_GLOBAL before B``; ``when they are
+    loaded together`` when both orders fail in every mode. ``name`` shortens a path (default: file
+    names, unless two share one)."""
+    name = name or _short_names(failing)
+    sets = {modes for _, _, modes in failing}
+    if len(failing) == 2 and len(sets) == 1:
+        both = {
+            _EVERY_MODE: "when they are loaded together",
+            _FIRST_GLOBAL: "when either is loaded RTLD_GLOBAL before the other",
+            _BOTH_GLOBAL: "when both are loaded RTLD_GLOBAL",
+        }.get(next(iter(sets)))
+        if both is not None:
+            return both
+    phrases = []
+    for first, second, modes in failing:
+        a, b = name(first), name(second)
+        if modes == _EVERY_MODE:
+            phrases.append(f"{a} is loaded before {b}")
+        elif modes == _FIRST_GLOBAL:
+            phrases.append(f"{a} is loaded RTLD_GLOBAL before {b}")
+        elif modes == _BOTH_GLOBAL:
+            phrases.append(f"both are loaded RTLD_GLOBAL, {a} first")
+        else:
+            flags = " or ".join(probe_mode_text(m).removeprefix("loaded ") for m in sorted(modes))
+            phrases.append(f"{a} is loaded before {b} ({flags})")
+    return "when " + ", or ".join(phrases)
+
+
+def _scope_note(when: str) -> str:
+    return f" ({GLOBAL_SCOPE})" if "RTLD_GLOBAL" in when else ""
 
 
 def expect_of(verdict: Verdict) -> Expect:
@@ -77,17 +150,18 @@ def pair_finding(pair: PairVerdicts, judge: PairJudge, probes: Sequence[ProbeRes
         return make_finding(
             rule,
             pair.paths[0],
-            _outcome(decided, ", as load probes confirmed"),
-            detail=f"probe: {decided.value} when loaded together{where}{host_text} (static: {worst.reason}); "
-            f"fix: {fix}",
+            _outcome(decided, ", as load probes confirmed", when_text(failing_modes(pair, probes))),
+            detail=f"probe: {decided.value} {when_text(failing_modes(pair, probes), str)}{where}{host_text} "
+            f"(static: {worst.reason}); fix: {fix}",
             related=[pair.paths[1], *through],
             data=data,
         )
+    when = when_text(failing_modes(pair), str)
     return make_finding(
         rule,
         pair.paths[0],
-        _outcome(worst.verdict, ""),
-        detail=f"{worst.verdict.value} in {failing}{where}{host_text}: {worst.reason}; fix: {fix}",
+        _outcome(worst.verdict, "", when_text(failing_modes(pair))),
+        detail=f"{worst.verdict.value} {when}{_scope_note(when)}{where}{host_text}: {worst.reason}; fix: {fix}",
         related=[pair.paths[1], *through],
         data=data,
     )
@@ -116,7 +190,7 @@ def _closure_finding(clash: Clash, what: str, data: dict[str, Any]) -> Finding:
     return make_finding(
         RULE_OF_REASON[clash.reason],
         clash.paths[0],
-        f"{' '.join(what.split())}: {_outcome(verdict, '')}",
+        f"{' '.join(what.split())}: {_outcome(verdict, '', _closure_when(clash, decided is not None))}",
         detail=f"{verdict.value} when {_WHEN[clash.mode]}; {reason}; fix: {clash.fix}",
         related=clash.paths[1:],
         data=data,
@@ -124,8 +198,22 @@ def _closure_finding(clash: Clash, what: str, data: dict[str, Any]) -> Finding:
     )
 
 
+def _closure_when(clash: Clash, decided: bool) -> str:
+    """When a closure clash fails: its root's dlopen in the modes that fail (probes first, once
+    they decided; the model where a probe was inconclusive)."""
+    observed = {p.mode: p.verdict is not ProbeVerdict.CLEAN for p in clash.probes if decided and p.verdict.conclusive}
+    failing = sorted(m for m, p in clash.closure_judged.items() if observed.get(m, p.verdict.bad))
+    if not failing or len(failing) == len(clash.closure_judged):
+        return "when they are loaded together"
+    root = clash.probe_root or clash.via[0]
+    return f"when {os.path.basename(root)} is loaded " + " or ".join(f"RTLD_{m.upper()}" for m in failing)
+
+
 def clash_finding(clash: Clash) -> Finding:
-    copies = f"{len(clash.paths)} copies (different files) of {clash.soname or 'one library'}"
+    # Copies are separate inodes (one inode through several paths is LLVM010, mapped once); the
+    # bytes were compared (Clash.identical): the same, or one SONAME over different builds.
+    kind = {True: "identical copies (separate files, separate inodes)", False: "different builds", None: "copies"}
+    copies = f"{len(clash.paths)} {kind[clash.identical]} of {clash.soname or 'one library'}"
     example = f" (e.g. {clash.via[0]})" if clash.via else ""
     what = {
         Reason.DUPLICATE_EXPORTER: f"{copies}, which exports LLVM's option registry",
@@ -162,10 +250,11 @@ def clash_finding(clash: Clash) -> Finding:
                 data=data,
             )
         seen = next(p for p in clash.probes if p.verdict.conclusive and p.verdict is not ProbeVerdict.CLEAN)
+        when = when_text(failing_modes(judged, clash.probes))
         return make_finding(
             RULE_OF_REASON[clash.reason],
             clash.paths[0],
-            f"{' '.join(what.split())}: {_outcome(decided, ', as load probes confirmed')}",
+            f"{' '.join(what.split())}: {_outcome(decided, ', as load probes confirmed', when)}",
             detail=f"probe: {decided.value} ({seen.mode}: {seen.detail}); fix: {clash.fix}",
             related=clash.paths[1:],
             data=data,
@@ -181,13 +270,12 @@ def clash_finding(clash: Clash) -> Finding:
             related=clash.paths[1:],
             data=data,
         )
-    failing = ", ".join(f"{o.first} then {o.second}" for o in judged.failing_orders())
+    when = when_text(failing_modes(judged), str)
     return make_finding(
         RULE_OF_REASON[clash.reason],
         clash.paths[0],
-        f"{' '.join(what.split())}: {_outcome(judged.worst.verdict, '')}",
-        detail=f"{judged.worst.verdict.value} in {failing}, when {_WHEN[clash.mode]}; {judged.worst.reason}; "
-        f"fix: {clash.fix}",
+        f"{' '.join(what.split())}: {_outcome(judged.worst.verdict, '', when_text(failing_modes(judged)))}",
+        detail=f"{judged.worst.verdict.value} {when}{_scope_note(when)}; {judged.worst.reason}; fix: {clash.fix}",
         related=clash.paths[1:],
         data=data,
         severity=Severity.ERROR,

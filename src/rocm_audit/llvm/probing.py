@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,7 +63,7 @@ def probe_clashes(
             log.info("probe %s %s: %s", mode, " + ".join(clash.paths), result.outcome.value)
             clash.probes.append(result)
         findings.extend(_probe_findings(clash))
-    return findings
+    return one_per_failing_load(findings)
 
 
 def _probe_orders(
@@ -129,26 +130,7 @@ def _judged_probe_findings(
     loading = [
         p for p in probes if p.verdict is ProbeVerdict.HANG or (p.verdict is ProbeVerdict.CRASH and p.step != "exit")
     ]
-    for result in loading[:3]:
-        what = (
-            f"hung while loading {result.step}"
-            if result.verdict is ProbeVerdict.HANG
-            else (f"killed by {result.signal} while loading {result.step}")
-        )
-        findings.append(
-            make_finding(
-                "LLVM015",
-                subject,
-                f"probe ({probe_mode_text(result.mode)}): {what}",
-                related=related,
-                data={
-                    "mode": result.mode,
-                    "verdict": result.verdict.value,
-                    "signal": result.signal,
-                    "step": result.step,
-                },
-            )
-        )
+    findings.extend(one_per_failing_load([loading_failure(result) for result in loading]))
     for result, expect in zip(probes, expected, strict=True):
         if not result.verdict.conclusive:
             findings.append(
@@ -180,6 +162,48 @@ def _judged_probe_findings(
             )
         )
     return findings
+
+
+def _failing_load(result: ProbeResult) -> tuple[str, ...]:
+    """The loads of a probe up to the one it crashed or hung in (hosts included): what failed,
+    whatever pair of libraries the probe was run for."""
+    steps = result.steps
+    return steps[: steps.index(result.step) + 1] if result.step in steps else steps
+
+
+def loading_failure(result: ProbeResult) -> Finding:
+    """LLVM015 for a probe killed or hung while loading, about the libraries that load involved:
+    ``a probe loading liba.so (RTLD_GLOBAL), then libb.so (RTLD_GLOBAL) was killed by SIGSEGV while
+    loading libb.so``. Equal for every probe that failed in one load (one_per_failing_load)."""
+    loads = _failing_load(result)
+    paths = [step.split(":", 1)[1] for step in loads]
+    unique = len({os.path.basename(p) for p in paths}) == len(paths)
+    names = [os.path.basename(p) if unique else p for p in paths]
+    flags = [f"RTLD_{step.split(':', 1)[0].upper()}" for step in loads]
+    order = ", then ".join(f"{name} ({flag})" for name, flag in zip(names, flags, strict=True))
+    what = "hung" if result.verdict is ProbeVerdict.HANG else f"was killed by {result.signal}"
+    return make_finding(
+        "LLVM015",
+        paths[0],
+        f"a probe loading {order} {what} while loading {names[-1]}",
+        related=paths[1:],
+        data={"verdict": result.verdict.value, "signal": result.signal, "step": result.step, "loads": list(loads)},
+    )
+
+
+def one_per_failing_load(findings: Sequence[Finding]) -> list[Finding]:
+    """One LLVM015 per distinct failing load: the pairs whose probes ran the same loads up to the
+    failing one (a plugin's host crashing before the plugin was loaded) saw one failure."""
+    seen: set[tuple[str, ...]] = set()
+    kept = []
+    for one in findings:
+        if one.rule == "LLVM015" and "loads" in one.data:
+            key = tuple(one.data["loads"]) + (str(one.data["verdict"]),)
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(one)
+    return kept
 
 
 def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions, progress: Progress = SILENT) -> None:
@@ -215,7 +239,7 @@ def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions, progress: Progr
         old = analysis.pair_findings.get(pair.paths)
         if old is not None and judge is not None and probe_decided(probes) is not None:
             rewritten[id(old)] = pair_finding(pair, judge, probes)
-    analysis.findings = [rewritten.get(id(f), f) for f in analysis.findings]
+    analysis.findings = one_per_failing_load([rewritten.get(id(f), f) for f in analysis.findings])
 
 
 def _probe_findings(clash: Clash) -> list[Finding]:
