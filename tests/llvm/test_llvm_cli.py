@@ -284,3 +284,17 @@ def test_probe_says_when_nothing_needed_a_probe(run_cli, sdk):
     said = " ".join(result.stdout.split())
     assert "No probe was needed: nothing to confirm. Probes would run under" in said
     assert "Probes ran under" not in said
+
+
+def test_check_counts_clashes_alike_in_its_text_and_its_stderr_summary(run_cli, fake_llvms, tmp_path):
+    from rocm_audit.llvm.counts import clash_counts
+    from rocm_audit.units import plural
+
+    root = str(fake_llvms.root)
+    report = run_cli("check", "gfx942", "-p", root, "--format", "json").report
+    harmful, harmless = clash_counts(report["clashes"])
+    assert harmful == sum(1 for c in report["clashes"] if c["severity"] != "info") > 1
+    text = " ".join(run_cli("check", "gfx942", "-p", root).stdout.split())
+    assert f"{plural(harmful, 'clash', 'clashes')} that can abort or crash a process" in text
+    stderr = " ".join(run_cli("check", "gfx942", "-p", root, "-o", str(tmp_path / "r.txt")).stderr.split())
+    assert f"{harmful} LLVM clashes that can abort or crash" + (f", {harmless} harmless" if harmless else ";") in stderr

@@ -269,6 +269,7 @@ def _verify_arch_step(
 def _llvm_step(inventory: Inventory, audit: _Audit, options: CheckOptions, progress: Progress) -> None:
     """llvm: the static analysis, and the load probes when asked for."""
     from rocm_audit.llvm import clashes as llvm_clashes
+    from rocm_audit.llvm.counts import clash_counts
 
     llvm_options = llvm_clashes.LlvmOptions(
         probe=options.probe, sysroot=options.sysroot, unextracted=options.unextracted, python=options.python
@@ -294,7 +295,9 @@ def _llvm_step(inventory: Inventory, audit: _Audit, options: CheckOptions, progr
     if analysis.probe_interpreter is not None:
         audit.sections["probe_interpreter"] = llvm_clashes.interpreter_to_dict(analysis.probe_interpreter)
     audit.ran.append("llvm")
-    audit.summaries.append(plural(len(analysis.clashes), "LLVM clash", "LLVM clashes"))
+    harmful, harmless = clash_counts(audit.sections["clashes"])
+    said = plural(harmful, "LLVM clash", "LLVM clashes") + " that can abort or crash"
+    audit.summaries.append(said + (f", {harmless} harmless" if harmless else ""))
 
 
 def _post_build_step(inventory: Inventory, audit: _Audit, options: CheckOptions, progress: Progress) -> None:

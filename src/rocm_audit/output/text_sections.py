@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
+from rocm_audit.llvm.counts import clash_counts
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import PathView, hold, plural, wrap
 from rocm_audit.output.prune_text import fatbins_estimate_lines, prune_closing_lines, prune_lines, prune_revert_lines
@@ -238,8 +239,7 @@ def llvm_summary(sections: Sections) -> str:
         )
         if count.get(role)
     ]
-    harmful = sum(1 for c in sections["clashes"] if c.get("verdict", "abort") != "clean" and c["severity"] != "info")
-    harmless = len(sections["clashes"]) - harmful
+    harmful, harmless = clash_counts(sections["clashes"])
     clash_text = f"{plural(harmful, 'clash', 'clashes')} that can abort or crash a process"
     if harmless:
         clash_text += f", {harmless} harmless"
