@@ -182,6 +182,8 @@ def rule_reference() -> str:
         rule = catalogue.rules[rule_id]
         out.append(f"## {rule_id}: {_escape(rule.title)} {{#{rule_id.lower()}}}\n")
         out.append(f"Default severity: **{rule.severity.value}**. Defined in `{rule.source}`.\n")
+        if rule.graded:
+            out.append(f"Severity per finding: {_escape(rule.graded)}\n")
         out.append(f"**Why.** {_escape(rule.rationale)}\n")
         out.append(f"**Fix.** {_escape(rule.fix)}\n")
         if rule.params:

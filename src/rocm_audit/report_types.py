@@ -578,6 +578,7 @@ class RuleRecord(TypedDict):
     defined_in: str
     rationale: str
     fix: str
+    graded: NotRequired[str]  # when a finding takes another severity than the rule's (LLVM clashes)
 
 
 class PolicySetting(TypedDict):

@@ -173,11 +173,29 @@ def test_explain_json_is_the_catalogue_entry():
         "id": "LLVM002",
         "title": rule.title,
         "severity": rule.severity.value,
+        "graded": rule.graded,
         "reported_by": list(rule.reported_by),
         "rationale": rule.rationale,
         "fix": rule.fix,
         "defined_in": "rocm_audit/rules/llvm.toml",
     }
+    assert rule.graded.startswith("error when a load order is shown to abort or crash")
+
+
+def test_a_graded_rule_says_when_a_finding_takes_another_severity(run_cli, tmp_path):
+    """LLVM002 is a warning by default and an error when an order aborts: explain and rules say so;
+    a rules file's severity holds for every finding, so then neither does."""
+    explained = " ".join(CliRunner().invoke(cli.app, ["explain", "LLVM002"]).stdout.split())
+    assert "Default severity: warning Severity per finding: error when a load order is shown" in explained
+    listed = run_cli("rules", expect=0).stdout.splitlines()
+    assert any(line.startswith("LLVM002  warning* ") for line in listed)
+    assert any(line.startswith("DUP001   error    ") for line in listed)  # never graded: no mark
+    assert "*: the default; a finding's verdict may set another (rocm-audit explain RULE says when)" in listed
+    rules_file = tmp_path / "rules.toml"
+    rules_file.write_text('[rules.LLVM002]\nseverity = "error"\n')
+    overridden = run_cli("rules", "--rules", str(rules_file), "--format", "json", expect=0).report["rules"]
+    assert "graded" not in next(r for r in overridden if r["id"] == "LLVM002")
+    assert "graded" in next(r for r in overridden if r["id"] == "LLVM001")
 
 
 @pytest.mark.parametrize(
@@ -214,7 +232,7 @@ def test_rules_points_to_explain(run_cli):
 def test_the_rules_table_continues_a_long_title_under_its_column(run_cli):
     lines = run_cli("rules", expect=0).stdout.splitlines()
     title_column = lines[0].index("title")
-    table = lines[1 : next(i for i, line in enumerate(lines) if line.startswith("what a rule means"))]
+    table = lines[1 : next(i for i, line in enumerate(lines) if line.startswith(("what a rule means", "*: ")))]
     continued = [line for line in table if line.startswith(" ")]
     assert continued and all(len(line) <= 100 for line in table)
     assert all(len(line) - len(line.lstrip()) == title_column for line in continued)

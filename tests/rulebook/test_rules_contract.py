@@ -48,3 +48,19 @@ def test_only_defects_in_shipped_files_send_users_upstream():
     assert {"ARCH001", "POST001", "POST006", "LLVM003", "KPACK001", "SCAN002"} <= upstream
     never = {r for r in rules if r.startswith(("PRUNE", "DUP", "IMG"))} | {"SCAN001", "SCAN004", "POST003", "KPACK004"}
     assert not never & upstream, sorted(never & upstream)
+
+
+def test_every_severity_a_verdict_can_change_is_said_in_the_catalogue():
+    """A finding of an LLVM rule that is an error becomes a warning when it needs a library nothing
+    loads (llvm/optin.py), and LLVM002 becomes an error when an order aborts: `explain` says when."""
+    import pytest
+
+    from rocm_audit.errors import ConfigError
+    from rocm_audit.rulebook.catalogue import _parse_rule
+    from rocm_audit.severity import Severity
+
+    rules = shipped_catalogue().rules
+    softened = {r for r, rule in rules.items() if r.startswith("LLVM") and rule.severity is Severity.ERROR}
+    assert softened | {"LLVM002"} == {r for r, rule in rules.items() if rule.graded}
+    with pytest.raises(ConfigError, match="graded must be a string"):
+        _parse_rule("X001", {"title": "t", "severity": "info", "rationale": "r", "fix": "f", "graded": 1}, "x.toml")

@@ -21,6 +21,7 @@ def explanation_record(rule: Rule) -> dict[str, Any]:
         "id": rule.id,
         "title": rule.title,
         "severity": rule.severity.value,
+        **({"graded": rule.graded} if rule.graded else {}),
         "reported_by": list(rule.reported_by),
         "rationale": rule.rationale,
         "fix": rule.fix,
@@ -51,6 +52,8 @@ def render_explanation(rule: Rule) -> str:
     lines = _wrap(f"{rule.id}: {display(rule.title)}")
     lines.append("")
     lines += _wrap(f"Default severity: {rule.severity.value}")
+    if rule.graded:
+        lines += _wrap(f"Severity per finding: {rule.graded}")
     lines += _wrap(f"Reported by: {commands}")
     lines.append("")
     lines += _paragraph("Why it matters:", rule.rationale)

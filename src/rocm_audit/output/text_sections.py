@@ -451,11 +451,14 @@ def rules_lines(sections: Sections) -> list[str]:
     title_column = " " * (8 + 1 + 8 + 1 + source_width + 1)
     lines = [f"{'rule':8} {'severity':8} {'source':{source_width}} title"]
     for rule in sections["rules"]:
+        severity = display(rule["severity"]) + ("*" if rule.get("graded") else "")
         row = (
-            f"{display(rule['id']):8} {display(rule['severity']):8} "
+            f"{display(rule['id']):8} {severity:8} "
             f"{display(rule['severity_source']):{source_width}} {display(rule['title'])}"
         )
         lines += wrap(row, indent="", rest=title_column)
+    if any(rule.get("graded") for rule in sections["rules"]):
+        lines.append("*: the default; a finding's verdict may set another (rocm-audit explain RULE says when)")
     lines.append("what a rule means, why it matters and how to fix it: rocm-audit explain RULE")
     lines.append("")
     lines.append("policy:")

@@ -21,7 +21,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-_RULE_KEYS = {"title", "severity", "rationale", "fix", "params", "fingerprint", "reported_by", "report_upstream"}
+_RULE_KEYS = {
+    "title",
+    "severity",
+    "graded",
+    "rationale",
+    "fix",
+    "params",
+    "fingerprint",
+    "reported_by",
+    "report_upstream",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +51,9 @@ class Rule:
     # names where its users report problems ("report to URL"): not for rocm-audit's own actions
     # (a prune's notices), the state of this machine (an unreadable path) or the user's choices.
     report_upstream: bool = True
+    # When a finding of the rule takes another severity than ``severity`` (the verdict decides it:
+    # an LLVM clash shown to abort is an error), in words for `explain`; "" when it never does.
+    graded: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +97,9 @@ def _parse_rule(
     params = table.get("params", {})
     if not isinstance(params, dict):
         raise ConfigError(source, "params must be a table", key=f"rules.{rule_id}.params")
+    graded = table.get("graded", "")
+    if not isinstance(graded, str):
+        raise ConfigError(source, "graded must be a string", key=f"rules.{rule_id}.graded")
     fingerprint = table.get("fingerprint", [])
     if not isinstance(fingerprint, list) or not all(isinstance(f, str) for f in fingerprint):
         raise ConfigError(source, "fingerprint must be a list of data field names", key=f"rules.{rule_id}.fingerprint")
@@ -102,6 +118,7 @@ def _parse_rule(
             else reported_by
         ),
         report_upstream=_flag(table, "report_upstream", report_upstream, source, f"rules.{rule_id}."),
+        graded=graded,
     )
 
 

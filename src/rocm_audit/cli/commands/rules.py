@@ -28,8 +28,9 @@ def command(report: Report) -> CommandOutcome:
     from rocm_audit.rulebook.policy import active_policy
 
     policy = active_policy()
-    listed: list[RuleRecord] = [
-        {
+    listed: list[RuleRecord] = []
+    for rule in sorted(policy.rules.values(), key=lambda r: r.id):
+        record: RuleRecord = {
             "id": rule.id,
             "title": rule.title,
             "severity": rule.severity.value,
@@ -38,8 +39,9 @@ def command(report: Report) -> CommandOutcome:
             "rationale": rule.rationale,
             "fix": rule.fix,
         }
-        for rule in sorted(policy.rules.values(), key=lambda r: r.id)
-    ]
+        if rule.graded and rule.id not in policy.severity_sources:  # a rules file's severity holds for all
+            record["graded"] = rule.graded
+        listed.append(record)
     settings: list[PolicySetting] = [
         {"area": area, "key": key, "value": value, "source": policy.setting_sources.get((area, key), "")}
         for area, table in sorted(policy.settings.items())
