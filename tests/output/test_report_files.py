@@ -139,3 +139,28 @@ def test_colour_goes_to_a_terminal_only_never_into_a_file(sdk, tmp_path):
     for name in ("also.txt", "out.txt"):
         text = (tmp_path / name).read_text()
         assert "ERROR DUP001" in text and "\x1b" not in text, name
+
+
+def test_a_report_to_a_pipe_or_device_writes_into_it_and_a_link_stays_a_link(sdk, run_cli, tmp_path):
+    """`-o /dev/null` or a FIFO a job reads: written in place, never renamed over (that would leave
+    a regular file where the device was). A symlink is written through, as a shell's `>` would."""
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    run_cli("dedup", "--check", "-p", str(sdk.site), "--format", "json", "-o", str(fifo), expect=1)
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and b'"command": "dedup"' in received[0]
+    if os.geteuid() == 0:  # a private /dev/null: only root may make a device node
+        null = tmp_path / "null"
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        run_cli("dedup", "--check", "-p", str(sdk.site), "-o", str(null), expect=1)
+        assert stat.S_ISCHR(os.lstat(null).st_mode)
+    target, link = tmp_path / "report.txt", tmp_path / "latest.txt"
+    target.write_text("old")
+    link.symlink_to(target.name)
+    run_cli("dedup", "--check", "-p", str(sdk.site), "-o", str(link), expect=1)
+    assert link.is_symlink() and "dedup" in target.read_text()

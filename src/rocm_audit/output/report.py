@@ -264,16 +264,35 @@ def check_destination(path: str, given: str) -> None:
     raise UsageError(f"{given}: {reason}")
 
 
+def _write_in_place(path: str, text: str) -> None:
+    """``text`` written to a device, FIFO or socket that ``path`` names, without creating anything."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
 def write_atomic(path: str, text: str) -> None:
     """Write text to path atomically: temp file in the same directory, fsync, rename. The file
     gets the mode a plain write would give it: the replaced file's, else 0666 less the umask (a
     job summary or an artifact others read). Raises UsageError (naming the file) when it cannot
-    be written."""
-    directory = os.path.dirname(os.path.abspath(path)) or "."
+    be written.
+
+    A symlink is written through, as a shell's ``>`` would: its target is replaced, the link stays.
+    A target that is no regular file (``-o /dev/null``, a FIFO a job reads) is written to in place:
+    renaming over it would put a regular file where the device or pipe was."""
+    path = os.path.realpath(path) if os.path.islink(path) else path
     try:
-        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+        found = os.stat(path)
     except OSError:
-        mode = None
+        found = None
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        _write_in_place(path, text)
+        return
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    mode = stat.S_IMODE(found.st_mode) if found is not None else None
     # Not mkstemp: its 0600 would stay. O_EXCL never opens a file someone else made; 64 random
     # bits make a clash as unlikely as mkstemp's retries do.
     temp_path = os.path.join(directory, f".rocm-audit-tmp.{secrets.token_hex(8)}")
