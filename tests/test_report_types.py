@@ -26,7 +26,7 @@ PLACES: dict[type, str] = {
     rt.SuppressedCounts: "/$defs/summary/properties/suppressed",
     rt.SuppressedSource: "/$defs/summary/properties/suppressed/properties/by_source/items",
     rt.FindingRecord: "/$defs/finding",
-    rt.ShippedBy: "/$defs/finding/properties/shipped_by",
+    rt.ShippedBy: "/$defs/shipped_by",
     rt.Suppressed: "/properties/suppressed/items",
     rt.DedupSection: "/$defs/dedup",
     rt.DedupGroupRecord: "/$defs/dedup_group",

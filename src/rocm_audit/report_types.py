@@ -188,6 +188,7 @@ class CarrierRecord(TypedDict):
     matches: list[CarrierMatch]
     missing: list[str]
     embedded_images: NotRequired[list[EmbeddedImage]]
+    shipped_by: NotRequired[ShippedBy]  # the distribution whose RECORD lists it
 
 
 class CodeObjectFileRecord(TypedDict):

@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 
 from rocm_audit.findings import Finding
+from rocm_audit.report_types import Sections
 from rocm_audit.rulebook.policy import active_policy
 from rocm_audit.tree.ownership import shippers_of, site_dir_of
 
@@ -24,6 +25,19 @@ def with_shippers(findings: Sequence[Finding]) -> list[Finding]:
         return list(findings)
     shipped = shippers_of(f.path for f in findings)
     return [dataclasses.replace(f, shipped_by=shipped[f.path]) if f.path in shipped else f for f in findings]
+
+
+def attribute_carriers(sections: Sections) -> None:
+    """Name the distribution that shipped each device-code carrier (``shipped_by``), so that a
+    report can group carriers outside SDK trees by the wheel that brought them."""
+    carriers = sections.get("carriers") or []
+    # A carrier that is a set of files (per-arch kernels, a kernel database directory) is shipped
+    # by whoever ships its members.
+    shipped = shippers_of(p for c in carriers for p in (c["path"], *c["members"])) if carriers else {}
+    for carrier in carriers:
+        who = next((shipped[p] for p in (carrier["path"], *carrier["members"]) if p in shipped), None)
+        if who is not None:
+            carrier["shipped_by"] = {"name": who.name, "version": who.version, "report_to": who.report_to}
 
 
 def fingerprints(findings: Sequence[Finding], roots: Sequence[str]) -> list[str]:

@@ -474,12 +474,14 @@ def _settle_findings(outcome: CommandOutcome, baseline: str | None, write_baseli
     import dataclasses
     import os
 
-    from rocm_audit.audit.attribution import fingerprints, with_shippers
+    from rocm_audit.audit.attribution import attribute_carriers, fingerprints, with_shippers
     from rocm_audit.rulebook.policy import active_policy
 
     if not outcome.roots:  # the audited directories as the findings spell them (resolved)
         outcome.roots = sorted({os.path.realpath(p) for p in outcome.inputs if os.path.isdir(p)})
     shipped = outcome.findings if outcome.attributed else with_shippers(outcome.findings)
+    if not outcome.attributed:
+        attribute_carriers(outcome.sections)
     outcome.findings, outcome.suppressed = active_policy().apply(shipped)
     keys = fingerprints(outcome.findings, outcome.roots)
     outcome.findings = [dataclasses.replace(f, fingerprint=k) for f, k in zip(outcome.findings, keys, strict=True)]

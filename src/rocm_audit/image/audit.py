@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocm_audit.audit.attribution import with_shippers
+from rocm_audit.audit.attribution import attribute_carriers, with_shippers
 from rocm_audit.audit.check import CheckOptions, run_check
 from rocm_audit.errors import FormatError, UsageError
 from rocm_audit.findings import Finding, make_finding
@@ -370,6 +370,7 @@ def audit_merged(
     # Who shipped each finding's file, from the image's own RECORDs while they are on disk (the
     # CLI would look for the image's paths on this machine).
     outcome.findings = with_shippers(outcome.findings)
+    attribute_carriers(outcome.sections)
     findings = _shipped_in_view(findings, state.root)
     outcome.attributed = True
     outcome = _to_image_paths(outcome, state.root)

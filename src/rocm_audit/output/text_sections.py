@@ -111,7 +111,7 @@ def verify_arch_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
         lines.append("No device-code carriers found.")
     by_package: dict[str, list[CarrierRecord]] = {}
     for carrier in carriers:
-        by_package.setdefault(carrier["package"] or "(outside SDK packages)", []).append(carrier)
+        by_package.setdefault(_carrier_owner(carrier), []).append(carrier)
     for package in sorted(by_package):
         group = by_package[package]
         bad = sum(1 for c in group if c["missing"])
@@ -121,6 +121,14 @@ def verify_arch_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: i
         if verbose:
             lines.extend(_carrier_line(carrier, view) for carrier in group)
     return lines
+
+
+def _carrier_owner(carrier: CarrierRecord) -> str:
+    """What a carrier is counted under: its SDK tree, else the distribution that shipped it."""
+    shipped = carrier.get("shipped_by")
+    if carrier["package"]:
+        return carrier["package"]
+    return f"{shipped['name']} {shipped['version']}" if shipped else "(files no distribution owns)"
 
 
 def code_object_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0) -> list[str]:
