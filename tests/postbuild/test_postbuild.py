@@ -272,3 +272,15 @@ def test_a_load_the_model_cannot_follow_does_not_vouch_for_a_dependency(tmp_path
     assert reported(frozenset()) == {f"_fast.{_EXTENSION}"}
     # held by the image but not extracted: the consumer's load is unknown past it
     assert reported(frozenset({"/usr/lib/x86_64-linux-gnu/libghost.so"})) == {"libmid.so"}
+
+
+def test_missing_libraries_of_whole_stacks_share_one_cause():
+    """An image without a glibc base misses the C runtime in every extension: one cause, so the text
+    report has one entry for every such file (and one for those missing ROCm's libraries too)."""
+    from rocm_audit.postbuild.checks import software_stack
+
+    assert software_stack(["libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2", "libstdc++.so.6"]) == "C runtime"
+    assert software_stack(["libamdhip64.so.7", "libc.so.6", "libgcc_s.so.1"]) == "C runtime and ROCm"
+    assert software_stack(["libamdhip64.so.7", "librocblas.so.5"]) == "ROCm"
+    assert software_stack(["libc.so.6", "libtorch.so"]) is None  # a library of no known stack: its own entry
+    assert software_stack(["libcrypto.so.3"]) is None and software_stack([]) is None

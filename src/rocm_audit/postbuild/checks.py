@@ -212,13 +212,24 @@ _STACKS = (
     ("ROCm", re.compile(r"lib(amdhip|hip|roc|rccl|hsa-|MIOpen|amd_smi|amd_comgr|rocm_|roctx|roctracer)")),
     ("CUDA", re.compile(r"lib(cuda|cublas|cufft|curand|cusolver|cusparse|cudnn|nccl|nvrtc|nvJitLink|nvToolsExt)")),
     ("Intel oneAPI", re.compile(r"lib(sycl|svml|irng|imf|intlc|mkl_|ur_loader|ze_loader)")),
+    # glibc's libraries and GCC's runtime, as manylinux wheels name them: missing in an image
+    # without a glibc base (scratch, Alpine's musl), where every extension misses them at once.
+    (
+        "C runtime",
+        re.compile(
+            r"(ld-linux[-.\w]*\.so|lib(c|m|dl|rt|pthread|util|resolv|anl|crypt|gcc_s|stdc\+\+|atomic|gomp)\.so)"
+        ),
+    ),
 )
 
 
 def software_stack(sonames: list[str]) -> str | None:
-    """The one GPU software stack all of ``sonames`` belong to (ROCm, CUDA, Intel oneAPI), else None."""
+    """The software stacks all of ``sonames`` belong to (``ROCm``, ``C runtime and ROCm``), else
+    None: a file missing only whole stacks is one entry of the text report with every such file."""
     stacks = {next((name for name, pattern in _STACKS if pattern.match(soname)), None) for soname in sonames}
-    return stacks.pop() if len(stacks) == 1 else None
+    if not stacks or None in stacks:
+        return None
+    return " and ".join(sorted(stacks))
 
 
 def _version_finding(path: str, lacking: list[tuple[str, str, list[str], VersionFacts]]) -> Finding:
