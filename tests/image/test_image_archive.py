@@ -189,6 +189,10 @@ def test_same_layer_duplicates_say_dedup_belongs_in_that_step(tmp_path, run_cli,
     finding = next(f for f in report["findings"] if f["rule"] == "IMG007")
     assert "in the step that writes this layer" in finding["message"]
     assert report["image"]["waste"]["same_layer_bytes"] == len(libs["comgr"])
+    # One layer: the text has no layer to tell apart, so it names none.
+    text = run_cli("image", "--archive", str(archive), expect=1).stdout
+    said = " ".join(text.split())
+    assert "in identical copies; a later RUN frees none of it" in said and "(layer 0" not in said
 
 
 def test_same_layer_duplicates_name_the_step_that_wrote_the_layer(tmp_path, run_cli, libs):

@@ -416,15 +416,21 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
     ]
     waste = section.get("waste")
     if waste is not None:
+        one_layer = len(section.get("layers", [])) == 1  # every copy is in layer 0: no need to say it
+        split = (
+            ""
+            if one_layer
+            else f" ({size_text(waste['same_layer_bytes'])} within single layers, "
+            f"{size_text(waste['cross_layer_bytes'])} across layers)"
+        )
         lines.append(
-            f"image: {size_text(waste['wasted_bytes'])} in identical copies "
-            f"({size_text(waste['same_layer_bytes'])} within single layers, "
-            f"{size_text(waste['cross_layer_bytes'])} across layers); a later RUN frees none of it"
+            f"image: {size_text(waste['wasted_bytes'])} in identical copies{split}; a later RUN frees none of it"
         )
         shown = waste["groups"] if verbose else waste["groups"][:WASTE_GROUPS_SHOWN]
         for group in shown:
             copies = "; ".join(
-                f"{view.path(c['path'])} (layer {c['layer']}{'' if c['visible'] else ', hidden'})"
+                view.path(c["path"])
+                + ("" if one_layer else f" (layer {c['layer']}{'' if c['visible'] else ', hidden'})")
                 for c in group["copies"]
             )
             lines.append(f"  {size_text(group['size'])} x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
