@@ -91,6 +91,13 @@ def cause_text(one: Finding) -> str:
     return cause if isinstance(cause, str) and cause else one.message
 
 
+def place_in_file(one: Finding) -> str:
+    """Where in its file a finding is, for a group of one file's findings with one cause: its
+    location (``.data+0x660``), else its offset, else "?"."""
+    where, offset = one.data.get("location"), one.data.get("offset")
+    return where if isinstance(where, str) else f"offset {offset:#x}" if isinstance(offset, int) else "?"
+
+
 def cause_key(one: Finding) -> tuple[str, str, str, tuple[str, ...]]:
     """Findings with one rule and one cause share this key: the same rule, severity and cause
     (a message never names the finding's own file). A finding that names other files (a duplicate

@@ -304,3 +304,7 @@ def test_findings_of_one_file_and_rule_are_ordered_by_their_place_and_told_apart
     assert sum(line.startswith("INFO ARCH006") for line in lines) == 1
     assert " ".join(" ".join(lines[start : start + 2]).split()) == f"INFO ARCH006 libhsa.so (3 places): {cause}"
     assert lines[start + 2] == "    .data+0x660, .data+0x3f80, .data+0x7bc0"
+    from rocm_audit.output.markdown import render_markdown
+
+    summary = render_markdown(CommandOutcome(command="check", findings=same, roots=["/s"]))
+    assert "ARCH006 libhsa.so (3 places: .data+0x660, .data+0x3f80, .data+0x7bc0): old code objects" in summary

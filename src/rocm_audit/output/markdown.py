@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from rocm_audit.findings import Severity, cause_groups, cause_text
+from rocm_audit.findings import Severity, cause_groups, cause_text, place_in_file
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import markdown
 from rocm_audit.output.layout import PathView
@@ -134,6 +134,9 @@ def finding_lines(outcome: CommandOutcome, shorten: Callable[[str], str], verbos
         first = group[0]
         if len(group) == 1:
             where = markdown(shorten(first.path))
+        elif all(f.path == first.path for f in group):  # one file, several places (text's grouping)
+            places = ", ".join(markdown(place_in_file(f)) for f in group)
+            where = f"{markdown(shorten(first.path))} ({len(group)} places: {places})"
         else:
             shown = group if verbose else group[:GROUP_PATHS_LISTED]
             more = "" if len(shown) == len(group) else f" and {len(group) - len(shown)} more"

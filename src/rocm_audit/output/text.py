@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rocm_audit.findings import Finding, Severity, cause_groups, cause_text
+from rocm_audit.findings import Finding, Severity, cause_groups, cause_text, place_in_file
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import display
 from rocm_audit.output.layout import PathView, plural, wrap
@@ -75,12 +75,6 @@ def _tally(group: Sequence[Finding]) -> str:
     return "- " + ", ".join(shown) + more
 
 
-def _place(one: Finding) -> str:
-    """Where in its file a finding is: its location (``.data+0x660``), else its offset."""
-    where, offset = one.data.get("location"), one.data.get("offset")
-    return display(where) if isinstance(where, str) else f"offset {offset:#x}" if isinstance(offset, int) else "?"
-
-
 def finding_lines(group: Sequence[Finding], view: PathView, colour: bool, verbose: int) -> list[str]:
     """One entry for a group of findings with one rule and one cause: the file (or the count of
     files) and the message, the files of a group, who ships them; with ``verbose`` the detail."""
@@ -102,7 +96,7 @@ def finding_lines(group: Sequence[Finding], view: PathView, colour: bool, verbos
     lines = wrap(" ".join(words) + (f" [{shipped}]" if shipped else ""))
     if len(group) > 1:
         shown = group if verbose else group[:GROUP_PATHS_SHOWN]
-        listed = ", ".join(_place(f) if one_file else view.path(f.path) for f in shown)
+        listed = ", ".join(display(place_in_file(f)) if one_file else view.path(f.path) for f in shown)
         hidden = len(group) - len(shown)
         if hidden:
             listed += f" and {hidden} more (-v lists them)"
