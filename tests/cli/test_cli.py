@@ -162,3 +162,10 @@ def test_the_summary_of_a_report_written_elsewhere_reads_at_100_columns(sdk, tmp
     counted = json.loads(report.read_text())["summary"]["findings"]  # the last line: what the exit code follows
     errors, warnings = plural(counted["error"], "error"), plural(counted["warning"], "warning")
     assert summary[-1] == f"check: {errors}, {warnings}, {counted['info']} info"
+
+
+def test_the_stderr_summary_of_a_run_with_every_check_left_out_has_no_empty_part(run_cli, sdk, tmp_path):
+    skips = [a for check in ("dedup", "verify-arch", "llvm", "post-build", "prune") for a in ("--skip", check)]
+    result = run_cli("check", "-p", str(sdk.site), *skips, "-o", str(tmp_path / "r.txt"), expect=0)
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("check: ") and "; ;" not in first and first.endswith(" s"), first

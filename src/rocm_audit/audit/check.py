@@ -177,7 +177,7 @@ def audit_inventory(
         findings=audit.findings,
         inputs=looked,
         sections=audit.sections,
-        summary=f"check: {plural(len(inventory.files), 'file')}; " + "; ".join(audit.summaries) + f"; {elapsed:.2f} s",
+        summary="check: " + "; ".join([plural(len(inventory.files), "file"), *audit.summaries, f"{elapsed:.2f} s"]),
         device_bytes_by_path=device_bytes_by_path,
     )
 
