@@ -715,11 +715,11 @@ def test_waste_groups_rank_sdk_trees_first_and_advise_what_frees_each(tmp_path, 
     assert len(by_rule["IMG010"]) == 5 and not [f for f in report["findings"] if f["rule"] == "IMG007"]
     assert {f["severity"] for f in report["findings"] if f["rule"] == "IMG010"} == {"info"}
     text = run_cli("image", "--archive", str(archive), expect=1).output.splitlines()
-    listed = [line for line in text if line.startswith("  ") and " x2 [" in line]
+    listed = [line for line in text if line.startswith("  2 copies of ") and " [" in line]
     assert len(listed) == 3 and "_rocm_sdk_core/lib/libamd_comgr.so.3" in listed[0]
     assert "  ... and 3 more groups (-v lists them)" in text
     every = run_cli("image", "--archive", str(archive), "-v", expect=1).output
-    assert every.count(" x2 [") == 6 and "more groups" not in every
+    assert every.count("  2 copies of ") == 6 and "more groups" not in every
 
 
 def test_the_base_images_copies_are_never_the_users_step_to_free(tmp_path, run_cli, libs):

@@ -433,7 +433,8 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
                 + ("" if one_layer else f" (layer {c['layer']}{'' if c['visible'] else ', hidden'})")
                 for c in group["copies"]
             )
-            lines.append(f"  {size_text(group['size'])} x{len(group['copies'])} [{display(group['scope'])}]: {copies}")
+            said = f"{len(group['copies'])} copies of {size_text(group['size'])}"  # the size of one copy
+            lines.append(f"  {said} [{display(group['scope'])}]: {copies}")
         if len(waste["groups"]) > len(shown):
             more = len(waste["groups"]) - len(shown)
             lines.append(f"  ... and {plural(more, 'more group')} (-v lists them)")
