@@ -750,3 +750,16 @@ def test_one_image_under_two_names_in_an_oci_layout_needs_no_ref(tmp_path, run_c
     (layout / "index.json").write_text(json.dumps(index))
     report = run_cli("image", "--archive", str(layout), "gfx942", "--format", "json").report
     assert report["image"]["source"]["format"].startswith("oci") and report["summary"]["findings"]["error"] == 0
+
+
+def test_a_file_a_later_layer_writes_again_is_no_with_of_its_own(tmp_path, run_cli, libs):
+    """A wheel reinstalled in a later layer: one path in two layers. The finding names its layers;
+    it lists no "with" line naming its own path."""
+    again = [layer((f"{SP}/pkg/libx.so", libs["comgr"])), layer((f"{SP}/pkg/libx.so", libs["comgr"]))]
+    archive = docker_save(tmp_path / "save.tar", again)
+    report = run_cli("image", "--archive", str(archive), "--format", "json", expect=0).report
+    (finding,) = [f for f in report["findings"] if f["rule"] == "IMG010"]
+    assert finding["path"] == f"/{SP}/pkg/libx.so" and finding["related_paths"] == []
+    assert "(layer 0, hidden)" in finding["message"] and "(layer 1)" in finding["message"]
+    text = run_cli("image", "--archive", str(archive), expect=0).stdout
+    assert "    with " not in text

@@ -179,9 +179,15 @@ def _cross_layer_finding(group: WasteGroup) -> Finding:
         f"{len(paths)} identical copies of {size_text(group.size)} spread over layers "
         f"{', '.join(map(str, group.layers))}: {_where(group)}; {size_text(group.cross_layer_wasted)} "
         f"no later step can free{mixed}: {_fix(group)}",
-        related=paths[1:],
+        related=_others(paths),
         data=_group_data(group, group.cross_layer_wasted, group.layers),
     )
+
+
+def _others(paths: list[str]) -> list[str]:
+    """The other paths of a group: a copy a later layer hid at the same path is the finding's own
+    path (the message says which layers hold it), never a "with" of its own."""
+    return sorted({p for p in paths[1:] if p != paths[0]})
 
 
 def _group_data(group: WasteGroup, wasted: int, layers: Iterable[int]) -> dict[str, object]:
@@ -198,7 +204,7 @@ def _elsewhere_finding(group: WasteGroup) -> Finding:
         f"{len(paths)} identical copies of {size_text(group.size)} outside the SDK trees "
         f"(layer{'s' if len(group.layers) > 1 else ''} {layers}): {_where(group)}; "
         f"{size_text(group.wasted_bytes)} in the extra copies: {_fix(group)}",
-        related=paths[1:],
+        related=_others(paths),
         data=_group_data(group, group.wasted_bytes, group.layers),
     )
 
