@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rocm_audit.gpu.verify import TargetCandidate
+from rocm_audit.units import clip
 
 # The image config's Env names that hold a target list, in the order they are trusted.
 ENV_NAMES = ("GPU_ARCH", "PYTORCH_ROCM_ARCH")
@@ -121,18 +122,21 @@ def recorded_targets(env: Mapping[str, str], history: Iterable[str]) -> list[Tar
         for name in ENV_NAMES
         if env.get(name, "").strip()
     ]
-    last: dict[str, tuple[int, str]] = {}
+    last: dict[str, tuple[int, str, str]] = {}
     for index, created_by in enumerate(history):
         for name, value in run_step_args(created_by).items():
             if name in BUILD_ARG_NAMES and value.strip():
-                last[name] = (index, value)
+                last[name] = (index, value, created_by)
     for name in BUILD_ARG_NAMES:
         if name in last:
-            index, value = last[name]
+            index, value, created_by = last[name]
+            # The step as its Dockerfile line: docker history numbers none, and `docker build`
+            # counts only this build's steps, not the base image's.
+            step = clip(step_text(created_by), 48)
             found.append(
                 TargetCandidate(
                     value,
-                    f"image history: build arg {name} of step {index}",
+                    f"image history: build arg {name} of `{step}`",
                     {"kind": "image-build-arg", "variable": name, "history_index": index},
                 )
             )
