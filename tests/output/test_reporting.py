@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from junitparser import Failure, JUnitXml
+from junitparser import Failure, JUnitXml, Skipped
 from sarif import loader as sarif_loader
 
 
@@ -54,8 +54,12 @@ def test_junit_has_one_case_per_rule_and_file_and_fails_at_the_threshold(sdk, ru
     assert ("DUP006", "no findings") in cases
     dedup_check(run_cli, sdk, "--format", "junit", "-o", str(out), "--fail-on", "warning", expect=1)
     xml = JUnitXml.fromfile(str(out))
-    failing = {case.classname for suite in xml for case in suite if case.result}
+    failing = {case.classname for suite in xml for case in suite if any(isinstance(r, Failure) for r in case.result)}
     assert failing == {"DUP001", "DUP002"}
+    # A rule this run could not judge (a revert's) is skipped, never a green "no findings".
+    skipped = {case.classname for suite in xml for case in suite if any(isinstance(r, Skipped) for r in case.result)}
+    assert "DUP007" in skipped and not skipped & {"DUP001", "DUP002", "DUP006"}
+    assert xml.skipped == len(skipped) > 0
 
 
 def test_github_annotations_escape_properties_and_messages(sdk, run_cli):
@@ -200,3 +204,15 @@ def test_laid_out_json_has_one_finding_per_line(sdk, run_cli):
         assert "    " + json.dumps(finding, separators=(", ", ": "), ensure_ascii=False) in [
             line.rstrip(",") for line in lines
         ]
+
+
+def test_checks_left_out_are_skipped_in_junit_and_said_in_markdown(sdk, run_cli, tmp_path):
+    """`--skip llvm`: JUnit shows no green "no findings" for rules nobody judged, and the Markdown
+    summary tells a clean check (a 0 row) from one left out ("skipped")."""
+    out = tmp_path / "report.xml"
+    run_cli("check", "gfx942", "-p", str(sdk.site), "--skip", "llvm", "--format", "junit", "-o", str(out))
+    cases = {case.classname: case for suite in JUnitXml.fromfile(str(out)) for case in suite}
+    assert any(isinstance(r, Skipped) for r in cases["LLVM001"].result)
+    assert not any(isinstance(r, Skipped) for r in cases["ARCH002"].result)  # verify-arch ran: a real pass
+    summary = run_cli("check", "gfx942", "-p", str(sdk.site), "--skip", "llvm", "--format", "markdown").stdout
+    assert "| llvm | skipped |  |  |" in summary and "| verify-arch | 0 | 0 | 0 |" in summary

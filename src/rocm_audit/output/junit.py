@@ -8,7 +8,7 @@ from collections import defaultdict
 from rocm_audit.findings import Finding, Severity
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import display
-from rocm_audit.output.prefixes import rule_prefixes
+from rocm_audit.output.prefixes import evaluated, rule_prefixes
 from rocm_audit.rulebook.policy import active_policy
 
 
@@ -20,15 +20,20 @@ def render_junit(outcome: CommandOutcome, fail_on: Severity | None) -> str:
     prefixes = rule_prefixes(outcome.command)
     rules = sorted({r for r in policy.rules if r.startswith(prefixes)} | {rule for rule, _ in by_rule_file})
     suites = ET.Element("testsuites", name=f"rocm-audit {outcome.command}")
-    total_tests = total_failures = 0
+    total_tests = total_failures = total_skipped = 0
     for rule_id in rules:
         rule = policy.rules.get(rule_id)
         suite = ET.SubElement(suites, "testsuite", name=f"{rule_id} {rule.title if rule else ''}".strip())
         cases = sorted((path, found) for (rid, path), found in by_rule_file.items() if rid == rule_id)
-        tests = failures = 0
+        tests = failures = skipped = 0
         if not cases:
-            ET.SubElement(suite, "testcase", classname=rule_id, name="no findings")
+            case = ET.SubElement(suite, "testcase", classname=rule_id, name="no findings")
             tests = 1
+            judged = rule is not None and evaluated(rule.reported_by, rule_id, outcome.command, outcome.sections)
+            if not judged:  # a check left out, or a mode this run was not in: no pass to show
+                ET.SubElement(case, "skipped", message="not judged by this run (a check left out or another mode)")
+                case.set("name", "not judged")
+                skipped = 1
         for path, found in cases:
             case = ET.SubElement(suite, "testcase", classname=rule_id, name=display(path))
             tests += 1
@@ -49,11 +54,13 @@ def render_junit(outcome: CommandOutcome, fail_on: Severity | None) -> str:
         suite.set("tests", str(tests))
         suite.set("failures", str(failures))
         suite.set("errors", "0")
-        suite.set("skipped", "0")
+        suite.set("skipped", str(skipped))
         total_tests += tests
         total_failures += failures
+        total_skipped += skipped
     suites.set("tests", str(total_tests))
     suites.set("failures", str(total_failures))
     suites.set("errors", "0")
+    suites.set("skipped", str(total_skipped))
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"

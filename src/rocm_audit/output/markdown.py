@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from rocm_audit.audit.check import CHECKS
 from rocm_audit.findings import Severity, cause_groups, cause_text, place_in_file
 from rocm_audit.outcome import CommandOutcome
 from rocm_audit.output.escape import markdown
 from rocm_audit.output.layout import PathView
+from rocm_audit.output.prefixes import check_of
 from rocm_audit.output.prune_text import weight_by_distribution
 from rocm_audit.output.text_sections import KIND_WORDS, image_layers_text, relative_to_roots
 from rocm_audit.report_types import Sections
@@ -24,22 +26,6 @@ COVERAGE_ROWS = 25
 DUPLICATE_GROUPS = 10
 FINDINGS_LISTED = 100  # entries (one per cause)
 GROUP_PATHS_LISTED = 3
-
-# Which check a rule belongs to, by its id's prefix (rules/*.toml).
-_CHECK_OF_PREFIX = {
-    "DUP": "dedup",
-    "ARCH": "verify-arch",
-    "LLVM": "llvm",
-    "POST": "post-build",
-    "IMG": "image",
-    "SCAN": "scan",
-    "CHK": "check",
-}
-
-
-def _check_of(rule: str) -> str:
-    prefix = rule.rstrip("0123456789")
-    return _CHECK_OF_PREFIX.get(prefix, prefix.lower())
 
 
 def _row(cells: Sequence[object]) -> str:
@@ -53,17 +39,19 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 def summary_lines(outcome: CommandOutcome) -> list[str]:
     counts: dict[str, dict[Severity, int]] = {}
     for one in outcome.findings:
-        per = counts.setdefault(_check_of(one.rule), dict.fromkeys(Severity, 0))
+        per = counts.setdefault(check_of(one.rule), dict.fromkeys(Severity, 0))
         per[one.severity] += 1
-    checks = list(outcome.sections.get("summary", {}).get("checks", [])) if outcome.command == "check" else []
+    ran = outcome.command in ("check", "image")  # these name the checks that ran: a clean one is a row
+    checks = list(outcome.sections.get("summary", {}).get("checks", [])) if ran else []
     for check in checks:
         counts.setdefault(check, dict.fromkeys(Severity, 0))
     if not counts:
         return ["No findings."]
-    rows = [
+    rows: list[list[object]] = [
         [markdown(check), per[Severity.ERROR], per[Severity.WARNING], per[Severity.INFO]]
         for check, per in sorted(counts.items())
     ]
+    rows += [[markdown(check), "skipped", "", ""] for check in CHECKS if checks and check not in checks]
     total = [sum(per[s] for per in counts.values()) for s in (Severity.ERROR, Severity.WARNING, Severity.INFO)]
     rows.append(["**total**", *(f"**{n}**" for n in total)])
     return _table(["check", "errors", "warnings", "info"], rows)

@@ -6,6 +6,11 @@ function of the outcome (findings already filtered through the policy) and retur
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from rocm_audit.audit.check import CHECKS  # the checks --skip can leave out
+
 # Which rule families each command can emit, so JUnit lists a passing case for a quiet rule.
 RULE_PREFIXES_BY_COMMAND = {
     "dedup": ("SCAN", "DUP"),
@@ -24,3 +29,39 @@ def rule_prefixes(command: str) -> tuple[str, ...]:
 def rule_family(rule: str) -> str:
     """The family of a rule id: its letters (``DUP`` of ``DUP001``), one per rules/*.toml area."""
     return rule.rstrip("0123456789")
+
+
+# Which check a rule belongs to, by its id's prefix (rules/*.toml): check and image name the checks
+# that ran (summary.checks), and `--skip` names them too.
+CHECK_OF_PREFIX = {
+    "DUP": "dedup",
+    "ARCH": "verify-arch",
+    "LLVM": "llvm",
+    "POST": "post-build",
+    "PRUNE": "prune",
+    "IMG": "image",
+    "SCAN": "scan",
+    "CHK": "check",
+}
+
+
+def check_of(rule: str) -> str:
+    """The check a rule belongs to: ``llvm`` for ``LLVM002``."""
+    prefix = rule_family(rule)
+    return CHECK_OF_PREFIX.get(prefix, prefix.lower())
+
+
+def evaluated(rule_commands: tuple[str, ...], rule: str, command: str, sections: Mapping[str, Any]) -> bool:
+    """Whether this run judged ``rule``: a command it is reported by ran in the mode that reports
+    it (``llvm --probe`` only with probes), and under check or image its check was not left out."""
+    ran = (sections.get("summary") or {}).get("checks")
+    if command in ("check", "image") and ran is not None and check_of(rule) in CHECKS and check_of(rule) not in ran:
+        return False
+    modes = {"--probe": "probe_interpreter", "--revert": "revert", "--targets": "code_objects"}
+    for entry in rule_commands:
+        name, *flags = entry.split()
+        if name != command:
+            continue
+        if all(modes.get(flag) in sections or (flag == "--revert" and "prune_revert" in sections) for flag in flags):
+            return True
+    return False

@@ -227,9 +227,8 @@ def software_stack(sonames: list[str]) -> str | None:
     """The software stacks all of ``sonames`` belong to (``ROCm``, ``C runtime and ROCm``), else
     None: a file missing only whole stacks is one entry of the text report with every such file."""
     stacks = {next((name for name, pattern in _STACKS if pattern.match(soname)), None) for soname in sonames}
-    if not stacks or None in stacks:
-        return None
-    return " and ".join(sorted(stacks))
+    named = sorted(stack for stack in stacks if stack is not None)
+    return " and ".join(named) if named and len(named) == len(stacks) else None
 
 
 def _version_finding(path: str, lacking: list[tuple[str, str, list[str], VersionFacts]]) -> Finding:
