@@ -5,10 +5,19 @@ rocm-audit reads compressed offload bundles by streaming them (same verdicts, mo
 docs/dependencies.md). Everything else is in pyproject.toml.
 """
 
+import os
+
 from setuptools import Extension, setup
 
+# ROCM_AUDIT_PURE_WHEEL=1: a wheel without the C part (py3-none-any), which installs on any
+# Python >= 3.10 and platform: what the README's Dockerfile stage installs, whatever the Python
+# of the machine that built the wheel.
+PURE = os.environ.get("ROCM_AUDIT_PURE_WHEEL") == "1"
+
 setup(
-    ext_modules=[
+    ext_modules=[]
+    if PURE
+    else [
         Extension(
             "rocm_audit.formats._zstdindex",
             ["src/rocm_audit/formats/_zstdindex.c"],

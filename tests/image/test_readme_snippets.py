@@ -150,14 +150,21 @@ def test_setup_command_runs_as_written(docker, base_image, sudo_image, clone, in
 def test_dockerfile_snippet_builds_as_written(docker, base_image, index_url, tmp_path):
     context = tmp_path / "context"
     wheels = context / "rocm-audit-wheel"
+    # As the README says: a wheel without the C part, which any base image's Python installs.
+    assert "ROCM_AUDIT_PURE_WHEEL=1 python3 -m pip wheel --no-deps -w rocm-audit-wheel" in " ".join(
+        README.read_text().split()
+    )
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
+        env={**os.environ, "ROCM_AUDIT_PURE_WHEEL": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    (built_wheel,) = wheels.iterdir()
+    assert built_wheel.name.startswith("rocm_audit-") and built_wheel.name.endswith("-py3-none-any.whl")
     (context / "Dockerfile").write_text(block("In a Dockerfile", "dockerfile"))
     args = {"BASE_IMAGE": base_image, "ROCM_INDEX_URL": index_url, "PIP_INDEX_URL": index_url}
     built = docker.build(context, "rocm-audit-test/readme:ok", context / "Dockerfile", {**args, "GPU_ARCH": "gfx942"})
