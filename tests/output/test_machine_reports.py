@@ -308,3 +308,18 @@ def test_findings_of_one_file_and_rule_are_ordered_by_their_place_and_told_apart
 
     summary = render_markdown(CommandOutcome(command="check", findings=same, roots=["/s"]))
     assert "ARCH006 libhsa.so (3 places: .data+0x660, .data+0x3f80, .data+0x7bc0): old code objects" in summary
+
+
+def test_github_annotations_come_errors_first_as_in_the_text():
+    from rocm_audit.outcome import CommandOutcome
+    from rocm_audit.output.github import render_github
+
+    findings = [
+        make_finding("ARCH006", "/s/a.so", "old", data={"offset": 1}),
+        make_finding("DUP001", "/s/b.so", "copy"),
+        make_finding("POST002", "/s/a.so", "needs x"),
+    ]
+    said = [
+        line.split(" ", 1)[0] for line in render_github(CommandOutcome(command="check", findings=findings)).splitlines()
+    ]
+    assert said == ["::error", "::warning", "::notice"]

@@ -39,9 +39,10 @@ def workspace_relative(path: str, workspace: str | None) -> str:
 
 
 def render_github(outcome: CommandOutcome, workspace: str | None = None) -> str:
-    """One workflow command per finding; ``workspace`` is ``$GITHUB_WORKSPACE`` when set."""
+    """One workflow command per finding, errors first as in the text report; ``workspace`` is
+    ``$GITHUB_WORKSPACE`` when set."""
     lines = []
-    for one in outcome.findings:
+    for one in sorted(outcome.findings, key=lambda f: (-f.severity.rank, f.sort_key())):
         message = display(one.message)
         if one.related_paths:
             related = (display(workspace_relative(p, workspace)) for p in one.related_paths)
