@@ -1,4 +1,4 @@
-"""`rocm-audit image`: audit a finished image from outside, from a Docker daemon or an archive."""
+"""`rocm-audit image`: audit a finished image from outside, from a Docker daemon, a registry or an archive."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def command(
     max_entries: _MaxEntriesOption = 4_000_000,
     skip: SkipOption = None,
 ) -> CommandOutcome:
-    """Audit a container image without running it, from a Docker daemon or an archive.
+    """Audit an image without running it: from a daemon, a registry or an archive.
 
     Merges its layers (whiteouts applied) in a private dir, runs every check of `rocm-audit check`
     on its site-packages, and shows which layer holds each copy of duplicated content.
