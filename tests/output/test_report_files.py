@@ -64,7 +64,11 @@ def _tree_state(root):
         (["--write-baseline", "{tmp}"], "--write-baseline {tmp}: is a directory"),
         (["-o", "{tmp}/r", "--report", "json={tmp}/./r"], "--report json={tmp}/./r: -o {tmp}/r writes this file"),
         (["--report", "sarif"], "--report sarif: expected FORMAT=FILE"),
-        (["--report", "xml={tmp}/r.xml"], "--report xml={tmp}/r.xml: expected FORMAT=FILE, FORMAT one of text,"),
+        (["--report", "xml={tmp}/r.xml"], "--report xml={tmp}/r.xml: no report format 'xml'; the formats: text,"),
+        (
+            ["--report", "markdown="],
+            "--report markdown=: no file after 'markdown='\nhint: is the variable naming it set?",
+        ),
     ],
 )
 def test_a_file_the_run_cannot_write_stops_it_before_it_changes_anything(sdk, run_cli, tmp_path, options, says):

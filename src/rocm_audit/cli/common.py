@@ -557,7 +557,11 @@ def report_files(report: Report) -> list[tuple[OutputFormat, str]]:
     formats = [f.value for f in OutputFormat]
     for given in report.reports:
         name, equals, path = given.partition("=")
-        if not equals or not path or name not in formats:
+        if equals and name in formats and not path:  # often an unset variable: markdown="$GITHUB_STEP_SUMMARY"
+            raise UsageError(f"--report {given}: no file after '{name}='", hint="is the variable naming it set?")
+        if equals and name not in formats:
+            raise UsageError(f"--report {given}: no report format {name!r}; the formats: {', '.join(formats)}")
+        if not equals or not path:
             raise UsageError(
                 f"--report {given}: expected FORMAT=FILE, FORMAT one of {', '.join(formats)}",
                 hint="for example --report sarif=rocm-audit.sarif",
