@@ -276,7 +276,7 @@ def test_v_after_the_command_turns_on_logging(name, tmp_path, capsys, fresh_logg
     assert fresh_logging.level == logging.INFO
     logging.getLogger("rocm_audit.some.module").info("a step of the audit")
     logging.getLogger("rocm_audit.some.module").debug("a detail")
-    assert capsys.readouterr().err == "rocm-audit: rocm_audit.some.module: a step of the audit\n"
+    assert capsys.readouterr().err == "rocm-audit: some.module: a step of the audit\n"
 
 
 @pytest.mark.parametrize(
@@ -333,7 +333,7 @@ def test_dedup_help_says_a_dry_run_never_fails(sdk, run_cli):
 def test_v_logs_each_phase_with_its_count_and_time(sdk, capsys, fresh_logging):
     """-v in a CI log (no terminal, so no progress line): each phase of the work, as it ends."""
     assert cli.main(["check", "gfx942", "-p", str(sdk.site), "-v"]) == 1
-    prefix = "rocm-audit: rocm_audit.check: "
+    prefix = "rocm-audit: check: "
     phases = [line for line in capsys.readouterr().err.splitlines() if line.startswith(prefix)]
     said = [line.removeprefix(prefix) for line in phases]
     assert said[0].startswith("listing files: ") and re.search(r" in [0-9]+\.[0-9]{2} s$", said[0]), said

@@ -320,11 +320,18 @@ def start_logging(verbose: int) -> None:
         def stream(self, value: object) -> None:
             pass
 
+    class _ShortNames(logging.Formatter):
+        """``rocm-audit: image: reading layer 0`` (the module, without the package's own name)."""
+
+        def format(self, record: logging.LogRecord) -> str:
+            record.short = record.name.removeprefix("rocm_audit.")
+            return super().format(record)
+
     root = logging.getLogger()
     if not any(h.get_name() == "rocm-audit" for h in root.handlers):
         handler = _ToCurrentStderr()
         handler.set_name("rocm-audit")
-        handler.setFormatter(logging.Formatter("rocm-audit: %(name)s: %(message)s"))
+        handler.setFormatter(_ShortNames("rocm-audit: %(short)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
