@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -221,8 +222,9 @@ def test_same_layer_duplicates_name_the_step_that_wrote_the_layer(tmp_path, run_
     unnamed = docker_save(tmp_path / "unnamed.tar", [staging, install], history=[*history, "RUN /bin/sh -c true"])
     report = run_cli("image", "--archive", str(unnamed), "--format", "json", expect=1).report
     finding = next(f for f in report["findings"] if f["rule"] == "IMG007")
-    legacy_id = report["image"]["layers"][1]["name"][:12]  # docker save's <id>/layer.tar, as docker prints IDs
-    assert f"in layer 1 ({legacy_id}): " in finding["message"] and "pip install" not in finding["message"]
+    name = report["image"]["layers"][1]["name"]  # the layer's diff ID, from the config
+    assert name.startswith("sha256:") and f"in layer 1 ({name[:19]}): " in finding["message"]
+    assert "pip install" not in finding["message"]
     assert not any("step" in row for row in report["image"]["layers"])
 
 
@@ -763,3 +765,22 @@ def test_a_file_a_later_layer_writes_again_is_no_with_of_its_own(tmp_path, run_c
     assert "(layer 0, hidden)" in finding["message"] and "(layer 1)" in finding["message"]
     text = run_cli("image", "--archive", str(archive), expect=0).stdout
     assert "    with " not in text
+
+
+def test_a_legacy_layer_is_checked_against_the_config_s_diff_id(tmp_path, run_cli, libs):
+    """A `<id>/layer.tar` is the uncompressed layer: its digest is the config's diff ID for its
+    place, as `docker load` checks it. A wrong one and a config without one per layer are IMG005."""
+    one = [layer((f"{SP}/pkg/libx.so", libs["comgr"]))]
+    good = run_cli("image", "--archive", str(docker_save(tmp_path / "good.tar", one)), "--format", "json")
+    digest = "sha256:" + hashlib.sha256(one[0]).hexdigest()
+    assert good.report["image"]["layers"][0]["name"] == digest
+    assert not [f for f in good.report["findings"] if f["rule"] == "IMG005"]
+    wrong = docker_save(tmp_path / "wrong.tar", one, diff_ids=["sha256:" + "0" * 64])
+    report = run_cli("image", "--archive", str(wrong), "--format", "json", expect=1).report
+    (mismatch,) = [f for f in report["findings"] if f["rule"] == "IMG005"]
+    assert mismatch["message"] == f"layer 0 does not match its digest sha256:{'0' * 64}"
+    none = docker_save(tmp_path / "none.tar", one, diff_ids=[])
+    report = run_cli("image", "--archive", str(none), "--format", "json", expect=1).report
+    (unchecked,) = [f for f in report["findings"] if f["rule"] == "IMG005"]
+    assert unchecked["message"].startswith("its config lists 0 layer digests (rootfs.diff_ids) for 1 layer: ")
+    assert unchecked["path"] == str(none)

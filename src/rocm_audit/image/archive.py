@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 from rocm_audit.errors import FormatError
 from rocm_audit.image import sniff, tarstream
+from rocm_audit.units import plural
 
 MAX_JSON_BYTES = 16 << 20
 MAX_INDEX_DEPTH = 4
@@ -62,6 +63,7 @@ class ImageLayout:
     tags: list[str] = field(default_factory=list)
     manifest_digest: str | None = None
     platform: str | None = None  # OS/ARCH[/VARIANT] of the config, where the source says it (registry)
+    unchecked: str = ""  # why the layers cannot be checked against the config's digests ("" when they are)
 
 
 class _Region:
@@ -308,16 +310,26 @@ def _docker_save(store: Store, ref: str | None) -> ImageLayout:
         loaded = store.read_json(chosen["Config"])
         config = loaded if isinstance(loaded, dict) else {}
     kind = "docker-save+oci" if store.exists("oci-layout") else "docker-save"
+    # A legacy `<id>/layer.tar` is the uncompressed layer, so its digest is the config's diff ID for
+    # its place (rootfs.diff_ids, one per layer, as `docker load` checks them).
+    rootfs = config.get("rootfs")
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    fits = isinstance(diff_ids, list) and len(diff_ids) == len(layers) and all(isinstance(d, str) for d in diff_ids)
     refs = []
-    for name in layers:
-        digest = None
+    for place, name in enumerate(layers):
+        digest = diff_ids[place] if fits and isinstance(diff_ids, list) else None
         if name.startswith("blobs/"):  # Docker 25+: the blob is named by its digest
             parts = name.split("/")
-            if len(parts) == 3:
-                digest = f"{parts[1]}:{parts[2]}"
+            digest = f"{parts[1]}:{parts[2]}" if len(parts) == 3 else None
         refs.append(LayerRef(member=name, digest=digest))
     tags = [t for t in chosen.get("RepoTags") or [] if isinstance(t, str)]
-    return ImageLayout(kind=kind, layers=refs, config=config, tags=tags)
+    unchecked = ""
+    if not fits and any(ref.digest is None for ref in refs):
+        listed = len(diff_ids) if isinstance(diff_ids, list) else 0
+        unchecked = (
+            f"its config lists {plural(listed, 'layer digest')} (rootfs.diff_ids) for {plural(len(layers), 'layer')}"
+        )
+    return ImageLayout(kind=kind, layers=refs, config=config, tags=tags, unchecked=unchecked)
 
 
 def _tags_of(manifest: list[dict[str, Any]]) -> list[str]:

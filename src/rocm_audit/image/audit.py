@@ -128,6 +128,9 @@ def audit_archive(archive: str, options: ImageOptions, progress: Progress = SILE
         }
         options = with_config(options, layout.config, len(layout.layers))
         layer_names = [ref.digest or ref.member for ref in layout.layers]
+        if layout.unchecked:
+            said = f"{layout.unchecked}: the layers cannot be checked against them (docker load refuses this archive)"
+            state.findings.append(make_finding("IMG005", archive, said, data={"offset": 0}))
         return audit_merged(state, options, source, layer_names, [archive])
 
 

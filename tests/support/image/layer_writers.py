@@ -52,17 +52,21 @@ def write_file_member(archive: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def image_config(
-    layers: list[bytes], env: list[str] | None, history: list[str | dict[str, object]] | None = None
+    layers: list[bytes],
+    env: list[str] | None,
+    history: list[str | dict[str, object]] | None = None,
+    diff_ids: list[str] | None = None,
 ) -> bytes:
-    """The image config both archive formats carry: platform, Env, the layers' diff ids, and
-    ``history`` (oldest first: a ``created_by`` per entry, or a whole entry) when given."""
+    """The image config both archive formats carry: platform, Env, the layers' diff ids (or
+    ``diff_ids`` as given), and ``history`` (oldest first: a ``created_by`` per entry, or a whole
+    entry) when given."""
     config: dict[str, object] = {
         "architecture": "amd64",
         "os": "linux",
         "config": {"Env": env or []},
         "rootfs": {
             "type": "layers",
-            "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers],
+            "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers] if diff_ids is None else diff_ids,
         },
     }
     if history is not None:
@@ -79,13 +83,14 @@ def docker_save(
     manifest: object | None = None,
     linked: dict[int, int] | None = None,
     history: list[str | dict[str, object]] | None = None,
+    diff_ids: list[str] | None = None,
 ) -> Path:
     """A legacy `docker save` archive: manifest.json, <id>.json config, <id>/layer.tar.
 
     ``linked`` {i: j}: layer i's layer.tar is a symlink to layer j's (docker writes that for
     identical layers).
     """
-    config_bytes = image_config(layers, env, history)
+    config_bytes = image_config(layers, env, history, diff_ids)
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
     names = [f"{hashlib.sha256(bytes([i]) + b).hexdigest()}/layer.tar" for i, b in enumerate(layers)]
     if manifest is None:
