@@ -784,3 +784,30 @@ def test_a_legacy_layer_is_checked_against_the_config_s_diff_id(tmp_path, run_cl
     (unchecked,) = [f for f in report["findings"] if f["rule"] == "IMG005"]
     assert unchecked["message"].startswith("its config lists 0 layer digests (rootfs.diff_ids) for 1 layer: ")
     assert unchecked["path"] == str(none)
+
+
+def test_a_compressed_layer_under_a_tool_s_own_name_is_not_held_to_the_diff_id(tmp_path, run_cli, libs):
+    """`layer0.tar.gz` holds the compressed blob, whose digest is no diff ID: no false IMG005."""
+    import gzip
+    import io
+    import json
+    import tarfile
+
+    raw = layer((f"{SP}/pkg/libx.so", libs["comgr"]))
+    config = json.dumps(
+        {
+            "os": "linux",
+            "architecture": "amd64",
+            "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(raw).hexdigest()]},
+        }
+    ).encode()
+    manifest = json.dumps([{"Config": "config.json", "RepoTags": ["t:1"], "Layers": ["layer0.tar.gz"]}]).encode()
+    archive = tmp_path / "tool.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name, data in (("manifest.json", manifest), ("config.json", config), ("layer0.tar.gz", gzip.compress(raw))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    report = run_cli("image", "--archive", str(archive), "--format", "json", expect=0).report
+    assert not [f for f in report["findings"] if f["rule"] in ("IMG001", "IMG005")]
+    assert report["image"]["layers"][0]["files"] == 1

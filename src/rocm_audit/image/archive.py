@@ -311,20 +311,22 @@ def _docker_save(store: Store, ref: str | None) -> ImageLayout:
         config = loaded if isinstance(loaded, dict) else {}
     kind = "docker-save+oci" if store.exists("oci-layout") else "docker-save"
     # A legacy `<id>/layer.tar` is the uncompressed layer, so its digest is the config's diff ID for
-    # its place (rootfs.diff_ids, one per layer, as `docker load` checks them).
+    # its place (rootfs.diff_ids, one per layer, as `docker load` checks them). Other names (a
+    # tool's own `layer0.tar.gz`) may be compressed blobs, whose digest is no diff ID: unchecked.
     rootfs = config.get("rootfs")
     diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
     fits = isinstance(diff_ids, list) and len(diff_ids) == len(layers) and all(isinstance(d, str) for d in diff_ids)
     refs = []
+    legacy = [name.endswith("/layer.tar") for name in layers]  # another name may hold a compressed blob
     for place, name in enumerate(layers):
-        digest = diff_ids[place] if fits and isinstance(diff_ids, list) else None
+        digest = diff_ids[place] if fits and legacy[place] and isinstance(diff_ids, list) else None
         if name.startswith("blobs/"):  # Docker 25+: the blob is named by its digest
             parts = name.split("/")
             digest = f"{parts[1]}:{parts[2]}" if len(parts) == 3 else None
         refs.append(LayerRef(member=name, digest=digest))
     tags = [t for t in chosen.get("RepoTags") or [] if isinstance(t, str)]
     unchecked = ""
-    if not fits and any(ref.digest is None for ref in refs):
+    if not fits and any(legacy):
         listed = len(diff_ids) if isinstance(diff_ids, list) else 0
         unchecked = (
             f"its config lists {plural(listed, 'layer digest')} (rootfs.diff_ids) for {plural(len(layers), 'layer')}"
