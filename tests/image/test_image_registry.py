@@ -599,3 +599,12 @@ def test_bad_registry_references_are_usage_errors(run_cli, ref):
     result = run_cli("image", ref)
     assert result.exit_code == 2
     assert "registry://HOST" in result.output
+
+
+def test_a_refused_connection_without_a_port_names_the_port_it_tried():
+    from rocm_audit.image.registry import network_words
+
+    bare = network_words("127.0.0.1", ConnectionRefusedError(111, "Connection refused"))
+    assert bare.startswith("cannot reach registry 127.0.0.1 on port 443 (registry://127.0.0.1:PORT/... names")
+    ported = network_words("127.0.0.1:5000", ConnectionRefusedError(111, "Connection refused"))
+    assert ported == "cannot reach registry 127.0.0.1:5000: nothing listens there (connection refused)"

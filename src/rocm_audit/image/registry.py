@@ -329,7 +329,10 @@ def network_words(host: str, exc: OSError) -> str:
     if isinstance(exc, socket.gaierror):
         return f"cannot reach registry {host}: its name does not resolve ({exc.strerror})"
     if isinstance(exc, ConnectionRefusedError):
-        return f"cannot reach registry {host}: nothing listens there (connection refused)"
+        # Without a port the connection went to HTTPS's 443: a local registry listens elsewhere.
+        ported = ":" in host.rsplit("]", 1)[-1]
+        where = host if ported else f"{host} on port 443 (registry://{host}:PORT/... names another)"
+        return f"cannot reach registry {where}: nothing listens there (connection refused)"
     if isinstance(exc, TimeoutError):
         return f"cannot reach registry {host}: no answer within {TIMEOUT:.0f} s"
     return f"cannot reach registry {host}: {exc.strerror or exc}"
