@@ -186,7 +186,7 @@ def test_report_file_is_written_and_summary_goes_to_stderr(llvm_cli, dup_llvm15,
     target = tmp_path / "report.json"
     result = llvm_cli("-p", str(dup_llvm15.root), "--format", "json", "-o", str(target), expect=1)
     report_validator.validate(json.loads(target.read_text()))
-    assert "llvm: 2 libraries carry LLVM; 1 clash, 1 that can abort or crash a process" in result.output
+    assert "llvm: 2 libraries carry LLVM; 1 clash that can abort or crash a process" in result.output
     assert "llvm: 1 error, 0 warnings, 0 info" in result.output  # the count the exit code follows
 
 

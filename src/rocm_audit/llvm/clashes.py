@@ -18,6 +18,7 @@ import os
 
 from rocm_audit.errors import UsageError
 from rocm_audit.llvm.analysis import ROCM_SDK_PRELOADS, LlvmAnalysis, LlvmOptions, analyse, rocm_sdk_preloads
+from rocm_audit.llvm.counts import clash_counts
 from rocm_audit.llvm.libfacts import linkage_facts_of, role_facts_of
 from rocm_audit.llvm.prediction import Clash, Expect, Reason, Risk, agrees, predict_closure, predict_pair
 from rocm_audit.llvm.probing import probe_analysis, probe_clashes
@@ -105,12 +106,13 @@ def run_llvm(
         sections["closures"] = [closure_to_dict(c, analysis.closure_roles) for c in analysis.closures]
     if analysis.probe_interpreter is not None:
         sections["probe_interpreter"] = interpreter_to_dict(analysis.probe_interpreter)
-    high = sum(1 for c in analysis.clashes if c.risk is Risk.HIGH)
     confirmed = sum(1 for c in analysis.clashes if c.confirmed)
     carrying = sum(1 for one in analysis.libraries if one.role not in (Role.NONE, Role.UNKNOWN))
-    # The words of the text report's LLVM line: libraries that carry LLVM, clashes and how many abort
+    # The words of the text report's LLVM line, counted as every summary counts them (llvm/counts.py)
+    harmful, harmless = clash_counts(sections["clashes"])
     clashes = (
-        f"{plural(len(analysis.clashes), 'clash', 'clashes')}, {high} that can abort or crash a process"
+        f"{plural(harmful, 'clash', 'clashes')} that can abort or crash a process"
+        + (f", {harmless} harmless" if harmless else "")
         if analysis.clashes
         else "no clash"
     )
