@@ -57,11 +57,15 @@ def evaluated(rule_commands: tuple[str, ...], rule: str, command: str, sections:
     ran = (sections.get("summary") or {}).get("checks")
     if command in ("check", "image") and ran is not None and check_of(rule) in CHECKS and check_of(rule) not in ran:
         return False
-    modes = {"--probe": "probe_interpreter", "--revert": "revert", "--targets": "code_objects"}
-    for entry in rule_commands:
-        name, *flags = entry.split()
-        if name != command:
-            continue
-        if all(modes.get(flag) in sections or (flag == "--revert" and "prune_revert" in sections) for flag in flags):
-            return True
-    return False
+    return any(
+        name == command and all(any(key in sections for key in _MODE_SECTIONS.get(flag, ())) for flag in flags)
+        for name, *flags in (entry.split() for entry in rule_commands)
+    )
+
+
+# The report section a run has only in the mode a rule's ``reported_by`` flag names.
+_MODE_SECTIONS = {
+    "--probe": ("probe_interpreter",),
+    "--revert": ("revert", "prune_revert"),
+    "--targets": ("code_objects",),
+}

@@ -237,7 +237,7 @@ def _role_counts(libraries: Sequence[LlvmLibrary]) -> dict[str, int]:
 def llvm_summary(sections: Sections) -> str:
     """``LLVM: 11 libraries carry LLVM (...); 1 clash aborts or crashes, 1 is harmless``."""
     count = _role_counts(sections["libraries"])
-    carrying = sum(n for role, n in count.items() if role not in ("none", "unknown"))
+    carrying = _carrying(count)
     kinds = [
         f"{count[role]} {verbs[0] if count[role] == 1 else verbs[1]}"
         for role, verbs in (
@@ -389,8 +389,12 @@ def _no_rocm_content(sections: Sections) -> bool:
     """Every check ran and found nothing of ROCm to judge (a check left out says nothing)."""
     if not {"dedup", "carriers", "libraries"} <= sections.keys() or sections.get("sdk_trees"):
         return False
-    carrying = sum(1 for lib in sections["libraries"] if lib.get("role") not in ("none", "unknown"))
-    return not sections["carriers"] and not carrying
+    return not sections["carriers"] and not _carrying(_role_counts(sections["libraries"]))
+
+
+def _carrying(count: dict[str, int]) -> int:
+    """How many libraries carry LLVM, from the count of each role (neither none nor unreadable)."""
+    return sum(n for role, n in count.items() if role not in ("none", "unknown"))
 
 
 WASTE_GROUPS_SHOWN = 3  # an image's layer-waste groups listed without -v (SDK trees first)
