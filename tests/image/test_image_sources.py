@@ -124,6 +124,10 @@ def test_docker_save_with_whiteout_and_replaced_directory(run_cli, saved):
         DEVEL_COPY: False,
     }  # hidden, but its bytes are still in the image
     assert group["scope"] == "cross-layer"
+    # The engine's own legacy layout: every <id>/layer.tar checked against its config diff ID, and
+    # each one matches (a layer named by its digest, no IMG005).
+    assert all(layer["name"].startswith("sha256:") for layer in report["image"]["layers"])
+    assert not [f for f in report["findings"] if f["rule"] == "IMG005"]
 
 
 @pytest.mark.long
