@@ -32,7 +32,9 @@ from pathlib import Path
 
 import pytest
 
+from rocm_audit.llvm import copies
 from rocm_audit.llvm.clashes import LlvmOptions, analyse, probe_analysis
+from rocm_audit.llvm.prediction import probe_decided
 from rocm_audit.llvm.probes import PAIR_MODES
 from rocm_audit.tree.inventory import build_inventory
 from support.files import scratch_dir
@@ -139,13 +141,21 @@ def _error_pairs(analysis) -> set[frozenset[str]]:
     """Pairs some error finding names (its path and one related path)."""
     found = set()
     for finding in analysis.findings:
-        if finding.severity.name != "ERROR" or not finding.rule.startswith("LLVM"):
-            continue
-        # The pair it is about: a host it arrives through (LLVM012) is named, not paired.
-        hosts = set(finding.data.get("arrives_through", ()))
-        members = [p for p in (finding.path, *finding.related_paths) if p == finding.path or p not in hosts]
-        for a, b in itertools.combinations(members, 2):
-            found.add(frozenset((a, b)))
+        if finding.severity.name == "ERROR" and finding.rule.startswith("LLVM"):
+            found |= _pairs_of(finding)
+    return found
+
+
+def _pairs_of(finding) -> set[frozenset[str]]:
+    """The pairs a finding is about: its path with each related path but the hosts a failure
+    arrives through (LLVM012), each identical copy it names standing in for what it copies."""
+    hosts = set(finding.data.get("arrives_through", ()))
+    copies = finding.data.get("identical_copies", {})
+    members = [p for p in (finding.path, *finding.related_paths) if p == finding.path or p not in hosts | set(copies)]
+    stand_ins = {m: [m, *(c for c, original in copies.items() if original == m)] for m in members}
+    found = set()
+    for a, b in itertools.combinations(members, 2):
+        found.update(frozenset(pair) for pair in itertools.product(stand_ins[a], stand_ins[b]))
     return found
 
 
@@ -255,6 +265,22 @@ def test_static_verdicts_equal_real_loads_one_pair_per_mechanism(subset_tree, su
     assert subset_analysis.judge.global_caution(test_lib, lib["llvm14"]) is None
 
 
+def test_pairs_that_differ_by_an_identical_copy_are_one_finding_naming_it(subset_tree, subset_analysis):
+    lib = {k: str(v) for k, v in subset_tree.libraries.items()}
+    clang, rocm = (lib["clang15"], lib["clang15-copy"]), (lib["rocmllvm"], lib["rocmllvm-copy"])
+    four = {frozenset(pair) for pair in itertools.product(clang, rocm)}
+    naming = [f for f in subset_analysis.findings if f.rule in ("LLVM012", "LLVM013") and _pairs_of(f) & four]
+    assert len(naming) == 1 and four <= _pairs_of(naming[0]), naming
+    assert "; the same with identical copies " in naming[0].message
+    # Honest folding: every pair a finding stands for is judged exactly as the pair it names.
+    folded = [f for f in subset_analysis.findings if f.data.get("identical_copies")]
+    assert len(folded) >= 5
+    judge, class_of = subset_analysis.judge, subset_analysis.class_of
+    for finding in folded:
+        judged = {copies.signature(judge.judge(*sorted(pair)), class_of) for pair in _pairs_of(finding)}
+        assert len(judged) == 1, finding
+
+
 def test_clean_copies_are_info_and_dependency_clashes_name_their_path(subset_tree, subset_analysis):
     analysis = subset_analysis
     lib = {k: str(v) for k, v in subset_tree.libraries.items()}
@@ -346,6 +372,13 @@ def test_probe_verdicts_agree_with_real_loads(probe_tree):
     # The probe decided: the clean copies are info, the rest errors.
     decided = {c.finding.rule for c in analysis.clashes if c.finding is not None}
     assert "LLVM014" in decided
+    # Two pairs that differ by an identical copy, probed alike, stay one finding naming the copy.
+    lib = {k: str(v) for k, v in tree.libraries.items()}
+    both = {frozenset((lib["clang15"], lib[name])) for name in ("rocmllvm", "rocmllvm-copy")}
+    naming = [f for f in analysis.findings if f.rule in ("LLVM012", "LLVM013") and _pairs_of(f) & both]
+    assert len(naming) == 1 and both <= _pairs_of(naming[0]), naming
+    assert naming[0].data["decided_by"] == "probe"
+    assert len({probe_decided(analysis.pair_probes[tuple(sorted(pair))][0]) for pair in both}) == 1
 
 
 @pytest.mark.slow  # the whole sweep

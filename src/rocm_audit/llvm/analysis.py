@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from rocm_audit.elf import read as elfread
 from rocm_audit.findings import Finding, make_finding
-from rocm_audit.llvm import fixes
+from rocm_audit.llvm import copies, fixes
 from rocm_audit.llvm.clash_findings import MAX_VIA_ROOTS, at_path, clash_finding, expect_of, pair_finding
 from rocm_audit.llvm.closure import Closure, HostView, ProcessModel
 from rocm_audit.llvm.libfacts import LibraryFacts, identities, read_linkages_of
@@ -82,6 +82,10 @@ class LlvmAnalysis:
     judged_pairs: int = 0
     judge: PairJudge | None = None
     pair_findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
+    # The pairs each pair finding stands for, itself first (llvm/copies.py), and what says which
+    # libraries are byte-identical copies of one another.
+    pair_members: dict[tuple[str, str], list[PairVerdicts]] = field(default_factory=dict)
+    class_of: copies.ClassOf = str
     pair_probes: dict[tuple[str, str], tuple[list[ProbeResult], list[Verdict]]] = field(default_factory=dict)
     facts: LibraryFacts | None = None
     probe_interpreter: Interpreter | None = None  # what ran the probes, and why that one
@@ -134,8 +138,9 @@ def _duplicate_clashes(
     facts: LibraryFacts,
     findings: list[Finding],
     preloaded: frozenset[tuple[int, int]] = frozenset(),
-) -> tuple[list[Clash], dict[tuple[int, int], int]]:
-    """Clash kind 1, plus the group number of every exporter/registrant inode."""
+) -> tuple[list[Clash], dict[tuple[int, int], int], list[set[str]]]:
+    """Clash kind 1, the group number of every exporter/registrant inode, and the classes of
+    byte-identical copies among them (one path per inode)."""
     records = {r.path: r for r in inventory.files}
     ownership = Ownership.of_trees(inventory.sdk_trees)  # the keeper dedup keeps: a wheel's own copy first
     paths_by_identity: dict[tuple[int, int], list[str]] = {}
@@ -192,7 +197,7 @@ def _duplicate_clashes(
                 identical=same_bytes,
             )
         )
-    return clashes, group_of
+    return clashes, group_of, identical
 
 
 def _shared_inodes(
@@ -367,7 +372,7 @@ def analyse(inventory: Inventory, options: LlvmOptions, progress: Progress = SIL
         facts.of(record.path, record.identity)
         progress.update(done)
     preloaded = identities(options.preload)
-    clashes, group_of = _duplicate_clashes(inventory, facts, findings, preloaded)
+    clashes, group_of, identical = _duplicate_clashes(inventory, facts, findings, preloaded)
     exporters: dict[tuple[int, int], tuple[tuple[int, int], str, ClFacts]] = {}
     for record in sorted(libraries, key=lambda r: r.path):  # one entry per inode, first path
         one = facts.by_identity[record.identity]
@@ -413,9 +418,11 @@ def analyse(inventory: Inventory, options: LlvmOptions, progress: Progress = SIL
     covered |= {frozenset(c.judged.paths) for c in clashes if c.judged is not None}
     uncovered = [p for p in pairs if p.bad and frozenset(p.paths) not in covered]
     analysis = LlvmAnalysis(library_list, in_scan, identity_of, clashes, closures, closure_roles, findings)
-    for pair in uncovered:
-        analysis.pair_findings[pair.paths] = pair_finding(pair, judge)
-        findings.append(analysis.pair_findings[pair.paths])
+    analysis.class_of = copies.class_map(identical)
+    analysis.pair_members = copies.fold(uncovered, analysis.class_of, lambda _pair: ())
+    for paths, members in analysis.pair_members.items():
+        analysis.pair_findings[paths] = copies.with_copies(pair_finding(members[0], judge), members, analysis.class_of)
+        findings.append(analysis.pair_findings[paths])
     analysis.pairs = uncovered
     analysis.judged_pairs = judged_count
     analysis.facts = facts

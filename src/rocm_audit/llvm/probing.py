@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rocm_audit.findings import Finding, make_finding
+from rocm_audit.llvm import copies
 from rocm_audit.llvm.analysis import LlvmAnalysis, LlvmOptions
 from rocm_audit.llvm.clash_findings import clash_finding, pair_finding
 from rocm_audit.llvm.pairs import PairJudge, PairVerdicts
@@ -225,21 +226,43 @@ def probe_analysis(analysis: LlvmAnalysis, options: LlvmOptions, progress: Progr
         if judge is None:
             break
         progress.update(done)
-        probes, expected = _probe_orders(pair, judge, options, python)
-        analysis.pair_probes[pair.paths] = (probes, expected)
-        analysis.findings.extend(_judged_probe_findings(pair.paths, probes, expected))
+        analysis.pair_probes[pair.paths] = _probe_orders(pair, judge, options, python)
     rewritten: dict[int, Finding] = {}
     for clash in analysis.clashes:
         judged = clash.judged is not None or bool(clash.closure_judged)
         if clash.finding is not None and judged and probe_decided(clash.probes) is not None:
             rewritten[id(clash.finding)] = clash_finding(clash)
             clash.finding = rewritten[id(clash.finding)]
-    for pair in analysis.pairs:
-        probes = analysis.pair_probes.get(pair.paths, ([], []))[0]
-        old = analysis.pair_findings.get(pair.paths)
-        if old is not None and judge is not None and probe_decided(probes) is not None:
-            rewritten[id(old)] = pair_finding(pair, judge, probes)
+    if judge is not None:
+        analysis.findings.extend(_probed_pair_findings(analysis, judge, rewritten))
     analysis.findings = one_per_failing_load([rewritten.get(id(f), f) for f in analysis.findings])
+
+
+def _probed_pair_findings(analysis: LlvmAnalysis, judge: PairJudge, rewritten: dict[int, Finding]) -> list[Finding]:
+    """The probes' findings of the failing pairs, and each pair finding the probes decided
+    rewritten (in ``rewritten``). A pair folded into another's finding as an identical copy
+    (llvm/copies.py) stays folded only while its probes agree with that pair's: otherwise it gets
+    findings of its own."""
+    added: list[Finding] = []
+
+    def probes_of(pair: PairVerdicts) -> list[ProbeResult]:
+        return analysis.pair_probes.get(pair.paths, ([], []))[0]
+
+    for paths, members in analysis.pair_members.items():
+        old = analysis.pair_findings.get(paths)
+        for group in copies.fold(members, analysis.class_of, probes_of).values():
+            first = group[0]
+            probes, expected = analysis.pair_probes.get(first.paths, ([], []))
+            probed = _judged_probe_findings(first.paths, probes, expected)
+            added.extend(copies.with_copies(f, group, analysis.class_of) for f in probed)
+            decided = probe_decided(probes) is not None
+            finding = copies.with_copies(pair_finding(first, judge, probes), group, analysis.class_of)
+            if first.paths == paths and old is not None:
+                if decided or len(group) < len(members):
+                    rewritten[id(old)] = finding
+            else:
+                added.append(finding)  # a copy the probes told apart
+    return added
 
 
 def _probe_findings(clash: Clash) -> list[Finding]:
