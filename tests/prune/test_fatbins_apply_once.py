@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -207,3 +208,55 @@ def test_a_library_with_nothing_to_remove_is_slimmed_once_and_not_written(site, 
     records = [json.loads(line) for line in manifest.read_text().splitlines()] if manifest.exists() else []
     assert not [r for r in records if r.get("type") == "fatbin-done"]
     assert not _temporaries(site)
+
+
+def test_a_real_ctrl_c_while_slimming_counts_the_libraries_replaced_and_the_undo_restores_them(site, tmp_path):
+    """A real SIGINT (strace) on entry to the n-th rename of an applying --fatbins run: the message
+    counts the libraries replaced (it said "nothing was changed" with one already slimmed), and its
+    undo line brings every byte back."""
+    from support.killpoints import interrupted, rocm_audit
+
+    originals = {name: (site / "hippkg" / name).read_bytes() for name in NAMES}
+    record = (site / "hippkg-1.0.dist-info" / "RECORD").read_bytes()
+    counts = []
+    for nth in (1, 2, 3, 4):
+        backup = tmp_path / f"backup{nth}"
+        args = ["prune", "--fatbins", "-p", str(site), "gfx942", "--backup", str(backup)]
+        stopped = interrupted(args, ("rename", "renameat", "renameat2"), nth)
+        changed = [n for n in NAMES if (site / "hippkg" / n).read_bytes() != originals[n]]
+        if stopped.returncode == 0:  # the run made fewer renames than nth
+            break
+        assert stopped.returncode == EXIT_INTERRUPTED, stopped.stderr
+        if not changed:
+            assert "before its first change: nothing was changed" in stopped.stderr
+            continue
+        assert f"prune interrupted: {len(changed)} of {len(NAMES)} changes made" in stopped.stderr
+        counts.append(len(changed))
+        undo = stopped.stderr.split("To undo, run:\n", 1)[1].strip()
+        assert undo.startswith("rocm-audit prune --revert ")
+        reverted = rocm_audit(*shlex.split(undo)[1:])
+        assert reverted.returncode == 0, reverted.stderr
+        assert {n: (site / "hippkg" / n).read_bytes() for n in NAMES} == originals
+        assert (site / "hippkg-1.0.dist-info" / "RECORD").read_bytes() == record
+        assert not _temporaries(site)
+    assert counts, "no interrupt came after a library was replaced"
+
+
+def test_a_real_ctrl_c_during_the_revert_says_how_many_libraries_are_back(site, tmp_path):
+    """The revert of slimmed libraries, sent SIGINT on entry to its n-th rename: the message counts
+    the libraries restored (it said only "interrupted"), and running it again finishes."""
+    from support.killpoints import interrupted, rocm_audit
+
+    originals = {name: (site / "hippkg" / name).read_bytes() for name in NAMES}
+    applied = rocm_audit("prune", "--fatbins", "-p", str(site), "gfx942", "--backup", str(tmp_path / "backup"))
+    assert applied.returncode == 0, applied.stderr
+    manifest = str(site / ".rocm-audit" / "prune-manifest.jsonl")
+    stopped = interrupted(["prune", "--revert", manifest], ("rename", "renameat", "renameat2"), 1)
+    assert stopped.returncode == EXIT_INTERRUPTED, stopped.stderr
+    back = [n for n in NAMES if (site / "hippkg" / n).read_bytes() == originals[n]]
+    assert back, "the first rename of the revert is a library's restore, completed before the interrupt"
+    assert stopped.stderr.startswith(f"rocm-audit: prune --revert interrupted: {len(back)} of {len(NAMES)} changes")
+    assert "To finish, run the same command again." in stopped.stderr
+    again = rocm_audit("prune", "--revert", manifest)
+    assert again.returncode == 0, again.stderr
+    assert {n: (site / "hippkg" / n).read_bytes() for n in NAMES} == originals

@@ -400,7 +400,12 @@ def _run_prune(
         applied.append(result)
         if fatbin_plan is not None:
             progress.phase("slimming fat binaries")
-            fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings, python)
+            try:
+                fatbin_result = _apply_fatbins(plan, fatbin_plan, manifest_path, backup_dir, findings, python)
+            except Interrupted as stopped:  # the units removed before count as changes made too
+                made, planned = stopped.made + result.removed, stopped.planned + result.planned
+                manifest = stopped.manifest or (result.manifest if result.removed else None)
+                raise Interrupted("prune", made, planned, manifest) from None
     apply_errors = findings[weight_note_at:]
     # after the apply: an applying run knows what the fat binaries gave only once they are slimmed
     weight_note = weight_finding(plan, weight, where, fatbin_plan, fatbins_estimate=sum(estimate.values()))
@@ -511,7 +516,11 @@ def revert_prune(manifests: list[str], progress: Progress = SILENT, python: str 
     UsageError, and Interrupted on Ctrl-C."""
     reinstalls = Reinstalls(python=os.path.abspath(python) if python else None)
     result = prune_apply.revert(manifests, progress, reinstalls)
-    slimmed = revert_fatbins(manifests, reinstalls)
+    try:
+        slimmed = revert_fatbins(manifests, reinstalls)
+    except Interrupted as stopped:  # the paths the units' revert restored count too
+        made, planned = stopped.made + len(result.restored), stopped.planned + result.planned
+        raise Interrupted("prune --revert", made, planned, None) from None
     result.findings.extend(slimmed.findings)
     result.restored.extend(slimmed.restored)
     result.original.extend(slimmed.original)

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocm_audit.errors import FormatError
+from rocm_audit.errors import FormatError, Interrupted
 from rocm_audit.findings import Finding, make_finding
 from rocm_audit.prune.apply import CopyMismatch, copy_into_place, plain_error, sha256_of
 from rocm_audit.prune.fatbins.comgr import AGREED, KNOWS_NONE, NOT_AVAILABLE, ComgrError, ComgrProof, system_comgr
@@ -67,6 +67,7 @@ class FatbinLibrary:
     refused: str = ""  # why the library stays as it is
     status: str = "planned"  # planned | slimmed | unchanged | skipped | failed
     comgr: str = ""  # proof (d): agreed | not available | knows none of the kept targets | ...
+    replaced: bool = False  # the slimmed copy took its place: a change made, whatever comes after
 
     @property
     def freed(self) -> int:
@@ -414,11 +415,16 @@ def apply_fatbins(
             _not_attempted(todo, "no revert manifest")
             return result
         result.manifest = manifest  # written: the run can be reverted from here on
-        with contextlib.ExitStack() as stack:
-            proof, comgr_state = _open_comgr(stack, plan.kept, plan.comgr_library)
-            comgr = [proof]  # a child that fails is dropped for the libraries after it too
-            for library, entry in zip(todo, entries, strict=True):
-                _apply_one(library, entry, plan.kept, comgr, comgr_state, (manifest, run), result, findings)
+        try:
+            with contextlib.ExitStack() as stack:
+                proof, comgr_state = _open_comgr(stack, plan.kept, plan.comgr_library)
+                comgr = [proof]  # a child that fails is dropped for the libraries after it too
+                for library, entry in zip(todo, entries, strict=True):
+                    _apply_one(library, entry, plan.kept, comgr, comgr_state, (manifest, run), result, findings)
+        except KeyboardInterrupt:
+            # Each library is replaced whole (one_change) or not at all: say how many were.
+            made = sum(1 for library in todo if library.replaced)
+            raise Interrupted("prune", made, len(todo), manifest if made else None) from None
     return result
 
 
@@ -549,6 +555,7 @@ def _slim_one(
             # sha256 in it) can leave all of it as it was, so the file slimmed is the one hashed.
             _same_file(entry, ctime=True)
             os.replace(temporary, path)
+            library.replaced = True
             fsync_directory(directory)
             owner = library.owner
             if owner is not None and "record_line" in entry:
@@ -588,35 +595,50 @@ def revert_fatbins(manifest_paths: list[str], reinstalls: Reinstalls | None = No
                 latest.setdefault(record["path"], record)  # the first run's original is the original
             elif record.get("type") == DONE_TYPE and isinstance(record.get("path"), str):
                 after[record["run"], record["path"]] = record.get("sha256_after", "")
-    for path, entry in latest.items():
-        try:
-            current = sha256_of(path)
-        except OSError as exc:
-            if not reinstalls.uninstalled(entry):  # uninstalled after the prune: nothing to restore
-                why = exc.strerror or str(exc)
-                owner = f", though {entry['owner']} is still installed" if entry.get("owner") else ""
-                result.findings.append(make_finding("PRUNE006", path, f"not restored: {why}{owner}"))
-            continue
-        if current == entry["sha256"]:
-            result.original.append(path)
-            continue
-        written = after.get((entry.get("run", ""), path))
-        if written is not None and current != written:
-            result.findings.append(make_finding("PRUNE006", path, "not restored: the path holds something else now"))
-            continue
-        backup = entry.get("backup")
-        if backup and os.path.isfile(backup) and sha256_of(backup) == entry["sha256"]:
-            with one_change():
-                _restore(entry, backup)
-            result.restored.append(path)
-            continue
-        if entry.get("owner"):
-            reinstalls.add(entry, python_of_run.get(str(entry.get("run"))))
-        else:
-            result.findings.append(
-                make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
-            )
+    try:
+        for path, entry in latest.items():
+            _revert_one(path, entry, after, python_of_run, reinstalls, result)
+    except KeyboardInterrupt:  # each library is restored whole (one_change) or not at all
+        raise Interrupted("prune --revert", len(result.restored), len(latest), None) from None
     return result
+
+
+def _revert_one(
+    path: str,
+    entry: dict[str, Any],
+    after: dict[tuple[str, str], str],
+    python_of_run: dict[str, str | None],
+    reinstalls: Reinstalls,
+    result: FatbinRevertResult,
+) -> None:
+    """Restore one slimmed library from its backup, or hand it to ``reinstalls``; say why not."""
+    try:
+        current = sha256_of(path)
+    except OSError as exc:
+        if not reinstalls.uninstalled(entry):  # uninstalled after the prune: nothing to restore
+            why = exc.strerror or str(exc)
+            owner = f", though {entry['owner']} is still installed" if entry.get("owner") else ""
+            result.findings.append(make_finding("PRUNE006", path, f"not restored: {why}{owner}"))
+        return
+    if current == entry["sha256"]:
+        result.original.append(path)
+        return
+    written = after.get((entry.get("run", ""), path))
+    if written is not None and current != written:
+        result.findings.append(make_finding("PRUNE006", path, "not restored: the path holds something else now"))
+        return
+    backup = entry.get("backup")
+    if backup and os.path.isfile(backup) and sha256_of(backup) == entry["sha256"]:
+        with one_change():
+            _restore(entry, backup)
+            result.restored.append(path)  # inside: a Ctrl-C comes after the count, not before it
+        return
+    if entry.get("owner"):
+        reinstalls.add(entry, python_of_run.get(str(entry.get("run"))))
+    else:
+        result.findings.append(
+            make_finding("PRUNE006", path, "not restored: no backup holds it and no distribution owns it")
+        )
 
 
 def _restore(entry: dict[str, Any], backup: str) -> None:
