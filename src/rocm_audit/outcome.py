@@ -24,6 +24,9 @@ class CommandOutcome:
     findings_decide_exit: bool = True
     # One human line for stderr when the report itself goes to a file or is JSON.
     summary: str | None = None
+    # Commands ``summary`` gives to run (prune's undo line): held whole when it is wrapped, since a
+    # command split over two lines pastes as two commands.
+    summary_commands: list[str] = field(default_factory=list)
     # Findings an ignore in the policy removed, with the reason (filled in by the CLI).
     suppressed: list[dict[str, str]] = field(default_factory=list)
     # The audited directories, spelled as the findings spell paths: text shows paths under them

@@ -55,6 +55,20 @@ def test_an_applying_run_ends_with_what_it_did_and_the_command_that_undoes_it(ru
     assert {k: v for k, v in after.items() if k != record} == {k: v for k, v in before.items() if k != record}
 
 
+def test_the_stderr_summary_of_a_report_to_a_file_keeps_the_undo_command_on_one_line(run_cli, units, tmp_path):
+    """Beside a report written to a file, stderr says what the run did in lines of 100 columns:
+    the undo command stays whole on its own line (split, it pasted as two commands)."""
+    report = tmp_path / "report.json"
+    args = ("prune", "gfx942", "--fatbins", "-p", str(units), "--backup", str(tmp_path / "backup"))
+    done = run_cli(*args, "--format", "json", "-o", str(report), expect=0)
+    command = f"rocm-audit prune --revert {units / '.rocm-audit' / 'prune-manifest.jsonl'}"
+    assert len(command) > 40  # the summary before it fills its line: the command must go whole below
+    lines = done.stderr.splitlines()
+    holding = [line for line in lines if command in line]
+    assert len(holding) == 1 and holding[0].strip() == command, lines
+    run_cli(*shlex.split(holding[0].strip())[1:], expect=0)
+
+
 def test_the_json_of_an_applying_run_counts_what_it_removed_and_slimmed(run_cli, units, tmp_path):
     plan = run_cli("prune", "gfx942", "--fatbins", "--dry-run", "-p", str(units), "--format", "json").report
     assert plan["prune"]["manifest"] is None and plan["prune"]["revert_command"] is None

@@ -431,6 +431,7 @@ def _run_prune(
         command="prune",
         findings=findings,
         inputs=[r.path for r in roots],
+        summary_commands=[section["revert_command"]] if section["revert_command"] else [],
         sections=sections,  # type: ignore[arg-type]
         force_failure=mode == "check" and (bool(plan.removals) or bool(fatbin_plan and fatbin_plan.freed)),
         summary=summary,

@@ -464,11 +464,14 @@ def emit(
         _write_out(_rendered(outcome, file_format, threshold, verbose), path)
     _write_out(_rendered(outcome, fmt, threshold, verbose, terminal=not output), output)
     if not quiet and (fmt is not OutputFormat.text or output) and outcome.summary:
-        from rocm_audit.output.layout import wrap
+        from rocm_audit.output.layout import hold, wrap
         from rocm_audit.output.text import count_line
 
         # what a person reads at 100 columns, with the findings' count the exit code follows
-        said = [*wrap(display(outcome.summary)), count_line(outcome.command, outcome.findings)]
+        summary = display(outcome.summary)
+        for command in map(display, outcome.summary_commands):
+            summary = summary.replace(command, hold(command))
+        said = [*wrap(summary), count_line(outcome.command, outcome.findings)]
         typer.echo("\n".join(said), err=True)
     if threshold is None:
         return EXIT_FINDINGS if outcome.force_failure else EXIT_OK
