@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from support.prune_units import REMOVED, tree_state
 
 
@@ -83,3 +85,21 @@ def test_the_report_says_what_was_kept_whole_and_why(run_cli, units, tmp_path):
     text = run_cli("prune", "gfx942", "--dry-run", "-p", str(units), "--rules", str(rules)).output
     assert f"kept whole (keep_dist in {rules}:3): mylib" in " ".join(text.split())  # wrapped at 100 columns
     assert "kept whole" not in run_cli("prune", "gfx942", "--dry-run", "-p", str(units)).output
+
+
+def test_a_keep_dist_typed_as_the_first_word_of_a_name_is_offered_that_name():
+    """`--keep-dist cupy` where cupy-rocm-7-0 is installed: the error names it (the spelling
+    distance alone found nothing that short a word resembles)."""
+    from rocm_audit.audit.pruning import check_kept_names
+    from rocm_audit.errors import UsageError
+    from rocm_audit.tree.ownership import Distribution
+
+    names = ("cupy-rocm-7-0", "onnxruntime-rocm", "numpy")
+    installed = [Distribution(n, "1", f"/s/{n}.dist-info", "/s") for n in names]
+    with pytest.raises(UsageError) as raised:
+        check_kept_names(["cupy"], installed)
+    assert raised.value.message.endswith("did you mean cupy-rocm-7-0?")
+    with pytest.raises(UsageError) as raised:
+        check_kept_names(["onnxruntime_rocn"], installed)
+    assert raised.value.message.endswith("did you mean onnxruntime-rocm?")
+    check_kept_names(["CuPy_ROCm_7_0", "numpy"], installed)  # PEP 503 spellings of installed names pass

@@ -105,7 +105,10 @@ def check_kept_names(keep_dist_args: list[str], installed: list[Distribution]) -
     for pattern in keep_dist_args:
         if distribution_matches_any(pattern, installed):
             continue
-        close = [by_normal[n] for n in difflib.get_close_matches(normalize(pattern), list(by_normal), n=3, cutoff=0.6)]
+        wanted = normalize(pattern)
+        # A name's first word ("cupy" for cupy-rocm-7-0) is what people type; then spelling slips.
+        close = [name for n, name in by_normal.items() if n.startswith(wanted + "-")][:3]
+        close = close or [by_normal[n] for n in difflib.get_close_matches(wanted, list(by_normal), n=3, cutoff=0.6)]
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         where = f"{len(names)} installed" if names else "none installed"
         raise UsageError(f"--keep-dist {pattern}: no installed distribution has that name ({where}){hint}")
