@@ -260,3 +260,32 @@ def test_a_real_ctrl_c_during_the_revert_says_how_many_libraries_are_back(site, 
     again = rocm_audit("prune", "--revert", manifest)
     assert again.returncode == 0, again.stderr
     assert {n: (site / "hippkg" / n).read_bytes() for n in NAMES} == originals
+
+
+def test_verify_arch_names_the_prune_that_removed_a_target_not_the_shipper(site, run_cli):
+    """After `prune --fatbins gfx942`, verify-arch gfx90a finds gfx90a missing from the libraries it
+    slimmed: each ARCH001 names that run and its undo (not a defect to report upstream); once the
+    run is reverted, the libraries hold gfx90a again and nothing is marked."""
+    run_cli("prune", "--fatbins", "-p", str(site), "gfx942", "--backup", str(site.parent / "backup"), expect=0)
+    manifest = str(site / ".rocm-audit" / "prune-manifest.jsonl")
+    for command in ("verify-arch", "check"):
+        report = run_cli(command, "-p", str(site), "gfx90a", "--format", "json", expect=1).report
+        missing = [f for f in report["findings"] if f["rule"] == "ARCH001"]
+        assert sorted(Path(f["path"]).name for f in missing) == sorted(NAMES), command
+        for finding in missing:
+            assert finding["data"]["pruned_by"] == manifest
+            assert f"rocm-audit prune --fatbins kept only gfx942 in it: `rocm-audit prune --revert {manifest}`" in (
+                finding["message"]
+            )
+    # Other bytes at a slimmed path (a reinstall of another build) are the shipper's again.
+    plain = site / "hippkg" / "libplain.so"
+    size = plain.stat().st_size
+    with open(plain, "ab") as handle:
+        handle.write(b"\0")
+    report = run_cli("verify-arch", "-p", str(site), "gfx90a", "--format", "json", expect=1).report
+    marked = {Path(f["path"]).name: "pruned_by" in f["data"] for f in report["findings"] if f["rule"] == "ARCH001"}
+    assert marked == {"libplain.so": False, "libccob.so": True}
+    os.truncate(plain, size)
+    run_cli("prune", "--revert", manifest, expect=0)
+    after = run_cli("verify-arch", "-p", str(site), "gfx90a", "--format", "json", expect=0).report
+    assert not [f for f in after["findings"] if f["rule"] == "ARCH001" or "pruned_by" in f["data"]]

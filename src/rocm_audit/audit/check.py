@@ -234,6 +234,7 @@ def _verify_arch_step(
     progress: Progress,
 ) -> None:
     """verify-arch: every carrier judged against the targets, or CHK001 when there are none."""
+    from rocm_audit.audit.pruned import mark_pruned
     from rocm_audit.gpu import verify as archcheck
     from rocm_audit.gpu.kpack_runtime import inventory_findings
 
@@ -244,6 +245,8 @@ def _verify_arch_step(
     judged: list[Finding] = []
     if choice is not None and choice.targets:
         judged = archcheck.judge_all(carriers, choice.targets)
+        # a target this tree's own prune removed says so, not "report to the shipper"
+        judged = mark_pruned(judged, [root.path for root in inventory.roots])
         audit.findings.extend(judged)
         audit.sections["targets"] = [{"target": t.spelled, "agent": str(t.agent)} for t in choice.targets]
         audit.sections["targets_source"] = choice.source

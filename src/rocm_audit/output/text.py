@@ -48,7 +48,8 @@ def _shipped_text(group: Sequence[Finding]) -> str:
     named = sorted((s for s in shippers if s is not None), key=lambda s: s.name.lower())
     if len(named) == 1:
         only = named[0]
-        upstream = only.report_to and reports_upstream(group[0].rule)
+        # not for what the user's own prune removed (audit/pruned.py)
+        upstream = only.report_to and reports_upstream(group[0].rule) and not group[0].data.get("pruned_by")
         where = f" (report to {display(only.report_to)})" if upstream else ""
         return f"shipped by {display(only.name)} {display(only.version)}{where}"
     return "shipped by " + ", ".join(f"{display(s.name)} {display(s.version)}" for s in named)

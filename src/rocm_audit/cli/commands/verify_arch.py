@@ -53,9 +53,12 @@ def command(
     paths = audited_paths(paths, python)
     announce_products(list(targets or []), report.quiet)
 
+    from rocm_audit.audit.pruned import mark_pruned
     from rocm_audit.cli.progress import progress_line
     from rocm_audit.gpu.verify import verify_arch
 
     with progress_line("verify-arch", report.quiet) as progress:
         outcome = verify_arch(paths, list(targets or []), progress=progress)
+    # a target this tree's own prune removed says so, not "report to the shipper"
+    outcome.findings = mark_pruned(outcome.findings, outcome.inputs)
     return outcome
