@@ -274,8 +274,9 @@ def test_verify_arch_names_the_prune_that_removed_a_target_not_the_shipper(site,
         assert sorted(Path(f["path"]).name for f in missing) == sorted(NAMES), command
         for finding in missing:
             assert finding["data"]["pruned_by"] == manifest
-            assert f"rocm-audit prune --fatbins kept only gfx942 in it: `rocm-audit prune --revert {manifest}`" in (
-                finding["message"]
+            assert (
+                f"rocm-audit prune --fatbins kept only gfx942 in it: `rocm-audit prune --revert {manifest}`"
+                in (finding["message"])
             )
     # Other bytes at a slimmed path (a reinstall of another build) are the shipper's again.
     plain = site / "hippkg" / "libplain.so"
