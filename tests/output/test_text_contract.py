@@ -174,3 +174,17 @@ def test_a_number_and_its_unit_stay_on_one_line():
         assert " ".join(" ".join(lines).split()) == said
         for line, below in zip(lines, lines[1:], strict=False):
             assert not (line.split()[-1][0].isdigit() and below.split()[0] in ("s", "KiB")), (width, lines)
+
+
+def test_a_command_in_a_message_keeps_its_absolute_paths_while_the_rest_is_relative():
+    """Paths under the audited root are shown relative to it, but not inside a backticked command:
+    it is pasted from wherever the reader stands (a revert line read `.rocm-audit/...`)."""
+    from rocm_audit.output.layout import PathView
+
+    root = "/tmp/env/lib/python3.11/site-packages"
+    view = PathView([root])
+    said = f"{root}/a.so kept gfx942: `rocm-audit prune --revert {root}/.rocm-audit/m.jsonl` puts it back; {root}/b"
+    assert view.relative_text(said) == (
+        f"a.so kept gfx942: `rocm-audit prune --revert {root}/.rocm-audit/m.jsonl` puts it back; b"
+    )
+    assert view.relative_text(f"no command: {root}/c") == "no command: c"

@@ -8,6 +8,7 @@ message could hold, so the only NULs in laid-out text are the ones put there her
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 
@@ -81,10 +82,15 @@ class PathView:
         return hold(display(self.relative(path)))
 
     def relative_text(self, text: str) -> str:
-        """``text`` with every audited root in it shown as the paths are (not yet escaped)."""
+        """``text`` with every audited root in it shown as the paths are (not yet escaped), but for
+        the commands in backticks: they are to be pasted, from wherever the reader stands."""
         if self._in_text is None:
             return text
-        return self._in_text.sub(lambda m: self._labels[m.group()[:-1]], text)
+        pattern = self._in_text
+        pieces = _COMMAND.split(text)
+        commands = _COMMAND.findall(text)
+        shown = [pattern.sub(lambda m: self._labels[m.group()[:-1]], piece) for piece in pieces]
+        return "".join(part for pair in itertools.zip_longest(shown, commands, fillvalue="") for part in pair)
 
     def in_text(self, text: str, paths: Sequence[str] = ()) -> str:
         """A message with every audited root in it shown as the paths are, and the named ``paths``
