@@ -553,6 +553,7 @@ class ImageWaste(TypedDict):
     later_run_dedup_shrinks_image: bool
     same_layer_bytes: int
     cross_layer_bytes: int
+    stored_again_bytes: int  # members a later member of the same name in the same layer replaced
     groups: list[ImageWasteGroup]
 
 

@@ -368,8 +368,10 @@ def audit_merged(
     if layer_aware:
         state.progress.phase("placing identical copies in their layers")
         groups, total = waste.analyse(state)
-        findings.extend(waste.waste_findings(groups, _layer_labels(layer_names, options.layer_steps)))
-        section["waste"] = waste.waste_section(groups, total)
+        again = waste.stored_again(state)
+        labels = _layer_labels(layer_names, options.layer_steps)
+        findings.extend(waste.waste_findings(groups, labels) + waste.stored_again_findings(again, labels))
+        section["waste"] = waste.waste_section(groups, total, again)
     # Who shipped each finding's file, from the image's own RECORDs while they are on disk (the
     # CLI would look for the image's paths on this machine).
     outcome.findings = with_shippers(outcome.findings)

@@ -46,6 +46,9 @@ class Copy:
     # view at ``path`` (hashed when another copy of the same size appears, or before they go).
     digest: bytes | None
     offset: int = -1  # of the member's tar header in its layer: how a second reading finds it
+    # A later member of the same name in the same layer replaced it: its bytes are in the layer's
+    # blob, but no layer's view shows them (``stored_again``; image/waste.py reports them apart).
+    replaced_in_layer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +221,16 @@ def _match_trimmed(state: MergeState, copy_index: int, identity: bytes) -> None:
         trimmed = state.copies[trimmed_index]
         if trimmed.digest is None and state.trimmed[trimmed_index].identity == identity:
             state.copies[trimmed_index] = dataclasses.replace(trimmed, digest=digest)
+
+
+def stored_again(state: MergeState, path: str, layer: int) -> None:
+    """``layer`` stores ``path`` a second time (a tar appended to keeps the older member): the copy
+    the view showed there, if this layer wrote it, is now one nothing shows. A copy a hardlink of
+    the layer shares is still shown under the link's name."""
+    copy_index = state.visible.get(path)
+    if copy_index is None or state.copies[copy_index].layer != layer or copy_index in state.hardlinked.values():
+        return
+    state.copies[copy_index] = dataclasses.replace(state.copies[copy_index], replaced_in_layer=True)
 
 
 def hash_before_removal(state: MergeState, copy_index: int | None) -> None:

@@ -224,6 +224,8 @@ def _apply_entry(
     if problem:
         _refuse(state, stats, where, entry, problem)
         return
+    if rel in created:  # the layer names this path again: what it stored there first goes unseen
+        digests.stored_again(state, "/" + rel, index)
     target = os.path.join(state.root, rel)
     _mark_created(created, parent)
     if entry.kind == tarstream.DIRECTORY:

@@ -93,7 +93,9 @@ def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
     visible_copy = {index: path for path, index in state.visible.items()}
     by_content: dict[tuple[int, bytes], list[int]] = defaultdict(list)
     for index, copy in enumerate(state.copies):
-        if copy.digest is not None:  # unhashed: no other copy has its size (image/digests.py)
+        # Unhashed: no other copy has its size (image/digests.py). Replaced within its layer: a
+        # path stored twice, not a copy under another path (``stored_again_findings``).
+        if copy.digest is not None and not copy.replaced_in_layer:
             by_content[(copy.size, copy.digest)].append(index)
     groups: list[WasteGroup] = []
     total = 0
@@ -113,6 +115,37 @@ def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
         )
     groups.sort(key=lambda g: (g.tier, -g.wasted_bytes, g.copies[0]["path"]))
     return groups, total
+
+
+def stored_again(state: MergeState) -> list[Copy]:
+    """The copies a later member of the same name in the same layer replaced: bytes of the layer's
+    blob that no view shows (a tar appended to keeps the older member)."""
+    return [copy for copy in state.copies if copy.replaced_in_layer]
+
+
+def stored_again_findings(copies: list[Copy], layer_names: list[str]) -> list[Finding]:
+    """IMG011 (info), one per layer: the paths it stores more than once. Not a matter for dedup,
+    nor of identical copies: the tool that wrote the layer wrote those paths twice."""
+    by_layer: dict[int, list[Copy]] = defaultdict(list)
+    for copy in copies:
+        by_layer[copy.layer].append(copy)
+    findings = []
+    for layer, here in sorted(by_layer.items()):
+        paths = sorted({copy.path for copy in here})
+        stored = sum(copy.size for copy in here)
+        findings.append(
+            make_finding(
+                "IMG011",
+                paths[0],
+                f"layer {layer} ({_short(layer_names, layer)}) stores "
+                f"{'a path' if len(paths) == 1 else f'{len(paths)} paths'} more than once: "
+                f"{size_text(stored)} in earlier entries that a later one of the same name replaces, "
+                "which weigh in the layer and are never read; write each file once",
+                related=paths[1:],
+                data={"layer": layer, "stored_again_bytes": stored, "paths": paths},
+            )
+        )
+    return findings
 
 
 def _copy_dict(copy: Copy, visible: bool, hardlinks: list[str]) -> WasteCopy:
@@ -209,10 +242,11 @@ def _elsewhere_finding(group: WasteGroup) -> Finding:
     )
 
 
-def waste_section(groups: list[WasteGroup], total: int) -> ImageWaste:
+def waste_section(groups: list[WasteGroup], total: int, again: list[Copy]) -> ImageWaste:
     listed = [g for g in groups if g.size >= REPORT_MIN_BYTES]
     return {
         "wasted_bytes": total,
+        "stored_again_bytes": sum(copy.size for copy in again),
         "listed_min_size_bytes": REPORT_MIN_BYTES,
         "later_run_dedup_shrinks_image": False,
         "same_layer_bytes": sum(g.same_layer_wasted for g in groups),

@@ -427,8 +427,11 @@ def image_lines(sections: Sections, view: PathView = _NO_ROOTS, verbose: int = 0
             else f" ({size_text(waste['same_layer_bytes'])} within single layers, "
             f"{size_text(waste['cross_layer_bytes'])} across layers)"
         )
+        again = waste.get("stored_again_bytes", 0)
+        again_text = f"; {size_text(again)} in paths a layer stores more than once (IMG011)" if again else ""
         lines.append(
-            f"image: {size_text(waste['wasted_bytes'])} in identical copies{split}; a later RUN frees none of it"
+            f"image: {size_text(waste['wasted_bytes'])} in identical copies{split}{again_text}; "
+            "a later RUN frees none of it"
         )
         shown = waste["groups"] if verbose else waste["groups"][:WASTE_GROUPS_SHOWN]
         for group in shown:
