@@ -34,24 +34,14 @@ def test_importing_the_cli_loads_no_heavy_module():
     assert done.returncode == 0 and done.stdout.strip() == ""
 
 
-def test_usage_errors_exit_2_with_one_message_and_no_traceback(tmp_path):
+def test_usage_errors_exit_2_with_one_line_and_no_traceback(tmp_path):
     done = run(sys.executable, "-m", "rocm_audit", "dedup", "--check", "-p", str(tmp_path / "missing"))
     assert done.returncode == 2
-    assert " ".join(done.stderr.split()) == f"rocm-audit: error: path does not exist: {tmp_path / 'missing'}"
+    assert done.stderr.strip() == f"rocm-audit: error: path does not exist: {tmp_path / 'missing'}"
     unknown = run(sys.executable, "-m", "rocm_audit", "dedup", "--no-such-option")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     bad_choice = run(sys.executable, "-m", "rocm_audit", "dedup", "--format", "yaml")
     assert bad_choice.returncode == 2 and "Traceback" not in bad_choice.stderr
-
-
-def test_a_long_error_keeps_to_100_columns_and_its_path_whole(tmp_path):
-    """An error naming a long path breaks before it (the path stands whole on its own line), as
-    report lines do; the words still read as the one message."""
-    missing = tmp_path / ("deep-" * 16) / "site-packages"
-    done = run(sys.executable, "-m", "rocm_audit", "dedup", "--check", "-p", str(missing))
-    lines = done.stderr.rstrip("\n").split("\n")
-    assert done.returncode == 2 and len(lines) == 2, done.stderr
-    assert lines == ["rocm-audit: error: path does not exist:", f"    {missing}"]
 
 
 def test_internal_errors_exit_3_and_show_a_traceback_only_with_debug(monkeypatch, capsys, tmp_path):
@@ -151,8 +141,7 @@ def test_a_wheel_given_as_a_path_is_a_usage_error_not_a_silent_pass(tmp_path, co
     argv += (["gfx942"] if command in ("verify-arch", "check") else []) + ["-p", str(wheel)]
     done = run(*argv)
     assert done.returncode == 2, done.stdout + done.stderr
-    said = " ".join(done.stderr.split())  # one message, at 100 columns
-    assert "is a zip archive" in said and "pip install --no-deps --target" in said
+    assert "is a zip archive" in done.stderr and "pip install --no-deps --target" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -179,7 +179,10 @@ def test_a_concurrent_run_is_refused(run_cli, units):
 
 def test_backup_inside_the_audited_tree_is_refused(run_cli, units):
     result = run_cli("prune", "gfx942", "-p", str(units), "--backup", str(units / "bk"), expect=2)
-    assert "inside the audited tree" in result.output
+    error, hint = result.output.splitlines()
+    assert error == f"rocm-audit: error: --backup {units / 'bk'}: inside the audited tree {units}"
+    assert hint.startswith("hint: give a directory outside every tree prune changes") and len(hint) <= 100
+    assert not (units / "bk").exists()
 
 
 def test_check_adds_one_info_finding_with_the_totals(run_cli, units):

@@ -632,11 +632,9 @@ def run(body: Callable[[], int], rules_files: list[str] | None = None) -> None:
         with using_policy(load_policy(rules_files or [])):
             code = body()
     except RocmAuditError as exc:
-        from rocm_audit.output.layout import wrap  # only on an error: not on the path of --help
-
-        # At 100 columns like every report line: a long path in a message stands whole on its own line.
-        said = [f"rocm-audit: error: {display(exc.message)}", *([f"hint: {display(exc.hint)}"] if exc.hint else [])]
-        typer.echo("\n".join(line for text in said for line in wrap(text, indent="", rest="    ")), err=True)
+        typer.echo(f"rocm-audit: error: {display(exc.message)}", err=True)
+        if exc.hint:
+            typer.echo(f"hint: {display(exc.hint)}", err=True)
         raise typer.Exit(exc.exit_code) from None
     except Interrupted as stopped:
         typer.echo(interrupted_message(stopped), err=True)

@@ -329,7 +329,10 @@ def _apply_locked(
     if backup is not None:
         for root in plan.roots:
             if backup == root.path or backup.startswith(root.path.rstrip(os.sep) + os.sep):
-                raise UsageError(f"--backup {backup_dir} lies inside the audited tree {root.path}")
+                raise UsageError(
+                    f"--backup {backup_dir}: inside the audited tree {root.path}",
+                    hint="give a directory outside every tree prune changes, e.g. --backup /var/tmp/rocm-audit-backup",
+                )
     pip: list[str] | None = None
     interpreter = os.path.abspath(python) if python else None
     if any(r.distribution is not None for r in plan.removals):
