@@ -185,6 +185,17 @@ def test_backup_inside_the_audited_tree_is_refused(run_cli, units):
     assert not (units / "bk").exists()
 
 
+@pytest.mark.parametrize("fatbins", [[], ["--fatbins"]])
+def test_a_tree_without_device_code_says_there_is_nothing_to_prune(run_cli, tmp_path, fatbins):
+    """No empty table under its header: one line says what was found."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "module.py").write_text("x = 1\n")
+    out = run_cli("prune", "gfx942", "--dry-run", *fatbins, "-p", str(tmp_path), expect=0).stdout
+    lines = out.splitlines()
+    assert "nothing to prune: no GPU device code here (device wheels, code objects, fat binaries)" in lines
+    assert not any(line.startswith("distribution") for line in lines) and max(map(len, lines)) <= 100
+
+
 def test_check_adds_one_info_finding_with_the_totals(run_cli, units):
     report = run_cli("check", "gfx942", "-p", str(units), "--skip", "llvm", "--format", "json").report
     weight = [f for f in report["findings"] if f["rule"] == "PRUNE001"]

@@ -55,6 +55,9 @@ def weight_by_distribution(rows: Sequence[PruneWeightRow]) -> list[DistributionW
 _REMOVAL_MARK = {"planned": "would remove", "removed": "removed", "skipped": "SKIPPED", "failed": "FAILED"}
 
 
+_NOTHING_TO_PRUNE = "nothing to prune: no GPU device code here (device wheels, code objects, fat binaries)"
+
+
 def fatbins_estimate_lines(section: PruneSection) -> list[str]:
     """What ``prune --fatbins`` would remove from fat binaries of host libraries, per distribution
     (an estimate from the entry tables; no line when there is nothing)."""
@@ -101,8 +104,12 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
             f"{verb}: {size_text(totals['removable_bytes'])} as whole files and "
             f"{size_text(fatbins['bytes'])} from fat binaries (--fatbins)"
         )
+    keep = f"Keep: {', '.join(display(t) for t in section['targets'])}  [from {display(section['targets_source'])}]"
+    if not section["weight"] and not section["fatbins_estimate"] and not (fatbins and fatbins["by_distribution"]):
+        # An empty table under its header reads as a failed reading: say what was found instead.
+        return [keep, *kept_whole_lines(section), _NOTHING_TO_PRUNE]
     lines = [
-        f"Keep: {', '.join(display(t) for t in section['targets'])}  [from {display(section['targets_source'])}]",
+        keep,
         f"device code {size_text(totals['device_bytes'])} on disk ({size_text(totals['compressed_bytes'])} in "
         f"compressed bundles, {size_text(totals['inflated_bytes'])} inflated); for no kept target: "
         f"{size_text(totals['unused_bytes'])}, {removable}",
