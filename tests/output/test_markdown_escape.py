@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 import re
+from html.parser import HTMLParser
 
+import cmarkgfm
 import pytest
+from cmarkgfm.cmark import Options
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from markdown_it import MarkdownIt
 
-from rocm_audit.output.escape import display, markdown
+from rocm_audit.output.escape import display, markdown, markdown_message
 from support.markdown_oracles import cmark_gfm_texts, document, markdown_it_texts
 
 HOSTILE = [
@@ -147,3 +151,74 @@ def test_any_text_parses_back_to_itself(names):
         for (kind, pieces), name in zip(cells + rest, [display(n) for n in names] * 5, strict=True):
             assert "".join(pieces) == name, (parse.__name__, kind, pieces, name)
             _check_github_text(pieces, name)
+
+
+class _CodeAndText(HTMLParser):
+    """cmark-gfm's HTML of one list item as (kind, text) runs: "code" for <code>, else "text"."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.runs: list[tuple[str, str]] = []
+        self.kind = "text"
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        assert tag in ("ul", "li", "code", "span"), tag
+        self.kind = "code" if tag == "code" else self.kind
+
+    def handle_endtag(self, tag: str) -> None:
+        self.kind = "text" if tag == "code" else self.kind
+
+    def handle_data(self, data: str) -> None:
+        _add(self.runs, self.kind, data)
+
+
+def _add(runs: list[tuple[str, str]], kind: str, text: str) -> None:
+    if runs and runs[-1][0] == kind == "text":
+        runs[-1] = (kind, runs[-1][1] + text)
+    elif text:
+        runs.append((kind, text))
+
+
+def _markdown_it_runs(source: str) -> list[tuple[str, str]]:
+    runs: list[tuple[str, str]] = []
+    for token in MarkdownIt("commonmark").parse(source):
+        for child in token.children or []:
+            if child.type == "code_inline":
+                runs.append(("code", child.content))
+            elif child.type == "text":
+                _add(runs, "text", child.content)
+            else:
+                assert child.type == "html_inline" and child.content in ("<span>", "</span>"), child
+    return runs
+
+
+_command = st.text(
+    st.characters(codec="utf-8", exclude_categories=["Cs"]) | st.sampled_from(list("\\*_[]<>|~&$@ ")),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(before=_names, command=_command, after=_names)
+def test_a_message_renders_its_commands_as_code_and_the_rest_as_text(before, command, after):
+    """A backticked command becomes a code span holding exactly its text (a file name in it cannot
+    end the span or start markup); the prose around it reads back exactly, in both parsers."""
+    message = f"{before} `{command}` {after}"
+    shown = display(message)
+    expected: list[tuple[str, str]] = []
+    last = 0
+    for match in re.finditer(r"`([^`\n]+)`", shown):  # what the message holds as commands
+        _add(expected, "text", shown[last : match.start()])
+        expected.append(("code", match.group(1)))
+        last = match.end()
+    _add(expected, "text", shown[last:])
+    source = f"- {markdown_message(message)}\n"
+    assert _markdown_it_runs(source) == expected
+    html = cmarkgfm.github_flavored_markdown_to_html(source, options=Options.CMARK_OPT_UNSAFE)
+    parser = _CodeAndText()
+    parser.feed(html)
+    parser.close()
+    assert [(k, t.strip("\n") if k == "text" else t) for k, t in parser.runs if (k, t.strip()) != ("text", "")] == [
+        (k, t) for k, t in expected if (k, t.strip()) != ("text", "")
+    ]

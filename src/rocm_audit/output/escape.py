@@ -128,3 +128,56 @@ def markdown(text: object) -> str:
         else:
             pieces.append(char)
     return "".join(pieces)
+
+
+_COMMAND = re.compile(r"`([^`\n]+)`")  # a command a message gives to copy, in backticks (output/layout.py)
+
+
+def code_span(text: object) -> str:
+    """``text`` as a Markdown code span: literal whatever it holds (nothing inside a code span
+    acts but a backtick run as long as its fence, so the fence is longer than any inside)."""
+    shown = display(text)
+    longest = max(map(len, re.findall(r"`+", shown)), default=0)
+    fence = "`" * (longest + 1)
+    # One space each side is stripped when both are there: pad when the text starts or ends with
+    # a backtick (it would join the fence) or a space (it would be stripped).
+    # (text of spaces only is kept as it is).
+    edges = shown[:1] + shown[-1:]
+    pad = " " if shown.strip(" ") and ("`" in edges or " " in edges) else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
+
+
+def markdown_message(text: object) -> str:
+    """A message as Markdown inline text: its backticked commands as code spans (they render as
+    code and copy whole), the rest through ``markdown``. Spaces beside a command stay spaces; at
+    the message's ends they become references, as ``markdown`` writes them (a block trims them)."""
+    shown = display(text)
+    pieces = []
+    last = 0
+    for match in _COMMAND.finditer(shown):
+        between = _prose(shown[last : match.start()], first=not last)
+        # Two spans side by side would read as one backtick run: an empty span keeps them apart.
+        between = between or ("<span></span>" if last else "")
+        pieces += [between, code_span(match.group(1))]
+        last = match.end()
+    pieces.append(_prose(shown[last:], first=not last, final=True))
+    return "".join(pieces)
+
+
+def _prose(piece: str, *, first: bool = False, final: bool = False) -> str:
+    core = piece.strip(" ")
+    lead = piece[: len(piece) - len(piece.lstrip(" "))] if core else piece
+    trail = piece[len(piece.rstrip(" ")) :] if core else ""
+    if first:
+        lead = "&#32;" * len(lead)
+    if final:
+        trail = "&#32;" * len(trail)
+        lead = lead if core or first else "&#32;" * len(lead)
+    # An underscore run at a command's edge has a backtick beside it, not what ``markdown`` saw:
+    # escaped, so it can neither open nor close emphasis across the code span.
+    escaped = re.sub(r"(?<!\\)_+\Z", _escape_run, re.sub(r"\A_+", _escape_run, markdown(core))) if core else ""
+    return lead + escaped + trail
+
+
+def _escape_run(match: re.Match[str]) -> str:
+    return "\\_" * len(match.group())

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from rocm_audit.audit.check import CHECKS
 from rocm_audit.findings import Severity, cause_groups, cause_text, place_in_file
 from rocm_audit.outcome import CommandOutcome
-from rocm_audit.output.escape import markdown
+from rocm_audit.output.escape import markdown, markdown_message
 from rocm_audit.output.layout import PathView
 from rocm_audit.output.prefixes import check_of
 from rocm_audit.output.prune_text import weight_by_distribution
@@ -130,7 +130,7 @@ def finding_lines(outcome: CommandOutcome, shorten: Callable[[str], str], verbos
             more = "" if len(shown) == len(group) else f" and {len(group) - len(shown)} more"
             where = f"{len(group)} files ({', '.join(markdown(shorten(f.path)) for f in shown)}{more})"
         said = first.message if len(group) == 1 else cause_text(first)  # a group says its cause once
-        message = markdown(PathView(outcome.roots).relative_text(said))
+        message = markdown_message(PathView(outcome.roots).relative_text(said))
         lines.append(f"- **{first.severity.value}** {markdown(first.rule)} {where}: {message}")
     if len(groups) > FINDINGS_LISTED:
         lines.append(f"- ... and {len(groups) - FINDINGS_LISTED} more (the JSON report has them all)")
