@@ -177,8 +177,10 @@ def test_a_concurrent_run_is_refused(run_cli, units):
     assert all(os.path.lexists(units / rel) for rel in REMOVED)
 
 
-def test_backup_inside_the_audited_tree_is_refused(run_cli, units):
-    result = run_cli("prune", "gfx942", "-p", str(units), "--backup", str(units / "bk"), expect=2)
+@pytest.mark.parametrize("mode", [[], ["--dry-run"], ["--fatbins"]])
+def test_backup_inside_the_audited_tree_is_refused(run_cli, units, mode):
+    """Refused alike by the run, its dry run (which tells before) and a slimming run."""
+    result = run_cli("prune", "gfx942", *mode, "-p", str(units), "--backup", str(units / "bk"), expect=2)
     error, hint = result.output.splitlines()
     assert error == f"rocm-audit: error: --backup {units / 'bk'}: inside the audited tree {units}"
     assert hint.startswith("hint: give a directory outside every tree prune changes") and len(hint) <= 100
@@ -339,3 +341,18 @@ def test_revert_of_a_file_that_is_no_manifest_is_an_error(run_cli, tmp_path, com
     wrong.write_bytes(content)
     said = run_cli(command, "--revert", str(wrong), expect=2).stderr
     assert said.startswith(f"rocm-audit: error: {wrong}") and "manifest" in said and "Traceback" not in said
+
+
+def test_without_backup_the_dry_run_and_the_run_say_undoing_needs_the_package_index(run_cli, units, tmp_path):
+    """A build without network access cannot undo a prune that kept no backup: said before (dry
+    run) and after (the run's closing lines), and not when --backup keeps the originals."""
+    note = "no --backup: undoing this reinstalls what it changes from the package index (pip);"
+    dry = run_cli("prune", "gfx942", "--dry-run", "-p", str(units), expect=0).stdout.splitlines()
+    assert note in dry
+    backed = run_cli("prune", "gfx942", "--dry-run", "-p", str(units), "--backup", str(tmp_path / "bk"), expect=0)
+    assert note not in backed.stdout.splitlines()
+    done = run_cli("prune", "gfx942", "-p", str(units), expect=0).stdout.splitlines()
+    assert note in done and done.index(note) > done.index(next(line for line in done if line.startswith("prune: ")))
+    assert len(note) <= 100 and len(done[done.index(note) + 1]) <= 100
+    again = run_cli("prune", "gfx942", "--dry-run", "-p", str(units), expect=0).stdout.splitlines()
+    assert note not in again  # nothing left to change

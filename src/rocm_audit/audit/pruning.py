@@ -420,6 +420,8 @@ def _run_prune(
         record_apply(section, result, fatbin_result, apply_errors, fatbins_asked=fatbins)
         summary = apply_summary(section)
     else:
+        # The backup the run would keep: a dry run refuses one inside the tree, as the run would.
+        section["backup"] = prune_apply.backup_outside(plan, backup_dir) if mode == "dry-run" else None
         summary = (
             f"prune ({mode}): {_units(len(plan.removals))}, {size_text(totals['removable_bytes'])} removable of "
             f"{size_text(totals['unused_bytes'])} unused device code ({size_text(totals['device_bytes'])} in all)"
@@ -477,13 +479,7 @@ def _apply_fatbins(
     findings: list[Finding],
     python: str | None = None,
 ) -> FatbinApplyResult:
-    from rocm_audit.errors import UsageError
-
-    backup = os.path.abspath(backup_dir) if backup_dir else None
-    if backup is not None:
-        for root in plan.roots:
-            if backup == root.path or backup.startswith(root.path.rstrip(os.sep) + os.sep):
-                raise UsageError(f"--backup {backup_dir} lies inside the audited tree {root.path}")
+    backup = prune_apply.backup_outside(plan, backup_dir)
     locked = sorted({*plan.sdk_trees, *(r.path for r in plan.roots if not r.single_file)})
     manifest = manifest_path or prune_apply.default_manifest_path(plan)
     return apply_fatbins(fatbin_plan, locked, manifest, backup, findings, python)

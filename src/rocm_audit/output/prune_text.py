@@ -171,6 +171,8 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
         else:
             lines.append("(-v shows the equivalent shell commands)")
     lines += _fatbin_lines(sections, view)
+    if section["mode"] == "dry-run":
+        lines += no_backup_lines(sections, ("planned",), ("planned",))
     return lines
 
 
@@ -193,7 +195,24 @@ def prune_closing_lines(sections: Sections) -> list[str]:
         command = hold(display(section["revert_command"]))  # one line, whole, to copy
         said = f"to undo, run: {command}"
         lines += [said] if len(said) <= WIDTH else ["to undo, run:", f"  {command}"]
-    return lines
+    return lines + no_backup_lines(sections, ("removed",), ("slimmed",))
+
+
+def no_backup_lines(sections: Sections, removed: tuple[str, ...], slimmed: tuple[str, ...]) -> list[str]:
+    """Without --backup, undoing is a reinstall from the package index (prune --revert prints the
+    pip line): a build without network access cannot undo it. Said where a run that changes
+    something (``removed``, ``slimmed``: the statuses that count) ends, and in its dry run first."""
+    section = sections["prune"]
+    fatbins = sections.get("prune_fatbins")
+    changes = any(r["status"] in removed for r in section["removals"]) or any(
+        library["status"] in slimmed for library in (fatbins["libraries"] if fatbins is not None else [])
+    )
+    if section["backup"] or not changes:
+        return []
+    return [
+        "no --backup: undoing this reinstalls what it changes from the package index (pip);",
+        "  --backup DIR keeps the originals, so that prune --revert needs no network",
+    ]
 
 
 _FATBIN_MARK = {"planned": "would slim", "slimmed": "slimmed", "skipped": "SKIPPED", "failed": "FAILED"}

@@ -292,6 +292,21 @@ def pip_command(python: str) -> list[str]:
     raise UsageError(f"{python} has no pip to uninstall device distributions with")
 
 
+def backup_outside(plan: PrunePlan, backup_dir: str | None) -> str | None:
+    """``--backup``'s absolute path, None without one. Raises UsageError when it lies inside an
+    audited tree: the backup would be pruned, or listed, with what it keeps."""
+    if not backup_dir:
+        return None
+    backup = os.path.abspath(backup_dir)
+    for root in plan.roots:
+        if backup == root.path or backup.startswith(root.path.rstrip(os.sep) + os.sep):
+            raise UsageError(
+                f"--backup {backup_dir}: inside the audited tree {root.path}",
+                hint="give a directory outside every tree prune changes, e.g. --backup /var/tmp/rocm-audit-backup",
+            )
+    return backup
+
+
 def apply_plan(
     plan: PrunePlan,
     manifest_path: str | None,
@@ -325,14 +340,7 @@ def _apply_locked(
     result: ApplyResult,
 ) -> ApplyResult:
     manifest = manifest_path or default_manifest_path(plan)
-    backup = os.path.abspath(backup_dir) if backup_dir else None
-    if backup is not None:
-        for root in plan.roots:
-            if backup == root.path or backup.startswith(root.path.rstrip(os.sep) + os.sep):
-                raise UsageError(
-                    f"--backup {backup_dir}: inside the audited tree {root.path}",
-                    hint="give a directory outside every tree prune changes, e.g. --backup /var/tmp/rocm-audit-backup",
-                )
+    backup = backup_outside(plan, backup_dir)
     pip: list[str] | None = None
     interpreter = os.path.abspath(python) if python else None
     if any(r.distribution is not None for r in plan.removals):
