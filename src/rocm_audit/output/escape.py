@@ -139,9 +139,8 @@ def code_span(text: object) -> str:
     shown = display(text)
     longest = max(map(len, re.findall(r"`+", shown)), default=0)
     fence = "`" * (longest + 1)
-    # One space each side is stripped when both are there: pad when the text starts or ends with
-    # a backtick (it would join the fence) or a space (it would be stripped).
-    # (text of spaces only is kept as it is).
+    # A parser strips one space from each end when both ends have one (not from text of spaces
+    # only): pad when the text starts or ends with a backtick (it would join the fence) or a space.
     edges = shown[:1] + shown[-1:]
     pad = " " if shown.strip(" ") and ("`" in edges or " " in edges) else ""
     return f"{fence}{pad}{shown}{pad}{fence}"
