@@ -38,6 +38,7 @@ from rocm_audit.report_types import (
     PruneRemoval,
     PruneRevertSection,
     PruneSection,
+    PruneTotals,
 )
 from rocm_audit.tree.discovery import resolve_roots
 from rocm_audit.tree.inventory import FileKind, FileRecord, Inventory, build_inventory
@@ -385,6 +386,8 @@ def _run_prune(
     check_kept_names(keep_dists or [], plan.distributions)
     keep = kept_distributions(keep_dists or [])
     keep_distributions(plan, keep)
+    # The backup the run would keep: a dry run refuses one inside the tree before it reads, as the run would.
+    dry_backup = prune_apply.backup_outside(plan, backup_dir) if mode == "dry-run" else None
     weight = weigh(inventory, plan, reader)
     where = looked[0] if len(looked) == 1 else ", ".join(looked)
     findings: list[Finding] = list(inventory.findings) + plan.findings
@@ -415,17 +418,12 @@ def _run_prune(
     if weight_note is not None:
         findings.insert(weight_note_at, weight_note)
     section = prune_section(plan, weight, mode, source, time.monotonic() - started, estimate, keep)
-    totals = section["totals"]
     if mode == "apply":
         record_apply(section, result, fatbin_result, apply_errors, fatbins_asked=fatbins)
         summary = apply_summary(section)
     else:
-        # The backup the run would keep: a dry run refuses one inside the tree, as the run would.
-        section["backup"] = prune_apply.backup_outside(plan, backup_dir) if mode == "dry-run" else None
-        summary = (
-            f"prune ({mode}): {_units(len(plan.removals))}, {size_text(totals['removable_bytes'])} removable of "
-            f"{size_text(totals['unused_bytes'])} unused device code ({size_text(totals['device_bytes'])} in all)"
-        )
+        section["backup"] = dry_backup
+        summary = _plan_summary(mode, len(plan.removals), section["totals"])
     sections: dict[str, object] = {"sdk_trees": inventory.sdk_trees, "prune": section}
     if fatbin_plan is not None:
         sections["prune_fatbins"] = fatbins_section(fatbin_plan, mode, fatbin_result)
@@ -440,6 +438,14 @@ def _run_prune(
         sections=sections,  # type: ignore[arg-type]
         force_failure=mode == "check" and (bool(plan.removals) or bool(fatbin_plan and fatbin_plan.freed)),
         summary=summary,
+    )
+
+
+def _plan_summary(mode: str, units: int, totals: PruneTotals) -> str:
+    """The one-line summary of a run that changes nothing (dry run, check)."""
+    return (
+        f"prune ({mode}): {_units(units)}, {size_text(totals['removable_bytes'])} removable of "
+        f"{size_text(totals['unused_bytes'])} unused device code ({size_text(totals['device_bytes'])} in all)"
     )
 
 

@@ -88,6 +88,27 @@ def kept_whole_lines(section: PruneSection) -> list[str]:
     return [f"kept whole ({display(where)}): {', '.join(names)}" for where, names in by_source.items()]
 
 
+def _distribution_table(section: PruneSection, slim: dict[str, int] | None) -> list[str]:
+    """A row per distribution: its device code, what no kept target loads, what prune removes
+    (and, with --fatbins, what slimming removes: ``slim`` by distribution)."""
+    lines = [
+        f"{'distribution':32} {'targets':>7} {'on disk':>11} {'compressed':>11} {'unused':>11} {'removable':>11}"
+        + (f" {'fatbins':>11}" if slim is not None else "")
+    ]
+    rows = weight_by_distribution(section["weight"])
+    for one in rows:
+        lines.append(
+            f"{display(one['distribution']):32} {one['targets']:>7} {size_text(one['bytes']):>11} "
+            f"{size_text(one['compressed_bytes']):>11} {size_text(one['unused_bytes']):>11} "
+            f"{size_text(one['removable_bytes']):>11}"
+            + (f" {size_text(slim.get(one['distribution'], 0)):>11}" if slim is not None else "")
+        )
+    if slim is not None and any(slim.get(one["distribution"], 0) > one["unused_bytes"] for one in rows):
+        # more than "unused" would read as a mistake: the padding goes too
+        lines.append("(fatbins: the unused entries slimming removes and the padding between them)")
+    return lines
+
+
 def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int = 0, limit: int = 40) -> list[str]:
     """Totals, a table per distribution, the removals; with ``verbose`` a row per distribution
     and target too."""
@@ -114,24 +135,11 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
         f"compressed bundles, {size_text(totals['inflated_bytes'])} inflated); for no kept target: "
         f"{size_text(totals['unused_bytes'])}, {removable}",
         "",
-        f"{'distribution':32} {'targets':>7} {'on disk':>11} {'compressed':>11} {'unused':>11} {'removable':>11}"
-        + (f" {'fatbins':>11}" if slim is not None else ""),
+        *_distribution_table(section, slim),
     ]
     if fatbins is None:  # with --fatbins its own exact figures follow
         lines[2:2] = fatbins_estimate_lines(section)
     lines[1:1] = kept_whole_lines(section)
-    for one in weight_by_distribution(section["weight"]):
-        lines.append(
-            f"{display(one['distribution']):32} {one['targets']:>7} {size_text(one['bytes']):>11} "
-            f"{size_text(one['compressed_bytes']):>11} {size_text(one['unused_bytes']):>11} "
-            f"{size_text(one['removable_bytes']):>11}"
-            + (f" {size_text(slim.get(one['distribution'], 0)):>11}" if slim is not None else "")
-        )
-    padded = slim is not None and any(
-        slim.get(one["distribution"], 0) > one["unused_bytes"] for one in weight_by_distribution(section["weight"])
-    )
-    if padded:  # more than "unused" would read as a mistake: the padding goes too
-        lines.append("(fatbins: the unused entries slimming removes and the padding between them)")
     if verbose:
         lines += [
             "",
