@@ -37,7 +37,7 @@ def test_a_path_stored_twice_is_not_an_identical_copy_for_dedup(tmp_path, run_cl
     assert pair["message"].startswith("2 identical copies")
     assert sorted([pair["path"], *pair["related_paths"]]) == sorted(["/" + CORE, "/" + DEVEL])
     [again] = by_rule(report, "IMG011")
-    assert again["severity"] == "info" and again["path"] == "/" + CORE and again["related_paths"] == []
+    assert again["severity"] == "warning" and again["path"] == "/" + CORE and again["related_paths"] == []
     assert again["data"] == {"layer": 0, "stored_again_bytes": len(comgr), "paths": ["/" + CORE]}
     waste = report["image"]["waste"]
     assert waste["wasted_bytes"] == len(comgr) and waste["stored_again_bytes"] == len(comgr)
@@ -73,3 +73,19 @@ def test_a_member_a_hardlink_still_shows_is_not_stored_again(tmp_path, run_cli, 
     archive = docker_save(tmp_path / "save.tar", [layer((CORE, comgr), link, (CORE, os.urandom(len(comgr))))])
     report = run_cli("image", "--archive", str(archive), "--format", "json", expect=0).report
     assert not by_rule(report, "IMG011") and report["image"]["waste"]["stored_again_bytes"] == 0
+
+
+@pytest.mark.docker
+def test_the_engine_refuses_a_layer_that_stores_a_path_twice(tmp_path, docker, run_cli, comgr):
+    """What IMG011 says, from the real engine: `docker load` of such a layer fails, and the same
+    archive with each path once loads (the refusal is the duplicate's, not the archive's)."""
+    tag = "rocm-audit-test/stored-twice:1"
+    twice = docker_save(tmp_path / "twice.tar", [layer((CORE, comgr), (CORE, os.urandom(len(comgr))))], tag=tag)
+    refused = docker.run("load", "-i", str(twice), check=False)
+    assert refused.returncode != 0 and "duplicates of file paths not supported" in refused.stderr
+    once = docker_save(tmp_path / "once.tar", [layer((CORE, comgr))], tag=tag)
+    docker.run("load", "-i", str(once))
+    docker.run("rmi", tag)
+    report = run_cli("image", "--archive", str(twice), "--format", "json", expect=0).report
+    [again] = by_rule(report, "IMG011")
+    assert "duplicates of file paths not supported" in again["message"]

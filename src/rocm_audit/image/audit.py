@@ -368,7 +368,7 @@ def audit_merged(
     if layer_aware:
         state.progress.phase("placing identical copies in their layers")
         groups, total = waste.analyse(state)
-        again = waste.stored_again(state)
+        again = waste.replaced_in_layer(state)
         labels = _layer_labels(layer_names, options.layer_steps)
         findings.extend(waste.waste_findings(groups, labels) + waste.stored_again_findings(again, labels))
         section["waste"] = waste.waste_section(groups, total, again)

@@ -117,15 +117,16 @@ def analyse(state: MergeState) -> tuple[list[WasteGroup], int]:
     return groups, total
 
 
-def stored_again(state: MergeState) -> list[Copy]:
+def replaced_in_layer(state: MergeState) -> list[Copy]:
     """The copies a later member of the same name in the same layer replaced: bytes of the layer's
     blob that no view shows (a tar appended to keeps the older member)."""
     return [copy for copy in state.copies if copy.replaced_in_layer]
 
 
 def stored_again_findings(copies: list[Copy], layer_names: list[str]) -> list[Finding]:
-    """IMG011 (info), one per layer: the paths it stores more than once. Not a matter for dedup,
-    nor of identical copies: the tool that wrote the layer wrote those paths twice."""
+    """IMG011, one per layer: the paths it stores more than once. Docker Engine refuses the layer
+    (its tar-split layer store takes each path once); it is not a matter for dedup, nor of
+    identical copies: the tool that wrote the layer wrote those paths twice."""
     by_layer: dict[int, list[Copy]] = defaultdict(list)
     for copy in copies:
         by_layer[copy.layer].append(copy)
@@ -139,8 +140,9 @@ def stored_again_findings(copies: list[Copy], layer_names: list[str]) -> list[Fi
                 paths[0],
                 f"layer {layer} ({_short(layer_names, layer)}) stores "
                 f"{'a path' if len(paths) == 1 else f'{len(paths)} paths'} more than once: "
-                f"{size_text(stored)} in earlier entries that a later one of the same name replaces, "
-                "which weigh in the layer and are never read; write each file once",
+                f"{size_text(stored)} in earlier entries that a later one of the same name replaces; "
+                "Docker Engine refuses such a layer (docker load and pull: 'duplicates of file paths not "
+                "supported'): write each file once",
                 related=paths[1:],
                 data={"layer": layer, "stored_again_bytes": stored, "paths": paths},
             )

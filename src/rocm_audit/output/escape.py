@@ -130,7 +130,7 @@ def markdown(text: object) -> str:
     return "".join(pieces)
 
 
-_COMMAND = re.compile(r"`([^`\n]+)`")  # a command a message gives to copy, in backticks (output/layout.py)
+COMMAND = re.compile(r"`[^`\n]+`")  # a command a message gives to copy, in backticks (text and Markdown)
 
 
 def code_span(text: object) -> str:
@@ -153,11 +153,11 @@ def markdown_message(text: object) -> str:
     shown = display(text)
     pieces = []
     last = 0
-    for match in _COMMAND.finditer(shown):
+    for match in COMMAND.finditer(shown):
         between = _prose(shown[last : match.start()], first=not last)
         # Two spans side by side would read as one backtick run: an empty span keeps them apart.
         between = between or ("<span></span>" if last else "")
-        pieces += [between, code_span(match.group(1))]
+        pieces += [between, code_span(match.group()[1:-1])]
         last = match.end()
     pieces.append(_prose(shown[last:], first=not last, final=True))
     return "".join(pieces)

@@ -12,7 +12,7 @@ import itertools
 import re
 from collections.abc import Iterable, Sequence
 
-from rocm_audit.output.escape import display
+from rocm_audit.output.escape import COMMAND, display
 from rocm_audit.units import plural
 
 __all__ = ["WIDTH", "PathView", "hold", "plural", "wrap"]
@@ -20,7 +20,6 @@ __all__ = ["WIDTH", "PathView", "hold", "plural", "wrap"]
 WIDTH = 100
 _HELD = "\x00"
 _QUANTITY = re.compile(r"(?<![\w.])[0-9][0-9,.]* (?:B|KiB|MiB|GiB|TiB|PiB|s)(?![\w])")  # a number and its unit
-_COMMAND = re.compile(r"`[^`\n]+`")  # a command a message gives to copy, in backticks
 
 
 def hold(text: str) -> str:
@@ -87,8 +86,8 @@ class PathView:
         if self._in_text is None:
             return text
         pattern = self._in_text
-        pieces = _COMMAND.split(text)
-        commands = _COMMAND.findall(text)
+        pieces = COMMAND.split(text)
+        commands = COMMAND.findall(text)
         shown = [pattern.sub(lambda m: self._labels[m.group()[:-1]], piece) for piece in pieces]
         return "".join(part for pair in itertools.zip_longest(shown, commands, fillvalue="") for part in pair)
 
@@ -99,7 +98,7 @@ class PathView:
         for path in sorted({display(self.relative(p)) for p in paths}, key=len, reverse=True):
             if " " in path:
                 shown = shown.replace(path, hold(path))
-        return _COMMAND.sub(lambda m: hold(m.group()), shown)
+        return COMMAND.sub(lambda m: hold(m.group()), shown)
 
     def header(self) -> list[str]:
         if not self.roots:

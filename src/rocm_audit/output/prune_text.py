@@ -180,7 +180,7 @@ def prune_lines(sections: Sections, view: PathView = _NO_ROOTS, *, verbose: int 
             lines.append("(-v shows the equivalent shell commands)")
     lines += _fatbin_lines(sections, view)
     if section["mode"] == "dry-run":
-        lines += no_backup_lines(sections, ("planned",), ("planned",))
+        lines += no_backup_lines(sections, done=False)
     return lines
 
 
@@ -203,17 +203,18 @@ def prune_closing_lines(sections: Sections) -> list[str]:
         command = hold(display(section["revert_command"]))  # one line, whole, to copy
         said = f"to undo, run: {command}"
         lines += [said] if len(said) <= WIDTH else ["to undo, run:", f"  {command}"]
-    return lines + no_backup_lines(sections, ("removed",), ("slimmed",))
+    return lines + no_backup_lines(sections, done=True)
 
 
-def no_backup_lines(sections: Sections, removed: tuple[str, ...], slimmed: tuple[str, ...]) -> list[str]:
+def no_backup_lines(sections: Sections, *, done: bool) -> list[str]:
     """Without --backup, undoing is a reinstall from the package index (prune --revert prints the
-    pip line): a build without network access cannot undo it. Said where a run that changes
-    something (``removed``, ``slimmed``: the statuses that count) ends, and in its dry run first."""
+    pip line): a build without network access cannot undo it. Said where a run that changed
+    something ends (``done``), and in its dry run, of what it plans, first."""
     section = sections["prune"]
     fatbins = sections.get("prune_fatbins")
-    changes = any(r["status"] in removed for r in section["removals"]) or any(
-        library["status"] in slimmed for library in (fatbins["libraries"] if fatbins is not None else [])
+    removed, slimmed = ("removed", "slimmed") if done else ("planned", "planned")
+    changes = any(r["status"] == removed for r in section["removals"]) or any(
+        library["status"] == slimmed for library in (fatbins["libraries"] if fatbins is not None else [])
     )
     if section["backup"] or not changes:
         return []
